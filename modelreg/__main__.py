@@ -1,0 +1,5 @@
+"""``python -m modelreg``."""
+
+from modelreg.cli.main import main
+
+main()

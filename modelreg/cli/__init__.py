@@ -1,0 +1,1 @@
+"""The ``modelreg`` command line: argument parsing only, calling library functions."""

@@ -1,0 +1,47 @@
+"""How the CLI talks: results to stdout, problems to stderr, JSON when asked."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import click
+
+from registry.errors import Problem
+
+
+def is_tty(stream: Any = None) -> bool:
+    """Whether ``stream`` (stdout by default) is an interactive terminal."""
+    stream = stream or sys.stdout
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+def emit_json(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout."""
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def problem_json(problem: Problem) -> dict[str, Any]:
+    """A problem as a JSON object."""
+    return {
+        "file": problem.file,
+        "line": problem.line,
+        "col": problem.col,
+        "field": problem.field,
+        "message": problem.message,
+        "text": str(problem),
+    }
+
+
+def error_lines(lines: Iterable[str]) -> None:
+    """One line per problem on stderr, red on a terminal."""
+    color = is_tty(sys.stderr)
+    for line in lines:
+        click.secho(line, fg="red" if color else None, err=True)
+
+
+def ok(message: str) -> None:
+    """A success line on stdout."""
+    click.secho(message, fg="green" if is_tty() else None)

@@ -1,0 +1,144 @@
+"""Checking and reporting: ``validate``, ``schema``, ``status``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from modelreg.cli._output import emit_json, error_lines, is_tty, ok, problem_json
+from registry.errors import ManifestError, Problem
+
+
+def _standalone(paths: list[Path]) -> tuple[list[Problem], int]:
+    """Schema-check files that are not inside a modelreg repository."""
+    from registry.loader import load_manifest
+    from registry.repository import display_path
+    from registry.yamlsrc import read_yaml
+
+    problems: list[Problem] = []
+    files = [f for p in paths for f in ([p] if not p.is_dir() else sorted(p.rglob("*.yaml")))]
+    for file in files:
+        try:
+            load_manifest(read_yaml(file, display_path(file.absolute())))
+        except ManifestError as e:
+            problems.extend(e.problems)
+    return problems, len(files)
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--jobs", "-j", type=click.IntRange(1, 256), help="Parser processes (default: one per core)."
+)
+def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None) -> None:
+    """Check manifests: schema, cross-references and policy.
+
+    With no PATHS, checks the whole repository. Every problem is printed, one line
+    each (file:line:col: field: message); the exit code is 1 if there are any.
+    """
+    from registry.checks import validate_paths
+    from registry.config import find_root
+    from registry.errors import RepositoryError
+    from registry.repository import load_repository
+
+    missing = [p for p in paths if not p.exists()]
+    existing = [p for p in paths if p.exists()]
+    problems = [Problem(str(p), "no such file or directory") for p in missing]
+    models = versions = files = 0
+    start = existing[0] if existing else Path.cwd()
+    try:
+        find_root(start if start.is_dir() else start.parent)
+        in_repo = True
+    except RepositoryError:
+        if not paths:
+            raise
+        in_repo = False
+    if in_repo:
+        repo = load_repository(start if start.is_dir() else start.parent, jobs=jobs)
+        problems += validate_paths(repo, existing if paths else None)
+        models, versions, files = (
+            len(repo.models),
+            sum(len(v) for v in repo.versions.values()),
+            len(repo.files),
+        )
+    elif existing:
+        found, files = _standalone(existing)
+        problems += found
+    problems.sort(key=Problem.sort_key)
+    if as_json:
+        emit_json(
+            {
+                "ok": not problems,
+                "files": files,
+                "models": models,
+                "versions": versions,
+                "problems": [problem_json(p) for p in problems],
+            }
+        )
+    elif problems:
+        error_lines(str(p) for p in problems)
+        if is_tty(sys.stderr):
+            bad = len({p.file for p in problems})
+            click.secho(f"{len(problems)} problem(s) in {bad} file(s)", fg="red", err=True)
+    else:
+        ok(f"valid: {files} files ({models} models, {versions} versions)")
+    if problems:
+        sys.exit(1)
+
+
+@click.command()
+@click.option(
+    "--kind",
+    type=click.Choice(["model", "version", "config", "any"]),
+    default="any",
+    show_default=True,
+    help="Which schema: RegisteredModel, ModelVersion, modelreg.yaml, or any manifest.",
+)
+def schema(kind: str) -> None:
+    """Print the JSON Schema of the manifests (for editors and other tools)."""
+    from registry.jsonschema import schema_text
+
+    kinds = {"model": "RegisteredModel", "version": "ModelVersion", "config": "RegistryConfig"}
+    click.echo(schema_text(kinds.get(kind)), nl=False)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
+@click.option("--model", "model_name", help="Only this model.")
+def status(as_json: bool, model_name: str | None) -> None:
+    """Show every version: git commit, MLflow version, CI run, channels, signed, published."""
+    from registry.status_report import repository_status
+
+    report = repository_status(Path.cwd(), model=model_name)
+    if as_json:
+        emit_json(
+            {
+                "root": str(report.root),
+                "versions": [r.to_json() for r in report.rows],
+                "problems": [problem_json(p) for p in report.problems],
+            }
+        )
+    else:
+        from registry.status import render_table
+
+        if is_tty():
+            _rich_table(report.rows)
+        else:
+            click.echo(render_table(report.rows), nl=False)
+        if report.problems:
+            error_lines([f"{len(report.problems)} manifest problem(s); run `modelreg validate`"])
+
+
+def _rich_table(rows: list) -> None:  # type: ignore[type-arg]
+    from rich.console import Console
+    from rich.table import Table
+
+    from registry.status import COLUMNS
+
+    table = Table(*COLUMNS, header_style="bold")
+    for row in rows:
+        table.add_row(*row.cells())
+    Console().print(table)

@@ -1,0 +1,96 @@
+"""Entry point: the command tree and the mapping of errors to exit codes.
+
+Exit codes: 0 success, 1 a domain failure (invalid manifest, failed verification,
+policy violation, tool failure) with one line per problem, 2 a usage error.  No
+traceback is printed unless ``--traceback`` (or ``MODELREG_TRACEBACK=1``) is given.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from modelreg import __version__
+from modelreg.cli._output import error_lines
+from registry.errors import ManifestError, RegistryError
+
+_TRACEBACK_ENV = "MODELREG_TRACEBACK"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="modelreg")
+@click.option(
+    "--traceback",
+    is_flag=True,
+    envvar=_TRACEBACK_ENV,
+    help="Show Python tracebacks for unexpected errors.",
+)
+def cli(traceback: bool) -> None:
+    """modelreg: a GitOps model registry for edge fleets.
+
+    Declare model versions as YAML in Git (artifacts tracked by DVC), validate and
+    promote them by pull request, and let devices follow the repository.
+    """
+
+
+def _register() -> None:
+    from modelreg.cli import check_cmds, repo_cmds
+
+    cli.add_command(repo_cmds.init)
+    cli.add_command(repo_cmds.model)
+    cli.add_command(repo_cmds.version)
+    cli.add_command(repo_cmds.promote)
+    cli.add_command(check_cmds.validate)
+    cli.add_command(check_cmds.schema)
+    cli.add_command(check_cmds.status)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Run the CLI and exit with the documented code."""
+    args = sys.argv[1:] if argv is None else argv
+    show_tb = "--traceback" in args or os.environ.get(_TRACEBACK_ENV, "") not in ("", "0")
+    try:
+        cli.main(args=args, prog_name="modelreg", standalone_mode=False)
+    except click.exceptions.Abort:
+        error_lines(["modelreg: aborted"])
+        sys.exit(1)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except ManifestError as e:
+        if show_tb:
+            traceback.print_exc()
+        error_lines(str(p) for p in e.problems)
+        sys.exit(1)
+    except RegistryError as e:
+        if show_tb:
+            traceback.print_exc()
+        error_lines(
+            f"modelreg: {line}" if i == 0 else line
+            for i, line in enumerate(str(e).splitlines() or [""])
+        )
+        sys.exit(1)
+    except ValueError as e:
+        # The library raises ValueError only for arguments it cannot accept.
+        if show_tb:
+            traceback.print_exc()
+        error_lines([f"modelreg: error: {e}"])
+        sys.exit(2)
+    except KeyboardInterrupt:
+        error_lines(["modelreg: interrupted"])
+        sys.exit(130)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, no traceback
+        if show_tb:
+            traceback.print_exc()
+        error_lines([f"modelreg: internal error: {type(e).__name__}: {e} (rerun with --traceback)"])
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,252 @@
+"""Repository authoring: ``init``, ``model add``, ``version add``, ``promote``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from modelreg.cli._output import emit_json, ok
+
+_json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+
+
+def _pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=what)
+        out[key] = value
+    return out
+
+
+def _metrics(values: tuple[str, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key, value in _pairs(values, "--metric").items():
+        try:
+            out[key] = float(value)
+        except ValueError:
+            raise click.BadParameter(
+                f"{key}={value!r} is not a number", param_hint="--metric"
+            ) from None
+    return out
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path), default=".")
+@click.option(
+    "--remote", metavar="URL", help="DVC remote URL (default: a local folder .modelreg/remote)."
+)
+@click.option(
+    "--branch", default="main", show_default=True, help="Initial branch when git is initialized."
+)
+@_json
+def init(directory: Path, remote: str | None, branch: str, as_json: bool) -> None:
+    """Scaffold a GitOps model repository in DIRECTORY.
+
+    Initializes git (if needed) and DVC with a default remote, and writes
+    modelreg.yaml, manifests/ and the manifest JSON Schemas.
+    """
+    from pipelines.workspace import init_repo
+
+    result = init_repo(directory, remote=remote, branch=branch)
+    if as_json:
+        emit_json(
+            {
+                "root": str(result.root),
+                "remote": result.remote,
+                "git_initialized": result.git_initialized,
+                "created": [str(p) for p in result.created],
+            }
+        )
+        return
+    ok(f"initialized modelreg repository in {result.root}")
+    click.echo(f"  DVC remote: {result.remote}")
+    click.echo(
+        "  next: modelreg model add NAME; modelreg version add NAME 1.0.0 --artifact model.onnx"
+    )
+
+
+@click.group()
+def model() -> None:
+    """Declare registered models."""
+
+
+@model.command("add")
+@click.argument("name")
+@click.option("--owner", default="", help="Owner (default: git user.email).")
+@click.option("--task", default="", help="What the model does, e.g. classification.")
+@click.option("--description", default="", help="One paragraph about the model.")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE", help="Label (repeatable).")
+@click.option(
+    "--target", "targets", multiple=True, metavar="NAME", help="Allowed target (repeatable)."
+)
+@click.option(
+    "--channel-order",
+    default="",
+    metavar="C1,C2",
+    help="Promotion order of channels, e.g. canary,production.",
+)
+@click.option(
+    "--signature-from",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Take the I/O signature from this ONNX file (default: from the first version).",
+)
+@_json
+def model_add(
+    name: str,
+    owner: str,
+    task: str,
+    description: str,
+    labels: tuple[str, ...],
+    targets: tuple[str, ...],
+    channel_order: str,
+    signature_from: Path | None,
+    as_json: bool,
+) -> None:
+    """Declare model NAME (writes manifests/NAME/model.yaml)."""
+    from pipelines.workspace import add_model
+
+    path = add_model(
+        Path.cwd(),
+        name,
+        owner=owner,
+        task=task,
+        description=description,
+        labels=_pairs(labels, "--label"),
+        targets=targets,
+        order=[c.strip() for c in channel_order.split(",") if c.strip()],
+        signature_from=signature_from,
+    )
+    if as_json:
+        emit_json({"model": name, "manifest": str(path)})
+    else:
+        ok(f"declared model {name} in {path}")
+
+
+@click.group()
+def version() -> None:
+    """Declare model versions."""
+
+
+@version.command("add")
+@click.argument("name")
+@click.argument("version_")
+@click.option(
+    "--artifact",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The ONNX file of this version.",
+)
+@click.option("--parent", metavar="VERSION", help="Parent version (default: the latest older one).")
+@click.option("--no-parent", is_flag=True, help="Declare no parent even if older versions exist.")
+@click.option("--description", default="", help="What changed in this version.")
+@click.option(
+    "--metric", "metrics", multiple=True, metavar="KEY=NUMBER", help="Metric (repeatable)."
+)
+@click.option("--source-run", default=None, help="Training run id or URL.")
+@click.option("--dataset", "datasets", multiple=True, help="Dataset reference (repeatable).")
+@click.option(
+    "--golden-inputs",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="An .npz of model inputs; expected outputs are recorded with ONNX Runtime.",
+)
+@click.option(
+    "--update-model-signature",
+    is_flag=True,
+    help="Accept an I/O signature that differs from the model's and update the model.",
+)
+@_json
+def version_add(
+    name: str,
+    version_: str,
+    artifact: Path,
+    parent: str | None,
+    no_parent: bool,
+    description: str,
+    metrics: tuple[str, ...],
+    source_run: str | None,
+    datasets: tuple[str, ...],
+    golden_inputs: Path | None,
+    update_model_signature: bool,
+    as_json: bool,
+) -> None:
+    """Declare VERSION of model NAME with its ONNX artifact (tracked by DVC)."""
+    from pipelines.workspace import add_version
+
+    if parent and no_parent:
+        raise click.UsageError("--parent and --no-parent exclude each other")
+    source = {"run": source_run, "datasets": list(datasets)} if source_run or datasets else None
+    result = add_version(
+        Path.cwd(),
+        name,
+        version_,
+        artifact,
+        parent=parent,
+        auto_parent=not no_parent,
+        description=description,
+        metrics=_metrics(metrics),
+        source=source,
+        golden_inputs=golden_inputs,
+        update_model_signature=update_model_signature,
+    )
+    if as_json:
+        emit_json(
+            {
+                "model": name,
+                "version": version_,
+                "manifest": str(result.manifest),
+                "artifact": str(result.artifact),
+                "pointer": str(result.pointer),
+                "parent": result.parent,
+                "signature": result.signature.model_dump(),
+                "model_signature_updated": result.model_signature_updated,
+                "goldens": [str(p) for p in result.goldens],
+            }
+        )
+        return
+    parent_note = f" (parent {result.parent})" if result.parent else ""
+    ok(f"declared {name} {version_}{parent_note} in {result.manifest}")
+    click.echo(f"  artifact: {result.artifact} (DVC pointer {result.pointer.name})")
+    if result.model_signature_updated:
+        click.echo(f"  model {name} signature set from this version")
+
+
+@click.command()
+@click.argument("name")
+@click.argument("version_")
+@click.option("--channel", "-c", required=True, help="Channel to point at VERSION.")
+@click.option(
+    "--percent",
+    type=click.FloatRange(0, 100),
+    help="Roll out to this share of the channel's devices (default: all).",
+)
+@click.option("--force", is_flag=True, help="Ignore the promotion order policy.")
+@_json
+def promote(
+    name: str, version_: str, channel: str, percent: float | None, force: bool, as_json: bool
+) -> None:
+    """Point CHANNEL of model NAME at VERSION (edits model.yaml in place)."""
+    from registry.promote import promote as do_promote
+
+    result = do_promote(Path.cwd(), name, version_, channel, percent, force=force)
+    if as_json:
+        emit_json(
+            {
+                "model": name,
+                "version": result.version,
+                "channel": result.channel,
+                "previous": result.previous,
+                "percent": result.percent,
+                "changed": result.changed,
+                "manifest": result.file,
+            }
+        )
+        return
+    share = f" at {result.percent:g}%" if result.percent is not None else ""
+    was = (
+        f" (was {result.previous})" if result.previous and result.previous != result.version else ""
+    )
+    verb = "promoted" if result.changed else "already promoted:"
+    ok(f"{verb} {name} {result.version} to {result.channel}{share}{was} in {result.file}")

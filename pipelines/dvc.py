@@ -1,0 +1,92 @@
+"""DVC operations through DVC's Python API (authoring and CI only, never on devices)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from registry.errors import ToolError
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # DVC reports usage analytics unless told not to; never phone home from CI or tests.
+    os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+    logger = logging.getLogger("dvc")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # "Initialized DVC repository." etc. are ours to say
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _repo(root: Path) -> Any:
+    try:
+        from dvc.repo import Repo
+    except ImportError:
+        raise ToolError("DVC is not installed; install modelreg[ci]") from None
+    return Repo(str(root))
+
+
+def init(root: Path, *, subdir: bool = False) -> None:
+    """``dvc init`` in ``root`` with analytics off and git auto-staging on.
+
+    Raises:
+        ToolError: DVC is missing or fails.
+    """
+    try:
+        from dvc.exceptions import DvcException
+        from dvc.repo import Repo
+    except ImportError:
+        raise ToolError("DVC is not installed; install modelreg[ci]") from None
+    with _quiet():
+        try:
+            if not (root / ".dvc").is_dir():
+                Repo.init(str(root), subdir=subdir)
+            repo = Repo(str(root))
+            with repo.config.edit() as conf:
+                conf["core"]["analytics"] = False
+                conf["core"]["autostage"] = True
+        except DvcException as e:
+            raise ToolError(f"dvc init failed: {e}") from None
+
+
+def set_remote(root: Path, name: str, url: str) -> None:
+    """Add (or update) remote ``name`` at ``url`` and make it the default.
+
+    Raises:
+        ToolError: DVC fails.
+    """
+    from dvc.exceptions import DvcException
+
+    with _quiet():
+        try:
+            repo = _repo(root)
+            with repo.config.edit() as conf:
+                conf["remote"][name] = {"url": url}
+                conf["core"]["remote"] = name
+        except DvcException as e:
+            raise ToolError(f"cannot configure DVC remote {name!r}: {e}") from None
+
+
+def add(root: Path, path: Path) -> None:
+    """``dvc add path``: cache the file and write ``<path>.dvc`` beside it.
+
+    Raises:
+        ToolError: DVC fails.
+    """
+    from dvc.exceptions import DvcException
+
+    with _quiet():
+        try:
+            repo = _repo(root)
+            repo.add(str(path))
+        except DvcException as e:
+            raise ToolError(f"dvc add {path} failed: {e}") from None

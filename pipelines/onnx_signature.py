@@ -1,0 +1,76 @@
+"""Read the I/O signature of an ONNX graph."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Final
+
+from pipelines.errors import ArtifactError
+from registry.schema import Signature, TensorSpec
+
+# TensorProto.DataType values (stable in the ONNX spec) -> manifest dtype names.
+_DTYPES: Final = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32",
+    7: "int64", 8: "string", 9: "bool", 10: "float16", 11: "float64",
+    12: "uint32", 13: "uint64", 16: "bfloat16",
+}  # fmt: skip
+_SYMBOL: Final = re.compile(r"[^A-Za-z0-9_]")
+
+
+def _dim(dim: object) -> int | str | None:
+    if dim.HasField("dim_value"):  # type: ignore[attr-defined]
+        return int(dim.dim_value)  # type: ignore[attr-defined]
+    if dim.HasField("dim_param"):  # type: ignore[attr-defined]
+        # Exporters write params like "batch_size" or "unk__12"; keep them as symbols.
+        symbol = _SYMBOL.sub("_", str(dim.dim_param))  # type: ignore[attr-defined]
+        return symbol if symbol[:1].isalpha() or symbol[:1] == "_" else f"d_{symbol}"
+    return None
+
+
+def signature_from_model(model: object, display: str) -> Signature:
+    """The signature of a loaded ``onnx.ModelProto``.
+
+    Raises:
+        ArtifactError: a tensor is not a dense tensor or has an unsupported dtype.
+    """
+    graph = model.graph  # type: ignore[attr-defined]
+    initializers = {init.name for init in graph.initializer}
+    sides: dict[str, list[TensorSpec]] = {"inputs": [], "outputs": []}
+    for side, values in (("inputs", graph.input), ("outputs", graph.output)):
+        for value in values:
+            if value.name in initializers:
+                continue  # IR < 4 lists initializers among the inputs
+            if not value.type.HasField("tensor_type"):
+                raise ArtifactError(display, f"{side[:-1]} {value.name!r} is not a dense tensor")
+            tensor = value.type.tensor_type
+            dtype = _DTYPES.get(tensor.elem_type)
+            if dtype is None:
+                raise ArtifactError(
+                    display,
+                    f"{side[:-1]} {value.name!r} has unsupported element type {tensor.elem_type}",
+                )
+            shape = [_dim(d) for d in tensor.shape.dim] if tensor.HasField("shape") else []
+            sides[side].append(TensorSpec(name=value.name, dtype=dtype, shape=shape))  # type: ignore[arg-type]
+    return Signature(inputs=sides["inputs"], outputs=sides["outputs"])
+
+
+def read_signature(path: Path, display: str | None = None) -> Signature:
+    """Load ``path`` as ONNX (without external data) and return its signature.
+
+    Raises:
+        ArtifactError: not a readable ONNX model.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+    shown = display or str(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise ArtifactError(shown, f"not an ONNX model ({e})") from None
+    except OSError as e:
+        raise ArtifactError(shown, f"cannot read: {e.strerror or e}") from None
+    if not model.graph.node and not model.graph.output:
+        raise ArtifactError(shown, "not an ONNX model (no graph)")
+    return signature_from_model(model, shown)

@@ -1,0 +1,365 @@
+"""Authoring commands that touch git and DVC: init, model add, version add."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Final
+
+import semver
+
+from pipelines import dvc
+from pipelines.onnx_signature import read_signature
+from registry.atomic import write_atomic
+from registry.checks import declared
+from registry.config import CONFIG_FILE
+from registry.edit import set_signature
+from registry.errors import ManifestError, RepositoryError
+from registry.gitinfo import git, toplevel
+from registry.jsonschema import schema_comment, write_schemas
+from registry.loader import load_manifest
+from registry.render import render_model, render_version
+from registry.repository import (
+    MODEL_FILE,
+    VERSIONS_DIR,
+    ModelEntry,
+    Repository,
+    display_path,
+    load_repository,
+)
+from registry.schema import DNS_LABEL_RE, Signature
+from registry.yamlsrc import parse_yaml
+
+DEFAULT_REMOTE_DIR: Final = ".modelreg/remote"
+REMOTE_NAME: Final = "storage"
+_GITIGNORE: Final = """\
+# modelreg: local state (MLflow store, local DVC remote, caches); schemas are shared
+/.modelreg/*
+!/.modelreg/schemas/
+"""
+_MANIFESTS_README: Final = """\
+# Manifests
+
+One folder per model: `<model>/model.yaml` (RegisteredModel) and
+`<model>/versions/<semver>.yaml` (ModelVersion). Edit them by pull request;
+`modelreg validate` checks them, `modelreg schema` prints their JSON Schema.
+"""
+
+
+@dataclass(frozen=True)
+class InitResult:
+    """What ``init_repo`` created."""
+
+    root: Path
+    remote: str
+    created: list[Path] = field(default_factory=list)
+    git_initialized: bool = False
+
+
+def _write_new(path: Path, text: str, created: list[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text.encode())
+    created.append(path)
+
+
+def _stage(root: Path, paths: Sequence[Path]) -> None:
+    if toplevel(root) is not None and paths:
+        git(root, "add", "--", *(str(p) for p in paths))
+
+
+def init_repo(target: Path, *, remote: str | None = None, branch: str = "main") -> InitResult:
+    """Scaffold a GitOps model repository in ``target`` (created if missing).
+
+    Runs ``git init`` when ``target`` is not in a work tree, ``dvc init``, configures
+    a DVC remote (``.modelreg/remote`` by default), writes ``modelreg.yaml``,
+    ``manifests/`` and the JSON Schemas, and stages what it wrote.
+
+    Raises:
+        RepositoryError: ``target`` already holds a ``modelreg.yaml`` or is a file.
+        ToolError: git or DVC is missing or fails.
+    """
+    if target.exists() and not target.is_dir():
+        raise RepositoryError(f"{target}: exists and is not a directory")
+    if (target / CONFIG_FILE).exists():
+        raise RepositoryError(
+            f"{display_path(target / CONFIG_FILE)}: already a modelreg repository"
+        )
+    target.mkdir(parents=True, exist_ok=True)
+    root = target.resolve()
+    created: list[Path] = []
+    top = toplevel(root)
+    git_initialized = top is None
+    if top is None:
+        git(root, "init", "--quiet", f"--initial-branch={branch}")
+        top = root
+    dvc.init(root, subdir=top.resolve() != root)
+    url = remote or DEFAULT_REMOTE_DIR
+    if remote is None:
+        (root / DEFAULT_REMOTE_DIR).mkdir(parents=True, exist_ok=True)
+        # DVC resolves relative local remotes against .dvc/, so store it from there.
+        url = "../" + DEFAULT_REMOTE_DIR
+    dvc.set_remote(root, REMOTE_NAME, url)
+    config = schema_comment(root / CONFIG_FILE, root, "RegistryConfig") + (
+        "apiVersion: modelreg/v1\n"
+        "kind: RegistryConfig\n"
+        "manifests: manifests\n"
+        "artifacts: models\n"
+        f"remote: {REMOTE_NAME}\n"
+    )
+    _write_new(root / CONFIG_FILE, config, created)
+    _write_new(root / "manifests" / "README.md", _MANIFESTS_README, created)
+    gitignore = root / ".gitignore"
+    existing = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
+    if "/.modelreg/*" not in existing:
+        sep = "" if not existing or existing.endswith("\n") else "\n"
+        write_atomic(gitignore, (existing + sep + _GITIGNORE).encode())
+        created.append(gitignore)
+    created.extend(write_schemas(root))
+    _stage(root, [*created, root / ".dvc"])
+    return InitResult(root, url if remote else DEFAULT_REMOTE_DIR, created, git_initialized)
+
+
+def add_model(
+    start: Path,
+    name: str,
+    *,
+    owner: str = "",
+    task: str = "",
+    description: str = "",
+    labels: Mapping[str, str] | None = None,
+    targets: Sequence[str] = (),
+    order: Sequence[str] = (),
+    signature_from: Path | None = None,
+) -> Path:
+    """Write ``manifests/<name>/model.yaml``.
+
+    Raises:
+        ManifestError: the name is invalid, already declared, or the result invalid.
+        RepositoryError: not in a repository.
+        ArtifactError: ``signature_from`` is not an ONNX model.
+    """
+    import re
+
+    repo = load_repository(start, jobs=1)
+    path = repo.root / repo.config.manifests / name / MODEL_FILE
+    shown = display_path(path)
+    if not re.match(DNS_LABEL_RE, name):
+        raise ManifestError.single(
+            shown,
+            f"{name!r} is not a valid model name (lowercase letters, digits and '-', "
+            "at most 63 characters)",
+        )
+    if path.exists():
+        raise ManifestError.single(shown, f"model {name!r} is already declared")
+    signature = read_signature(signature_from) if signature_from else None
+    owner = owner or _git_email(repo.root)
+    text = render_model(
+        path, repo.root, name, owner=owner, task=task, description=description,
+        labels=labels, signature=signature, targets=targets, order=order,
+    )  # fmt: skip
+    load_manifest(parse_yaml(text.encode(), shown), "RegisteredModel")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, text.encode())
+    _stage(repo.root, [path])
+    return path
+
+
+def _git_email(root: Path) -> str:
+    proc = git(root, "config", "user.email", check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+@dataclass(frozen=True)
+class AddVersionResult:
+    """What ``add_version`` wrote."""
+
+    manifest: Path
+    artifact: Path
+    pointer: Path
+    parent: str | None
+    signature: Signature
+    model_signature_updated: bool
+    goldens: list[Path] = field(default_factory=list)
+
+
+def _pick_parent(
+    repo: Repository, name: str, version: str, parent: str | None, auto: bool
+) -> str | None:
+    versions = repo.versions.get(name, {})
+    if parent is not None:
+        if parent not in versions:
+            raise ManifestError.single(
+                display_path(repo.root / repo.config.manifests / name),
+                f"parent {parent} is not declared for model {name!r} "
+                f"(declared: {declared(repo, name)})",
+            )
+        if semver.Version.parse(parent) >= semver.Version.parse(version):
+            raise ValueError(f"parent {parent} must be older than {version}")
+        return parent
+    if not auto:
+        return None
+    older = [v for v in repo.sorted_versions(name) if v.semver < semver.Version.parse(version)]
+    return older[-1].version if older else None
+
+
+def _signature_problem(model_sig: Signature, version_sig: Signature) -> str | None:
+    for side in ("inputs", "outputs"):
+        want = {t.name: t for t in getattr(model_sig, side)}
+        have = {t.name: t for t in getattr(version_sig, side)}
+        if set(want) != set(have):
+            return f"{side} are {sorted(have)} but the model declares {sorted(want)}"
+        for tname, tensor in have.items():
+            w = want[tname]
+            if (
+                tensor.dtype != w.dtype
+                or len(tensor.shape) != len(w.shape)
+                or any(
+                    isinstance(wd, int) and hd != wd
+                    for hd, wd in zip(tensor.shape, w.shape, strict=True)
+                )
+            ):
+                return (
+                    f"{side[:-1]} {tname!r} is {tensor.dtype}{tensor.shape} "
+                    f"but the model declares {w.dtype}{w.shape}"
+                )
+    return None
+
+
+def _model_signature_edit(
+    model: ModelEntry, signature: Signature, artifact: Path, update: bool
+) -> str | None:
+    """New model.yaml text when the model takes this signature; None to leave it."""
+    model_sig = model.manifest.spec.signature
+    if model_sig is None or (update and model_sig != signature):
+        text = set_signature(model.path.read_text(encoding="utf-8"), model.file, signature)
+        load_manifest(parse_yaml(text.encode(), model.file), "RegisteredModel")
+        return text
+    reason = _signature_problem(model_sig, signature)
+    if reason is not None:
+        raise ManifestError.single(
+            str(artifact),
+            f"I/O signature does not match model {model.name!r}: {reason} "
+            "(pass --update-model-signature if the change is intended)",
+        )
+    return None
+
+
+def _declared_model(repo: Repository, name: str) -> ModelEntry:
+    model = repo.models.get(name)
+    if model is not None:
+        return model
+    if (name, None) in repo.broken:
+        raise ManifestError([p for p in repo.problems if f"/{name}/" in f"/{p.file}"])
+    raise ManifestError.single(
+        display_path(repo.root / repo.config.manifests / name / MODEL_FILE),
+        f"model {name!r} is not declared; run `modelreg model add {name}` first",
+    )
+
+
+def add_version(
+    start: Path,
+    name: str,
+    version: str,
+    artifact: Path,
+    *,
+    parent: str | None = None,
+    auto_parent: bool = True,
+    description: str = "",
+    metrics: Mapping[str, float] | None = None,
+    source: Mapping[str, Any] | None = None,
+    golden_inputs: Path | None = None,
+    update_model_signature: bool = False,
+) -> AddVersionResult:
+    """Declare version ``version`` of ``name`` with ``artifact`` as its ONNX file.
+
+    Copies the artifact to ``<artifacts>/<name>/<version>.onnx``, tracks it with DVC,
+    reads the I/O signature from the graph, optionally records golden outputs for
+    ``golden_inputs`` with ONNX Runtime, and writes the ModelVersion.  If the model has
+    no signature yet it takes this version's.  On any failure nothing is left behind.
+
+    Raises:
+        ManifestError: unknown model, existing version, bad parent, signature mismatch.
+        ArtifactError: the artifact is not a valid ONNX model, or goldens fail to run.
+        ToolError: DVC or git fails.
+        ValueError: ``version`` is not SemVer or the parent is not older.
+    """
+    try:
+        semver.Version.parse(version)
+    except ValueError:
+        raise ValueError(f"{version!r} is not a SemVer version (expected e.g. 1.0.0)") from None
+    repo = load_repository(start, jobs=1)
+    model = _declared_model(repo, name)
+    manifests = repo.root / repo.config.manifests
+    path = manifests / name / VERSIONS_DIR / f"{version}.yaml"
+    shown = display_path(path)
+    if path.exists():
+        raise ManifestError.single(
+            shown, f"version {version} of {name!r} already exists; versions are immutable"
+        )
+    parent = _pick_parent(repo, name, version, parent, auto_parent)
+    if not artifact.is_file():
+        raise ManifestError.single(str(artifact), "artifact not found or not a file")
+    signature = read_signature(artifact)
+    model_text = _model_signature_edit(model, signature, artifact, update_model_signature)
+    rel = PurePosixPath(repo.config.artifacts) / name / f"{version}.onnx"
+    dest = repo.root / rel
+    pointer = dest.with_name(dest.name + ".dvc")
+    if dest.exists() and dest.resolve() != artifact.resolve():
+        raise ManifestError.single(
+            display_path(dest), f"already exists; not overwriting it for {name} {version}"
+        )
+    written: list[Path] = []
+    try:
+        if dest.resolve() != artifact.resolve():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            shutil.copyfile(artifact, tmp)
+            tmp.replace(dest)
+            written.append(dest)
+        goldens_spec, golden_files = _goldens(repo, name, version, dest, golden_inputs)
+        written.extend(golden_files)
+        text = render_version(
+            path, repo.root, name, version, artifact=rel.as_posix(), parent=parent,
+            description=description, signature=signature, source=source, metrics=metrics,
+            goldens=goldens_spec,
+        )  # fmt: skip
+        load_manifest(parse_yaml(text.encode(), shown), "ModelVersion")
+        dvc.add(repo.root, dest)
+        written.append(pointer)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text.encode())
+        written.append(path)
+        if model_text is not None:
+            write_atomic(model.path, model_text.encode())
+    except BaseException:
+        for p in reversed(written):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+        raise
+    _stage(repo.root, [p for p in (path, pointer, model.path, *golden_files) if p.exists()])
+    return AddVersionResult(
+        path, dest, pointer, parent, signature, model_text is not None, golden_files
+    )
+
+
+def _goldens(
+    repo: Repository, name: str, version: str, model: Path, inputs: Path | None
+) -> tuple[dict[str, Any] | None, list[Path]]:
+    if inputs is None:
+        return None, []
+    from pipelines.goldens import record_outputs
+
+    raw_in, raw_out = record_outputs(model, inputs)
+    folder = repo.root / repo.config.manifests / name / "goldens" / version
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [folder / "inputs.npz", folder / "outputs.npz"]
+    for target, data in zip(files, (raw_in, raw_out), strict=True):
+        write_atomic(target, data)
+    rel = [f.relative_to(repo.root).as_posix() for f in files]
+    return {"cases": [{"name": "default", "inputs": rel[0], "outputs": rel[1]}]}, files
+
+
+__all__ = ["AddVersionResult", "InitResult", "add_model", "add_version", "init_repo"]

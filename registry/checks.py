@@ -1,0 +1,271 @@
+"""Cross-reference checks over a loaded repository (pure: reads only DVC pointers).
+
+Each check yields ``Problem``s located in the manifest that must change to fix them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+import semver
+
+from registry.dvcfile import read_pointer
+from registry.errors import ManifestError, Problem
+from registry.loader import format_loc
+from registry.repository import ModelEntry, Repository, VersionEntry, display_path
+from registry.schema import Signature, TensorSpec
+from registry.yamlsrc import Loc, YamlDocument
+
+
+def _at(doc: YamlDocument, loc: Loc, message: str, *, key: bool = False) -> Problem:
+    line, col = doc.position(loc, key=key)
+    return Problem(doc.file, message, line, col, format_loc(loc) or None)
+
+
+def declared(repo: Repository, name: str) -> str:
+    """The declared versions of ``name`` for messages: ``1.0.0, 1.1.0`` or ``none``."""
+    listed = ", ".join(v.version for v in repo.sorted_versions(name))
+    return listed or "none"
+
+
+def _identity(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
+    meta = entry.manifest.metadata
+    doc = entry.doc
+    if meta.name != entry.name:
+        yield _at(
+            doc,
+            ("metadata", "name"),
+            f"is {meta.name!r} but the file lives under model folder {entry.name!r}",
+        )
+    if meta.version != entry.version:
+        yield _at(
+            doc,
+            ("metadata", "version"),
+            f"is {meta.version!r} but the file is named {entry.version}.yaml",
+        )
+    if entry.name not in repo.models and (entry.name, None) not in repo.broken:
+        yield _at(
+            doc,
+            ("metadata", "name"),
+            f"model {entry.name!r} is not declared "
+            f"(add manifests/{entry.name}/model.yaml: `modelreg model add {entry.name}`)",
+        )
+
+
+def _parent(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
+    parent = entry.manifest.spec.parent
+    if parent is None:
+        return
+    loc = ("spec", "parent")
+    if (entry.name, parent) in repo.broken:
+        return  # reported in its own file
+    if parent not in repo.versions.get(entry.name, {}):
+        yield _at(
+            entry.doc,
+            loc,
+            f"version {parent} is not declared for model {entry.name!r} "
+            f"(declared: {declared(repo, entry.name)})",
+        )
+    elif semver.Version.parse(parent) >= semver.Version.parse(entry.manifest.metadata.version):
+        yield _at(entry.doc, loc, f"parent {parent} must be older than {entry.version}")
+
+
+def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> Iterator[Problem]:
+    path = entry.manifest.spec.artifact.path
+    loc: Loc = ("spec", "artifact", "path")
+    if loc not in entry.doc.value_marks:
+        loc = ("spec", "artifact")  # the short form `artifact: models/x.onnx`
+    other = owners.setdefault(path, f"{entry.name} {entry.version}")
+    if other != f"{entry.name} {entry.version}":
+        yield _at(entry.doc, loc, f"{path} is already the artifact of {other}")
+    pointer = repo.root / f"{path}.dvc"
+    if not pointer.is_file():
+        yield _at(
+            entry.doc,
+            loc,
+            f"no DVC pointer {path}.dvc; track the file with `dvc add {path}`",
+        )
+        return
+    try:
+        read_pointer(pointer, display_path(pointer), PurePosixPath(path).name)
+    except ManifestError as e:
+        yield from e.problems
+
+
+def _files_exist(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
+    goldens = entry.manifest.spec.goldens
+    if goldens is None:
+        return
+    for i, case in enumerate(goldens.cases):
+        for side in ("inputs", "outputs"):
+            value = getattr(case, side)
+            if isinstance(value, str) and not (repo.root / value).is_file():
+                loc = ("spec", "goldens", "cases", i, side)
+                yield _at(entry.doc, loc, f"golden file {value} does not exist")
+
+
+def _golden_names(entry: VersionEntry, signature: Signature | None) -> Iterator[Problem]:
+    goldens = entry.manifest.spec.goldens
+    if goldens is None or signature is None:
+        return
+    for i, case in enumerate(goldens.cases):
+        for side, tensors in (("inputs", signature.inputs), ("outputs", signature.outputs)):
+            value = getattr(case, side)
+            if isinstance(value, str):
+                continue
+            names = {t.name for t in tensors}
+            for key in value:
+                if key not in names:
+                    yield _at(
+                        entry.doc,
+                        ("spec", "goldens", "cases", i, side, key),
+                        f"{key!r} is not an {side[:-1]} of the model "
+                        f"(expected: {', '.join(sorted(names))})",
+                        key=True,
+                    )
+
+
+def _dims_compatible(have: TensorSpec, want: TensorSpec) -> str | None:
+    if have.dtype != want.dtype:
+        return f"dtype is {have.dtype} but the model declares {want.dtype}"
+    if len(have.shape) != len(want.shape):
+        return f"rank is {len(have.shape)} but the model declares {len(want.shape)}"
+    for i, (h, w) in enumerate(zip(have.shape, want.shape, strict=True)):
+        if isinstance(w, int) and h != w:
+            return f"dimension {i} is {h} but the model declares {w}"
+    return None
+
+
+def _signature(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
+    want, have = model.manifest.spec.signature, entry.manifest.spec.signature
+    if want is None or have is None:
+        return
+    for side in ("inputs", "outputs"):
+        wanted = {t.name: t for t in getattr(want, side)}
+        for i, tensor in enumerate(getattr(have, side)):
+            loc = ("spec", "signature", side, i)
+            if tensor.name not in wanted:
+                yield _at(
+                    entry.doc,
+                    (*loc, "name"),
+                    f"{side[:-1]} {tensor.name!r} is not in the model's signature "
+                    f"({', '.join(wanted)}); update spec.signature in {model.file}",
+                )
+                continue
+            reason = _dims_compatible(tensor, wanted.pop(tensor.name))
+            if reason:
+                yield _at(
+                    entry.doc, loc, f"{reason}; update spec.signature in {model.file} if intended"
+                )
+        for name in wanted:
+            yield _at(
+                entry.doc,
+                ("spec", "signature", side),
+                f"{side[:-1]} {name!r} of the model's signature is missing",
+            )
+
+
+def _targets(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
+    allowed = model.manifest.spec.targets
+    if not allowed:
+        return
+    for i, target in enumerate(entry.manifest.spec.targets):
+        if target.name not in allowed:
+            yield _at(
+                entry.doc,
+                ("spec", "targets", i, "name"),
+                f"target {target.name!r} is not allowed for model {model.name!r} "
+                f"(allowed: {', '.join(allowed)})",
+            )
+
+
+def _model(repo: Repository, model: ModelEntry) -> Iterator[Problem]:
+    spec = model.manifest.spec
+    if model.manifest.metadata.name != model.name:
+        yield _at(
+            model.doc,
+            ("metadata", "name"),
+            f"is {model.manifest.metadata.name!r} but the file lives under "
+            f"model folder {model.name!r}",
+        )
+    versions = repo.versions.get(model.name, {})
+    for channel, assignment in spec.channels.items():
+        if (
+            assignment.version not in versions
+            and (model.name, assignment.version) not in repo.broken
+        ):
+            loc: Loc = ("spec", "channels", channel, "version")
+            if loc not in model.doc.value_marks:
+                loc = loc[:-1]
+            yield _at(
+                model.doc,
+                loc,
+                f"channel {channel!r} points at version {assignment.version}, which is not "
+                f"declared for model {model.name!r} (declared: {declared(repo, model.name)})",
+            )
+        if spec.promotion.order and channel not in spec.promotion.order:
+            yield _at(
+                model.doc,
+                ("spec", "channels", channel),
+                f"channel {channel!r} is not in spec.promotion.order "
+                f"({', '.join(spec.promotion.order)})",
+                key=True,
+            )
+
+
+def check_repository(repo: Repository) -> list[Problem]:
+    """Every cross-reference problem of a loaded repository.
+
+    Checks: names match paths, versions belong to a declared model, parents are
+    declared and older, channels point at declared versions and follow the promotion
+    order, targets are allowed by the model, version signatures fit the model's,
+    golden files exist and name real tensors, every artifact has a valid DVC pointer
+    and belongs to one version only.
+
+    Args:
+        repo: a repository from ``load_repository``.
+
+    Returns:
+        The problems, in no particular order (``ManifestError`` sorts them).
+    """
+    problems: list[Problem] = []
+    owners: dict[str, str] = {}
+    for model in repo.models.values():
+        problems.extend(_model(repo, model))
+    for entry in repo.all_versions():
+        problems.extend(_identity(repo, entry))
+        problems.extend(_parent(repo, entry))
+        problems.extend(_artifact(repo, entry, owners))
+        problems.extend(_files_exist(repo, entry))
+        owner = repo.models.get(entry.name)
+        signature = entry.manifest.spec.signature
+        if owner is not None:
+            problems.extend(_signature(owner, entry))
+            problems.extend(_targets(owner, entry))
+            signature = signature or owner.manifest.spec.signature
+        problems.extend(_golden_names(entry, signature))
+    return problems
+
+
+def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Problem]:
+    """Load problems plus cross-reference problems, limited to ``paths`` when given.
+
+    Args:
+        repo: a loaded repository.
+        paths: files or folders to report on; the whole repository when ``None``.
+            Cross-references are always resolved against the whole repository.
+
+    Returns:
+        The problems that concern the selected files.
+    """
+    problems = [*repo.problems, *check_repository(repo)]
+    if not paths:
+        return problems
+    selected = [p.resolve() for p in paths]
+
+    def wanted(problem: Problem) -> bool:
+        where = Path(problem.file).resolve()
+        return any(where == s or s in where.parents for s in selected)
+
+    return [p for p in problems if wanted(p)]

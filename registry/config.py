@@ -1,0 +1,64 @@
+"""Repository configuration, ``modelreg.yaml`` at the repository root (stable API)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Final, Literal
+
+from pydantic import Field, StringConstraints
+
+from registry.errors import RepositoryError
+from registry.loader import validate_document
+from registry.schema import RepoPath, Strict
+from registry.yamlsrc import read_yaml
+
+CONFIG_FILE: Final = "modelreg.yaml"
+
+
+class MlflowConfig(Strict):
+    """Where ``modelreg register`` mirrors releases (MLFLOW_TRACKING_URI overrides it)."""
+
+    uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
+
+
+class RepoConfig(Strict):
+    """Settings of one GitOps model repository.
+
+    Attributes:
+        manifests: folder holding ``<model>/model.yaml`` and ``<model>/versions/``.
+        artifacts: folder where ``modelreg version add`` places ONNX files.
+        remote: DVC remote to push to and pull from (DVC's default when unset).
+        mlflow: MLflow mirror settings.
+    """
+
+    api_version: Literal["modelreg/v1"] = Field(alias="apiVersion")
+    kind: Literal["RegistryConfig"]
+    manifests: RepoPath = "manifests"
+    artifacts: RepoPath = "models"
+    remote: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
+    mlflow: MlflowConfig = MlflowConfig()
+
+
+def find_root(start: Path) -> Path:
+    """Walk up from ``start`` to the folder holding ``modelreg.yaml``.
+
+    Raises:
+        RepositoryError: no ancestor holds a ``modelreg.yaml``.
+    """
+    here = start.resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / CONFIG_FILE).is_file():
+            return candidate
+    raise RepositoryError(
+        f"{start}: not inside a modelreg repository (no {CONFIG_FILE} here or above); "
+        "run `modelreg init` first"
+    )
+
+
+def load_config(root: Path, display: str = CONFIG_FILE) -> RepoConfig:
+    """Read and validate ``<root>/modelreg.yaml``.
+
+    Raises:
+        ManifestError: the file is invalid.
+    """
+    return validate_document(read_yaml(root / CONFIG_FILE, display), RepoConfig)

@@ -1,0 +1,68 @@
+"""Read DVC pointer files (``<artifact>.dvc``) without importing DVC.
+
+Devices and the validator need only the digest and size a pointer records; importing
+DVC for that would cost a second of start-up and pull DVC onto edge installs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from registry.errors import ManifestError
+from registry.loader import validate_document
+from registry.yamlsrc import read_yaml
+
+
+class _Out(BaseModel):
+    # DVC owns this format and adds keys over time: accept what we don't read.
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    md5: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+    path: Annotated[str, StringConstraints(min_length=1)]
+    size: Annotated[int, Field(ge=0)] | None = None
+
+
+class _DvcFile(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+    outs: Annotated[list[_Out], Field(min_length=1, max_length=1)]
+
+
+@dataclass(frozen=True, slots=True)
+class DvcPointer:
+    """What a ``.dvc`` file says about the one output it tracks."""
+
+    md5: str
+    size: int | None
+    path: str
+
+
+def read_pointer(pointer: Path, display: str, artifact_name: str) -> DvcPointer:
+    """Parse ``pointer`` and check it tracks ``artifact_name`` (its sibling file).
+
+    Args:
+        pointer: the ``.dvc`` file.
+        display: its name in error messages.
+        artifact_name: file name the pointer must track.
+
+    Returns:
+        The digest, size and path it records.
+
+    Raises:
+        ManifestError: missing, unreadable, malformed, or tracking another file.
+    """
+    doc = read_yaml(pointer, display)
+    parsed = validate_document(doc, _DvcFile)
+    out = parsed.outs[0]
+    if out.path != artifact_name:
+        line, col = doc.position(("outs", 0, "path"))
+        raise ManifestError.single(
+            display,
+            f"tracks {out.path!r}, expected {artifact_name!r}",
+            line=line,
+            col=col,
+            field="outs[0].path",
+        )
+    return DvcPointer(out.md5, out.size, out.path)

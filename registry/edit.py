@@ -1,0 +1,145 @@
+"""Round-trip edits of manifest text that keep comments, quoting and indentation.
+
+Functions here take text and return text (no I/O), so every edit is validated before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+from registry.errors import ManifestError
+from registry.schema import Signature
+
+
+def guess_indent(text: str) -> tuple[int, int]:
+    """Mapping indent and sequence dash offset used by a block-style YAML text.
+
+    ruamel's own guess reads the first sequence only and mistakes a sequence's content
+    column for the mapping indent, so the two are measured separately here.
+    """
+    indent: int | None = None
+    offset: int | None = None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    for here, nxt in itertools.pairwise(lines):
+        if not here.rstrip().endswith(":") or here.lstrip().startswith("- "):
+            continue
+        depth = len(here) - len(here.lstrip())
+        child = len(nxt) - len(nxt.lstrip())
+        if child <= depth and not nxt.lstrip().startswith("- "):
+            continue
+        if nxt.lstrip().startswith("- "):
+            offset = child - depth if offset is None else offset
+        elif indent is None:
+            indent = child - depth
+        if indent is not None and offset is not None:
+            break
+    return indent or 2, max(offset or 0, 0)
+
+
+def _yaml_for(text: str) -> tuple[YAML, Any]:
+    indent, seq_offset = guess_indent(text)
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096  # never re-wrap long descriptions
+    yaml.indent(mapping=indent, sequence=max(indent, seq_offset + 2), offset=seq_offset)
+    return yaml, yaml.load(text)
+
+
+def _dump(yaml: YAML, data: Any) -> str:
+    out = io.StringIO()
+    yaml.dump(data, out)
+    return out.getvalue()
+
+
+def _spec(data: Any, file: str) -> CommentedMap:
+    spec = data.get("spec") if isinstance(data, CommentedMap) else None
+    if not isinstance(spec, CommentedMap):
+        raise ManifestError.single(file, "has no spec mapping to edit", line=1, col=1)
+    return spec
+
+
+def _number(percent: float) -> int | float:
+    return int(percent) if float(percent).is_integer() else percent
+
+
+def set_channel(text: str, file: str, channel: str, version: str, percent: float | None) -> str:
+    """Point ``spec.channels[channel]`` at ``version``.
+
+    Without ``percent`` the channel serves the version to all of its devices (any
+    rollout is removed and the short form ``channel: version`` is kept when used);
+    with it, ``rollout.percent`` is set.
+
+    Args:
+        text: the RegisteredModel YAML.
+        file: its name for error messages.
+        channel: channel name.
+        version: version to serve.
+        percent: rollout share 0..100, or None for all devices.
+
+    Returns:
+        The edited YAML text.
+
+    Raises:
+        ManifestError: the text has no spec mapping to edit.
+    """
+    yaml, data = _yaml_for(text)
+    spec = _spec(data, file)
+    channels = spec.get("channels")
+    if not isinstance(channels, CommentedMap):
+        channels = CommentedMap()
+        spec["channels"] = channels
+    current = channels.get(channel)
+    if isinstance(current, CommentedMap):
+        current["version"] = version
+        if percent is None:
+            current.pop("rollout", None)
+        else:
+            rollout = current.get("rollout")
+            if isinstance(rollout, CommentedMap):
+                rollout["percent"] = _number(percent)
+            else:
+                current["rollout"] = CommentedMap(percent=_number(percent))
+    elif percent is None:
+        channels[channel] = version
+    else:
+        entry = CommentedMap(version=version)
+        rollout = CommentedMap(percent=_number(percent))
+        rollout.fa.set_flow_style()
+        entry["rollout"] = rollout
+        channels[channel] = entry
+    return _dump(yaml, data)
+
+
+def set_signature(text: str, file: str, signature: Signature) -> str:
+    """Replace ``spec.signature`` with ``signature`` (shapes in flow style).
+
+    Raises:
+        ManifestError: the text has no spec mapping to edit.
+    """
+    yaml, data = _yaml_for(text)
+    spec = _spec(data, file)
+    node = signature_node(signature)
+    if "signature" in spec or "channels" not in spec:
+        spec["signature"] = node
+    else:  # keep the house order: the contract before the channels
+        spec.insert(list(spec).index("channels"), "signature", node)
+    return _dump(yaml, data)
+
+
+def signature_node(signature: Signature) -> CommentedMap:
+    """A ruamel node for a signature, one tensor per item, shapes inline."""
+    node = CommentedMap()
+    for side in ("inputs", "outputs"):
+        items = CommentedSeq()
+        for tensor in getattr(signature, side):
+            shape = CommentedSeq(tensor.shape)
+            shape.fa.set_flow_style()
+            items.append(CommentedMap(name=tensor.name, dtype=tensor.dtype, shape=shape))
+        node[side] = items
+    return node

@@ -1,0 +1,94 @@
+"""``modelreg promote``: point a channel at a version with a round-trip YAML edit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry.atomic import write_atomic
+from registry.edit import set_channel
+from registry.errors import ManifestError, PolicyError, Problem
+from registry.loader import load_manifest
+from registry.policy import promotion_violations
+from registry.repository import load_repository
+from registry.yamlsrc import parse_yaml
+
+
+@dataclass(frozen=True, slots=True)
+class PromoteResult:
+    """What a promotion changed."""
+
+    file: str
+    channel: str
+    version: str
+    previous: str | None
+    percent: float | None
+    changed: bool
+
+
+def promote(
+    start: Path,
+    name: str,
+    version: str,
+    channel: str,
+    percent: float | None,
+    *,
+    force: bool = False,
+) -> PromoteResult:
+    """Point ``channel`` of model ``name`` at ``version`` in its ``model.yaml``.
+
+    The file is edited in place keeping comments and formatting, re-validated, and
+    replaced atomically; on any error it is left untouched.
+
+    Args:
+        start: a folder inside the repository.
+        name: model name.
+        version: version to serve.
+        channel: channel name.
+        percent: rollout share (0..100), or None for the whole channel.
+        force: skip the promotion-order policy (still requires a declared version).
+
+    Returns:
+        What changed.
+
+    Raises:
+        RepositoryError: not inside a repository.
+        ManifestError: the model is unknown or its manifest is invalid.
+        PolicyError: the promotion breaks the model's policy.
+        ValueError: percent outside 0..100.
+    """
+    if percent is not None and not 0 <= percent <= 100:
+        raise ValueError(f"--percent must be between 0 and 100, got {percent:g}")
+    repo = load_repository(start, jobs=1)
+    model = repo.models.get(name)
+    if model is None:
+        known = ", ".join(sorted(repo.models)) or "none"
+        raise ManifestError(
+            [
+                Problem(
+                    f"manifests/{name}/model.yaml",
+                    f"model {name!r} is not declared (declared: {known})",
+                )
+            ]
+        )
+    declared = set(repo.versions.get(name, {}))
+    reasons = promotion_violations(model.manifest, declared, version, channel)
+    if version not in declared:
+        raise PolicyError([Problem(model.file, reasons[0])])
+    if reasons and not force:
+        raise PolicyError([Problem(model.file, r + " (use --force to override)") for r in reasons])
+    previous = model.manifest.spec.channels.get(channel)
+    text = model.path.read_text(encoding="utf-8")
+    new_text = set_channel(text, model.file, channel, version, percent)
+    load_manifest(parse_yaml(new_text.encode(), model.file), "RegisteredModel")
+    changed = new_text != text
+    if changed:
+        write_atomic(model.path, new_text.encode())
+    return PromoteResult(
+        file=model.file,
+        channel=channel,
+        version=version,
+        previous=previous.version if previous else None,
+        percent=percent,
+        changed=changed,
+    )

@@ -1,0 +1,242 @@
+"""Load a whole GitOps model repository: every manifest, with problems collected.
+
+Loading never stops at the first bad file: a reviewer wants every problem of a pull
+request in one run.  Large repositories are parsed on all cores (a process pool over
+fork, since parsing is CPU-bound and each file is independent).
+
+Stable API: ``Repository``, ``ModelEntry``, ``VersionEntry``, ``load_repository``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Final
+
+import semver
+
+from registry.config import CONFIG_FILE, RepoConfig, find_root, load_config
+from registry.errors import ManifestError, Problem
+from registry.loader import load_manifest
+from registry.schema import ModelVersion, RegisteredModel
+from registry.yamlsrc import YamlDocument, read_yaml
+
+MODEL_FILE: Final = "model.yaml"
+VERSIONS_DIR: Final = "versions"
+# Below this many files a pool costs more to start than it saves.
+_PARALLEL_FROM: Final = 1500
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A loaded ``RegisteredModel`` and where it came from."""
+
+    name: str
+    file: str
+    path: Path
+    doc: YamlDocument
+    manifest: RegisteredModel
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    """A loaded ``ModelVersion`` and where it came from."""
+
+    name: str
+    version: str
+    file: str
+    path: Path
+    doc: YamlDocument
+    manifest: ModelVersion
+
+    @property
+    def semver(self) -> semver.Version:
+        """The parsed version, for ordering."""
+        return semver.Version.parse(self.version)
+
+
+@dataclass
+class Repository:
+    """Every manifest of a repository, and every problem met while loading them."""
+
+    root: Path
+    config: RepoConfig
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    versions: dict[str, dict[str, VersionEntry]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    broken: set[tuple[str, str | None]] = field(default_factory=set)
+    """(model, version) whose file exists but did not load; version None for model.yaml."""
+
+    def display(self, path: Path) -> str:
+        """Name of ``path`` in messages: relative to the working directory when inside it."""
+        return display_path(path)
+
+    def sorted_versions(self, name: str) -> list[VersionEntry]:
+        """Versions of ``name`` in SemVer order (oldest first)."""
+        return sorted(self.versions.get(name, {}).values(), key=lambda v: v.semver)
+
+    def all_versions(self) -> Iterator[VersionEntry]:
+        """Every version, by model name then SemVer order."""
+        for name in sorted(self.versions):
+            yield from self.sorted_versions(name)
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory if it is inside it, else absolute."""
+    try:
+        return path.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+@dataclass(frozen=True, slots=True)
+class _Task:
+    path: Path
+    file: str
+    kind: str | None
+    model_dir: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Result:
+    task: _Task
+    doc: YamlDocument | None
+    manifest: RegisteredModel | ModelVersion | None
+    problems: tuple[Problem, ...]
+
+
+def _load(task: _Task) -> _Result:
+    try:
+        doc = read_yaml(task.path, task.file)
+        manifest = load_manifest(doc, task.kind)
+    except ManifestError as e:
+        return _Result(task, None, None, e.problems)
+    assert isinstance(manifest, RegisteredModel | ModelVersion)  # noqa: S101 - load_manifest's contract
+    return _Result(task, doc, manifest, ())
+
+
+def _scan(root: Path, manifests: Path, problems: list[Problem]) -> list[_Task]:
+    tasks: list[_Task] = []
+    if not manifests.is_dir():
+        problems.append(
+            Problem(display_path(manifests), "manifests folder is missing or not a folder")
+        )
+        return tasks
+    for model_dir in sorted(os.scandir(manifests), key=lambda e: e.name):
+        if not model_dir.is_dir():
+            if model_dir.name.endswith((".yaml", ".yml")):
+                problems.append(
+                    Problem(
+                        display_path(Path(model_dir.path)),
+                        "unexpected manifest location; use manifests/<model>/model.yaml "
+                        "and manifests/<model>/versions/<version>.yaml",
+                    )
+                )
+            continue
+        if model_dir.name.startswith("."):
+            continue
+        base = Path(model_dir.path)
+        tasks.append(
+            _Task(
+                base / MODEL_FILE,
+                display_path(base / MODEL_FILE),
+                "RegisteredModel",
+                model_dir.name,
+            )
+        )
+        for entry in os.scandir(base):
+            if entry.name in (MODEL_FILE, VERSIONS_DIR) or not entry.name.endswith(
+                (".yaml", ".yml")
+            ):
+                continue
+            problems.append(
+                Problem(
+                    display_path(Path(entry.path)),
+                    f"unexpected file; the model is declared in {MODEL_FILE} "
+                    f"and its versions in {VERSIONS_DIR}/<version>.yaml",
+                )
+            )
+        versions = base / VERSIONS_DIR
+        if not versions.is_dir():
+            continue
+        for entry in sorted(os.scandir(versions), key=lambda e: e.name):
+            if entry.name.endswith(".yml"):
+                problems.append(
+                    Problem(display_path(Path(entry.path)), "version files end in .yaml, not .yml")
+                )
+            elif entry.name.endswith(".yaml"):
+                path = Path(entry.path)
+                tasks.append(_Task(path, display_path(path), "ModelVersion", model_dir.name))
+    return tasks
+
+
+def _run(tasks: list[_Task], jobs: int | None) -> list[_Result]:
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    if workers <= 1 or len(tasks) < _PARALLEL_FROM:
+        return [_load(t) for t in tasks]
+    chunk = max(64, len(tasks) // (workers * 4))
+    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
+        return list(pool.map(_load, tasks, chunksize=chunk))
+
+
+def load_repository(start: Path, *, jobs: int | None = None) -> Repository:
+    """Load the repository containing ``start``; problems are collected, not raised.
+
+    Args:
+        start: the repository root or any folder inside it.
+        jobs: worker processes for parsing (default: one per core; 1 disables the pool).
+
+    Returns:
+        The repository with every manifest that loaded and every problem found.  Cross-
+        references are checked separately by ``registry.checks.check_repository``.
+
+    Raises:
+        RepositoryError: no ``modelreg.yaml`` at or above ``start``.
+        ManifestError: ``modelreg.yaml`` itself is invalid.
+    """
+    root = find_root(start)
+    config = load_config(root, display_path(root / CONFIG_FILE))
+    repo = Repository(root=root, config=config)
+    tasks = _scan(root, root / config.manifests, repo.problems)
+    for result in _run(tasks, jobs):
+        task = result.task
+        repo.files.append(task.file)
+        if result.problems:
+            if task.path.exists():
+                version = None if task.kind == "RegisteredModel" else task.path.stem
+                repo.broken.add((task.model_dir, version))
+            if (
+                task.kind == "RegisteredModel"
+                and not task.path.exists()
+                and (task.path.parent / VERSIONS_DIR).is_dir()
+            ):
+                repo.problems.append(
+                    Problem(
+                        task.file,
+                        f"model folder {task.model_dir!r} has versions but no {MODEL_FILE}",
+                    )
+                )
+            elif task.kind == "RegisteredModel" and not task.path.exists():
+                repo.problems.append(
+                    Problem(display_path(task.path.parent), f"model folder without {MODEL_FILE}")
+                )
+            else:
+                repo.problems.extend(result.problems)
+            continue
+        assert result.doc is not None  # noqa: S101 - set together with manifest
+        manifest = result.manifest
+        if isinstance(manifest, RegisteredModel):
+            repo.models[task.model_dir] = ModelEntry(
+                task.model_dir, task.file, task.path, result.doc, manifest
+            )
+        elif isinstance(manifest, ModelVersion):
+            version = task.path.name.removesuffix(".yaml")
+            repo.versions.setdefault(task.model_dir, {})[version] = VersionEntry(
+                task.model_dir, version, task.file, task.path, result.doc, manifest
+            )
+    return repo

@@ -1,0 +1,332 @@
+"""Manifest schema, ``apiVersion: modelreg/v1`` (stable API).
+
+Two kinds live in a modelreg repository:
+
+* ``RegisteredModel`` at ``manifests/<name>/model.yaml``: what the model is, its I/O
+  contract, which version each channel serves, which targets it may be built for and
+  the promotion policy.
+* ``ModelVersion`` at ``manifests/<name>/versions/<semver>.yaml``: one immutable
+  release: its DVC-tracked ONNX artifact, lineage, metrics, golden tests and targets.
+
+Every model is frozen and rejects unknown keys, and scalars are validated strictly
+(no ``"10"`` for 10).  All paths are POSIX paths relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Final, Literal
+
+import semver
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+
+API_VERSION: Final = "modelreg/v1"
+
+DNS_LABEL_RE: Final = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+SYMBOL_RE: Final = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+LABEL_KEY_RE: Final = (
+    r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_SAFE_PATH_RE: Final = re.compile(r"^[A-Za-z0-9._@+-][A-Za-z0-9._@+/-]*$")
+
+
+def _semver(value: str) -> str:
+    try:
+        semver.Version.parse(value)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not a SemVer version (expected MAJOR.MINOR.PATCH, e.g. 1.0.0)"
+        ) from None
+    return value
+
+
+def _repo_path(value: str) -> str:
+    parts = value.split("/")
+    if (
+        not _SAFE_PATH_RE.match(value)
+        or value.startswith("/")
+        or any(p in ("", ".", "..") for p in parts)
+    ):
+        raise ValueError(
+            f"{value!r} is not a clean repository-relative path "
+            "(use forward slashes, no '..', no leading '/')"
+        )
+    return value
+
+
+Name = Annotated[str, StringConstraints(pattern=DNS_LABEL_RE)]
+"""A DNS label: lowercase letters, digits and '-', at most 63 characters."""
+SemVer = Annotated[str, AfterValidator(_semver)]
+RepoPath = Annotated[str, StringConstraints(max_length=1024), AfterValidator(_repo_path)]
+Symbol = Annotated[str, StringConstraints(pattern=SYMBOL_RE)]
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_RE)]
+LabelValue = Annotated[str, StringConstraints(max_length=63)]
+Labels = Annotated[dict[LabelKey, LabelValue], Field(max_length=64)]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+
+DType = Literal[
+    "float32", "float16", "bfloat16", "float64",
+    "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64",
+    "bool", "string",
+]  # fmt: skip
+
+Dim = Annotated[int, Field(ge=0)] | Symbol | None
+"""A tensor dimension: a size, a symbolic name shared across tensors, or null (unknown)."""
+
+
+class Strict(BaseModel):
+    """Base of every manifest model: strict scalars, unknown keys rejected, frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class TensorSpec(Strict):
+    """One named input or output of the model graph."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    dtype: DType
+    shape: Annotated[list[Dim], Field(max_length=16)]
+
+
+def _unique_names(tensors: list[TensorSpec], what: str) -> list[TensorSpec]:
+    seen: set[str] = set()
+    for tensor in tensors:
+        if tensor.name in seen:
+            raise ValueError(f"duplicate {what} name {tensor.name!r}")
+        seen.add(tensor.name)
+    return tensors
+
+
+class Signature(Strict):
+    """The I/O contract of a model graph."""
+
+    inputs: Annotated[
+        list[TensorSpec],
+        Field(min_length=1, max_length=256),
+        AfterValidator(lambda v: _unique_names(v, "input")),
+    ]
+    outputs: Annotated[
+        list[TensorSpec],
+        Field(min_length=1, max_length=256),
+        AfterValidator(lambda v: _unique_names(v, "output")),
+    ]
+
+
+class Rollout(Strict):
+    """Share of a channel's devices that take its version (stable per device)."""
+
+    percent: Annotated[float, Field(ge=0, le=100)]
+
+
+def _channel_shorthand(value: Any) -> Any:
+    # `production: 1.0.0` is the common case; the mapping form adds a rollout.
+    return {"version": value} if isinstance(value, str) else value
+
+
+class Channel(Strict):
+    """The version a channel serves, with an optional partial rollout."""
+
+    version: SemVer
+    rollout: Rollout | None = None
+
+
+class Promotion(Strict):
+    """Who may promote what, and where from.
+
+    Attributes:
+        order: channels in promotion order (e.g. ``[canary, production]``): a version
+            reaches a channel only after it served the one before.
+        branch: the only branch whose commits may change channels.
+        approvals: reviews a promotion pull request needs.
+    """
+
+    order: Annotated[list[Name], Field(max_length=32)] = []
+    branch: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "main"
+    approvals: Annotated[int, Field(ge=0, le=100)] = 1
+
+    @model_validator(mode="after")
+    def _order_unique(self) -> Promotion:
+        if len(set(self.order)) != len(self.order):
+            raise ValueError("promotion.order lists a channel twice")
+        return self
+
+
+class ModelMetadata(Strict):
+    """Identity of a RegisteredModel."""
+
+    name: Name
+    labels: Labels = {}
+
+
+class RegisteredModelSpec(Strict):
+    """What a RegisteredModel declares."""
+
+    description: Annotated[str, StringConstraints(max_length=10_000)] = ""
+    owner: ShortText = ""
+    task: ShortText = ""
+    signature: Signature | None = None
+    channels: Annotated[
+        dict[Name, Annotated[Channel, BeforeValidator(_channel_shorthand)]],
+        Field(max_length=64),
+    ] = {}
+    targets: Annotated[list[Name], Field(max_length=64)] = []
+    promotion: Promotion = Promotion()
+
+
+class RegisteredModel(Strict):
+    """``manifests/<name>/model.yaml``."""
+
+    api_version: Literal["modelreg/v1"] = Field(alias="apiVersion")
+    kind: Literal["RegisteredModel"]
+    metadata: ModelMetadata
+    spec: RegisteredModelSpec
+
+
+class VersionMetadata(Strict):
+    """Identity of a ModelVersion."""
+
+    name: Name
+    version: SemVer
+    labels: Labels = {}
+
+
+def _artifact_shorthand(value: Any) -> Any:
+    return {"path": value} if isinstance(value, str) else value
+
+
+class Artifact(Strict):
+    """The DVC-tracked model file (``<path>.dvc`` sits beside it)."""
+
+    path: RepoPath
+    format: Literal["onnx"] = "onnx"
+
+
+class Source(Strict):
+    """Where the version came from."""
+
+    run: ShortText | None = None
+    code: ShortText | None = None
+    datasets: Annotated[list[ShortText], Field(max_length=256)] = []
+
+
+class Tensor(Strict):
+    """An inline tensor: flat row-major ``data`` of ``shape``."""
+
+    dtype: DType
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)]
+    data: Annotated[list[float | int | bool | str], Field(max_length=65_536)]
+
+    @model_validator(mode="after")
+    def _size_matches(self) -> Tensor:
+        expected = math.prod(self.shape)
+        if expected != len(self.data):
+            raise ValueError(
+                f"shape {self.shape} holds {expected} values but data has {len(self.data)}"
+            )
+        return self
+
+
+TensorSet = RepoPath | dict[Annotated[str, StringConstraints(min_length=1)], Tensor]
+"""An ``.npz`` file (arrays keyed by tensor name) or inline tensors by name."""
+
+Tolerance = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class GoldenCase(Strict):
+    """Inputs and the outputs the model must reproduce within tolerance."""
+
+    name: Annotated[str, StringConstraints(pattern=SYMBOL_RE.replace("_]", "_.-]"))]
+    inputs: TensorSet
+    outputs: TensorSet
+    rtol: Tolerance | None = None
+    atol: Tolerance | None = None
+
+
+class Goldens(Strict):
+    """Golden tests: every case must pass within rtol/atol (numpy ``allclose``)."""
+
+    rtol: Tolerance = 1e-4
+    atol: Tolerance = 1e-5
+    cases: Annotated[list[GoldenCase], Field(min_length=1, max_length=256)]
+
+    @model_validator(mode="after")
+    def _unique_cases(self) -> Goldens:
+        names = [c.name for c in self.cases]
+        if len(set(names)) != len(names):
+            raise ValueError("golden case names must be unique")
+        return self
+
+
+class _TargetBase(Strict):
+    name: Name
+    selector: Labels = {}
+
+
+class OnnxRuntimeTarget(_TargetBase):
+    """Run the ONNX model with ONNX Runtime and these execution providers."""
+
+    engine: Literal["onnxruntime"]
+    providers: Annotated[list[Symbol], Field(min_length=1, max_length=8)] = ["CPUExecutionProvider"]
+    optimization: Literal["disable", "basic", "extended", "all"] = "all"
+
+
+class TensorRTTarget(_TargetBase):
+    """Build a TensorRT engine on (or for) the device."""
+
+    engine: Literal["tensorrt"]
+    precision: Literal["fp32", "fp16", "int8"] = "fp16"
+    workspace: Annotated[int, Field(ge=16, le=1 << 20)] = 1024
+    """Builder workspace in MiB."""
+
+
+Target = Annotated[OnnxRuntimeTarget | TensorRTTarget, Field(discriminator="engine")]
+
+
+class ModelVersionSpec(Strict):
+    """What a ModelVersion declares."""
+
+    artifact: Annotated[Artifact, BeforeValidator(_artifact_shorthand)]
+    parent: SemVer | None = None
+    description: Annotated[str, StringConstraints(max_length=10_000)] = ""
+    signature: Signature | None = None
+    source: Source | None = None
+    metrics: Annotated[
+        dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], float],
+        Field(max_length=256),
+    ] = {}
+    goldens: Goldens | None = None
+    targets: Annotated[list[Target], Field(max_length=64)] = []
+
+    @model_validator(mode="after")
+    def _unique_targets(self) -> ModelVersionSpec:
+        names = [t.name for t in self.targets]
+        if len(set(names)) != len(names):
+            raise ValueError("target names must be unique")
+        return self
+
+
+class ModelVersion(Strict):
+    """``manifests/<name>/versions/<semver>.yaml``."""
+
+    api_version: Literal["modelreg/v1"] = Field(alias="apiVersion")
+    kind: Literal["ModelVersion"]
+    metadata: VersionMetadata
+    spec: ModelVersionSpec
+
+
+Manifest = Annotated[RegisteredModel | ModelVersion, Field(discriminator="kind")]
+
+KINDS: Final[dict[str, type[RegisteredModel] | type[ModelVersion]]] = {
+    "RegisteredModel": RegisteredModel,
+    "ModelVersion": ModelVersion,
+}

@@ -1,0 +1,118 @@
+"""The version-state table: one row per model version (pure data and rendering).
+
+Columns: model, version, git commit, MLflow version, CI run, channels, signed,
+published.  Facts that a later stage owns (MLflow, CI, signing, publishing) are
+``None`` until that stage has recorded them, and print as ``-``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+from registry.gitinfo import Commit
+from registry.repository import Repository
+
+COLUMNS: Final = (
+    "model",
+    "version",
+    "commit",
+    "mlflow",
+    "ci run",
+    "channels",
+    "signed",
+    "published",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class VersionStatus:
+    """One row of the version-state table."""
+
+    model: str
+    version: str
+    parent: str | None
+    file: str
+    commit: str | None
+    committed_at: str | None
+    dirty: bool
+    channels: tuple[str, ...]
+    mlflow_version: str | None = None
+    ci_run: str | None = None
+    signed: bool | None = None
+    published: bool | None = None
+
+    def cells(self) -> tuple[str, ...]:
+        """The row as printed."""
+        commit = self.commit[:8] if self.commit else "-"
+        if self.dirty:
+            commit = "uncommitted" if not self.commit else f"{commit}+dirty"
+        return (
+            self.model,
+            self.version,
+            commit,
+            self.mlflow_version or "-",
+            self.ci_run or "-",
+            ", ".join(self.channels) or "-",
+            _yes_no(self.signed),
+            _yes_no(self.published),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        out = asdict(self)
+        out["channels"] = list(self.channels)
+        return out
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def collect_status(
+    repo: Repository, commits: Mapping[str, Commit], dirty: set[str], relative: Mapping[str, str]
+) -> list[VersionStatus]:
+    """Build the rows from a loaded repository and git facts.
+
+    Args:
+        repo: the loaded repository.
+        commits: last commit per git-relative manifest path.
+        dirty: git-relative paths with uncommitted changes.
+        relative: display file name -> git-relative path.
+    """
+    rows = []
+    for entry in repo.all_versions():
+        channels = []
+        model = repo.models.get(entry.name)
+        if model is not None:
+            for channel, assignment in sorted(model.manifest.spec.channels.items()):
+                if assignment.version == entry.version:
+                    rollout = assignment.rollout
+                    share = f" ({rollout.percent:g}%)" if rollout is not None else ""
+                    channels.append(channel + share)
+        rel = relative.get(entry.file, entry.file)
+        commit = commits.get(rel)
+        rows.append(
+            VersionStatus(
+                model=entry.name,
+                version=entry.version,
+                parent=entry.manifest.spec.parent,
+                file=entry.file,
+                commit=commit.sha if commit else None,
+                committed_at=commit.date if commit else None,
+                dirty=rel in dirty,
+                channels=tuple(channels),
+            )
+        )
+    return rows
+
+
+def render_table(rows: Sequence[VersionStatus]) -> str:
+    """Plain, aligned text table (stable: used in logs and golden files)."""
+    cells = [COLUMNS, *(r.cells() for r in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines) + "\n"
