@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ def _quiet() -> Iterator[None]:
     level = logger.level
     logger.setLevel(logging.WARNING)  # "Initialized DVC repository." etc. are ours to say
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        # DVC's own deprecation noise (e.g. pygtrie's _NoneStep.value) is not the user's.
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
             yield
     finally:
         logger.setLevel(level)

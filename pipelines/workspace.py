@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,12 +97,13 @@ def init_repo(target: Path, *, remote: str | None = None, branch: str = "main") 
         git(root, "init", "--quiet", f"--initial-branch={branch}")
         top = root
     dvc.init(root, subdir=top.resolve() != root)
-    url = remote or DEFAULT_REMOTE_DIR
     if remote is None:
         (root / DEFAULT_REMOTE_DIR).mkdir(parents=True, exist_ok=True)
-        # DVC resolves relative local remotes against .dvc/, so store it from there.
-        url = "../" + DEFAULT_REMOTE_DIR
-    dvc.set_remote(root, REMOTE_NAME, url)
+    # DVC reads a relative path given here against the working directory and stores
+    # it relative to .dvc/ (absolute ones stay absolute): passing the default relative
+    # to the cwd makes it land as ../.modelreg/remote, which moves with the repository.
+    default = os.path.relpath(root / DEFAULT_REMOTE_DIR, Path.cwd())
+    dvc.set_remote(root, REMOTE_NAME, remote or default)
     config = schema_comment(root / CONFIG_FILE, root, "RegistryConfig") + (
         "apiVersion: modelreg/v1\n"
         "kind: RegistryConfig\n"
@@ -119,7 +121,7 @@ def init_repo(target: Path, *, remote: str | None = None, branch: str = "main") 
         created.append(gitignore)
     created.extend(write_schemas(root))
     _stage(root, [*created, root / ".dvc"])
-    return InitResult(root, url if remote else DEFAULT_REMOTE_DIR, created, git_initialized)
+    return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized)
 
 
 def add_model(
@@ -272,6 +274,7 @@ def add_version(
     source: Mapping[str, Any] | None = None,
     golden_inputs: Path | None = None,
     update_model_signature: bool = False,
+    targets: Sequence[Mapping[str, Any]] = (),
 ) -> AddVersionResult:
     """Declare version ``version`` of ``name`` with ``artifact`` as its ONNX file.
 
@@ -324,7 +327,7 @@ def add_version(
         text = render_version(
             path, repo.root, name, version, artifact=rel.as_posix(), parent=parent,
             description=description, signature=signature, source=source, metrics=metrics,
-            goldens=goldens_spec,
+            goldens=goldens_spec, targets=targets,
         )  # fmt: skip
         load_manifest(parse_yaml(text.encode(), shown), "ModelVersion")
         dvc.add(repo.root, dest)

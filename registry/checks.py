@@ -25,8 +25,19 @@ def _at(doc: YamlDocument, loc: Loc, message: str, *, key: bool = False) -> Prob
 
 def declared(repo: Repository, name: str) -> str:
     """The declared versions of ``name`` for messages: ``1.0.0, 1.1.0`` or ``none``."""
-    listed = ", ".join(v.version for v in repo.sorted_versions(name))
-    return listed or "none"
+    valid = {v.version for v in repo.versions.get(name, {}).values()}
+    broken = {v for m, v in repo.broken if m == name and v is not None}
+    names = []
+    for version in sorted(valid | broken, key=_order):
+        names.append(version if version in valid else f"{version} (invalid)")
+    return ", ".join(names) or "none"
+
+
+def _order(version: str) -> tuple[int, semver.Version | str]:
+    try:
+        return (0, semver.Version.parse(version))
+    except ValueError:
+        return (1, version)
 
 
 def _identity(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:

@@ -79,6 +79,7 @@ def render_version(
     source: Mapping[str, Any] | None = None,
     metrics: Mapping[str, float] | None = None,
     goldens: Mapping[str, Any] | None = None,
+    targets: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """Text of a new ``ModelVersion`` manifest to be written at ``path``."""
     spec = _drop_empty(
@@ -90,6 +91,7 @@ def render_version(
             source=_drop_empty(CommentedMap(source or {})),
             metrics=dict(metrics or {}),
             goldens=goldens,
+            targets=[CommentedMap(t) for t in targets],
         )
     )
     doc = CommentedMap(

@@ -84,7 +84,7 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None) -> None:
             bad = len({p.file for p in problems})
             click.secho(f"{len(problems)} problem(s) in {bad} file(s)", fg="red", err=True)
     else:
-        ok(f"valid: {files} files ({models} models, {versions} versions)")
+        ok(f"valid: {_n(files, 'file')} ({_n(models, 'model')}, {_n(versions, 'version')})")
     if problems:
         sys.exit(1)
 
@@ -142,3 +142,7 @@ def _rich_table(rows: list) -> None:  # type: ignore[type-arg]
     for row in rows:
         table.add_row(*row.cells())
     Console().print(table)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"

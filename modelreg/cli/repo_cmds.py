@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from modelreg.cli._output import emit_json, ok
+from registry.repository import display_path
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
@@ -31,6 +32,22 @@ def _metrics(values: tuple[str, ...]) -> dict[str, float]:
                 f"{key}={value!r} is not a number", param_hint="--metric"
             ) from None
     return out
+
+
+def _target(text: str) -> dict[str, str]:
+    name, sep, engine = text.partition("=")
+    kind, _, precision = engine.partition(":")
+    if not sep or not name or kind not in ("onnxruntime", "tensorrt"):
+        raise click.BadParameter(
+            f"expected NAME=onnxruntime or NAME=tensorrt[:PRECISION], got {text!r}",
+            param_hint="--target",
+        )
+    target = {"name": name, "engine": kind}
+    if precision:
+        if kind != "tensorrt":
+            raise click.BadParameter("only tensorrt targets take a precision", param_hint="--target")
+        target["precision"] = precision
+    return target
 
 
 @click.command()
@@ -122,7 +139,7 @@ def model_add(
     if as_json:
         emit_json({"model": name, "manifest": str(path)})
     else:
-        ok(f"declared model {name} in {path}")
+        ok(f"declared model {name} in {display_path(path)}")
 
 
 @click.group()
@@ -153,6 +170,13 @@ def version() -> None:
     help="An .npz of model inputs; expected outputs are recorded with ONNX Runtime.",
 )
 @click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="NAME=ENGINE",
+    help="Build target (repeatable): NAME=onnxruntime or NAME=tensorrt[:fp32|fp16|int8].",
+)
+@click.option(
     "--update-model-signature",
     is_flag=True,
     help="Accept an I/O signature that differs from the model's and update the model.",
@@ -169,6 +193,7 @@ def version_add(
     source_run: str | None,
     datasets: tuple[str, ...],
     golden_inputs: Path | None,
+    targets: tuple[str, ...],
     update_model_signature: bool,
     as_json: bool,
 ) -> None:
@@ -190,6 +215,7 @@ def version_add(
         source=source,
         golden_inputs=golden_inputs,
         update_model_signature=update_model_signature,
+        targets=[_target(t) for t in targets],
     )
     if as_json:
         emit_json(
@@ -207,8 +233,8 @@ def version_add(
         )
         return
     parent_note = f" (parent {result.parent})" if result.parent else ""
-    ok(f"declared {name} {version_}{parent_note} in {result.manifest}")
-    click.echo(f"  artifact: {result.artifact} (DVC pointer {result.pointer.name})")
+    ok(f"declared {name} {version_}{parent_note} in {display_path(result.manifest)}")
+    click.echo(f"  artifact: {display_path(result.artifact)} (DVC pointer {result.pointer.name})")
     if result.model_signature_updated:
         click.echo(f"  model {name} signature set from this version")
 

@@ -1,0 +1,44 @@
+# The two commands a newcomer runs are `make demo` and `make test`; both create .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint format bench examples clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall when the dependency list changes; the project itself is editable.
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m modelreg.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
+# Rebuild this repository's DVC-tracked example models (byte-identical to the pointers).
+examples: $(STAMP)
+	$(BIN)/python scripts/make_example_models.py --out models --size small --no-goldens
+
+clean:
+	rm -rf $(VENV) .bench .pytest_cache .mypy_cache .ruff_cache build *.egg-info

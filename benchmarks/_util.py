@@ -1,0 +1,238 @@
+"""Helpers shared by the benchmarks: timing subprocesses, isolation, machine facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+REPO_ROOT: Final = Path(__file__).resolve().parents[1]
+"""Root of the modelreg checkout holding this suite."""
+
+BENCH_DIR: Final = REPO_ROOT / ".bench"
+"""Git-ignored scratch space for generated repositories and tool installs."""
+
+
+class BenchmarkError(RuntimeError):
+    """A benchmark could not produce a trustworthy figure (bad fixture, failing tool)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Wall-clock times of repeated runs of one command.
+
+    Attributes:
+        runs: how many timed runs were made.
+        min_s: fastest run in seconds.
+        median_s: median run in seconds (the figure reported).
+        max_s: slowest run in seconds.
+        samples_s: every run in seconds, in the order they ran.
+    """
+
+    runs: int
+    min_s: float
+    median_s: float
+    max_s: float
+    samples_s: tuple[float, ...]
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Timing:
+        """Summarise ``samples`` (seconds).
+
+        Raises:
+            ValueError: ``samples`` is empty.
+        """
+        if not samples:
+            raise ValueError("no samples to summarise")
+        return cls(
+            runs=len(samples),
+            min_s=min(samples),
+            median_s=statistics.median(samples),
+            max_s=max(samples),
+            samples_s=tuple(samples),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping (seconds rounded to the microsecond)."""
+        out = asdict(self)
+        for key in ("min_s", "median_s", "max_s"):
+            out[key] = round(out[key], 6)
+        out["samples_s"] = [round(s, 6) for s in self.samples_s]
+        return out
+
+
+def isolated_env(home: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The current environment with a private HOME and git configuration.
+
+    Nothing the benchmark runs reads or writes the user's git or tool settings, and
+    commits get a fixed identity.
+
+    Args:
+        home: folder to use as HOME (created if missing); its ``.gitconfig`` is the
+            global git configuration.
+        extra: variables to add or override.
+
+    Returns:
+        A new environment mapping.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    gitconfig = home / ".gitconfig"
+    if not gitconfig.exists():
+        gitconfig.write_text(
+            "[user]\n\tname = bench\n\temail = bench@example.invalid\n"
+            "[init]\n\tdefaultBranch = main\n[commit]\n\tgpgsign = false\n"
+            "[tag]\n\tgpgsign = false\n",
+            encoding="utf-8",
+        )
+    env = dict(os.environ)
+    for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "MODELREG_TRACEBACK"):
+        env.pop(var, None)
+    env.update(
+        {
+            "HOME": str(home),
+            "XDG_CONFIG_HOME": str(home / ".config"),
+            "XDG_CACHE_HOME": str(home / ".cache"),
+            "GIT_CONFIG_GLOBAL": str(gitconfig),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_AUTHOR_NAME": "bench",
+            "GIT_AUTHOR_EMAIL": "bench@example.invalid",
+            "GIT_COMMITTER_NAME": "bench",
+            "GIT_COMMITTER_EMAIL": "bench@example.invalid",
+            "GIT_TERMINAL_PROMPT": "0",
+            "DVC_NO_ANALYTICS": "1",
+            "NO_COLOR": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def run_checked(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    input_bytes: bytes | None = None,
+    timeout: float = 3600,
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``argv`` and raise with its output when it fails.
+
+    Raises:
+        BenchmarkError: the command is missing or exits non-zero.
+    """
+    try:
+        proc = subprocess.run(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            input=input_bytes,
+            capture_output=True,
+            check=False,
+            timeout=timeout,
+        )
+    except FileNotFoundError as e:
+        raise BenchmarkError(f"{argv[0]}: not found ({e})") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
+        raise BenchmarkError(
+            f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}"
+        )
+    return proc
+
+
+def time_command(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    runs: int,
+    stop_after_s: float | None = None,
+    check_output: Callable[[bytes], None] | None = None,
+) -> Timing:
+    """Run a command ``runs`` times and time each run with ``time.perf_counter``.
+
+    Output goes to a pipe that is read to the end (as when piped into another tool);
+    every run must exit 0.
+
+    Args:
+        argv: the command.
+        cwd: its working directory.
+        env: its environment.
+        runs: timed runs wanted.
+        stop_after_s: stop after the first run if it took longer than this (slow
+            tools are then reported from one run).
+        check_output: called with the stdout of the first run; raises if wrong.
+
+    Returns:
+        The timing summary.
+
+    Raises:
+        BenchmarkError: a run exits non-zero.
+    """
+    samples: list[float] = []
+    for i in range(runs):
+        start = time.perf_counter()
+        proc = subprocess.run(
+            list(argv), cwd=cwd, env=dict(env), capture_output=True, check=False
+        )
+        elapsed = time.perf_counter() - start
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
+            raise BenchmarkError(
+                f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}"
+            )
+        if i == 0 and check_output is not None:
+            check_output(proc.stdout)
+        samples.append(elapsed)
+        if stop_after_s is not None and i == 0 and elapsed > stop_after_s:
+            break
+    return Timing.of(samples)
+
+
+def tool_version(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """First non-empty output line of a ``--version`` style command, or ``unavailable``."""
+    try:
+        proc = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=120,
+            env=dict(env) if env is not None else None,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unavailable"
+    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    return lines[0] if lines and proc.returncode == 0 else "unavailable"
+
+
+def machine_info() -> dict[str, Any]:
+    """Facts about the machine and interpreter that figures depend on."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not on Linux
+        usable = os.cpu_count() or 1
+    git = shutil.which("git")
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": usable,
+        "processor": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "git": tool_version([git, "--version"]) if git else "unavailable",
+    }
+
+
+def fmt_seconds(value: float) -> str:
+    """Seconds for tables: ``0.842 s``, ``28.1 s``."""
+    return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"

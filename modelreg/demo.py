@@ -1,0 +1,132 @@
+"""``make demo``: the main job end to end on embedded defaults, narrated.
+
+Builds the example ONNX models, scaffolds a GitOps model repository (local git, DVC
+with a local remote), declares models and versions with golden tests, promotes through
+canary to production, shows what a bad manifest looks like to a reviewer, and prints
+the version-state table.  Each step runs the real ``modelreg`` command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from modelreg.examples import write_examples
+
+_GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "modelreg demo",
+    "GIT_AUTHOR_EMAIL": "demo@modelreg.invalid",
+    "GIT_COMMITTER_NAME": "modelreg demo",
+    "GIT_COMMITTER_EMAIL": "demo@modelreg.invalid",
+}
+
+
+class Demo:
+    """Runs and narrates commands in a work folder."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.repo = work / "fleet-models"
+        self.env = {**os.environ, **_GIT_IDENTITY, "DVC_NO_ANALYTICS": "1"}
+
+    def step(self, title: str) -> None:
+        print(f"\n=== {title}")
+
+    def run(self, *args: str, cwd: Path | None = None, expect: int = 0) -> str:
+        """Run ``modelreg ARGS`` (or git) and echo it like a terminal session."""
+        argv = list(args)
+        shown = shlex.join(argv)
+        if argv[0] == "modelreg":
+            argv = [sys.executable, "-m", "modelreg", *argv[1:]]
+        print(f"$ {shown}")
+        proc = subprocess.run(
+            argv, cwd=cwd or self.repo, env=self.env, capture_output=True, text=True, check=False
+        )
+        for stream in (proc.stdout, proc.stderr):
+            if stream.strip():
+                print("  " + stream.rstrip().replace("\n", "\n  "))
+        if proc.returncode != expect:
+            raise SystemExit(f"demo failed: `{shown}` exited {proc.returncode}, expected {expect}")
+        return proc.stdout
+
+    def main(self) -> None:
+        """The whole story."""
+        self.step("Example models (ONNX, built locally with onnx.helper)")
+        examples = self.work / "examples"
+        for f in write_examples(examples, size="small"):
+            print(f"  {f.path.relative_to(self.work)}  {f.path.stat().st_size:>6} bytes")
+        ex = "../examples"
+
+        self.step("Scaffold a GitOps model repository (git + DVC with a local remote)")
+        self.run("modelreg", "init", self.repo.name, cwd=self.work)
+        self.run("git", "commit", "-qm", "modelreg init")
+
+        self.step("Declare a model and its first version (signature read from the graph)")
+        self.run("modelreg", "model", "add", "mlp", "--owner", "vision@example.com",
+                 "--task", "classification", "--target", "cpu", "--target", "gpu-trt",
+                 "--channel-order", "canary,production")  # fmt: skip
+        self.run("modelreg", "version", "add", "mlp", "1.0.0", "--artifact", f"{ex}/mlp/1.0.0.onnx",
+                 "--golden-inputs", f"{ex}/mlp/1.0.0.inputs.npz", "--metric", "accuracy=0.912",
+                 "--target", "cpu=onnxruntime", "--target", "gpu-trt=tensorrt:fp16")  # fmt: skip
+        self.run("git", "commit", "-qm", "mlp 1.0.0")
+
+        self.step("A fine-tune: same graph, some tensors changed")
+        self.run("modelreg", "version", "add", "mlp", "1.1.0", "--artifact", f"{ex}/mlp/1.1.0.onnx",
+                 "--golden-inputs", f"{ex}/mlp/1.1.0.inputs.npz", "--metric", "accuracy=0.924",
+                 "--target", "cpu=onnxruntime")  # fmt: skip
+        self.run("git", "commit", "-qm", "mlp 1.1.0")
+
+        self.step("Promotion follows the policy: canary before production")
+        self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "production", expect=1)
+        self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "canary")
+        self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "production")
+        self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "canary", "--percent", "10")
+        self.run("git", "commit", "-qam", "promote mlp 1.0.0 to production, 1.1.0 to 10% canary")
+        self.run("git", "log", "--oneline")
+
+        self.step("What a reviewer sees when a pull request breaks a manifest")
+        version = self.repo / "manifests/mlp/versions/1.1.0.yaml"
+        model = self.repo / "manifests/mlp/model.yaml"
+        saved = {p: p.read_text(encoding="utf-8") for p in (version, model)}
+        version.write_text(saved[version].replace("format: onnx", "fromat: onnx"), encoding="utf-8")
+        model.write_text(saved[model].replace("production: 1.0.0", "production: 1.2.0"), encoding="utf-8")
+        self.run("modelreg", "validate", expect=1)
+        for path, text in saved.items():
+            path.write_text(text, encoding="utf-8")
+
+        self.step("Validate and show the version-state table")
+        self.run("modelreg", "validate")
+        self.run("modelreg", "status")
+        print(f"\nThe demo repository is in {self.repo}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the demo in ``--dir`` (kept) or a temporary folder (removed unless --keep)."""
+    parser = argparse.ArgumentParser(prog="python -m modelreg.demo", description=__doc__)
+    parser.add_argument("--dir", type=Path, help="work folder to use and keep")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    args = parser.parse_args(argv)
+    if args.dir is not None:
+        if args.dir.exists() and any(args.dir.iterdir()):
+            parser.error(f"{args.dir} is not empty")
+        args.dir.mkdir(parents=True, exist_ok=True)
+        Demo(args.dir.resolve()).main()
+        return
+    work = Path(tempfile.mkdtemp(prefix="modelreg-demo-"))
+    try:
+        Demo(work).main()
+    finally:
+        if args.keep:
+            print(f"(kept {work})")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

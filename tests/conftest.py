@@ -1,0 +1,96 @@
+"""Shared fixtures: every test runs with its own HOME and git identity (like gto's suite)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from modelreg.cli.main import main
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private HOME and git config so tests never read or write the developer's."""
+    home = tmp_path_factory.mktemp("home")
+    gitconfig = home / ".gitconfig"
+    gitconfig.write_text(
+        "[user]\n\tname = modelreg tests\n\temail = tests@modelreg.invalid\n"
+        "[init]\n\tdefaultBranch = main\n[commit]\n\tgpgsign = false\n"
+    )
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(gitconfig))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
+    monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(home / ".dvc-site"))
+    for var in ("MLFLOW_TRACKING_URI", "GITHUB_ACTIONS", "MODELREG_TRACEBACK", "GIT_DIR", "GIT_WORK_TREE"):
+        monkeypatch.delenv(var, raising=False)
+    return home
+
+
+@dataclass(frozen=True)
+class Result:
+    """Outcome of one CLI invocation."""
+
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """Run ``modelreg ARGS`` in-process in a given directory, returning code/out/err."""
+
+    def run(*args: str, cwd: Path) -> Result:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        try:
+            main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        else:  # pragma: no cover - main always exits
+            code = 0
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    yield run
+
+
+def run_modelreg(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
+    """Run the real ``modelreg`` entry point in a subprocess."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "modelreg", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+        timeout=300,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git in ``cwd`` and return stdout (raises on failure)."""
+    return subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.fixture(scope="session")
+def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small example models and their golden inputs, built once per session."""
+    from modelreg.examples import write_examples
+
+    out = tmp_path_factory.mktemp("examples")
+    write_examples(out, size="small")
+    return out

@@ -1,0 +1,288 @@
+"""The authoring commands on real git + DVC repositories."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from modelreg.examples import run_onnxruntime
+from tests.conftest import git, run_modelreg
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def repo(tmp_path: Path, cli) -> Path:
+    root = tmp_path / "models-repo"
+    result = cli("init", str(root), cwd=tmp_path)
+    assert result.code == 0, result.err
+    return root
+
+
+@pytest.fixture
+def mlp_repo(repo: Path, cli, example_models: Path) -> Path:
+    assert cli("model", "add", "mlp", "--task", "classification",
+               "--channel-order", "canary,production", cwd=repo).code == 0  # fmt: skip
+    r = cli("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
+            "--metric", "accuracy=0.91", "--golden-inputs",
+            str(example_models / "mlp/1.0.0.inputs.npz"), cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(example_models / "mlp/1.1.0.onnx"),
+            cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    git(repo, "commit", "-qm", "mlp 1.0.0 and 1.1.0")
+    return repo
+
+
+def test_init_scaffolds_git_dvc_and_schemas(repo: Path, cli) -> None:
+    assert (repo / ".git").is_dir()
+    assert (repo / ".dvc" / "config").is_file()
+    config = yaml.safe_load((repo / "modelreg.yaml").read_text())
+    assert config["kind"] == "RegistryConfig"
+    dvc_config = (repo / ".dvc" / "config").read_text()
+    assert "remote = storage" in dvc_config
+    url = re.search(r"url = (\S+)", dvc_config)
+    assert url
+    assert url.group(1) == "../.modelreg/remote"  # relative to .dvc/: moves with the repo
+    assert (repo / ".modelreg" / "remote").is_dir()
+    staged = git(repo, "diff", "--cached", "--name-only").split()
+    assert "modelreg.yaml" in staged
+    assert ".modelreg/schemas/model.schema.json" in staged
+    # the local remote and other state stay out of git
+    assert git(repo, "check-ignore", ".modelreg/remote").strip() == ".modelreg/remote"
+    again = cli("init", str(repo), cwd=repo.parent)
+    assert again.code == 1
+    assert "already a modelreg repository" in again.err
+    assert len(again.err.strip().splitlines()) == 1
+
+
+def test_init_in_existing_git_repo_with_remote(tmp_path: Path, cli) -> None:
+    root = tmp_path / "existing"
+    root.mkdir()
+    git(root, "init", "-q")
+    (root / "README.md").write_text("hello\n")
+    remote = tmp_path / "shared-remote"
+    r = cli("init", str(root), "--remote", str(remote), "--json", cwd=tmp_path)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert report["git_initialized"] is False
+    assert str(remote) in (root / ".dvc" / "config").read_text()
+
+
+def test_written_files_point_editors_at_existing_schemas(mlp_repo: Path) -> None:
+    for path in [mlp_repo / "modelreg.yaml", *mlp_repo.glob("manifests/**/*.yaml")]:
+        first = path.read_text().splitlines()[0]
+        match = re.fullmatch(r"# yaml-language-server: \$schema=(\S+)", first)
+        assert match, path
+        schema = (path.parent / match.group(1)).resolve()
+        assert schema.is_file(), schema
+        assert json.loads(schema.read_text())["$schema"].startswith("https://json-schema.org/")
+
+
+def test_model_add_writes_valid_manifest_and_refuses_duplicates(repo: Path, cli) -> None:
+    r = cli("model", "add", "defect", "--owner", "vision@example.com", "--label", "team=vision",
+            "--target", "cpu", cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    doc = yaml.safe_load((repo / "manifests/defect/model.yaml").read_text())
+    assert doc["metadata"] == {"name": "defect", "labels": {"team": "vision"}}
+    assert doc["spec"]["owner"] == "vision@example.com"
+    assert doc["spec"]["targets"] == ["cpu"]
+    dup = cli("model", "add", "defect", cwd=repo)
+    assert dup.code == 1
+    assert dup.err.strip() == "manifests/defect/model.yaml: model 'defect' is already declared"
+    bad = cli("model", "add", "Defect_1", cwd=repo)
+    assert bad.code == 1
+    assert "not a valid model name" in bad.err
+    assert not (repo / "manifests/Defect_1").exists()
+
+
+def test_version_add_tracks_artifact_with_dvc(mlp_repo: Path, example_models: Path) -> None:
+    artifact = mlp_repo / "models/mlp/1.0.0.onnx"
+    source = example_models / "mlp/1.0.0.onnx"
+    assert artifact.read_bytes() == source.read_bytes()
+    pointer = yaml.safe_load((mlp_repo / "models/mlp/1.0.0.onnx.dvc").read_text())
+    out = pointer["outs"][0]
+    assert out["md5"] == hashlib.md5(source.read_bytes()).hexdigest()  # noqa: S324 - DVC's digest
+    assert out["path"] == "1.0.0.onnx"
+    # the artifact itself is ignored by git, its pointer is committed
+    assert git(mlp_repo, "check-ignore", "models/mlp/1.0.0.onnx").strip()
+    tracked = git(mlp_repo, "ls-files").split()
+    assert "models/mlp/1.0.0.onnx.dvc" in tracked
+    assert "models/mlp/1.0.0.onnx" not in tracked
+    # DVC's cache holds the bytes
+    md5 = out["md5"]
+    assert (mlp_repo / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).is_file()
+
+
+def test_version_add_reads_signature_parent_and_goldens(mlp_repo: Path, example_models: Path) -> None:
+    v1 = yaml.safe_load((mlp_repo / "manifests/mlp/versions/1.0.0.yaml").read_text())
+    v11 = yaml.safe_load((mlp_repo / "manifests/mlp/versions/1.1.0.yaml").read_text())
+    assert v1["spec"]["signature"]["inputs"] == [
+        {"name": "input", "dtype": "float32", "shape": ["batch", 16]}
+    ]
+    assert v1["spec"]["metrics"] == {"accuracy": 0.91}
+    assert "parent" not in v1["spec"]
+    assert v11["spec"]["parent"] == "1.0.0"
+    model = yaml.safe_load((mlp_repo / "manifests/mlp/model.yaml").read_text())
+    assert model["spec"]["signature"] == v1["spec"]["signature"]
+    case = v1["spec"]["goldens"]["cases"][0]
+    with np.load(mlp_repo / case["inputs"]) as ins, np.load(mlp_repo / case["outputs"]) as outs:
+        expected = run_onnxruntime(
+            (example_models / "mlp/1.0.0.onnx").read_bytes(), {k: ins[k] for k in ins.files}
+        )
+        assert set(outs.files) == set(expected)
+        for name, value in expected.items():
+            np.testing.assert_allclose(outs[name], value, rtol=1e-6)
+
+
+def test_version_add_refusals_leave_nothing_behind(mlp_repo: Path, cli, tmp_path: Path, example_models: Path) -> None:
+    before = sorted(p.relative_to(mlp_repo) for p in mlp_repo.rglob("*") if ".git" not in p.parts)
+    not_onnx = tmp_path / "garbage.onnx"
+    not_onnx.write_bytes(b"\x00\x01 definitely not protobuf \xff" * 10)
+    r = cli("version", "add", "mlp", "1.2.0", "--artifact", str(not_onnx), cwd=mlp_repo)
+    assert r.code == 1
+    assert r.err.startswith(f"modelreg: {not_onnx}: not an ONNX model")
+    dup = cli("version", "add", "mlp", "1.0.0", "--artifact", str(not_onnx), cwd=mlp_repo)
+    assert dup.code == 1
+    assert "already exists; versions are immutable" in dup.err
+    unknown = cli("version", "add", "nope", "1.0.0", "--artifact", str(not_onnx), cwd=mlp_repo)
+    assert unknown.code == 1
+    assert "model 'nope' is not declared; run `modelreg model add nope` first" in unknown.err
+    badver = cli("version", "add", "mlp", "1.2", "--artifact", str(not_onnx), cwd=mlp_repo)
+    assert badver.code == 2
+    assert "not a SemVer version" in badver.err
+    parent = cli("version", "add", "mlp", "1.2.0", "--artifact",
+                 str(example_models / "mlp/1.1.0.onnx"), "--parent", "0.9.0", cwd=mlp_repo)  # fmt: skip
+    assert parent.code == 1
+    assert "parent 0.9.0 is not declared for model 'mlp' (declared: 1.0.0, 1.1.0)" in parent.err
+    wrong_io = cli("version", "add", "mlp", "1.2.0", "--artifact",
+                   str(example_models / "cnn/1.0.0.onnx"), cwd=mlp_repo)  # fmt: skip
+    assert wrong_io.code == 1
+    assert "I/O signature does not match model 'mlp'" in wrong_io.err
+    after = sorted(p.relative_to(mlp_repo) for p in mlp_repo.rglob("*") if ".git" not in p.parts)
+    assert after == before
+    for result in (r, dup, unknown, badver, parent, wrong_io):
+        assert "Traceback" not in result.err
+        assert len(result.err.strip().splitlines()) == 1
+
+
+def test_signature_change_needs_explicit_consent(repo: Path, cli, example_models: Path) -> None:
+    assert cli("model", "add", "cnn", cwd=repo).code == 0
+    assert cli("version", "add", "cnn", "1.0.0", "--artifact",
+               str(example_models / "cnn/1.0.0.onnx"), cwd=repo).code == 0  # fmt: skip
+    refused = cli("version", "add", "cnn", "2.0.0", "--artifact",
+                  str(example_models / "cnn/2.0.0.onnx"), cwd=repo)  # fmt: skip
+    assert refused.code == 1
+    assert "input 'image' is float32[" in refused.err
+    accepted = cli("version", "add", "cnn", "2.0.0", "--artifact",
+                   str(example_models / "cnn/2.0.0.onnx"), "--update-model-signature",
+                   cwd=repo)  # fmt: skip
+    assert accepted.code == 0, accepted.err
+    model = yaml.safe_load((repo / "manifests/cnn/model.yaml").read_text())
+    assert model["spec"]["signature"]["inputs"][0]["shape"] == ["batch", 1, 32, 32]
+    assert cli("validate", cwd=repo).code == 1  # 1.0.0 no longer fits the model's contract
+
+
+def test_promote_keeps_comments_and_enforces_order(mlp_repo: Path, cli) -> None:
+    model = mlp_repo / "manifests/mlp/model.yaml"
+    text = model.read_text().replace("spec:\n", "spec:  # reviewed by release owners\n", 1)
+    text = text.replace("  task: classification\n", "  task: classification  # keep\n")
+    model.write_text(text)
+    refused = cli("promote", "mlp", "1.1.0", "--channel", "production", cwd=mlp_repo)
+    assert refused.code == 1
+    assert "must be promoted to 'canary' before 'production'" in refused.err
+    assert model.read_text() == text
+    r = cli("promote", "mlp", "1.1.0", "--channel", "canary", "--percent", "10", cwd=mlp_repo)
+    assert r.code == 0, r.err
+    r = cli("promote", "mlp", "1.1.0", "--channel", "production", cwd=mlp_repo)
+    assert r.code == 0, r.err
+    edited = model.read_text()
+    assert "spec:  # reviewed by release owners\n" in edited
+    assert "  task: classification  # keep\n" in edited
+    channels = yaml.safe_load(edited)["spec"]["channels"]
+    assert channels == {"canary": {"version": "1.1.0", "rollout": {"percent": 10}}, "production": "1.1.0"}
+    # only the channel lines changed
+    old_lines, new_lines = text.splitlines(), edited.splitlines()
+    assert [ln for ln in old_lines if ln not in new_lines] == ["  channels: {}"]
+    back = cli("promote", "mlp", "1.0.0", "--channel", "production", cwd=mlp_repo)
+    assert back.code == 1
+    forced = cli("promote", "mlp", "1.0.0", "--channel", "production", "--force", "--json", cwd=mlp_repo)
+    assert forced.code == 0
+    assert json.loads(forced.out)["previous"] == "1.1.0"
+    undeclared = cli("promote", "mlp", "9.9.9", "--channel", "canary", "--force", cwd=mlp_repo)
+    assert undeclared.code == 1
+    assert "version 9.9.9 is not declared for model 'mlp' (declared: 1.0.0, 1.1.0)" in undeclared.err
+    out_of_range = cli("promote", "mlp", "1.0.0", "--channel", "canary", "--percent", "150", cwd=mlp_repo)
+    assert out_of_range.code == 2
+    assert cli("validate", cwd=mlp_repo).code == 0
+
+
+def test_status_table_and_json(mlp_repo: Path, cli) -> None:
+    head = git(mlp_repo, "rev-parse", "HEAD").strip()
+    assert cli("promote", "mlp", "1.0.0", "--channel", "canary", "--percent", "25", cwd=mlp_repo).code == 0
+    r = cli("status", cwd=mlp_repo)
+    assert r.code == 0, r.err
+    lines = r.out.splitlines()
+    assert lines[0].split() == ["model", "version", "commit", "mlflow", "ci", "run", "channels",
+                                "signed", "published"]  # fmt: skip
+    assert lines[1].split()[:3] == ["mlp", "1.0.0", head[:8]]
+    assert "canary (25%)" in lines[1]
+    (mlp_repo / "manifests/mlp/versions/1.1.0.yaml").write_text(
+        (mlp_repo / "manifests/mlp/versions/1.1.0.yaml").read_text() + "# touched\n"
+    )
+    rows = json.loads(cli("status", "--json", cwd=mlp_repo).out)["versions"]
+    assert [(row["version"], row["commit"], row["dirty"]) for row in rows] == [
+        ("1.0.0", head, False),
+        ("1.1.0", head, True),
+    ]
+    assert rows[0]["channels"] == ["canary (25%)"]
+
+
+def test_validate_reports_all_problems_across_files(mlp_repo: Path, cli) -> None:
+    model = mlp_repo / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("  channels: {}\n", "  channels:\n    production: 3.0.0\n"))
+    v11 = mlp_repo / "manifests/mlp/versions/1.1.0.yaml"
+    v11.write_text(v11.read_text().replace("parent: 1.0.0", "parent: 1.0.5"))
+    r = cli("validate", cwd=mlp_repo)
+    assert r.code == 1
+    assert r.out == ""
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 2
+    assert re.match(
+        r"manifests/mlp/model\.yaml:\d+:17: spec\.channels\.production: channel 'production' points "
+        r"at version 3\.0\.0, which is not declared for model 'mlp' \(declared: 1\.0\.0, 1\.1\.0\)",
+        lines[0],
+    )
+    assert re.match(
+        r"manifests/mlp/versions/1\.1\.0\.yaml:\d+:\d+: spec\.parent: version 1\.0\.5 is not declared "
+        r"for model 'mlp' \(declared: 1\.0\.0, 1\.1\.0\)",
+        lines[1],
+    )
+    only = cli("validate", "manifests/mlp/versions", "--json", cwd=mlp_repo)
+    report = json.loads(only.out)
+    assert only.code == 1
+    assert [p["field"] for p in report["problems"]] == ["spec.parent"]
+
+
+def test_real_entry_point_exit_codes(mlp_repo: Path) -> None:
+    ok = run_modelreg("validate", cwd=mlp_repo)
+    assert ok.code == 0
+    assert ok.out.startswith("valid: 3 files (1 model, 2 versions)")
+    usage = run_modelreg("validate", "--no-such-option", cwd=mlp_repo)
+    assert usage.code == 2
+    assert "No such option" in usage.err
+    outside = run_modelreg("status", cwd=mlp_repo.parent)
+    assert outside.code == 1
+    assert "not inside a modelreg repository" in outside.err
+    assert "Traceback" not in outside.err
+    schema = run_modelreg("schema", cwd=mlp_repo)
+    assert schema.code == 0
+    kinds = {d["properties"]["kind"]["const"] for d in json.loads(schema.out)["$defs"].values()
+             if "kind" in d.get("properties", {})}  # fmt: skip
+    assert kinds == {"RegisteredModel", "ModelVersion"}
