@@ -95,7 +95,9 @@ class Demo:
         model = self.repo / "manifests/mlp/model.yaml"
         saved = {p: p.read_text(encoding="utf-8") for p in (version, model)}
         version.write_text(saved[version].replace("format: onnx", "fromat: onnx"), encoding="utf-8")
-        model.write_text(saved[model].replace("production: 1.0.0", "production: 1.2.0"), encoding="utf-8")
+        model.write_text(
+            saved[model].replace("production: 1.0.0", "production: 1.2.0"), encoding="utf-8"
+        )
         self.run("modelreg", "validate", expect=1)
         for path, text in saved.items():
             path.write_text(text, encoding="utf-8")

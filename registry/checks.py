@@ -5,15 +5,16 @@ Each check yields ``Problem``s located in the manifest that must change to fix t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import semver
 
 from registry.dvcfile import read_pointer
 from registry.errors import ManifestError, Problem
 from registry.loader import format_loc
-from registry.repository import ModelEntry, Repository, VersionEntry, display_path
+from registry.repository import ModelEntry, Repository, VersionEntry, parse_version
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc, YamlDocument
 
@@ -27,15 +28,13 @@ def declared(repo: Repository, name: str) -> str:
     """The declared versions of ``name`` for messages: ``1.0.0, 1.1.0`` or ``none``."""
     valid = {v.version for v in repo.versions.get(name, {}).values()}
     broken = {v for m, v in repo.broken if m == name and v is not None}
-    names = []
-    for version in sorted(valid | broken, key=_order):
-        names.append(version if version in valid else f"{version} (invalid)")
+    names = [v if v in valid else f"{v} (invalid)" for v in sorted(valid | broken, key=_order)]
     return ", ".join(names) or "none"
 
 
 def _order(version: str) -> tuple[int, semver.Version | str]:
     try:
-        return (0, semver.Version.parse(version))
+        return (0, parse_version(version))
     except ValueError:
         return (1, version)
 
@@ -78,20 +77,20 @@ def _parent(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
             f"version {parent} is not declared for model {entry.name!r} "
             f"(declared: {declared(repo, entry.name)})",
         )
-    elif semver.Version.parse(parent) >= semver.Version.parse(entry.manifest.metadata.version):
+    elif parse_version(parent) >= parse_version(entry.manifest.metadata.version):
         yield _at(entry.doc, loc, f"parent {parent} must be older than {entry.version}")
 
 
 def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> Iterator[Problem]:
     path = entry.manifest.spec.artifact.path
-    loc: Loc = ("spec", "artifact", "path")
-    if loc not in entry.doc.value_marks:
-        loc = ("spec", "artifact")  # the short form `artifact: models/x.onnx`
+    raw = entry.doc.data["spec"]["artifact"]
+    # the short form `artifact: models/x.onnx` has no `path` key to point at
+    loc: Loc = ("spec", "artifact", "path") if isinstance(raw, dict) else ("spec", "artifact")
     other = owners.setdefault(path, f"{entry.name} {entry.version}")
     if other != f"{entry.name} {entry.version}":
         yield _at(entry.doc, loc, f"{path} is already the artifact of {other}")
-    pointer = repo.root / f"{path}.dvc"
-    if not pointer.is_file():
+    pointer = os.path.join(repo.show.root, f"{path}.dvc")
+    if not os.path.isfile(pointer):
         yield _at(
             entry.doc,
             loc,
@@ -99,7 +98,7 @@ def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> 
         )
         return
     try:
-        read_pointer(pointer, display_path(pointer), PurePosixPath(path).name)
+        read_pointer(Path(pointer), repo.show(pointer), path.rpartition("/")[2])
     except ManifestError as e:
         yield from e.problems
 

@@ -6,9 +6,10 @@ DVC for that would cost a second of start-up and pull DVC onto edge installs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -39,6 +40,15 @@ class DvcPointer:
     path: str
 
 
+# What `dvc add` writes.  Matching it directly skips a YAML parse per version, which
+# is most of the cost of validating a large repository; anything else takes the
+# general path below, with the same result.
+_CANONICAL: Final = re.compile(
+    rb"outs:\n- md5: ([0-9a-f]{32})\n  size: ([0-9]{1,19})\n  hash: md5\n"
+    rb"  path: ([A-Za-z0-9._@+-]{1,255})\n"
+)
+
+
 def read_pointer(pointer: Path, display: str, artifact_name: str) -> DvcPointer:
     """Parse ``pointer`` and check it tracks ``artifact_name`` (its sibling file).
 
@@ -53,6 +63,14 @@ def read_pointer(pointer: Path, display: str, artifact_name: str) -> DvcPointer:
     Raises:
         ManifestError: missing, unreadable, malformed, or tracking another file.
     """
+    try:
+        raw = pointer.read_bytes() if pointer.stat().st_size < 4096 else b""
+    except OSError:
+        raw = b""  # let read_yaml report it precisely
+    match = _CANONICAL.fullmatch(raw)
+    if match is not None and match.group(3).decode() == artifact_name:
+        md5, size, path = match.groups()
+        return DvcPointer(md5.decode(), int(size), path.decode())
     doc = read_yaml(pointer, display)
     parsed = validate_document(doc, _DvcFile)
     out = parsed.outs[0]

@@ -10,8 +10,11 @@ import io
 import itertools
 from typing import Any
 
+import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+from yaml.nodes import ScalarNode
 
 from registry.errors import ManifestError
 from registry.schema import Signature
@@ -47,7 +50,7 @@ def _yaml_for(text: str) -> tuple[YAML, Any]:
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-wrap long descriptions
-    yaml.indent(mapping=indent, sequence=max(indent, seq_offset + 2), offset=seq_offset)
+    yaml.indent(mapping=indent, sequence=seq_offset + 2, offset=seq_offset)
     return yaml, yaml.load(text)
 
 
@@ -66,6 +69,16 @@ def _spec(data: Any, file: str) -> CommentedMap:
 
 def _number(percent: float) -> int | float:
     return int(percent) if float(percent).is_integer() else percent
+
+
+def _key(name: str) -> str:
+    """``name`` as a mapping key that reads back as the same string.
+
+    YAML 1.1 reads plain ``on``, ``no``, ``yes`` or ``1e3`` as booleans or numbers,
+    so such names are written quoted.
+    """
+    tag = yaml.resolver.Resolver().resolve(ScalarNode, name, (True, False))  # type: ignore[no-untyped-call]
+    return name if tag == "tag:yaml.org,2002:str" else DoubleQuotedScalarString(name)
 
 
 def set_channel(text: str, file: str, channel: str, version: str, percent: float | None) -> str:
@@ -87,7 +100,10 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
 
     Raises:
         ManifestError: the text has no spec mapping to edit.
+        ValueError: ``percent`` is outside 0..100 or has more than 3 decimals.
     """
+    if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
+        raise ValueError(f"rollout percent must be 0..100 with at most 3 decimals, got {percent!r}")
     yaml, data = _yaml_for(text)
     spec = _spec(data, file)
     channels = spec.get("channels")
@@ -95,6 +111,7 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
         channels = CommentedMap()
         spec["channels"] = channels
     current = channels.get(channel)
+    channel = _key(channel) if current is None else channel
     if isinstance(current, CommentedMap):
         current["version"] = version
         if percent is None:

@@ -16,6 +16,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+_ONE_LINE = str.maketrans(
+    {"\n": "\\n", "\r": "\\r", "\x85": "\\x85", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Problem:
@@ -36,7 +40,8 @@ class Problem:
         if self.line is not None:
             where += f":{self.line}:{self.col if self.col is not None else 1}"
         field = f" {self.field}:" if self.field else ""
-        return f"{where}:{field} {self.message}"
+        # One problem is one line, whatever the file name or a value contained.
+        return f"{where}:{field} {self.message}".translate(_ONE_LINE)
 
     def sort_key(self) -> tuple[str, int, int, str]:
         """Order problems by file, then position, then text."""

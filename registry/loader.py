@@ -9,6 +9,7 @@ what is wrong, where, and the fix when it is known.
 from __future__ import annotations
 
 import difflib
+import json
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -43,10 +44,19 @@ _TYPE_NAMES: Final = {
 
 
 def format_loc(loc: Loc) -> str:
-    """Render a location as ``spec.targets[0].precision``."""
+    """Render a location as ``spec.targets[0].precision``.
+
+    Keys that are not plain words are written as ``["..."]`` (JSON-escaped), so a key
+    holding a newline can't split a problem over two lines or forge a CI annotation.
+    """
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not part.isprintable() or any(c in part for c in ' "[].') or not part:
+            out += f"[{json.dumps(part)}]"
+        else:
+            out += f".{part}" if out else part
     return out
 
 
@@ -278,12 +288,13 @@ def load_manifest(doc: YamlDocument, expected_kind: str | None = None) -> BaseMo
             Problem(doc.file, f"{text}; this modelreg reads {API_VERSION}", line, col, "apiVersion")
         )
     kind = data.get("kind")
-    line, col = doc.position(("kind",))
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
+        line, col = doc.position(("kind",))
         choices = " or ".join(KINDS)
         shown = "missing kind" if kind is None else f"unknown kind {kind!r}"
         problems.append(Problem(doc.file, f"{shown}; expected {choices}", line, col, "kind"))
     elif expected_kind is not None and kind != expected_kind:
+        line, col = doc.position(("kind",))
         problems.append(
             Problem(
                 doc.file,

@@ -57,8 +57,8 @@ def promote(
         PolicyError: the promotion breaks the model's policy.
         ValueError: percent outside 0..100.
     """
-    if percent is not None and not 0 <= percent <= 100:
-        raise ValueError(f"--percent must be between 0 and 100, got {percent:g}")
+    if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
+        raise ValueError(f"--percent must be 0..100 with at most 3 decimals, got {percent:g}")
     repo = load_repository(start, jobs=1)
     model = repo.models.get(name)
     if model is None:

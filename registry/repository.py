@@ -9,6 +9,7 @@ Stable API: ``Repository``, ``ModelEntry``, ``VersionEntry``, ``load_repository`
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -56,7 +57,7 @@ class VersionEntry:
     @property
     def semver(self) -> semver.Version:
         """The parsed version, for ordering."""
-        return semver.Version.parse(self.version)
+        return parse_version(self.version)
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Repository:
     versions: dict[str, dict[str, VersionEntry]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    show: _Display = field(init=False, repr=False)
     broken: set[tuple[str, str | None]] = field(default_factory=set)
     """(model, version) whose file exists but did not load; version None for model.yaml."""
 
@@ -84,6 +86,35 @@ class Repository:
         """Every version, by model name then SemVer order."""
         for name in sorted(self.versions):
             yield from self.sorted_versions(name)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def parse_version(version: str) -> semver.Version:
+    """Parse a SemVer string (memoized: large repositories compare versions a lot).
+
+    Raises:
+        ValueError: not a SemVer version.
+    """
+    return semver.Version.parse(version)
+
+
+class _Display:
+    """Names paths for messages relative to the working directory, without pathlib.
+
+    Building a display name per file with pathlib costs more than parsing the file's
+    YAML does in a 10,000-version repository, so this works on strings.
+    """
+
+    def __init__(self, root: Path) -> None:
+        cwd = os.getcwd()
+        self.root = str(root)
+        rel = os.path.relpath(self.root, cwd) if self.root.startswith(cwd) else self.root
+        self.prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+
+    def __call__(self, path: str) -> str:
+        if path.startswith(self.root + os.sep):
+            return self.prefix + path[len(self.root) + 1 :].replace(os.sep, "/")
+        return display_path(Path(path))
 
 
 def display_path(path: Path) -> str:
@@ -110,9 +141,19 @@ class _Result:
     problems: tuple[Problem, ...]
 
 
-def _load(task: _Task) -> _Result:
+def _parse(task: _Task) -> tuple[YamlDocument | None, tuple[Problem, ...]]:
+    # The part worth a worker process: plain data pickles back cheaply, while the
+    # validated pydantic models would cost more to pickle than they cost to build.
     try:
-        doc = read_yaml(task.path, task.file)
+        return read_yaml(task.path, task.file), ()
+    except ManifestError as e:
+        return None, e.problems
+
+
+def _validate(task: _Task, doc: YamlDocument | None, problems: tuple[Problem, ...]) -> _Result:
+    if doc is None:
+        return _Result(task, None, None, problems)
+    try:
         manifest = load_manifest(doc, task.kind)
     except ManifestError as e:
         return _Result(task, None, None, e.problems)
@@ -120,7 +161,7 @@ def _load(task: _Task) -> _Result:
     return _Result(task, doc, manifest, ())
 
 
-def _scan(root: Path, manifests: Path, problems: list[Problem]) -> list[_Task]:
+def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Task]:
     tasks: list[_Task] = []
     if not manifests.is_dir():
         problems.append(
@@ -132,7 +173,7 @@ def _scan(root: Path, manifests: Path, problems: list[Problem]) -> list[_Task]:
             if model_dir.name.endswith((".yaml", ".yml")):
                 problems.append(
                     Problem(
-                        display_path(Path(model_dir.path)),
+                        show(model_dir.path),
                         "unexpected manifest location; use manifests/<model>/model.yaml "
                         "and manifests/<model>/versions/<version>.yaml",
                     )
@@ -140,15 +181,9 @@ def _scan(root: Path, manifests: Path, problems: list[Problem]) -> list[_Task]:
             continue
         if model_dir.name.startswith("."):
             continue
-        base = Path(model_dir.path)
-        tasks.append(
-            _Task(
-                base / MODEL_FILE,
-                display_path(base / MODEL_FILE),
-                "RegisteredModel",
-                model_dir.name,
-            )
-        )
+        base = model_dir.path
+        model_file = os.path.join(base, MODEL_FILE)
+        tasks.append(_Task(Path(model_file), show(model_file), "RegisteredModel", model_dir.name))
         for entry in os.scandir(base):
             if entry.name in (MODEL_FILE, VERSIONS_DIR) or not entry.name.endswith(
                 (".yaml", ".yml")
@@ -156,32 +191,32 @@ def _scan(root: Path, manifests: Path, problems: list[Problem]) -> list[_Task]:
                 continue
             problems.append(
                 Problem(
-                    display_path(Path(entry.path)),
+                    show(entry.path),
                     f"unexpected file; the model is declared in {MODEL_FILE} "
                     f"and its versions in {VERSIONS_DIR}/<version>.yaml",
                 )
             )
-        versions = base / VERSIONS_DIR
-        if not versions.is_dir():
+        versions = os.path.join(base, VERSIONS_DIR)
+        if not os.path.isdir(versions):
             continue
         for entry in sorted(os.scandir(versions), key=lambda e: e.name):
             if entry.name.endswith(".yml"):
-                problems.append(
-                    Problem(display_path(Path(entry.path)), "version files end in .yaml, not .yml")
-                )
+                problems.append(Problem(show(entry.path), "version files end in .yaml, not .yml"))
             elif entry.name.endswith(".yaml"):
-                path = Path(entry.path)
-                tasks.append(_Task(path, display_path(path), "ModelVersion", model_dir.name))
+                tasks.append(
+                    _Task(Path(entry.path), show(entry.path), "ModelVersion", model_dir.name)
+                )
     return tasks
 
 
 def _run(tasks: list[_Task], jobs: int | None) -> list[_Result]:
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     if workers <= 1 or len(tasks) < _PARALLEL_FROM:
-        return [_load(t) for t in tasks]
+        return [_validate(t, *_parse(t)) for t in tasks]
     chunk = max(64, len(tasks) // (workers * 4))
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        return list(pool.map(_load, tasks, chunksize=chunk))
+        parsed = pool.map(_parse, tasks, chunksize=chunk)
+        return [_validate(t, *result) for t, result in zip(tasks, parsed, strict=True)]
 
 
 def load_repository(start: Path, *, jobs: int | None = None) -> Repository:
@@ -202,7 +237,8 @@ def load_repository(start: Path, *, jobs: int | None = None) -> Repository:
     root = find_root(start)
     config = load_config(root, display_path(root / CONFIG_FILE))
     repo = Repository(root=root, config=config)
-    tasks = _scan(root, root / config.manifests, repo.problems)
+    repo.show = _Display(root)
+    tasks = _scan(root / config.manifests, repo.show, repo.problems)
     for result in _run(tasks, jobs):
         task = result.task
         repo.files.append(task.file)

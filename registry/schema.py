@@ -122,10 +122,16 @@ class Signature(Strict):
     ]
 
 
+def _three_decimals(value: float) -> float:
+    if round(value, 3) != value:
+        raise ValueError(f"{value!r} has more than 3 decimals (1 device in 100,000 is the finest)")
+    return value
+
+
 class Rollout(Strict):
     """Share of a channel's devices that take its version (stable per device)."""
 
-    percent: Annotated[float, Field(ge=0, le=100)]
+    percent: Annotated[float, Field(ge=0, le=100), AfterValidator(_three_decimals)]
 
 
 def _channel_shorthand(value: Any) -> Any:

@@ -11,11 +11,12 @@ Stable API: ``Limits``, ``YamlDocument``, ``parse_yaml``, ``read_yaml``.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import yaml
 from yaml.constructor import SafeConstructor
@@ -55,6 +56,9 @@ _SCAN_IF_BRACKETS_OVER: Final = 256
 _SCAN_IF_BYTES_OVER: Final = 64 * 1024
 
 _TAG = "tag:yaml.org,2002:"
+_STR = _TAG + "str"
+_MAP = _TAG + "map"
+_SEQ = _TAG + "seq"
 _ctor = SafeConstructor()
 _SCALARS: Final[dict[str, Callable[[Node], Any]]] = {
     _TAG + "str": lambda n: n.value,
@@ -68,23 +72,53 @@ _SCALARS: Final[dict[str, Callable[[Node], Any]]] = {
 }
 
 
-@dataclass(frozen=True)
 class YamlDocument:
-    """A parsed document plus the position of every key and value.
+    """A parsed document; positions of keys and values are computed on demand.
+
+    Valid files (nearly all of them) never need positions, so the first parse builds
+    plain data only; the first position lookup parses the kept text again, recording
+    where every key and value starts.
 
     Attributes:
         file: the name used in error messages (usually a repository-relative path).
         data: plain Python data (dict, list, str, int, float, bool, None).
-        key_marks: 1-based (line, col) of each mapping key, by location.
-        value_marks: 1-based (line, col) of each value, by location.
-        scalar_text: source text of every non-string scalar, to suggest quoting.
     """
 
-    file: str
-    data: Any
-    key_marks: dict[Loc, tuple[int, int]] = field(repr=False)
-    value_marks: dict[Loc, tuple[int, int]] = field(repr=False)
-    scalar_text: dict[Loc, str] = field(repr=False)
+    __slots__ = ("_marks", "_text", "data", "file", "limits")
+
+    def __init__(self, file: str, data: Any, text: str, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.file = file
+        self.data = data
+        self.limits = limits
+        self._text = text
+        self._marks: _Builder | None = None
+
+    def __repr__(self) -> str:
+        return f"YamlDocument(file={self.file!r})"
+
+    def _positions(self) -> _Builder:
+        if self._marks is None:
+            builder = _Builder(self.limits, _Lines(self._text))
+            node = _compose(self._text)
+            if node is not None:  # an empty document has no positions but (1, 1)
+                builder.build(node, (), 0)
+            self._marks = builder
+        return self._marks
+
+    @property
+    def key_marks(self) -> dict[Loc, tuple[int, int]]:
+        """1-based (line, col) of each mapping key, by location."""
+        return self._positions().key_marks
+
+    @property
+    def value_marks(self) -> dict[Loc, tuple[int, int]]:
+        """1-based (line, col) of each value, by location."""
+        return self._positions().value_marks
+
+    @property
+    def scalar_text(self) -> dict[Loc, str]:
+        """Source text of every non-string scalar, to suggest quoting."""
+        return self._positions().scalar_text
 
     def position(self, loc: Loc, *, key: bool = False) -> tuple[int, int]:
         """Best position for ``loc``: itself, else its closest ancestor that exists.
@@ -93,12 +127,13 @@ class YamlDocument:
             loc: location inside the document.
             key: prefer the key's position over the value's (for "unknown key").
         """
+        key_marks, value_marks = self.key_marks, self.value_marks
         for end in range(len(loc), -1, -1):
             prefix = loc[:end]
-            if key and prefix in self.key_marks:
-                return self.key_marks[prefix]
-            if prefix in self.value_marks:
-                return self.value_marks[prefix]
+            if key and prefix in key_marks:
+                return key_marks[prefix]
+            if prefix in value_marks:
+                return value_marks[prefix]
         return (1, 1)
 
 
@@ -110,14 +145,32 @@ class _FailError(Exception):
         super().__init__(message)
 
 
-def _mark(node: Node | Any) -> tuple[int, int]:
-    mark = node.start_mark
-    return (mark.line + 1, mark.column + 1)
+class _Lines:
+    """Maps character offsets to 1-based (line, column), counting only ``\\n`` as a break.
+
+    libyaml also breaks lines at U+0085, U+2028 and U+2029, which editors, git and
+    CI annotations don't, so its own line numbers would drift after one of them.
+    """
+
+    __slots__ = ("starts",)
+
+    def __init__(self, text: str) -> None:
+        self.starts = [0]
+        self.starts.extend(i + 1 for i, ch in enumerate(text) if ch == "\n")
+
+    def at(self, index: int) -> tuple[int, int]:
+        line = bisect.bisect_right(self.starts, index)
+        return (line, index - self.starts[line - 1] + 1)
+
+    def of(self, item: Any) -> tuple[int, int]:
+        """Position of a node's or event's start."""
+        return self.at(item.start_mark.index)
 
 
 @dataclass
 class _Builder:
     limits: Limits
+    lines: _Lines
     nodes: int = 0
     key_marks: dict[Loc, tuple[int, int]] = field(default_factory=dict)
     value_marks: dict[Loc, tuple[int, int]] = field(default_factory=dict)
@@ -126,43 +179,62 @@ class _Builder:
     def build(self, node: Node, loc: Loc, depth: int) -> Any:
         self.nodes += 1
         if self.nodes > self.limits.max_nodes:
-            raise _FailError(*_mark(node), f"more than {self.limits.max_nodes} YAML nodes")
+            raise _FailError(*self.lines.of(node), f"more than {self.limits.max_nodes} YAML nodes")
         if depth > self.limits.max_depth:
-            raise _FailError(*_mark(node), f"nested deeper than {self.limits.max_depth} levels")
-        self.value_marks[loc] = _mark(node)
+            raise _FailError(
+                *self.lines.of(node), f"nested deeper than {self.limits.max_depth} levels"
+            )
+        self.value_marks[loc] = self.lines.of(node)
         if isinstance(node, ScalarNode):
+            if node.tag == _STR:
+                return node.value
             construct = _SCALARS.get(node.tag)
             if construct is None:
-                raise _FailError(*_mark(node), f"YAML tag {node.tag!r} is not allowed in manifests")
-            value = construct(node)
-            if not isinstance(value, str):
-                self.scalar_text[loc] = node.value
-            return value
+                raise _FailError(
+                    *self.lines.of(node), f"YAML tag {node.tag!r} is not allowed in manifests"
+                )
+            self.scalar_text[loc] = node.value
+            try:
+                return construct(node)
+            except (ValueError, KeyError, IndexError, TypeError):
+                shown = node.tag.replace(_TAG, "!!")
+                raise _FailError(
+                    *self.lines.of(node), f"invalid {shown} value {node.value!r}"
+                ) from None
         if isinstance(node, SequenceNode):
             if node.tag != _TAG + "seq":
-                raise _FailError(*_mark(node), f"YAML tag {node.tag!r} is not allowed in manifests")
+                raise _FailError(
+                    *self.lines.of(node), f"YAML tag {node.tag!r} is not allowed in manifests"
+                )
             return [self.build(child, (*loc, i), depth + 1) for i, child in enumerate(node.value)]
         if isinstance(node, MappingNode):
             if node.tag != _TAG + "map":
-                raise _FailError(*_mark(node), f"YAML tag {node.tag!r} is not allowed in manifests")
+                raise _FailError(
+                    *self.lines.of(node), f"YAML tag {node.tag!r} is not allowed in manifests"
+                )
             return self._mapping(node, loc, depth)
-        raise _FailError(*_mark(node), "unsupported YAML node")  # pragma: no cover
+        raise _FailError(*self.lines.of(node), "unsupported YAML node")  # pragma: no cover
 
     def _mapping(self, node: MappingNode, loc: Loc, depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             if key_node.tag == _TAG + "merge":
-                raise _FailError(*_mark(key_node), "merge keys ('<<') are not allowed in manifests")
+                raise _FailError(
+                    *self.lines.of(key_node), "merge keys ('<<') are not allowed in manifests"
+                )
             if not isinstance(key_node, ScalarNode) or key_node.tag != _TAG + "str":
                 shown = key_node.value if isinstance(key_node, ScalarNode) else "a collection"
-                raise _FailError(*_mark(key_node), f"mapping keys must be strings, got {shown!r}")
+                raise _FailError(
+                    *self.lines.of(key_node), f"mapping keys must be strings, got {shown!r}"
+                )
             key = key_node.value
             if key in out:
-                first = self.key_marks[(*loc, key)][0]
+                first = next(self.lines.of(k)[0] for k, _ in node.value if k.value == key)
                 raise _FailError(
-                    *_mark(key_node), f"duplicate key {key!r} (first defined on line {first})"
+                    *self.lines.of(key_node),
+                    f"duplicate key {key!r} (first defined on line {first})",
                 )
-            self.key_marks[(*loc, key)] = _mark(key_node)
+            self.key_marks[(*loc, key)] = self.lines.of(key_node)
             out[key] = self.build(value_node, (*loc, key), depth + 1)
         return out
 
@@ -175,18 +247,21 @@ def _scan_events(text: str, limits: Limits) -> None:
     deep flow nesting; the event stream is flat, so it is the safe place to look.
     """
     depth = 0
+    lines = _Lines(text)
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, yaml.AliasEvent):
             raise _FailError(
-                *_mark(event), f"aliases ('*{event.anchor}') are not allowed in manifests"
+                *lines.of(event), f"aliases ('*{event.anchor}') are not allowed in manifests"
             )
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
-            raise _FailError(*_mark(event), f"anchors ('&{anchor}') are not allowed in manifests")
+            raise _FailError(
+                *lines.of(event), f"anchors ('&{anchor}') are not allowed in manifests"
+            )
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
             if depth > limits.max_depth:
-                raise _FailError(*_mark(event), f"nested deeper than {limits.max_depth} levels")
+                raise _FailError(*lines.of(event), f"nested deeper than {limits.max_depth} levels")
         elif isinstance(event, yaml.CollectionEndEvent):
             depth -= 1
 
@@ -205,7 +280,11 @@ def _yaml_error_message(err: yaml.YAMLError, text: str) -> tuple[int, int, str]:
         char = err.character if isinstance(err.character, int) else ord(err.character)
         return line, col, f"invalid character U+{char:04X}: {err.reason}"
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+    context_mark = getattr(err, "context_mark", None)
+    if mark is not None and context_mark is not None and mark.index >= len(text.rstrip()):
+        # Ran off the end: the useful place is where the unclosed thing opened.
+        mark = context_mark
+    line, col = _Lines(text).at(mark.index) if mark is not None else (1, 1)
     problem = getattr(err, "problem", None) or str(err)
     if mark is not None and text[mark.index : mark.index + 1] == "\t":
         return line, col, "tab character; YAML indentation must use spaces"
@@ -218,10 +297,100 @@ def _yaml_error_message(err: yaml.YAMLError, text: str) -> tuple[int, int, str]:
     return line, col, f"invalid YAML: {detail}"
 
 
-def _build_root(builder: _Builder, node: Node | None) -> Any:
+class _CachedResolverLoader(_Loader):  # type: ignore[valid-type,misc]
+    """libyaml's composer calls back into Python to type every scalar.
+
+    For a plain (unquoted) scalar the answer depends on its text alone, and manifests
+    repeat the same words (``float32``, ``batch``, ``onnx``) thousands of times, so the
+    answers are memoized; this is most of the cost of loading a large repository.
+    """
+
+    _tags: ClassVar[dict[str, str]] = {}
+
+    # Path-based resolvers are never registered for manifests; skipping their
+    # bookkeeping saves two Python calls per node.
+    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+        return None
+
+    def ascend_resolver(self) -> None:
+        return None
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> Any:
+        if kind is MappingNode and implicit:
+            return _MAP
+        if kind is SequenceNode and implicit:
+            return _SEQ
+        if kind is ScalarNode and implicit[0]:
+            tag = self._tags.get(value)
+            if tag is None:
+                tag = super().resolve(kind, value, implicit)
+                if len(self._tags) < _RESOLVER_CACHE_SIZE:
+                    self._tags[value] = tag
+            return tag
+        return super().resolve(kind, value, implicit)
+
+
+_RESOLVER_CACHE_SIZE: Final = 1 << 16
+
+
+def _compose(text: str) -> Node | None:
+    loader = _CachedResolverLoader(text)
+    try:
+        node: Node | None = loader.get_single_node()
+        return node
+    finally:
+        loader.dispose()
+
+
+class _Plain:
+    """Builds plain data with every check of ``_Builder`` but no positions (the fast path)."""
+
+    __slots__ = ("limits", "nodes")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.nodes = 0
+
+    def build(self, node: Node, depth: int) -> Any:
+        self.nodes += 1
+        if self.nodes > self.limits.max_nodes or depth > self.limits.max_depth:
+            raise _Rebuild
+        tag = node.tag
+        if tag == _STR and isinstance(node, ScalarNode):
+            return node.value
+        if tag == _MAP and isinstance(node, MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in node.value:
+                if key_node.tag != _STR:
+                    raise _Rebuild
+                key = key_node.value
+                if key in out:
+                    raise _Rebuild
+                out[key] = self.build(value_node, depth + 1)
+            return out
+        if tag == _SEQ and isinstance(node, SequenceNode):
+            return [self.build(child, depth + 1) for child in node.value]
+        construct = _SCALARS.get(tag)
+        if construct is None or not isinstance(node, ScalarNode):
+            raise _Rebuild
+        try:
+            return construct(node)
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise _Rebuild from None
+
+
+class _Rebuild(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """The fast path met something to report: redo the file with positions."""
+
+
+def _build_root(limits: Limits, node: Node | None, text: str) -> Any:
     if node is None:
         raise _FailError(1, 1, "empty file; expected a YAML mapping")
-    return builder.build(node, (), 0)
+    try:
+        return _Plain(limits).build(node, 0)
+    except _Rebuild:
+        # Same rules with positions: raises the precise _FailError.
+        return _Builder(limits, _Lines(text)).build(node, (), 0)
 
 
 def parse_yaml(raw: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDocument:
@@ -259,13 +428,7 @@ def parse_yaml(raw: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDo
             or text.count("[") + text.count("{") > _SCAN_IF_BRACKETS_OVER
         ):
             _scan_events(text, limits)
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-        finally:
-            loader.dispose()
-        builder = _Builder(limits)
-        data = _build_root(builder, node)
+        data = _build_root(limits, _compose(text), text)
     except _FailError as f:
         raise ManifestError.single(file, f.message, line=f.line, col=f.col) from None
     except yaml.YAMLError as e:
@@ -275,7 +438,7 @@ def parse_yaml(raw: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDo
         raise ManifestError.single(
             file, f"nested deeper than {limits.max_depth} levels", line=1
         ) from None
-    return YamlDocument(file, data, builder.key_marks, builder.value_marks, builder.scalar_text)
+    return YamlDocument(file, data, text, limits)
 
 
 def read_yaml(path: Path, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDocument:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +32,13 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     monkeypatch.setenv("DVC_SITE_CACHE_DIR", str(home / ".dvc-site"))
-    for var in ("MLFLOW_TRACKING_URI", "GITHUB_ACTIONS", "MODELREG_TRACEBACK", "GIT_DIR", "GIT_WORK_TREE"):
+    for var in (
+        "MLFLOW_TRACKING_URI",
+        "GITHUB_ACTIONS",
+        "MODELREG_TRACEBACK",
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+    ):
         monkeypatch.delenv(var, raising=False)
     return home
 
@@ -47,7 +53,7 @@ class Result:
 
 
 @pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Any:
     """Run ``modelreg ARGS`` in-process in a given directory, returning code/out/err."""
 
     def run(*args: str, cwd: Path) -> Result:
@@ -62,7 +68,7 @@ def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> 
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
 
-    yield run
+    return run
 
 
 def run_modelreg(*args: str, cwd: Path, env: dict[str, str] | None = None) -> Result:
@@ -94,3 +100,17 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("examples")
     write_examples(out, size="small")
     return out
+
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+REGEN_ENV = "MODELREG_REGEN_GOLDEN"
+
+
+def assert_golden(name: str, text: str) -> None:
+    """Compare ``text`` with ``tests/golden/NAME``; ``MODELREG_REGEN_GOLDEN=1`` rewrites it."""
+    path = GOLDEN_DIR / name
+    if os.environ.get(REGEN_ENV) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.is_file(), f"missing golden file {path}; run with {REGEN_ENV}=1 and review it"
+    assert text == path.read_text(encoding="utf-8")

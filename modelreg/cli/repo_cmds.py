@@ -45,7 +45,9 @@ def _target(text: str) -> dict[str, str]:
     target = {"name": name, "engine": kind}
     if precision:
         if kind != "tensorrt":
-            raise click.BadParameter("only tensorrt targets take a precision", param_hint="--target")
+            raise click.BadParameter(
+                "only tensorrt targets take a precision", param_hint="--target"
+            )
         target["precision"] = precision
     return target
 

@@ -120,7 +120,9 @@ def test_version_add_tracks_artifact_with_dvc(mlp_repo: Path, example_models: Pa
     assert (mlp_repo / ".dvc/cache/files/md5" / md5[:2] / md5[2:]).is_file()
 
 
-def test_version_add_reads_signature_parent_and_goldens(mlp_repo: Path, example_models: Path) -> None:
+def test_version_add_reads_signature_parent_and_goldens(
+    mlp_repo: Path, example_models: Path
+) -> None:
     v1 = yaml.safe_load((mlp_repo / "manifests/mlp/versions/1.0.0.yaml").read_text())
     v11 = yaml.safe_load((mlp_repo / "manifests/mlp/versions/1.1.0.yaml").read_text())
     assert v1["spec"]["signature"]["inputs"] == [
@@ -141,7 +143,9 @@ def test_version_add_reads_signature_parent_and_goldens(mlp_repo: Path, example_
             np.testing.assert_allclose(outs[name], value, rtol=1e-6)
 
 
-def test_version_add_refusals_leave_nothing_behind(mlp_repo: Path, cli, tmp_path: Path, example_models: Path) -> None:
+def test_version_add_refusals_leave_nothing_behind(
+    mlp_repo: Path, cli, tmp_path: Path, example_models: Path
+) -> None:
     before = sorted(p.relative_to(mlp_repo) for p in mlp_repo.rglob("*") if ".git" not in p.parts)
     not_onnx = tmp_path / "garbage.onnx"
     not_onnx.write_bytes(b"\x00\x01 definitely not protobuf \xff" * 10)
@@ -206,26 +210,38 @@ def test_promote_keeps_comments_and_enforces_order(mlp_repo: Path, cli) -> None:
     assert "spec:  # reviewed by release owners\n" in edited
     assert "  task: classification  # keep\n" in edited
     channels = yaml.safe_load(edited)["spec"]["channels"]
-    assert channels == {"canary": {"version": "1.1.0", "rollout": {"percent": 10}}, "production": "1.1.0"}
+    assert channels == {
+        "canary": {"version": "1.1.0", "rollout": {"percent": 10}},
+        "production": "1.1.0",
+    }
     # only the channel lines changed
     old_lines, new_lines = text.splitlines(), edited.splitlines()
     assert [ln for ln in old_lines if ln not in new_lines] == ["  channels: {}"]
     back = cli("promote", "mlp", "1.0.0", "--channel", "production", cwd=mlp_repo)
     assert back.code == 1
-    forced = cli("promote", "mlp", "1.0.0", "--channel", "production", "--force", "--json", cwd=mlp_repo)
+    forced = cli(
+        "promote", "mlp", "1.0.0", "--channel", "production", "--force", "--json", cwd=mlp_repo
+    )
     assert forced.code == 0
     assert json.loads(forced.out)["previous"] == "1.1.0"
     undeclared = cli("promote", "mlp", "9.9.9", "--channel", "canary", "--force", cwd=mlp_repo)
     assert undeclared.code == 1
-    assert "version 9.9.9 is not declared for model 'mlp' (declared: 1.0.0, 1.1.0)" in undeclared.err
-    out_of_range = cli("promote", "mlp", "1.0.0", "--channel", "canary", "--percent", "150", cwd=mlp_repo)
+    assert (
+        "version 9.9.9 is not declared for model 'mlp' (declared: 1.0.0, 1.1.0)" in undeclared.err
+    )
+    out_of_range = cli(
+        "promote", "mlp", "1.0.0", "--channel", "canary", "--percent", "150", cwd=mlp_repo
+    )
     assert out_of_range.code == 2
     assert cli("validate", cwd=mlp_repo).code == 0
 
 
 def test_status_table_and_json(mlp_repo: Path, cli) -> None:
     head = git(mlp_repo, "rev-parse", "HEAD").strip()
-    assert cli("promote", "mlp", "1.0.0", "--channel", "canary", "--percent", "25", cwd=mlp_repo).code == 0
+    assert (
+        cli("promote", "mlp", "1.0.0", "--channel", "canary", "--percent", "25", cwd=mlp_repo).code
+        == 0
+    )
     r = cli("status", cwd=mlp_repo)
     assert r.code == 0, r.err
     lines = r.out.splitlines()
@@ -246,7 +262,9 @@ def test_status_table_and_json(mlp_repo: Path, cli) -> None:
 
 def test_validate_reports_all_problems_across_files(mlp_repo: Path, cli) -> None:
     model = mlp_repo / "manifests/mlp/model.yaml"
-    model.write_text(model.read_text().replace("  channels: {}\n", "  channels:\n    production: 3.0.0\n"))
+    model.write_text(
+        model.read_text().replace("  channels: {}\n", "  channels:\n    production: 3.0.0\n")
+    )
     v11 = mlp_repo / "manifests/mlp/versions/1.1.0.yaml"
     v11.write_text(v11.read_text().replace("parent: 1.0.0", "parent: 1.0.5"))
     r = cli("validate", cwd=mlp_repo)

@@ -43,7 +43,12 @@ def test_goldens_reproduce_with_onnxruntime() -> None:
         for case in goldens.cases:
             assert isinstance(case.inputs, str)
             assert isinstance(case.outputs, str)
-            with np.load(Path(REPO_ROOT, case.inputs)) as ins, np.load(Path(REPO_ROOT, case.outputs)) as outs:
+            with (
+                np.load(Path(REPO_ROOT, case.inputs)) as ins,
+                np.load(Path(REPO_ROOT, case.outputs)) as outs,
+            ):
                 got = run_onnxruntime(data, {k: ins[k] for k in ins.files})
                 for key in outs.files:
-                    np.testing.assert_allclose(got[key], outs[key], rtol=goldens.rtol, atol=goldens.atol)
+                    np.testing.assert_allclose(
+                        got[key], outs[key], rtol=goldens.rtol, atol=goldens.atol
+                    )

@@ -1,0 +1,345 @@
+"""Property tests of manifest loading and editing.
+
+* Any mutation of a valid manifest either still loads or fails with ``ManifestError``
+  problems that name the file and point inside it: no other exception escapes.
+* ``registry.edit.set_channel`` output always loads, serves what was asked, and leaves
+  every line outside the ``channels`` block untouched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from registry.edit import set_channel
+from registry.errors import ManifestError
+from registry.loader import load_manifest
+from registry.render import render_model
+from registry.schema import DNS_LABEL_RE, ModelVersion, RegisteredModel
+from registry.yamlsrc import parse_yaml
+
+MODEL_FILE = "manifests/mlp/model.yaml"
+VERSION_FILE = "manifests/mlp/versions/1.1.0.yaml"
+
+MODEL_YAML = """\
+# The example classifier.
+apiVersion: modelreg/v1
+kind: RegisteredModel
+metadata:
+  name: mlp
+  labels:
+    team: vision
+spec:
+  description: A small classifier.
+  owner: ml@example.com
+  task: classification
+  signature:
+    inputs:
+      - name: input
+        dtype: float32
+        shape: [batch, 16]
+    outputs:
+      - name: probs
+        dtype: float32
+        shape: [batch, 4]
+  channels:
+    canary:
+      version: 1.1.0
+      rollout: {percent: 10}
+    production: 1.0.0  # promoted after the canary soaked
+  targets:
+    - cpu
+    - jetson
+  promotion:
+    order: [canary, production]
+    branch: main
+    approvals: 1
+"""
+
+VERSION_YAML = """\
+apiVersion: modelreg/v1
+kind: ModelVersion
+metadata:
+  name: mlp
+  version: 1.1.0
+spec:
+  artifact:
+    path: models/mlp/1.1.0.onnx
+    format: onnx
+  parent: 1.0.0
+  description: "Fine-tuned head."
+  source:
+    run: runs/42
+    datasets:
+      - s3://data/train
+  metrics:
+    accuracy: 0.93
+  goldens:
+    rtol: 0.0001
+    cases:
+      - name: smoke
+        inputs:
+          input:
+            dtype: float32
+            shape: [1, 2]
+            data: [0.5, 1.0]
+        outputs: goldens/mlp/1.1.0.outputs.npz
+  targets:
+    - name: cpu
+      engine: onnxruntime
+      providers: [CPUExecutionProvider]
+    - name: jetson
+      selector:
+        arch: arm64
+      engine: tensorrt
+      precision: fp16
+"""
+
+# Explaining a failure reruns it many times; the shrunk example says enough.
+NO_EXPLAIN = tuple(p for p in Phase if p is not Phase.explain)
+
+BASES = {
+    "model": (MODEL_YAML, MODEL_FILE, "RegisteredModel"),
+    "version": (VERSION_YAML, VERSION_FILE, "ModelVersion"),
+}
+
+# Characters and fragments that YAML gives a meaning to, plus text a hand edit or a
+# broken editor can leave behind (tabs, a BOM, non-ASCII, line separators).
+TOKENS = st.sampled_from(
+    [
+        *"\t :[]{}'\"#&*!|>-,?%@`\\\n",
+        *("é", "日本", "\u2028", "\x85", "\ufeff", "\x00", "\r\n"),
+        *("0", "1.0", "-1", "150", "1e3", ".nan", "null", "~", "yes", "on"),
+        *("!!int ", "!!bool ", "!!float ", "!!str ", "!!python/object ", "&a ", "*a", "<<: "),
+        *("{a: 1}", "[1, 2]", "- ", "---", "..."),
+    ]
+)
+RANDOM_TEXT = st.lists(TOKENS | st.characters(codec="utf-8"), max_size=6).map("".join)
+KEYS = ["foo", "versio", "rollout", "percent", "name", "spec", "channels", "- x", "kind"]
+OPS = ["delete", "duplicate", "swap", "scalar", "insert", "indent", "truncate", "key"]
+MUTATION = st.tuples(st.sampled_from(OPS), st.integers(0, 1000), st.integers(0, 1000), RANDOM_TEXT)
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def mutate(text: str, ops: list[tuple[str, int, int, str]]) -> str:
+    """Apply line-level mutations; indices are taken modulo the current size."""
+    lines = text.split("\n")
+    for op, a, b, fragment in ops:
+        lines = lines or [""]
+        i, j = a % len(lines), b % len(lines)
+        line = lines[i]
+        if op == "delete":
+            del lines[i]
+        elif op == "duplicate":
+            lines.insert(i, line)
+        elif op == "swap":
+            lines[i], lines[j] = lines[j], line
+        elif op == "scalar":
+            head, colon, _ = line.partition(":")
+            if colon:
+                lines[i] = f"{head}: {fragment}"
+            elif line.lstrip().startswith("- "):
+                lines[i] = " " * _indent(line) + "- " + fragment
+            else:
+                lines[i] = " " * _indent(line) + fragment
+        elif op == "insert":
+            at = b % (len(line) + 1)
+            lines[i] = line[:at] + fragment + line[at:]
+        elif op == "indent":
+            lines[i] = " " * (b % 9) + line.lstrip(" ")
+        elif op == "truncate":
+            joined = "\n".join(lines)
+            lines = joined[: a * len(joined) // 1000].split("\n")
+        else:  # key
+            key = KEYS[b % len(KEYS)]
+            lines.insert(i, " " * _indent(line) + f"{key}: {fragment}")
+    return "\n".join(lines)
+
+
+def _line_count(text: str) -> int:
+    """Lines as git and editors count them: separated by LF only."""
+    return text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def assert_loads_or_fails_cleanly(text: str, file: str, kind: str) -> None:
+    """The loader's contract on arbitrary text: a manifest, or located ManifestError."""
+    try:
+        manifest = load_manifest(parse_yaml(text.encode("utf-8"), file), kind)
+    except ManifestError as e:
+        problems = e.problems
+    else:
+        assert isinstance(manifest, RegisteredModel | ModelVersion)
+        return
+    assert problems
+    bound = max(1, _line_count(text) + 1)
+    for problem in problems:
+        assert problem.file == file
+        printed = str(problem)
+        assert "\n" not in printed, f"problem spans lines: {printed!r}"
+        assert "\r" not in printed, f"problem spans lines: {printed!r}"
+        if problem.line is not None:
+            assert 1 <= problem.line <= bound, f"{printed!r}: line outside 1..{bound}"
+            assert problem.col is None or problem.col >= 1, printed
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_bases_are_valid(base: str) -> None:
+    text, file, kind = BASES[base]
+    assert isinstance(
+        load_manifest(parse_yaml(text.encode(), file), kind), RegisteredModel | ModelVersion
+    )
+
+
+@settings(max_examples=300, deadline=None, phases=NO_EXPLAIN)
+@given(base=st.sampled_from(sorted(BASES)), ops=st.lists(MUTATION, min_size=1, max_size=4))
+def test_mutated_manifests_load_or_fail_cleanly(
+    base: str, ops: list[tuple[str, int, int, str]]
+) -> None:
+    text, file, kind = BASES[base]
+    assert_loads_or_fails_cleanly(mutate(text, ops), file, kind)
+
+
+@pytest.mark.parametrize(
+    ("base", "find", "replace"),
+    [
+        pytest.param("model", "approvals: 1", "approvals: !!int one", id="int-tag"),
+        pytest.param("model", "approvals: 1", "approvals: !!int", id="empty-int-tag"),
+        pytest.param("version", "accuracy: 0.93", "accuracy: !!float high", id="float-tag"),
+        pytest.param("model", "branch: main", "branch: !!bool maybe", id="bool-tag"),
+        pytest.param("model", "kind: RegisteredModel", "kind: {a: b}", id="kind-mapping"),
+        pytest.param("version", "kind: ModelVersion", "kind: [ModelVersion]", id="kind-list"),
+        pytest.param(
+            "version", "  parent: 1.0.0", '  "notes\\n::error::injected": x', id="newline-key"
+        ),
+        pytest.param("model", "    team: vision", '    "team\\r": vision', id="cr-key"),
+        pytest.param("model", "  owner: ml@example.com", "  owner: [ml", id="eof-flow"),
+        pytest.param("version", "  run: runs/42", '  run: "runs/42', id="eof-quote"),
+        pytest.param(
+            "version", '"Fine-tuned head."', '"Fine\u2028tuned\u2028head."', id="line-separator"
+        ),
+        pytest.param(
+            "version", "precision: fp16", "precision: \u20280", id="line-separator-at-eof"
+        ),
+    ],
+)
+def test_found_inputs_load_or_fail_cleanly(base: str, find: str, replace: str) -> None:
+    """Inputs the property found (kept so that they always run, whatever the seed)."""
+    text, file, kind = BASES[base]
+    assert find in text
+    assert_loads_or_fails_cleanly(text.replace(find, replace), file, kind)
+
+
+# --- set_channel round trips ---------------------------------------------------------------
+
+RENDERED_YAML = render_model(
+    Path("/repo/manifests/mlp/model.yaml"),
+    Path("/repo"),
+    "mlp",
+    owner="ml@example.com",
+    targets=["cpu"],
+    order=["canary", "production"],
+)
+EDIT_BASES = {"hand-written": MODEL_YAML, "rendered": RENDERED_YAML}
+
+CHANNEL_NAMES = st.sampled_from(
+    ["canary", "production", "beta", "on", "off", "yes", "no", "null", "true", "y", "123", "e5"]
+) | st.from_regex(DNS_LABEL_RE, fullmatch=True)
+SEMVERS = st.builds(
+    lambda a, b, c, pre: f"{a}.{b}.{c}{pre}",
+    st.integers(0, 30),
+    st.integers(0, 30),
+    st.integers(0, 30),
+    st.sampled_from(["", "-rc.1", "-alpha", "+build.5", "-rc.2+sha.abc123"]),
+)
+# The schema allows 3 decimals (1 device in 100,000); finer shares are refused.
+PERCENTS = (
+    st.none() | st.integers(0, 100) | st.floats(0, 100, allow_nan=False).map(lambda p: round(p, 3))
+)
+
+
+def outside_channels(text: str) -> tuple[list[str], list[str]]:
+    """The lines before ``  channels:`` and after its block."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  channels:"))
+    end = start + 1
+    while end < len(lines) and (not lines[end].strip() or _indent(lines[end]) > 2):
+        end += 1
+    return lines[:start], lines[end:]
+
+
+def _served(model: RegisteredModel) -> dict[str, tuple[str, float | None]]:
+    return {
+        name: (ch.version, ch.rollout.percent if ch.rollout else None)
+        for name, ch in model.spec.channels.items()
+    }
+
+
+def _edit_and_check(base: str, edits: list[tuple[str, str, float | None]]) -> None:
+    text = EDIT_BASES[base]
+    model = load_manifest(parse_yaml(text.encode(), MODEL_FILE), "RegisteredModel")
+    assert isinstance(model, RegisteredModel)
+    want = _served(model)
+    for channel, version, percent in edits:
+        text = set_channel(text, MODEL_FILE, channel, version, percent)
+        want[channel] = (version, None if percent is None else float(percent))
+    try:
+        edited = load_manifest(parse_yaml(text.encode(), MODEL_FILE), "RegisteredModel")
+    except ManifestError as e:
+        pytest.fail(f"set_channel wrote a manifest that does not load: {e}\n{text}")
+    assert isinstance(edited, RegisteredModel)
+    assert _served(edited) == want
+    assert outside_channels(text) == outside_channels(EDIT_BASES[base])
+
+
+@settings(max_examples=150, deadline=None, phases=NO_EXPLAIN)
+@given(
+    base=st.sampled_from(sorted(EDIT_BASES)),
+    edits=st.lists(
+        st.tuples(CHANNEL_NAMES, SEMVERS, st.none() | st.integers(0, 100)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_set_channel_round_trips_channel_maps(
+    base: str, edits: list[tuple[str, str, float | None]]
+) -> None:
+    _edit_and_check(base, edits)
+
+
+@settings(max_examples=150, deadline=None, phases=NO_EXPLAIN)
+@given(
+    base=st.sampled_from(sorted(EDIT_BASES)),
+    channel=st.sampled_from(["canary", "production", "beta"]),
+    version=SEMVERS,
+    percent=PERCENTS,
+)
+def test_set_channel_round_trips_rollout_percents(
+    base: str, channel: str, version: str, percent: float | None
+) -> None:
+    _edit_and_check(base, [(channel, version, percent)])
+
+
+@pytest.mark.parametrize(
+    ("channel", "percent"),
+    [
+        pytest.param("on", None, id="channel-on"),
+        pytest.param("no", 50, id="channel-no"),
+        pytest.param("canary", 0.001, id="percent-finest"),
+    ],
+)
+def test_set_channel_found_inputs(channel: str, percent: float | None) -> None:
+    """Inputs the properties found (kept so that they always run, whatever the seed)."""
+    _edit_and_check("hand-written", [(channel, "1.2.0", percent)])
+
+
+@pytest.mark.parametrize("percent", [1e-05, 5e-324, 12.3456, -1.0, 100.5, float("nan")])
+def test_set_channel_refuses_percents_the_schema_cannot_hold(percent: float) -> None:
+    # 1e-05 once came back from YAML as the string '1e-05'; such shares are refused up front.
+    with pytest.raises(ValueError, match="percent"):
+        set_channel(MODEL_YAML, MODEL_FILE, "canary", "1.2.0", percent)

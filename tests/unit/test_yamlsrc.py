@@ -1,0 +1,112 @@
+"""Strict YAML loading: positions, limits, and the constructs manifests refuse."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from registry.errors import ManifestError, Problem
+from registry.yamlsrc import Limits, parse_yaml, read_yaml
+
+
+def one(raw: bytes, limits: Limits | None = None) -> Problem:
+    with pytest.raises(ManifestError) as info:
+        parse_yaml(raw, "f.yaml", limits or Limits())
+    assert len(info.value.problems) == 1
+    return info.value.problems[0]
+
+
+def test_positions_of_keys_and_values() -> None:
+    doc = parse_yaml(b"a: 1\nb:\n  - x\n  - {c: true}\n", "f.yaml")
+    assert doc.data == {"a": 1, "b": ["x", {"c": True}]}
+    assert doc.key_marks[("b",)] == (2, 1)
+    assert doc.value_marks[("b", 1, "c")] == (4, 9)
+    assert doc.scalar_text[("a",)] == "1"
+    assert ("b", 0) not in doc.scalar_text  # strings need no quoting hint
+    assert doc.position(("b", 1, "missing")) == (4, 5)  # the parent mapping
+    assert doc.position(("b",), key=True) == (2, 1)
+
+
+@pytest.mark.parametrize(
+    ("raw", "line", "col", "message"),
+    [
+        (b"a: 1\na: 2\n", 2, 1, "duplicate key 'a' (first defined on line 1)"),
+        (b"a:\n\tb: 1\n", 2, 1, "tab character; YAML indentation must use spaces"),
+        (b"", 1, 1, "empty file; expected a YAML mapping"),
+        (b"# only a comment\n", 1, 1, "empty file; expected a YAML mapping"),
+        (b"a: &x [1]\nb: *x\n", 1, 4, "anchors ('&x') are not allowed in manifests"),
+        (b"a: 1\n---\nb: 2\n", 2, 1, "expected a single YAML document, found several ('---')"),
+        (b"1: x\n", 1, 1, "mapping keys must be strings, got '1'"),
+        (b"? [a]\n: x\n", 1, 3, "mapping keys must be strings, got 'a collection'"),
+        (b"a: !!binary aGk=\n", 1, 4, "YAML tag 'tag:yaml.org,2002:binary' is not allowed in manifests"),
+        (b"a: !!python/object:os.system x\n", 1, 4,
+         "YAML tag 'tag:yaml.org,2002:python/object:os.system' is not allowed in manifests"),
+        (b"<<: {a: 1}\n", 1, 1, "merge keys ('<<') are not allowed in manifests"),
+        (b"a: x\xffy\n", 1, 5, "not UTF-8: invalid byte 0xff"),
+        (b"a: \xc3\xa9\xff\n", 1, 5, "not UTF-8: invalid byte 0xff"),
+        (b"a: \x00\n", 1, 4, "invalid character U+0000: control characters are not allowed"),
+        (b"a: [1, 2\n", 1, 4, "invalid YAML: did not find expected ',' or ']' (while parsing a flow sequence)"),
+    ],
+)  # fmt: skip
+def test_refusals_point_at_the_cause(raw: bytes, line: int, col: int, message: str) -> None:
+    problem = one(raw)
+    assert (problem.line, problem.col, problem.message) == (line, col, message)
+    assert problem.file == "f.yaml"
+
+
+def test_dates_stay_text_and_bom_is_accepted() -> None:
+    doc = parse_yaml("\ufeffwhen: 2024-05-01\n".encode(), "f.yaml")
+    assert doc.data == {"when": "2024-05-01"}
+
+
+def test_billion_laughs_is_refused_quickly() -> None:
+    lines = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f"a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    start = time.perf_counter()
+    problem = one("\n".join(lines).encode())
+    assert time.perf_counter() - start < 1
+    assert problem.message == "anchors ('&a0') are not allowed in manifests"
+
+
+@pytest.mark.parametrize("depth", [40, 100_000])
+def test_deep_nesting_is_refused(depth: int) -> None:
+    problem = one(b"a: " + b"[" * depth + b"]" * depth + b"\n")
+    assert problem.line == 1
+    assert problem.message in ("nested deeper than 32 levels", "nested too deeply")
+
+
+def test_block_nesting_limit() -> None:
+    text = "".join(f"{'  ' * i}k{i}:\n" for i in range(40)) + "  " * 40 + "v: 1\n"
+    problem = one(text.encode())
+    assert problem.message == "nested deeper than 32 levels"
+    assert problem.line is not None
+    assert 30 <= problem.line <= 41
+
+
+def test_node_limit() -> None:
+    problem = one(b"a: [" + b"1," * 200 + b"1]\n", Limits(max_nodes=100))
+    assert problem.message == "more than 100 YAML nodes"
+
+
+def test_size_limit_checked_before_reading(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as fh:
+        fh.truncate(50 * 1024 * 1024)  # sparse: the check must not read it
+    with pytest.raises(ManifestError) as info:
+        read_yaml(big, "big.yaml")
+    assert (
+        str(info.value) == "big.yaml:1:1: file is 52428800 bytes; manifests are limited to 1048576"
+    )
+
+
+def test_paths_that_are_not_files(tmp_path: Path) -> None:
+    (tmp_path / "dir.yaml").mkdir()
+    for name, message in [
+        ("dir.yaml", "dir.yaml: is a directory; expected a YAML file"),
+        ("missing.yaml", "missing.yaml: file not found"),
+    ]:
+        with pytest.raises(ManifestError) as info:
+            read_yaml(tmp_path / name, name)
+        assert str(info.value) == message
