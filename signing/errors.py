@@ -1,0 +1,70 @@
+"""Exception tree of the ``signing`` package (stable API).
+
+::
+
+    registry.RegistryError
+    └── SigningError                 anything the trust layer refuses or cannot do
+        ├── KeyMaterialError         a key is missing, malformed, of the wrong type, or locked
+        ├── VerificationError        data is untrusted: every check failure is one of these
+        │   ├── SignatureError       a signature does not verify / wrong key / below threshold
+        │   ├── DigestMismatchError  bytes differ from their signed digest or length
+        │   ├── FileSetError         files missing from, or extra to, what was signed
+        │   ├── RollbackError        a version older than one already trusted
+        │   ├── ExpiredError         signed metadata past its expiry (freeze attack)
+        │   └── TargetMismatchError  a signed file that belongs to another model/target
+        └── TrustFetchError          metadata or targets could not be fetched (transport)
+
+Each error carries the path or role it concerns where there is one.
+"""
+
+from __future__ import annotations
+
+from registry.errors import RegistryError
+
+
+class SigningError(RegistryError):
+    """Base of the trust layer's errors."""
+
+
+class KeyMaterialError(SigningError):
+    """A key could not be loaded or used (missing, malformed, wrong type, bad passphrase)."""
+
+
+class VerificationError(SigningError):
+    """Data failed verification and must not be trusted.
+
+    Attributes:
+        subject: the file, role or target the failure concerns.
+    """
+
+    def __init__(self, message: str, subject: str = "") -> None:
+        self.subject = subject
+        super().__init__(f"{subject}: {message}" if subject else message)
+
+
+class SignatureError(VerificationError):
+    """No valid signature (or fewer than the threshold) from a trusted key."""
+
+
+class DigestMismatchError(VerificationError):
+    """Bytes differ from their signed digest or length."""
+
+
+class FileSetError(VerificationError):
+    """The set of files differs from the signed set (missing or extra files)."""
+
+
+class RollbackError(VerificationError):
+    """A version lower than one already trusted was offered."""
+
+
+class ExpiredError(VerificationError):
+    """Signed metadata is past its expiry date."""
+
+
+class TargetMismatchError(VerificationError):
+    """A correctly signed file that belongs to another model, version or target."""
+
+
+class TrustFetchError(SigningError):
+    """Metadata or a target could not be fetched (transport or environment problem)."""
