@@ -38,7 +38,7 @@ def cli(traceback: bool) -> None:
 
 
 def _register() -> None:
-    from modelreg.cli import check_cmds, repo_cmds
+    from modelreg.cli import check_cmds, repo_cmds, trust_cmds
 
     cli.add_command(repo_cmds.init)
     cli.add_command(repo_cmds.model)
@@ -47,6 +47,7 @@ def _register() -> None:
     cli.add_command(check_cmds.validate)
     cli.add_command(check_cmds.schema)
     cli.add_command(check_cmds.status)
+    cli.add_command(trust_cmds.keys)
 
 
 _register()
