@@ -1,0 +1,1 @@
+"""The edge daemon: follows a model repository, verifies what it receives, hot-swaps engines."""

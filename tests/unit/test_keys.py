@@ -65,7 +65,7 @@ def test_secret_never_appears_in_errors(tmp_path: Path) -> None:
 def test_wrong_key_types_are_refused(tmp_path: Path) -> None:
     p384 = ec.generate_private_key(ec.SECP384R1())
     path = tmp_path / "p384.key"
-    path.write_bytes(private_pem(p384))  # type: ignore[arg-type]
+    path.write_bytes(private_pem(p384))
     with pytest.raises(KeyMaterialError, match="expected an ECDSA P-256 key"):
         load_private_key(path)
     with pytest.raises(KeyMaterialError, match="no root key: set \\$MODELREG_ROOT_KEY"):

@@ -1,0 +1,451 @@
+"""Device-side verification of release metadata and files (stable API).
+
+A device trusts only signatures that chain to the root it was provisioned with
+(:meth:`DeviceTrust.provision`).  Git and the artifact remote are untrusted transports:
+python-tuf's ``ngclient.Updater`` does every check of the TUF client workflow
+(signatures and thresholds, root rotation, rollback, freeze, mix-and-match, lengths and
+hashes); this module feeds it metadata from the git checkout and files from the remote,
+checks modelreg's signed facts, and turns every failure into one ``signing.errors`` type:
+
+=================================================  ===========================
+python-tuf / transport failure                     raised here
+=================================================  ===========================
+``UnsignedMetadataError`` (below threshold)        ``SignatureError``
+``BadVersionNumberError`` (older than trusted)     ``RollbackError``
+``ExpiredMetadataError``                           ``ExpiredError``
+``LengthOrHashMismatchError``                      ``DigestMismatchError``
+``DownloadLengthMismatchError`` (endless data)     ``DigestMismatchError``
+other ``RepositoryError`` (malformed, missing)     ``VerificationError``
+``DownloadError``, ``OSError``                     ``TrustFetchError``
+=================================================  ===========================
+
+State, under the device's state dir::
+
+    trust/anchor.root.json     the provisioned root (the trust anchor; never replaced)
+    trust/metadata/            the Updater's trusted metadata (root_history/, timestamp.json ...)
+    trust/channels.json        the last verified channels document
+
+This module imports neither MLflow, DVC nor ``pipelines`` (a device has none of them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+from typing import Final
+from urllib.parse import urlparse
+from urllib.request import url2pathname
+
+from tuf.api import exceptions as tuf_errors
+from tuf.api.metadata import Metadata, Root, TargetFile
+from tuf.ngclient.config import UpdaterConfig
+from tuf.ngclient.fetcher import FetcherInterface
+from tuf.ngclient.updater import Updater
+from tuf.ngclient.urllib3_fetcher import Urllib3Fetcher
+
+from registry.atomic import fsync_dir, write_atomic
+from signing.errors import (
+    DigestMismatchError,
+    ExpiredError,
+    FileSetError,
+    KeyMaterialError,
+    RollbackError,
+    SignatureError,
+    TargetMismatchError,
+    TrustFetchError,
+    VerificationError,
+)
+from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, TargetKind
+from signing.tuf_roles import HASH_ALGORITHM, METADATA_DIR, ONLINE_ROLES, TARGETS_DIR
+
+TRUST_DIR: Final = "trust"
+ANCHOR_FILE: Final = "anchor.root.json"
+
+
+@dataclass(frozen=True)
+class TrustLimits:
+    """Caps on untrusted input, in bytes unless named otherwise.
+
+    Metadata whose length is signed (snapshot and targets, listed with length and hash)
+    is capped by that length; these caps apply where nothing signed says how long a
+    file is (root, timestamp) and to the channels document, which is read into memory.
+    """
+
+    root_max_length: int = 512_000
+    timestamp_max_length: int = 16_384
+    snapshot_max_length: int = 2_000_000
+    targets_max_length: int = 5_000_000
+    channels_max_length: int = 1_000_000
+    max_root_rotations: int = 256
+    chunk_size: int = 64 * 1024
+
+    def updater_config(self) -> UpdaterConfig:
+        """python-tuf's configuration with these caps."""
+        return UpdaterConfig(
+            max_root_rotations=self.max_root_rotations,
+            root_max_length=self.root_max_length,
+            timestamp_max_length=self.timestamp_max_length,
+            snapshot_max_length=self.snapshot_max_length,
+            targets_max_length=self.targets_max_length,
+        )
+
+
+@dataclass(frozen=True)
+class SignedTarget:
+    """A target file as the verified metadata describes it."""
+
+    path: str
+    length: int
+    sha256: str
+    facts: TargetFacts
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """Version and expiry of one trusted role (for status and staleness reports)."""
+
+    version: int
+    expires: datetime
+
+
+class LocalFetcher(FetcherInterface):
+    """Serves ``file://`` URLs inside given folders; ``http(s)://`` goes to urllib3.
+
+    Files are streamed in chunks, so the Updater stops reading as soon as a file
+    exceeds the length it allows (endless data).  A missing file is an HTTP 404, which
+    the Updater needs to know that the newest root has been reached.
+    """
+
+    def __init__(self, roots: Sequence[Path], *, chunk_size: int = 64 * 1024) -> None:
+        """Serve files under ``roots`` only (symlinks resolved), in ``chunk_size`` pieces."""
+        self._roots = tuple(root.resolve() for root in roots)
+        self._chunk_size = chunk_size
+        self._http: Urllib3Fetcher | None = None
+
+    def _fetch(self, url: str) -> Iterator[bytes]:
+        parsed = urlparse(url)
+        if parsed.scheme in {"http", "https"}:
+            if self._http is None:
+                self._http = Urllib3Fetcher(chunk_size=self._chunk_size)
+            return self._http.fetch(url)
+        if parsed.scheme != "file" or parsed.netloc not in {"", "localhost"}:
+            raise tuf_errors.DownloadError(f"{url}: unsupported URL")
+        path = Path(url2pathname(parsed.path)).resolve()
+        # Checks happen here, not in the generator, so that they raise at fetch time.
+        if not any(path.is_relative_to(root) for root in self._roots):
+            raise tuf_errors.DownloadHTTPError(f"{url}: outside the served folders", 403)
+        if not path.is_file():
+            raise tuf_errors.DownloadHTTPError(f"{url}: not found", 404)
+        return self._chunks(path)
+
+    def _chunks(self, path: Path) -> Iterator[bytes]:
+        with path.open("rb") as fh:
+            while chunk := fh.read(self._chunk_size):
+                yield chunk
+
+
+@contextmanager
+def _translated(subject: str) -> Iterator[None]:
+    """Turn python-tuf and transport errors into ``signing.errors`` (see module doc)."""
+    try:
+        yield
+    except tuf_errors.UnsignedMetadataError as e:
+        raise SignatureError(str(e), subject) from e
+    except tuf_errors.BadVersionNumberError as e:
+        raise RollbackError(str(e) or "version older than the trusted one", subject) from e
+    except tuf_errors.ExpiredMetadataError as e:
+        raise ExpiredError(str(e), subject) from e
+    except tuf_errors.LengthOrHashMismatchError as e:
+        raise DigestMismatchError(str(e), subject) from e
+    except tuf_errors.RepositoryError as e:
+        raise VerificationError(str(e) or type(e).__name__, subject) from e
+    except tuf_errors.DownloadLengthMismatchError as e:
+        raise DigestMismatchError(f"longer than allowed: {e}", subject) from e
+    except (tuf_errors.DownloadError, OSError) as e:
+        # fetch() wraps the transport's own error: say what it was
+        detail = f"{e} ({e.__cause__})" if e.__cause__ else str(e)
+        raise TrustFetchError(f"{subject}: {detail}") from e
+
+
+def _parse_root(data: bytes, where: str) -> Metadata[Root]:
+    with _translated(where):
+        md = Metadata[Root].from_bytes(data)
+        if not isinstance(md.signed, Root):
+            raise VerificationError(f"expected root metadata, got {md.signed.type}", where)
+        md.signed.verify_delegate(Root.type, md.signed_bytes, md.signatures)
+    return md
+
+
+def _base_url(location: str | Path) -> tuple[str, Path | None]:
+    """A base URL ending in '/' for a path or URL, and the local folder when there is one.
+
+    Raises:
+        ValueError: an unsupported URL scheme.
+    """
+    if isinstance(location, str):
+        parsed = urlparse(location)
+        if parsed.scheme in {"http", "https"}:
+            return location.rstrip("/") + "/", None
+        if parsed.scheme == "file":
+            location = Path(url2pathname(parsed.path))
+        elif parsed.scheme:
+            raise ValueError(f"{location}: use a path, file://, http:// or https:// URL")
+    folder = Path(location).resolve()
+    return folder.as_uri().rstrip("/") + "/", folder
+
+
+class DeviceTrust:
+    """The device's view of a model repository's signed releases.
+
+    Call :meth:`refresh` once per poll; then :meth:`channels`, :meth:`target_info` and
+    :meth:`fetch` answer from the metadata verified by that refresh (the first of them
+    refreshes when no refresh has succeeded yet).  On any failure the previously
+    trusted metadata stays in the state dir and the error says why.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        checkout_dir: Path,
+        remote: str | Path,
+        *,
+        limits: TrustLimits | None = None,
+        fetcher: FetcherInterface | None = None,
+    ) -> None:
+        """Verify releases of the repository checked out at ``checkout_dir``.
+
+        Args:
+            state_dir: the device's state dir (trust state goes under ``trust/``).
+            checkout_dir: the git checkout; metadata is read from ``trust/metadata/``.
+            remote: the artifact remote: a folder, ``file://``, ``http(s)://`` URL.
+            limits: caps on untrusted input.
+            fetcher: transport to use instead of :class:`LocalFetcher` (tests wrap it).
+
+        Raises:
+            KeyMaterialError: the device was not provisioned with a root.
+            ValueError: ``remote`` has an unsupported URL scheme.
+        """
+        self._dir = state_dir / TRUST_DIR
+        self._anchor = self._dir / ANCHOR_FILE
+        if not self._anchor.is_file():
+            raise KeyMaterialError(
+                f"{self._anchor}: no trust root; provision the device with the repository's "
+                "1.root.json first"
+            )
+        self._limits = limits or TrustLimits()
+        self._metadata_url, metadata_dir = _base_url(checkout_dir / METADATA_DIR)
+        remote_url, remote_dir = _base_url(remote)
+        self._targets_url = f"{remote_url}{TARGETS_DIR}/"
+        roots = [d for d in (metadata_dir, remote_dir and remote_dir / TARGETS_DIR) if d]
+        self._fetcher = fetcher or LocalFetcher(roots, chunk_size=self._limits.chunk_size)
+        self._updater: Updater | None = None
+
+    @staticmethod
+    def provision(state_dir: Path, root_json: bytes, *, replace: bool = False) -> None:
+        """Install the trust anchor: the repository's first root (``1.root.json``).
+
+        Provisioning again with the same root is a no-op.
+
+        Raises:
+            SignatureError: the root is not signed by a threshold of its own keys.
+            VerificationError: the bytes are not TUF root metadata.
+            ValueError: the device trusts another root and ``replace`` is not set.
+            OSError: the state dir is not writable.
+        """
+        _parse_root(root_json, ANCHOR_FILE)
+        trust_dir = state_dir / TRUST_DIR
+        anchor = trust_dir / ANCHOR_FILE
+        if anchor.is_file():
+            if anchor.read_bytes() == root_json:
+                return
+            if not replace:
+                raise ValueError(
+                    f"{anchor}: the device trusts another root; pass replace=True to reset trust"
+                )
+            # A new anchor starts a new chain: nothing trusted under the old one stays.
+            shutil.rmtree(trust_dir / "metadata", ignore_errors=True)
+            (trust_dir / "channels.json").unlink(missing_ok=True)
+        trust_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(anchor, root_json)
+
+    def refresh(self) -> None:
+        """Fetch and verify new metadata: root chain, timestamp, snapshot, targets.
+
+        Raises:
+            SignatureError, RollbackError, ExpiredError, DigestMismatchError,
+            VerificationError: the metadata failed verification (see module doc).
+            TrustFetchError: metadata could not be read or the state not written.
+        """
+        self._updater = None
+        metadata_dir = self._dir / "metadata"
+        with _translated("trust metadata"):
+            metadata_dir.mkdir(parents=True, exist_ok=True)
+            # The anchor, not the newest cached root, is the bootstrap: cached roots are
+            # re-verified from it on every refresh (python-tuf's recommendation).
+            updater = Updater(
+                str(metadata_dir),
+                self._metadata_url,
+                target_base_url=self._targets_url,
+                fetcher=self._fetcher,
+                config=self._limits.updater_config(),
+                bootstrap=self._anchor.read_bytes(),
+            )
+            updater.refresh()
+        self._updater = updater
+
+    def target_info(self, path: str) -> SignedTarget:
+        """The signed length, digest and facts of the target at ``path``.
+
+        Raises:
+            FileSetError: ``path`` is not a signed target.
+            TargetMismatchError: the target carries no readable modelreg facts.
+            SigningError: refreshing failed (see :meth:`refresh`).
+        """
+        return self._lookup(path)[1]
+
+    def fetch(
+        self,
+        path: str,
+        dest_dir: Path,
+        *,
+        model: str | None = None,
+        version: str | None = None,
+        kind: TargetKind | None = None,
+    ) -> Path:
+        """Download and verify a target into ``dest_dir`` as ``<sha256>.<name>``.
+
+        The facts signed with the file must name ``model``, ``version`` and ``kind``
+        where given: a validly signed file of another model is still the wrong file.
+        A verified copy already in place is returned without fetching.
+
+        Raises:
+            TargetMismatchError: the signed facts name another model, version or kind.
+            DigestMismatchError: the bytes differ from the signed length or digest.
+            FileSetError: ``path`` is not a signed target.
+            TrustFetchError: the file could not be fetched or written.
+            SigningError: refreshing failed (see :meth:`refresh`).
+        """
+        info, target = self._lookup(path)
+        _expect(target, model=model, version=version, kind=kind)
+        dest = dest_dir / f"{target.sha256}.{PurePosixPath(path).name}"
+        return self._download(info, dest)
+
+    def channels(self) -> ChannelsDoc:
+        """The verified channels document.
+
+        Raises:
+            TargetMismatchError: ``channels.json`` is not signed as a channels document,
+                or its sequence differs from the signed one.
+            VerificationError: it is larger than allowed or not a channels document.
+            DigestMismatchError, FileSetError, TrustFetchError, SigningError: as
+                :meth:`fetch`.
+        """
+        info, target = self._lookup(CHANNELS_PATH)
+        _expect(target, kind="channels")
+        if info.length > self._limits.channels_max_length:
+            raise VerificationError(
+                f"{info.length} bytes, over the {self._limits.channels_max_length} allowed",
+                CHANNELS_PATH,
+            )
+        data = self._download(info, self._dir / "channels.json").read_bytes()
+        try:
+            doc = ChannelsDoc.from_bytes(data)
+        except ValueError as e:
+            raise VerificationError(f"not a channels document: {e}", CHANNELS_PATH) from None
+        if doc.sequence != target.facts.sequence:
+            raise TargetMismatchError(
+                f"sequence {doc.sequence}, signed as {target.facts.sequence}", CHANNELS_PATH
+            )
+        return doc
+
+    def trusted(self) -> dict[str, RoleState]:
+        """Version and expiry of each role the device trusts now (empty roles omitted).
+
+        Read from the state dir, where the Updater stores only verified metadata.
+
+        Raises:
+            VerificationError: the state dir holds unreadable metadata.
+        """
+        states: dict[str, RoleState] = {}
+        for role in ("root", *ONLINE_ROLES):
+            path = self._dir / "metadata" / f"{role}.json"
+            if path.is_file():
+                with _translated(str(path)):
+                    signed = Metadata.from_bytes(path.read_bytes()).signed
+                states[role] = RoleState(signed.version, signed.expires)
+        return states
+
+    def _refreshed(self) -> Updater:
+        if self._updater is None:
+            self.refresh()
+        assert self._updater is not None  # noqa: S101 - refresh() sets it or raises
+        return self._updater
+
+    def _lookup(self, path: str) -> tuple[TargetFile, SignedTarget]:
+        updater = self._refreshed()
+        with _translated(path):
+            info = updater.get_targetinfo(path)
+        if info is None:
+            raise FileSetError("not a signed target", path)
+        try:
+            facts = TargetFacts.from_custom(info.custom)
+        except ValueError as e:
+            raise TargetMismatchError(f"no readable modelreg facts ({e})", path) from None
+        sha256 = info.hashes.get(HASH_ALGORITHM)
+        if sha256 is None:
+            raise VerificationError(f"signed without a {HASH_ALGORITHM} digest", path)
+        return info, SignedTarget(path, info.length, sha256, facts)
+
+    def _download(self, info: TargetFile, dest: Path) -> Path:
+        updater = self._refreshed()
+        if updater.find_cached_target(info, str(dest)) is not None:
+            return dest
+        partial = dest.with_name(f".{dest.name}.partial")
+        with _translated(info.path):
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                # The Updater verifies length and digest before it writes ``partial``;
+                # the rename makes the verified file appear whole or not at all.
+                updater.download_target(info, str(partial))
+                with partial.open("rb") as fh:
+                    os.fsync(fh.fileno())
+                partial.replace(dest)
+            finally:
+                partial.unlink(missing_ok=True)
+            fsync_dir(dest.parent)
+        return dest
+
+
+def _expect(
+    target: SignedTarget,
+    *,
+    model: str | None = None,
+    version: str | None = None,
+    kind: TargetKind | None = None,
+) -> None:
+    facts = target.facts
+    for field, wanted, signed in (
+        ("kind", kind, facts.kind),
+        ("model", model, facts.model),
+        ("version", version, facts.version),
+    ):
+        if wanted is not None and signed != wanted:
+            raise TargetMismatchError(
+                f"signed as {field} {signed!r}, expected {wanted!r}", target.path
+            )
+
+
+__all__ = [
+    "ANCHOR_FILE",
+    "TRUST_DIR",
+    "DeviceTrust",
+    "LocalFetcher",
+    "RoleState",
+    "SignedTarget",
+    "TrustLimits",
+]

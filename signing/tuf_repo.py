@@ -1,0 +1,555 @@
+"""A model repository's signed TUF metadata: load, publish, refresh, rotate, revoke.
+
+Stable API.  Used by CI (``modelreg ci release``, ``modelreg freshness refresh``) and by
+``modelreg keys``.  What the next metadata should be is decided in
+``signing.tuf_roles`` (no I/O); this module reads and writes the files.
+
+On disk, in the model repository (committed to git)::
+
+    trust/metadata/1.root.json, 2.root.json, ...   every root, for rotation chains
+    trust/metadata/N.targets.json                   consistent snapshots: versioned names
+    trust/metadata/N.snapshot.json
+    trust/metadata/timestamp.json                   the only unversioned file
+
+and on the artifact remote (a local directory in the embedded default)::
+
+    targets/<dir>/<sha256>.<name>                   e.g. targets/models/mlp/<sha>.1.0.0.onnx
+    targets/<sha256>.channels.json
+
+Writes are atomic, and ``timestamp.json`` is written last: a reader that sees the new
+timestamp finds every file it points to.  Old versions are kept (they are small, and a
+device that is a few versions behind may still be reading them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final, TypeVar
+
+from securesystemslib.signer import Signer
+from tuf.api.exceptions import LengthOrHashMismatchError
+
+# Re-exported by python-tuf's documented module without __all__ (see signing.tuf_roles).
+from tuf.api.metadata import (
+    Key,
+    Metadata,
+    MetaFile,
+    Root,
+    Snapshot,
+    TargetFile,
+    Targets,
+    Timestamp,
+)
+
+from registry.atomic import fsync_dir, write_atomic
+from signing.errors import DigestMismatchError, FileSetError
+from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
+from signing.tuf_roles import (
+    TARGETS_DIR,
+    Expiry,
+    Online,
+    channels_target,
+    check_channels_update,
+    meta_file,
+    new_root,
+    plan_release,
+    sign_online,
+    sign_root,
+    stored_name,
+    successor_root,
+    target_file,
+    to_bytes,
+    verifies,
+    verify_listed,
+    verify_root_chain,
+)
+
+_ROOT_FILE: Final = re.compile(r"^([1-9][0-9]*)\.root\.json$")
+R = TypeVar("R", Root, Timestamp, Snapshot, Targets)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What a publish, refresh or revocation wrote.
+
+    Attributes:
+        versions: new version of each role that was re-signed.
+        written: metadata files written, in write order.
+    """
+
+    versions: Mapping[str, int]
+    written: tuple[Path, ...]
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything was written."""
+        return bool(self.written)
+
+
+def _utc(now: datetime | None) -> datetime:
+    if now is None:
+        return datetime.now(UTC)
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    return now.astimezone(UTC)
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise FileSetError("missing: the metadata that lists it points to it", str(path)) from None
+
+
+class TrustRepo:
+    """The TUF metadata of one model repository, with the targets staged for release.
+
+    Create it with :meth:`load` or :meth:`initialize`; stage files with
+    :meth:`add_target` and :meth:`set_channels`; sign them with :meth:`publish`; copy
+    the staged files to the artifact remote with :meth:`write_targets_to`.
+    """
+
+    def __init__(
+        self,
+        metadata_dir: Path,
+        roots: list[Metadata[Root]],
+        online: dict[str, Online],
+        expiry: Expiry,
+    ) -> None:
+        """Use :meth:`load` or :meth:`initialize`; this takes already-verified state."""
+        self.metadata_dir = metadata_dir
+        self.expiry = expiry
+        self._roots = roots
+        self._online = online
+        self._staged: dict[str, TargetFile] = (
+            dict(self._signed(Targets).targets) if "targets" in online else {}
+        )
+        self._sources: dict[str, bytes | Path] = {}
+
+    # --- construction -------------------------------------------------------------------
+
+    @classmethod
+    def initialize(
+        cls,
+        metadata_dir: Path,
+        root_signers: Sequence[Signer],
+        root_threshold: int,
+        online_keys: Mapping[str, Key],
+        *,
+        expiry: Expiry | None = None,
+        now: datetime | None = None,
+    ) -> TrustRepo:
+        """Create ``1.root.json``: root trusts the signers' keys and one key per online role.
+
+        The online roles get their first versions at the first :meth:`publish`.
+
+        Raises:
+            ValueError: already initialized, a threshold out of range, or an online
+                role without a key.
+            KeyMaterialError: the signers do not reach ``root_threshold``.
+            OSError: the folder is not writable.
+        """
+        expiry = expiry or Expiry()
+        if (metadata_dir / "1.root.json").exists():
+            raise ValueError(f"{metadata_dir}: already initialized (1.root.json exists)")
+        root = new_root(
+            [s.public_key for s in root_signers],
+            root_threshold,
+            online_keys,
+            _utc(now) + expiry.root,
+        )
+        md = sign_root(root, root_signers, None)
+        metadata_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(metadata_dir / "1.root.json", to_bytes(md))
+        return cls(metadata_dir, [md], {}, expiry)
+
+    @classmethod
+    def load(cls, metadata_dir: Path, *, expiry: Expiry | None = None) -> TrustRepo:
+        """Load and verify the metadata in ``metadata_dir``.
+
+        Verifies the root chain and that each online role is signed by its keys, so
+        that CI never signs on top of metadata that someone edited in git.  Expiry is
+        not checked: refreshing expired metadata is one reason to load it.
+
+        Raises:
+            FileSetError: no ``1.root.json``, a gap in the root versions, or a file
+                that the timestamp or snapshot points to is missing.
+            SignatureError: a root or role is not signed by a threshold of its keys.
+            DigestMismatchError: a file differs from the length/hash listed for it.
+            VerificationError: a file is not TUF metadata or has the wrong version.
+            OSError: the folder cannot be read.
+        """
+        roots = verify_root_chain([(str(path), _read(path)) for path in _root_files(metadata_dir)])
+        online: dict[str, Online] = {}
+        # Each file is checked (listed length/hash, version, signature) before the
+        # next one is read, in the order a device reads them.
+        ts_path = metadata_dir / "timestamp.json"
+        if ts_path.exists():
+            ts = verify_listed(_read(ts_path), Timestamp, roots, str(ts_path))
+            meta = ts.signed.snapshot_meta
+            snap_path = metadata_dir / f"{meta.version}.snapshot.json"
+            snap = verify_listed(_read(snap_path), Snapshot, roots, str(snap_path), meta)
+            tmeta = snap.signed.meta.get("targets.json")
+            if tmeta is None:
+                raise FileSetError("does not list targets.json", str(snap_path))
+            targets_path = metadata_dir / f"{tmeta.version}.targets.json"
+            targets = verify_listed(_read(targets_path), Targets, roots, str(targets_path), tmeta)
+            online = {"timestamp": ts, "snapshot": snap, "targets": targets}
+        return cls(metadata_dir, roots, online, expiry or Expiry())
+
+    # --- state --------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Root:
+        """The newest root."""
+        return self._roots[-1].signed
+
+    def version(self, role: str) -> int:
+        """Current version of ``role`` (0 when it was never published)."""
+        if role == "root":
+            return self.root.version
+        md = self._online.get(role)
+        return md.signed.version if md is not None else 0
+
+    @property
+    def targets(self) -> Mapping[str, TargetFile]:
+        """Staged targets: the published ones plus those added since (read-only view)."""
+        return MappingProxyType(self._staged)
+
+    def published(self, path: str) -> TargetFile | None:
+        """The signed description of ``path``, or ``None`` when it is not published."""
+        return self._signed(Targets).targets.get(path) if "targets" in self._online else None
+
+    # --- staging ------------------------------------------------------------------------
+
+    def add_target(self, path: str, source: bytes | Path, facts: TargetFacts) -> TargetFile:
+        """Stage a file (bytes, or a file that is streamed) with its facts for release.
+
+        Released files are immutable: staging the same path with the same bytes and
+        facts again is a no-op, with anything else an error.
+
+        Raises:
+            ValueError: unclean path, the channels document (use :meth:`set_channels`),
+                or the path is already staged with other bytes or facts.
+            OSError: ``source`` cannot be read.
+        """
+        if path == CHANNELS_PATH or facts.kind == "channels":
+            raise ValueError("stage the channels document with set_channels()")
+        if isinstance(source, Path):
+            with source.open("rb") as fh:
+                info = target_file(path, fh, facts)
+        else:
+            info = target_file(path, source, facts)
+        current = self._staged.get(path)
+        if current is not None and current != info:
+            raise ValueError(
+                f"{path}: already released with other bytes or facts; released files are "
+                "immutable, release a new version instead"
+            )
+        self._staged[path] = info
+        self._sources[path] = source
+        return info
+
+    def set_channels(self, doc: ChannelsDoc, previous: ChannelsDoc | None = None) -> TargetFile:
+        """Stage a new ``channels.json``.
+
+        Staging the document already signed is a no-op.  Otherwise its sequence must
+        exceed the signed one; pass the signed document as ``previous`` (see
+        :meth:`load_channels`) to check every assignment's sequence too.
+
+        Raises:
+            RollbackError: the sequence does not grow.
+            ValueError: ``previous`` is not the signed document.
+        """
+        data, info = channels_target(doc)
+        current = self._staged.get(CHANNELS_PATH)
+        if current != info:
+            check_channels_update(current, doc, previous)
+            self._staged[CHANNELS_PATH] = info
+            self._sources[CHANNELS_PATH] = data
+        return info
+
+    def load_channels(self, remote_dir: Path) -> ChannelsDoc | None:
+        """The signed channels document, read from the remote and verified.
+
+        Raises:
+            DigestMismatchError: the remote copy differs from the signed one.
+            FileSetError: the remote has no copy.
+            ValueError: the signed file is not a channels document.
+        """
+        info = self.published(CHANNELS_PATH)
+        if info is None:
+            return None
+        data = _read(remote_dir / TARGETS_DIR / stored_name(info))
+        try:
+            info.verify_length_and_hashes(data)
+        except LengthOrHashMismatchError as e:
+            raise DigestMismatchError(str(e), CHANNELS_PATH) from e
+        return ChannelsDoc.from_bytes(data)
+
+    # --- signing ------------------------------------------------------------------------
+
+    def publish(
+        self, signers: Mapping[str, Signer], *, now: datetime | None = None
+    ) -> PublishResult:
+        """Sign the staged targets: new targets, snapshot and timestamp versions as needed.
+
+        A role gets a new version only when its content changed or it is due for
+        renewal (less than half its validity left), so publishing twice in a row
+        writes nothing the second time.
+
+        Raises:
+            KeyMaterialError: a role must be re-signed and ``signers`` lacks its key, or
+                a signer's key is not the role's.
+            OSError: the folder is not writable.
+        """
+        return self._release(signers, _utc(now), include_staged=True)
+
+    def refresh_timestamp(
+        self,
+        timestamp_signer: Signer,
+        *,
+        snapshot_signer: Signer | None = None,
+        targets_signer: Signer | None = None,
+        now: datetime | None = None,
+    ) -> PublishResult:
+        """Re-sign the timestamp (the scheduled freshness job), leaving staged files out.
+
+        Snapshot and targets are re-signed too when they would expire before the new
+        timestamp does; their signers are needed only then.
+
+        Raises:
+            KeyMaterialError: snapshot or targets must be re-signed and their signer
+                is missing, or a signer's key is not the role's.
+            OSError: the folder is not writable.
+        """
+        optional = {"snapshot": snapshot_signer, "targets": targets_signer}
+        signers = {"timestamp": timestamp_signer}
+        signers |= {role: signer for role, signer in optional.items() if signer is not None}
+        return self._release(
+            signers, _utc(now), include_staged=False, force={"timestamp"}, renew_early=False
+        )
+
+    def rotate_root(
+        self,
+        old_signers: Sequence[Signer],
+        new_keys: Sequence[Key],
+        new_signers: Sequence[Signer],
+        threshold: int,
+        *,
+        now: datetime | None = None,
+    ) -> int:
+        """Write root N+1 trusting ``new_keys`` (``threshold`` of them) as root keys.
+
+        It is signed by a threshold of the old root keys (so devices accept it) and
+        of the new ones (so it is valid by itself).  Rotating to the same keys renews
+        an expiring root.  Returns the new root version.
+
+        Raises:
+            ValueError: threshold outside 1..len(new_keys).
+            KeyMaterialError: either threshold is not reached by the signers.
+            OSError: the folder is not writable.
+        """
+        now = _utc(now)
+        current = self.root
+        new = successor_root(
+            current,
+            now + self.expiry.root,
+            remove={"root": list(current.roles["root"].keyids)},
+            add={"root": list(new_keys)},
+            thresholds={"root": threshold},
+        )
+        self._write_root(sign_root(new, [*old_signers, *new_signers], current))
+        return new.version
+
+    def revoke_key(
+        self,
+        role: str,
+        keyid: str,
+        root_signers: Sequence[Signer],
+        *,
+        replacement: Key | None = None,
+        signers: Mapping[str, Signer] | None = None,
+        now: datetime | None = None,
+    ) -> PublishResult:
+        """Write root N+1 without ``keyid`` for ``role`` (and with ``replacement``).
+
+        For an online role the role is re-signed at once with the replacement's
+        signer (in ``signers``), with the roles that list it: devices that trusted
+        metadata signed by the revoked key (even versions pushed far ahead by an
+        attacker) drop it, because it no longer verifies, and take the new one:
+        fast-forward recovery.
+
+        Raises:
+            ValueError: ``keyid`` is not one of ``role``'s keys, or the role would
+                have fewer keys than its threshold.
+            KeyMaterialError: root signers below either root threshold, or a role to
+                re-sign has no signer in ``signers``.
+            OSError: the folder is not writable.
+        """
+        now = _utc(now)
+        current = self.root
+        if role not in current.roles or keyid not in current.roles[role].keyids:
+            raise ValueError(f"key {keyid[:12]} is not a {role} key of root v{current.version}")
+        new = successor_root(
+            current,
+            now + self.expiry.root,
+            remove={role: [keyid]},
+            add={role: [replacement]} if replacement is not None else None,
+        )
+        md = sign_root(new, root_signers, current)
+        if role == "root":
+            # Root keys sign nothing else: no online role needs re-signing.
+            path = self._write_root(md)
+            return PublishResult({"root": new.version}, (path,))
+        return self._release(
+            signers or {}, now, include_staged=False, renew_early=False, new_root=md
+        )
+
+    def _release(
+        self,
+        signers: Mapping[str, Signer],
+        now: datetime,
+        *,
+        include_staged: bool,
+        force: set[str] | None = None,
+        renew_early: bool = True,
+        new_root: Metadata[Root] | None = None,
+    ) -> PublishResult:
+        root = new_root.signed if new_root is not None else self.root
+        # A role whose signatures the (new) root no longer accepts must be re-signed:
+        # its key was replaced, now or in a run that stopped before re-signing.
+        force = set(force or ()) | {
+            role for role, md in self._online.items() if not verifies(root, md)
+        }
+        has_targets = "targets" in self._online
+        signed_files = self._signed(Targets).targets if has_targets else {}
+        files = self._staged if include_staged else signed_files
+        plan = plan_release(
+            {role: md.signed for role, md in self._online.items()},
+            now=now,
+            expiry=self.expiry,
+            can_sign=set(signers),
+            targets_changed=not has_targets or signed_files != files,
+            force=force,
+            renew_early=renew_early,
+        )
+        # Build and sign everything before writing anything: a missing key must not
+        # leave half a release on disk.
+        out: list[tuple[str, Path, bytes, Online]] = []
+        listed: MetaFile | None = None
+        for role in plan:
+            version, expires = self.version(role) + 1, now + self.expiry.period(role)
+            # A role re-signed without the one it lists keeps listing what it listed.
+            if listed is None and role == "snapshot":
+                listed = self._signed(Snapshot).meta["targets.json"]
+            elif listed is None and role == "timestamp":
+                listed = self._signed(Timestamp).snapshot_meta
+            data, md = sign_online(
+                role, version, expires, root, signers[role], files=files, listed=listed
+            )
+            listed = meta_file(version, data)
+            name = "timestamp.json" if role == "timestamp" else f"{version}.{role}.json"
+            out.append((role, self.metadata_dir / name, data, md))
+        versions: dict[str, int] = {}
+        written: list[Path] = []
+        if new_root is not None:
+            written.append(self._write_root(new_root))
+            versions["root"] = new_root.signed.version
+        for role, path, data, md in out:
+            write_atomic(path, data)
+            self._online[role] = md
+            versions[role] = md.signed.version
+            written.append(path)
+        return PublishResult(versions, tuple(written))
+
+    def _signed(self, kind: type[R]) -> R:
+        signed = self._online[kind.type].signed
+        if not isinstance(signed, kind):  # pragma: no cover - keyed by type on insertion
+            raise TypeError(f"{kind.type}: unexpected {type(signed).__name__}")
+        return signed
+
+    def _write_root(self, md: Metadata[Root]) -> Path:
+        path = self.metadata_dir / f"{md.signed.version}.root.json"
+        write_atomic(path, to_bytes(md))
+        self._roots.append(md)
+        return path
+
+    # --- targets on the remote ----------------------------------------------------------
+
+    def write_targets_to(self, remote_dir: Path) -> list[Path]:
+        """Copy the files staged in this session to ``remote_dir/targets/`` (hash names).
+
+        A file already there with the right bytes is left alone, so re-running copies
+        nothing.  Returns the paths written.
+
+        Raises:
+            DigestMismatchError: a source file changed since it was staged.
+            OSError: a source is unreadable or the remote is not writable.
+        """
+        written: list[Path] = []
+        for path, source in sorted(self._sources.items()):
+            info = self._staged[path]
+            dest = remote_dir / TARGETS_DIR / stored_name(info)
+            if _holds(dest, info):
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(source, Path):
+                _copy_verified(source, dest, info)
+            else:
+                write_atomic(dest, source)
+            written.append(dest)
+        return written
+
+
+def _root_files(metadata_dir: Path) -> list[Path]:
+    versions = sorted(
+        int(m.group(1))
+        for p in metadata_dir.glob("*.root.json")
+        if (m := _ROOT_FILE.match(p.name)) is not None
+    )
+    if not versions or versions != list(range(1, len(versions) + 1)):
+        raise FileSetError(
+            f"root versions {versions or 'none'}: expected 1.root.json up to N without gaps",
+            str(metadata_dir),
+        )
+    return [metadata_dir / f"{version}.root.json" for version in versions]
+
+
+def _holds(path: Path, info: TargetFile) -> bool:
+    try:
+        with path.open("rb") as fh:
+            info.verify_length_and_hashes(fh)
+    except (OSError, LengthOrHashMismatchError):
+        return False
+    return True
+
+
+def _copy_verified(source: Path, dest: Path, info: TargetFile) -> None:
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w+b") as out, source.open("rb") as src:
+            shutil.copyfileobj(src, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+            out.seek(0)
+            try:
+                info.verify_length_and_hashes(out)
+            except LengthOrHashMismatchError as e:
+                raise DigestMismatchError(f"changed since it was staged ({e})", str(source)) from e
+        os.chmod(tmp, 0o644)  # noqa: PTH101 - mkstemp creates 0600; remotes are shared
+        Path(tmp).replace(dest)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            Path(tmp).unlink()
+        raise
+    fsync_dir(dest.parent)
