@@ -58,6 +58,7 @@ class InitResult:
     remote: str
     created: list[Path] = field(default_factory=list)
     git_initialized: bool = False
+    keys: list[Path] = field(default_factory=list)
 
 
 def _write_new(path: Path, text: str, created: list[Path]) -> None:
@@ -71,12 +72,16 @@ def _stage(root: Path, paths: Sequence[Path]) -> None:
         git(root, "add", "--", *(str(p) for p in paths))
 
 
-def init_repo(target: Path, *, remote: str | None = None, branch: str = "main") -> InitResult:
+def init_repo(
+    target: Path, *, remote: str | None = None, branch: str = "main", trust: bool = True
+) -> InitResult:
     """Scaffold a GitOps model repository in ``target`` (created if missing).
 
     Runs ``git init`` when ``target`` is not in a work tree, ``dvc init``, configures
     a DVC remote (``.modelreg/remote`` by default), writes ``modelreg.yaml``,
-    ``manifests/`` and the JSON Schemas, and stages what it wrote.
+    ``manifests/`` and the JSON Schemas, creates the trust root (keys in
+    ``.modelreg/keys``, ``trust/metadata/1.root.json``) unless ``trust`` is off, and
+    stages what it wrote.
 
     Raises:
         RepositoryError: ``target`` already holds a ``modelreg.yaml`` or is a file.
@@ -110,6 +115,9 @@ def init_repo(target: Path, *, remote: str | None = None, branch: str = "main") 
         "manifests: manifests\n"
         "artifacts: models\n"
         f"remote: {REMOTE_NAME}\n"
+        "trust:\n"
+        "  metadata: trust/metadata   # signed release metadata devices verify (TUF)\n"
+        "  keys: .modelreg/keys       # local keys; CI uses MODELREG_<ROLE>_KEY secrets\n"
     )
     _write_new(root / CONFIG_FILE, config, created)
     _write_new(root / "manifests" / "README.md", _MANIFESTS_README, created)
@@ -120,8 +128,16 @@ def init_repo(target: Path, *, remote: str | None = None, branch: str = "main") 
         write_atomic(gitignore, (existing + sep + _GITIGNORE).encode())
         created.append(gitignore)
     created.extend(write_schemas(root))
+    keys: list[Path] = []
+    if trust:
+        from registry.config import load_config
+        from signing.workspace import init_trust, trust_paths
+
+        paths = trust_paths(root, load_config(root))
+        keys = [k.private for k in init_trust(paths)]
+        created.append(paths.metadata / "1.root.json")
     _stage(root, [*created, root / ".dvc"])
-    return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized)
+    return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys)
 
 
 def add_model(

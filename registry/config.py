@@ -21,6 +21,30 @@ class MlflowConfig(Strict):
     uri: Annotated[str, StringConstraints(min_length=1, max_length=2048)] | None = None
 
 
+class ExpiryDays(Strict):
+    """How many days each role's signed metadata stays valid."""
+
+    root: Annotated[float, Field(gt=0, le=3650)] = 365
+    targets: Annotated[float, Field(gt=0, le=3650)] = 90
+    snapshot: Annotated[float, Field(gt=0, le=3650)] = 7
+    timestamp: Annotated[float, Field(gt=0, le=3650)] = 1
+
+
+class TrustConfig(Strict):
+    """Where the signed release metadata and the local keys live.
+
+    Attributes:
+        metadata: folder (in git) of the TUF metadata devices verify.
+        keys: folder of private keys for local use; CI passes keys in
+            ``MODELREG_<ROLE>_KEY`` instead, and the root key belongs offline.
+        expiry: validity of each role's metadata, in days.
+    """
+
+    metadata: RepoPath = "trust/metadata"
+    keys: RepoPath = ".modelreg/keys"
+    expiry: ExpiryDays = ExpiryDays()
+
+
 class RepoConfig(Strict):
     """Settings of one GitOps model repository.
 
@@ -29,6 +53,7 @@ class RepoConfig(Strict):
         artifacts: folder where ``modelreg version add`` places ONNX files.
         remote: DVC remote to push to and pull from (DVC's default when unset).
         mlflow: MLflow mirror settings.
+        trust: signed release metadata and keys.
     """
 
     api_version: Literal["modelreg/v1"] = Field(alias="apiVersion")
@@ -37,6 +62,7 @@ class RepoConfig(Strict):
     artifacts: RepoPath = "models"
     remote: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     mlflow: MlflowConfig = MlflowConfig()
+    trust: TrustConfig = TrustConfig()
 
 
 def find_root(start: Path) -> Path:

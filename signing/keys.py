@@ -130,6 +130,20 @@ def signer_from_env(
 ) -> CryptoSigner:
     """The signer for ``role``: from ``MODELREG_<ROLE>_KEY`` or ``key_dir/<role>.key``.
 
+    See :func:`private_key_from_env` for where the key is looked up.
+
+    Raises:
+        KeyMaterialError: no key configured, or it cannot be loaded.
+    """
+    key = private_key_from_env(role, env, key_dir)
+    return CryptoSigner(key, public_key_of(key))
+
+
+def private_key_from_env(
+    role: str, env: Mapping[str, str] | None = None, key_dir: Path | None = None
+) -> ec.EllipticCurvePrivateKey:
+    """The private key for ``role``: from ``MODELREG_<ROLE>_KEY`` or ``key_dir/<role>.key``.
+
     The variable holds the PEM itself (how CI secrets usually arrive) or a path to it;
     ``MODELREG_<ROLE>_KEY_PASSPHRASE`` unlocks an encrypted key.  The key material is
     never logged or included in error messages.
@@ -151,7 +165,7 @@ def signer_from_env(
     else:
         where = f" or {key_dir / f'{role}.key'}" if key_dir is not None else ""
         raise KeyMaterialError(f"no {role} key: set ${var} (PEM or path){where}")
-    return CryptoSigner(key, public_key_of(key))
+    return key
 
 
 def load_public_key(source: str | Path) -> SSlibKey:

@@ -48,6 +48,9 @@ def _register() -> None:
     cli.add_command(check_cmds.schema)
     cli.add_command(check_cmds.status)
     cli.add_command(trust_cmds.keys)
+    cli.add_command(trust_cmds.freshness)
+    cli.add_command(trust_cmds.verify)
+    cli.add_command(trust_cmds.sign)
 
 
 _register()

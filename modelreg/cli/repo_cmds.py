@@ -60,16 +60,18 @@ def _target(text: str) -> dict[str, str]:
 @click.option(
     "--branch", default="main", show_default=True, help="Initial branch when git is initialized."
 )
+@click.option("--no-trust", is_flag=True, help="Skip creating keys and the signed trust root.")
 @_json
-def init(directory: Path, remote: str | None, branch: str, as_json: bool) -> None:
+def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_json: bool) -> None:
     """Scaffold a GitOps model repository in DIRECTORY.
 
-    Initializes git (if needed) and DVC with a default remote, and writes
-    modelreg.yaml, manifests/ and the manifest JSON Schemas.
+    Initializes git (if needed) and DVC with a default remote, writes modelreg.yaml,
+    manifests/ and the manifest JSON Schemas, and creates the trust root (TUF root
+    metadata and keys for the root, targets, snapshot and timestamp roles).
     """
     from pipelines.workspace import init_repo
 
-    result = init_repo(directory, remote=remote, branch=branch)
+    result = init_repo(directory, remote=remote, branch=branch, trust=not no_trust)
     if as_json:
         emit_json(
             {
@@ -77,11 +79,16 @@ def init(directory: Path, remote: str | None, branch: str, as_json: bool) -> Non
                 "remote": result.remote,
                 "git_initialized": result.git_initialized,
                 "created": [str(p) for p in result.created],
+                "keys": [str(p) for p in result.keys],
             }
         )
         return
     ok(f"initialized modelreg repository in {result.root}")
     click.echo(f"  DVC remote: {result.remote}")
+    if result.keys:
+        keys_dir = display_path(result.keys[0].parent)
+        click.echo(f"  trust root: trust/metadata/1.root.json; keys in {keys_dir}/")
+        click.echo("  move the root key offline and give CI the online keys as secrets")
     click.echo(
         "  next: modelreg model add NAME; modelreg version add NAME 1.0.0 --artifact model.onnx"
     )

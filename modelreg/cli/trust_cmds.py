@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from modelreg.cli._output import emit_json, ok
 from registry.repository import display_path
+
+if TYPE_CHECKING:
+    from signing.workspace import TrustPaths
 
 
 @click.group()
@@ -60,3 +64,185 @@ def keys_generate(role: str, out_dir: Path, passphrase_env: str | None, as_json:
     ok(f"generated {role} key {files.keyid[:16]}")
     click.echo(f"  private: {display_path(files.private)} (keep it secret; mode 0600)")
     click.echo(f"  public:  {display_path(files.public)}")
+
+
+def _repo_trust() -> TrustPaths:
+    from registry.config import find_root, load_config
+    from signing.workspace import trust_paths
+
+    root = find_root(Path.cwd())
+    return trust_paths(root, load_config(root))
+
+
+@keys.command("rotate")
+@click.option(
+    "--role",
+    required=True,
+    type=click.Choice(["root", "targets", "snapshot", "timestamp"]),
+    help="Role whose key is replaced.",
+)
+@click.option(
+    "--new-public-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Use this public key (its private half held elsewhere) instead of generating one.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def keys_rotate(role: str, new_public_key: Path | None, as_json: bool) -> None:
+    """Replace ROLE's key in a new root version signed by the old and new root keys.
+
+    Keys are read from MODELREG_<ROLE>_KEY or the repository's key folder. Commit
+    the new files under the trust metadata folder; devices follow on their next
+    refresh.
+    """
+    from signing.workspace import rotate
+
+    paths = _repo_trust()
+    version, keyid = rotate(paths, role, new_public=new_public_key)
+    if as_json:
+        emit_json({"role": role, "keyid": keyid, "root_version": version})
+        return
+    ok(f"rotated {role} key to {keyid[:16]}; root is now version {version}")
+    if new_public_key is None:
+        click.echo(f"  new key: {display_path(paths.keys / f'{role}.key')}")
+
+
+@keys.command("revoke")
+@click.option(
+    "--role",
+    required=True,
+    type=click.Choice(["root", "targets", "snapshot", "timestamp"]),
+    help="Role that trusted the key.",
+)
+@click.option("--keyid", required=True, help="Id of the key to revoke (see trust/metadata).")
+@click.option(
+    "--replacement",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Public key that takes its place.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def keys_revoke(role: str, keyid: str, replacement: Path | None, as_json: bool) -> None:
+    """Stop trusting KEYID for ROLE (a new root version; online roles re-signed at once)."""
+    from signing.workspace import revoke
+
+    paths = _repo_trust()
+    result = revoke(paths, role, keyid, replacement=replacement)
+    if as_json:
+        emit_json({"role": role, "revoked": keyid, "versions": dict(result.versions)})
+        return
+    versions = ", ".join(f"{r} {v}" for r, v in sorted(result.versions.items()))
+    ok(f"revoked {role} key {keyid[:16]} ({versions})")
+
+
+@click.group()
+def freshness() -> None:
+    """Keep signed metadata from expiring (the scheduled workflow)."""
+
+
+@freshness.command("refresh")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def freshness_refresh(as_json: bool) -> None:
+    """Re-sign the timestamp role (and snapshot/targets when they would expire first)."""
+    from signing.workspace import refresh
+
+    paths = _repo_trust()
+    result = refresh(paths)
+    if as_json:
+        emit_json({"versions": dict(result.versions), "written": [str(p) for p in result.written]})
+        return
+    versions = ", ".join(f"{r} {v}" for r, v in sorted(result.versions.items())) or "nothing due"
+    ok(f"refreshed: {versions}")
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--bundle",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The OMS signature bundle (sigstore bundle JSON).",
+)
+@click.option(
+    "--public-key",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="ECDSA P-256 public key (PEM) the bundle must be signed with.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the verified facts as JSON.")
+def verify(path: Path, bundle: Path, public_key: Path, as_json: bool) -> None:
+    """Verify a model file or directory against its OMS signature bundle."""
+    from signing.oms import verify_model
+
+    result = verify_model(path, bundle, public_key)
+    facts = result.facts.to_json() if result.facts is not None else None
+    if as_json:
+        emit_json(
+            {
+                "verified": True,
+                "path": str(path),
+                "name": result.name,
+                "digest": result.digest,
+                "files": dict(result.files),
+                "facts": facts,
+            }
+        )
+        return
+    ok(f"verified {path}: {len(result.files)} file(s), sha256 {result.digest[:16]}")
+    if facts:
+        click.echo(
+            "  " + ", ".join(f"{k}={v}" for k, v in facts.items() if v not in (None, [], ()))
+        )
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True, path_type=Path))
+@click.option(
+    "--bundle",
+    "bundle_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the OMS signature bundle.",
+)
+@click.option(
+    "--private-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="ECDSA P-256 private key (default: $MODELREG_TARGETS_KEY, else the repo's targets key).",
+)
+@click.option("--model", "model_name", help="Model name to record (signed).")
+@click.option("--version", "version_", help="Version to record (signed).")
+@click.option("--git-commit", default="", help="Git commit to record (signed).")
+@click.option("--ci-run", default="", help="CI run to record (signed).")
+@click.option("--parent", default=None, help="Parent version to record (signed).")
+def sign(
+    path: Path,
+    bundle_path: Path,
+    private_key: Path | None,
+    model_name: str | None,
+    version_: str | None,
+    git_commit: str,
+    ci_run: str,
+    parent: str | None,
+) -> None:
+    """Sign a model file or directory into an OMS bundle (verifiable with model_signing)."""
+    from signing.keys import load_private_key, private_key_from_env
+    from signing.oms import ModelFacts, sign_model, write_bundle
+
+    if private_key is not None:
+        key = load_private_key(private_key)
+    else:
+        from registry.errors import RepositoryError
+
+        try:
+            key_dir: Path | None = _repo_trust().keys
+        except RepositoryError:
+            key_dir = None  # outside a repository only the environment can hold the key
+        key = private_key_from_env("targets", key_dir=key_dir)
+    facts = None
+    if model_name and version_:
+        facts = ModelFacts(
+            model=model_name, version=version_, git_commit=git_commit, ci_run=ci_run, parent=parent
+        )
+    elif model_name or version_:
+        raise click.UsageError("--model and --version go together")
+    bundle = sign_model(path, key, facts=facts, bundle_path=bundle_path)
+    write_bundle(bundle, bundle_path)
+    ok(f"signed {path} -> {display_path(bundle_path)}")

@@ -1,0 +1,204 @@
+"""Trust operations on a model repository: set up, rotate, revoke, refresh.
+
+The commands ``modelreg init``, ``keys rotate|revoke`` and ``freshness refresh`` call
+these; they read paths and expiries from ``modelreg.yaml`` and keys from the
+environment (CI secrets) or the repository's local key folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+from securesystemslib.signer import CryptoSigner, Signer
+
+from registry.atomic import write_atomic
+from registry.config import RepoConfig
+from signing.errors import KeyMaterialError
+from signing.keys import (
+    ROLES,
+    KeyFiles,
+    generate,
+    load_public_key,
+    private_pem,
+    public_key_of,
+    public_pem,
+    signer_from_env,
+    write_keypair,
+)
+from signing.tuf_repo import PublishResult, TrustRepo
+from signing.tuf_roles import Expiry
+
+ONLINE = ("targets", "snapshot", "timestamp")
+
+
+@dataclass(frozen=True)
+class TrustPaths:
+    """Resolved trust locations of a repository."""
+
+    metadata: Path
+    keys: Path
+    expiry: Expiry
+
+
+def trust_paths(root: Path, config: RepoConfig) -> TrustPaths:
+    """Where ``config`` puts the metadata and keys of the repository at ``root``."""
+    days = config.trust.expiry
+    expiry = Expiry(
+        root=timedelta(days=days.root),
+        targets=timedelta(days=days.targets),
+        snapshot=timedelta(days=days.snapshot),
+        timestamp=timedelta(days=days.timestamp),
+    )
+    return TrustPaths(root / config.trust.metadata, root / config.trust.keys, expiry)
+
+
+def signer(paths: TrustPaths, role: str, env: Mapping[str, str] | None = None) -> Signer:
+    """``role``'s signer from ``MODELREG_<ROLE>_KEY`` or the local key folder.
+
+    Raises:
+        KeyMaterialError: no key for the role, or it cannot be loaded.
+    """
+    return signer_from_env(role, env, paths.keys)
+
+
+def init_trust(paths: TrustPaths) -> list[KeyFiles]:
+    """Create keys (those missing) and ``1.root.json`` for a new repository.
+
+    The root key is written to the local key folder like the others; a real fleet
+    moves it offline afterwards (``modelreg init`` says so).
+
+    Raises:
+        ValueError: the metadata folder is already initialized.
+        KeyMaterialError: an existing key cannot be loaded.
+    """
+    created = [
+        write_keypair(paths.keys, role)
+        for role in ROLES
+        if not (paths.keys / f"{role}.key").exists()
+    ]
+    signers = {role: signer_from_env(role, {}, paths.keys) for role in ROLES}
+    TrustRepo.initialize(
+        paths.metadata,
+        [signers["root"]],
+        1,
+        {role: signers[role].public_key for role in ROLES if role != "root"},
+        expiry=paths.expiry,
+    )
+    return created
+
+
+def refresh(paths: TrustPaths, env: Mapping[str, str] | None = None) -> PublishResult:
+    """Re-sign the timestamp (and snapshot/targets only if they would expire first).
+
+    Raises:
+        KeyMaterialError: the timestamp key is missing, or a role that must be
+            re-signed has no key available.
+        VerificationError: the metadata in the repository does not verify.
+    """
+    repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+
+    def optional(role: str) -> Signer | None:
+        try:
+            return signer(paths, role, env)
+        except KeyMaterialError:
+            return None  # only needed if that role is due; refresh_timestamp says so
+
+    return repo.refresh_timestamp(
+        signer(paths, "timestamp", env),
+        snapshot_signer=optional("snapshot"),
+        targets_signer=optional("targets"),
+    )
+
+
+def _stash(paths: TrustPaths, role: str, keyid: str) -> None:
+    # Keep the replaced key pair beside the new one, named by its id, never deleted.
+    for suffix in ("key", "pub"):
+        current = paths.keys / f"{role}.{suffix}"
+        if current.exists():
+            current.replace(paths.keys / f"{role}.{keyid[:16]}.{suffix}.old")
+
+
+def rotate(
+    paths: TrustPaths,
+    role: str,
+    *,
+    new_public: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
+    """Replace ``role``'s key: a new root version signed by the old and new root keys.
+
+    Without ``new_public`` a new key pair is generated in the key folder (the old
+    pair is kept as ``<role>.<keyid>.{key,pub}.old``).  For an online role the role is
+    re-signed with the new key at once, so devices move to it on their next refresh.
+
+    Returns:
+        (new root version, new key id).
+
+    Raises:
+        ValueError: unknown role.
+        KeyMaterialError: a needed key is missing or below threshold.
+        VerificationError: the metadata in the repository does not verify.
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+    repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    old_root = signer(paths, "root", env)
+    old_keyids = list(repo.root.roles[role].keyids)
+    new_private = None
+    if new_public is None:
+        # The new pair is written only once the new root is signed, so a failure
+        # leaves the key folder as it was.
+        new_private = generate()
+        new_signer: Signer | None = CryptoSigner(new_private, public_key_of(new_private))
+        new_key = public_key_of(new_private)
+    else:
+        new_key = load_public_key(new_public)
+        new_signer = None
+    if role == "root":
+        if new_signer is None:
+            raise KeyMaterialError("rotating root needs the new private key to co-sign root")
+        version = repo.rotate_root([old_root], [new_key], [new_signer], 1)
+    else:
+        signers = {r: signer(paths, r, env) for r in ONLINE if r != role}
+        if new_signer is not None:
+            signers[role] = new_signer
+        repo.revoke_key(role, old_keyids[0], [old_root], replacement=new_key, signers=signers)
+        version = repo.version("root")
+    if new_private is not None:
+        for keyid in old_keyids:
+            _stash(paths, role, keyid)
+        write_atomic(paths.keys / f"{role}.key", private_pem(new_private), mode=0o600)
+        write_atomic(paths.keys / f"{role}.pub", public_pem(new_private), mode=0o644)
+    return version, new_key.keyid
+
+
+def revoke(
+    paths: TrustPaths,
+    role: str,
+    keyid: str,
+    *,
+    replacement: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> PublishResult:
+    """Remove ``keyid`` from ``role`` in a new root version (optionally adding a replacement).
+
+    Raises:
+        ValueError: the key is not one of the role's, or the role would fall below
+            its threshold.
+        KeyMaterialError: root or re-signing keys are missing.
+        VerificationError: the metadata in the repository does not verify.
+    """
+    repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    new_key = load_public_key(replacement) if replacement is not None else None
+    signers: dict[str, Signer] = {}
+    for r in ONLINE:
+        try:
+            signers[r] = signer(paths, r, env)
+        except KeyMaterialError:
+            continue  # revoke_key names the one it needs, if any
+    return repo.revoke_key(
+        role, keyid, [signer(paths, "root", env)], replacement=new_key, signers=signers
+    )
