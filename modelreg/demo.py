@@ -105,6 +105,28 @@ class Demo:
         self.step("Validate and show the version-state table")
         self.run("modelreg", "validate")
         self.run("modelreg", "status")
+
+        self.step("Trust: an OMS signature bundle for the release, checked byte for byte")
+        bundle = "../mlp-1.1.0.sigstore.json"
+        head = self.run("git", "rev-parse", "--short", "HEAD").strip()
+        self.run("modelreg", "sign", "models/mlp/1.1.0.onnx", "--bundle", bundle, "--model", "mlp",
+                 "--version", "1.1.0", "--parent", "1.0.0", "--git-commit", head,
+                 "--ci-run", "demo")  # fmt: skip
+        self.run("modelreg", "verify", "models/mlp/1.1.0.onnx", "--bundle", bundle,
+                 "--public-key", ".modelreg/keys/targets.pub")  # fmt: skip
+        tampered = self.work / "tampered.onnx"
+        data = bytearray((self.repo / "models/mlp/1.1.0.onnx").read_bytes())
+        data[-10] ^= 0x01
+        tampered.write_bytes(bytes(data))
+        self.run("modelreg", "verify", "../tampered.onnx", "--bundle", bundle,
+                 "--public-key", ".modelreg/keys/targets.pub", expect=1)  # fmt: skip
+
+        self.step("Trust: TUF metadata kept fresh, and an online key rotated")
+        self.run("modelreg", "freshness", "refresh")
+        self.run("modelreg", "keys", "rotate", "--role", "timestamp")
+        self.run("git", "add", "trust")
+        self.run("git", "commit", "-qm", "rotate the timestamp key")
+        self.run("git", "ls-files", "trust")
         print(f"\nThe demo repository is in {self.repo}")
 
 
