@@ -14,6 +14,7 @@ Every model is frozen and rejects unknown keys, and scalars are validated strict
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Annotated, Any, Final, Literal
@@ -39,13 +40,22 @@ LABEL_KEY_RE: Final = (
 _SAFE_PATH_RE: Final = re.compile(r"^[A-Za-z0-9._@+-][A-Za-z0-9._@+/-]*$")
 
 
-def _semver(value: str) -> str:
+@functools.lru_cache(maxsize=1 << 16)
+def _is_semver(value: str) -> bool:
+    # Memoized: a large repository validates the same version strings many times
+    # (metadata.version, parents, channels).
     try:
         semver.Version.parse(value)
     except ValueError:
+        return False
+    return True
+
+
+def _semver(value: str) -> str:
+    if not _is_semver(value):
         raise ValueError(
             f"{value!r} is not a SemVer version (expected MAJOR.MINOR.PATCH, e.g. 1.0.0)"
-        ) from None
+        )
     return value
 
 

@@ -84,20 +84,44 @@ class YamlDocument:
         data: plain Python data (dict, list, str, int, float, bool, None).
     """
 
-    __slots__ = ("_marks", "_text", "data", "file", "limits")
+    __slots__ = ("_marks", "_source", "_text", "data", "file", "limits")
 
-    def __init__(self, file: str, data: Any, text: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        file: str,
+        data: Any,
+        text: str | None,
+        limits: Limits = DEFAULT_LIMITS,
+        source: Path | None = None,
+    ) -> None:
+        if text is None and source is None:
+            raise ValueError("YamlDocument needs its text or the file it came from")
         self.file = file
         self.data = data
         self.limits = limits
         self._text = text
+        self._source = source
         self._marks: _Builder | None = None
 
     def __repr__(self) -> str:
         return f"YamlDocument(file={self.file!r})"
 
+    def __getstate__(self) -> tuple[Any, ...]:
+        # Sent between processes without its text when the file can be read again:
+        # the text is needed only for positions, which valid files never ask for.
+        text = self._text if self._source is None else None
+        return (self.file, self.data, text, self.limits, self._source)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.file, self.data, self._text, self.limits, self._source = state
+        self._marks = None
+
     def _positions(self) -> _Builder:
         if self._marks is None:
+            if self._text is None:
+                assert self._source is not None  # noqa: S101 - checked in __init__
+                raw = self._source.read_bytes().decode("utf-8", errors="replace")
+                self._text = raw.removeprefix("\ufeff")
             builder = _Builder(self.limits, _Lines(self._text))
             node = _compose(self._text)
             if node is not None:  # an empty document has no positions but (1, 1)
@@ -473,4 +497,6 @@ def read_yaml(path: Path, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDoc
         raise ManifestError.single(file, "cannot read: permission denied") from None
     except OSError as e:
         raise ManifestError.single(file, f"cannot read: {e.strerror or e}") from None
-    return parse_yaml(raw, file, limits)
+    doc = parse_yaml(raw, file, limits)
+    doc._source = path  # lets positions re-read the file instead of keeping its text
+    return doc

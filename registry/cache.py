@@ -1,0 +1,86 @@
+"""A parse cache for manifests, keyed by each file's stat (like git's index).
+
+Parsing YAML is most of the cost of loading a large repository, and between two
+commands almost no file changes.  The cache keeps the *parsed data* (never the
+validated result: validation and cross-references always run) in JSON, which is
+safe to read even if someone commits a crafted cache file, unlike pickle.
+
+An entry is used only when the file's size, mtime, ctime and inode all match.  Like
+git's "racily clean" rule, entries for files modified less than a couple of seconds
+before the cache was written are not stored, since a later edit within the same
+timestamp tick could go unnoticed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from registry.atomic import write_atomic
+
+CACHE_FILE: Final = ".modelreg/cache/manifests.json"
+_FORMAT: Final = 1
+_RACY_SECONDS: Final = 2.0
+
+Stamp = tuple[int, int, int, int]
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    """What identifies one state of a file: size, mtime, ctime (ns) and inode."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+class ParseCache:
+    """Parsed manifest data by path, valid while the file's stamp is unchanged."""
+
+    def __init__(self, root: Path, key: str) -> None:
+        """Open the cache of the repository at ``root``.
+
+        Args:
+            root: repository root.
+            key: what else the data depends on (modelreg version, limits); a cache
+                written under another key is ignored.
+        """
+        self.path = root / CACHE_FILE
+        self.key = key
+        self.entries: dict[str, list[Any]] = {}
+        self.dirty = False
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            raw = json.loads(self.path.read_bytes())
+            if raw["format"] == _FORMAT and raw["key"] == key and isinstance(raw["entries"], dict):
+                self.entries = raw["entries"]
+
+    def get(self, path: str, stamp: Stamp) -> Any | None:
+        """The cached data for ``path`` if its stamp matches, else None."""
+        entry = self.entries.get(path)
+        if entry is not None and len(entry) == 2 and tuple(entry[0]) == stamp:
+            return entry[1]
+        return None
+
+    def put(self, path: str, stamp: Stamp, data: Any) -> None:
+        """Remember ``data`` for ``path`` at ``stamp`` (skipped for racily new files)."""
+        if time.time_ns() - stamp[1] < _RACY_SECONDS * 1e9:
+            self.entries.pop(path, None)
+            return
+        self.entries[path] = [list(stamp), data]
+        self.dirty = True
+
+    def keep_only(self, paths: set[str]) -> None:
+        """Forget files that no longer exist."""
+        for gone in set(self.entries) - paths:
+            del self.entries[gone]
+            self.dirty = True
+
+    def save(self) -> None:
+        """Write the cache if it changed; a read-only or full disk is not an error."""
+        if not self.dirty:
+            return
+        payload = {"format": _FORMAT, "key": self.key, "entries": self.entries}
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, json.dumps(payload, separators=(",", ":")).encode())
+        self.dirty = False

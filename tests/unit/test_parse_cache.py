@@ -1,0 +1,73 @@
+"""The manifest parse cache: same results, invalidated by edits, safe to ignore."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from registry.cache import CACHE_FILE
+from registry.checks import validate_paths
+from registry.repository import load_repository
+from tests.conftest import REPO_ROOT
+
+
+def copy_repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    shutil.copy(REPO_ROOT / "modelreg.yaml", root)
+    shutil.copytree(REPO_ROOT / "manifests", root / "manifests")
+    shutil.copytree(REPO_ROOT / "models", root / "models", ignore=shutil.ignore_patterns("*.onnx"))
+    past = time.time() - 3600  # older than the racy window, so entries are stored
+    for path in root.rglob("*"):
+        os.utime(path, (past, past))
+    return root
+
+
+def summary(root: Path, cache: bool) -> tuple[object, ...]:
+    repo = load_repository(root, jobs=1, cache=cache)
+    versions = {(e.name, e.version): e.manifest for e in repo.all_versions()}
+    models = {n: m.manifest for n, m in repo.models.items()}
+    return versions, models, [str(p) for p in validate_paths(repo)]
+
+
+def test_cached_load_equals_fresh_load(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    fresh = summary(root, cache=False)
+    assert not (root / CACHE_FILE).exists()
+    first = summary(root, cache=True)
+    entries = json.loads((root / CACHE_FILE).read_text())["entries"]
+    assert len(entries) == 8  # 2 models + 6 versions
+    second = summary(root, cache=True)
+    assert fresh == first == second
+
+
+def test_an_edit_is_seen_through_the_cache(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    summary(root, cache=True)
+    path = root / "manifests/mlp/versions/1.1.0.yaml"
+    path.write_text(path.read_text().replace("parent: 1.0.0", "parent: 1.0.7"))
+    problems = summary(root, cache=True)[2]
+    assert len(problems) == 1
+    assert "spec.parent: version 1.0.7 is not declared for model 'mlp'" in problems[0]
+    # the position is read from the edited file, not from anything cached
+    lines = path.read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if "parent: 1.0.7" in text)
+    assert f"1.1.0.yaml:{line}:11: spec.parent:" in problems[0]
+
+
+def test_a_crafted_cache_cannot_bypass_validation(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    summary(root, cache=True)
+    cache = root / CACHE_FILE
+    payload = json.loads(cache.read_text())
+    key = next(k for k in payload["entries"] if k.endswith("mlp/versions/1.1.0.yaml"))
+    payload["entries"][key][1]["spec"]["artifact"]["format"] = "pickle"  # invalid data
+    cache.write_text(json.dumps(payload))
+    problems = summary(root, cache=True)[2]
+    assert any("spec.artifact.format: expected one of 'onnx'" in p for p in problems)
+    cache.write_text("{ not json")
+    assert summary(root, cache=True)[2] == []  # unreadable cache: ignored, rebuilt
+    assert json.loads(cache.read_text())["format"] == 1
