@@ -143,10 +143,20 @@ def run_checked(
         raise BenchmarkError(f"{argv[0]}: not found ({e})") from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
-        raise BenchmarkError(
-            f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}"
-        )
+        raise BenchmarkError(f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}")
     return proc
+
+
+def _timed_run(
+    argv: Sequence[str], cwd: Path, env: Mapping[str, str]
+) -> tuple[float, subprocess.CompletedProcess[bytes]]:
+    start = time.perf_counter()
+    proc = subprocess.run(list(argv), cwd=cwd, env=dict(env), capture_output=True, check=False)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
+        raise BenchmarkError(f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}")
+    return elapsed, proc
 
 
 def time_command(
@@ -178,24 +188,60 @@ def time_command(
     Raises:
         BenchmarkError: a run exits non-zero.
     """
-    samples: list[float] = []
+    spec = Command(argv, cwd, check_output=check_output, stop_after_s=stop_after_s)
+    return time_interleaved({"command": spec}, env=env, runs=runs)["command"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command to time.
+
+    Attributes:
+        argv: the command line.
+        cwd: its working directory.
+        check_output: called with the stdout of its first run; raises if wrong.
+        stop_after_s: run it only once if that first run took longer than this.
+    """
+
+    argv: Sequence[str]
+    cwd: Path
+    check_output: Callable[[bytes], None] | None = None
+    stop_after_s: float | None = None
+
+
+def time_interleaved(
+    commands: Mapping[str, Command], *, env: Mapping[str, str], runs: int
+) -> dict[str, Timing]:
+    """Time several commands round-robin: run 1 of each, then run 2 of each, ...
+
+    Interleaving spreads a burst of other work on the machine over all commands
+    instead of loading it onto one, which keeps their ratios fair.  Output goes to a
+    pipe that is read to the end; every run must exit 0.
+
+    Args:
+        commands: what to time, by name (the order of the rounds).
+        env: environment of every run.
+        runs: timed runs wanted per command.
+
+    Returns:
+        The timing summary per command name.
+
+    Raises:
+        BenchmarkError: a run exits non-zero or its output check fails.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    done: set[str] = set()
     for i in range(runs):
-        start = time.perf_counter()
-        proc = subprocess.run(
-            list(argv), cwd=cwd, env=dict(env), capture_output=True, check=False
-        )
-        elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
-            raise BenchmarkError(
-                f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}"
-            )
-        if i == 0 and check_output is not None:
-            check_output(proc.stdout)
-        samples.append(elapsed)
-        if stop_after_s is not None and i == 0 and elapsed > stop_after_s:
-            break
-    return Timing.of(samples)
+        for name, cmd in commands.items():
+            if name in done:
+                continue
+            elapsed, proc = _timed_run(cmd.argv, cmd.cwd, env)
+            if i == 0 and cmd.check_output is not None:
+                cmd.check_output(proc.stdout)
+            samples[name].append(elapsed)
+            if i == 0 and cmd.stop_after_s is not None and elapsed > cmd.stop_after_s:
+                done.add(name)
+    return {name: Timing.of(s) for name, s in samples.items()}
 
 
 def tool_version(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
@@ -230,7 +276,28 @@ def machine_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_implementation": platform.python_implementation(),
         "git": tool_version([git, "--version"]) if git else "unavailable",
+        "load_average": load_average(),
     }
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (other work on the machine skews timings)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not available on this platform
+        return None
+
+
+def busy_warning() -> str | None:
+    """A warning line when the machine is busy with other work, else None."""
+    load = load_average()
+    cpus = os.cpu_count() or 1
+    if load is not None and load[0] > 0.5 * cpus:
+        return (
+            f"warning: 1-minute load average {load[0]} on {cpus} CPUs: other work is "
+            "running, timings will be noisy"
+        )
+    return None
 
 
 def fmt_seconds(value: float) -> str:
