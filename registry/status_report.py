@@ -22,7 +22,7 @@ class StatusReport:
 
 
 def repository_status(
-    start: Path, *, model: str | None = None, jobs: int | None = None
+    start: Path, *, model: str | None = None, jobs: int | None = None, cache: bool = True
 ) -> StatusReport:
     """Load the repository containing ``start`` and build its status rows.
 
@@ -31,7 +31,7 @@ def repository_status(
         ManifestError: ``modelreg.yaml`` is invalid.
         ToolError: git is missing.
     """
-    repo = load_repository(start, jobs=jobs)
+    repo = load_repository(start, jobs=jobs, cache=cache)
     top = toplevel(repo.root)
     # Manifest paths come from scanning the resolved root, so the git-relative name is
     # a string operation (resolving 10,000 paths one by one costs most of a second).

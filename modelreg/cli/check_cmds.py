@@ -33,7 +33,8 @@ def _standalone(paths: list[Path]) -> tuple[list[Problem], int]:
 @click.option(
     "--jobs", "-j", type=click.IntRange(1, 256), help="Parser processes (default: one per core)."
 )
-def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None) -> None:
+@click.option("--no-cache", is_flag=True, help="Parse every file again (ignore .modelreg/cache).")
+def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache: bool) -> None:
     """Check manifests: schema, cross-references and policy.
 
     With no PATHS, checks the whole repository. Every problem is printed, one line
@@ -57,7 +58,9 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None) -> None:
             raise
         in_repo = False
     if in_repo:
-        repo = load_repository(start if start.is_dir() else start.parent, jobs=jobs)
+        repo = load_repository(
+            start if start.is_dir() else start.parent, jobs=jobs, cache=not no_cache
+        )
         problems += validate_paths(repo, existing if paths else None)
         models, versions, files = (
             len(repo.models),
@@ -108,11 +111,12 @@ def schema(kind: str) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
 @click.option("--model", "model_name", help="Only this model.")
-def status(as_json: bool, model_name: str | None) -> None:
+@click.option("--no-cache", is_flag=True, help="Parse every file again (ignore .modelreg/cache).")
+def status(as_json: bool, model_name: str | None, no_cache: bool) -> None:
     """Show every version: git commit, MLflow version, CI run, channels, signed, published."""
     from registry.status_report import repository_status
 
-    report = repository_status(Path.cwd(), model=model_name)
+    report = repository_status(Path.cwd(), model=model_name, cache=not no_cache)
     if as_json:
         emit_json(
             {
