@@ -26,10 +26,10 @@ def copy_repo(tmp_path: Path) -> Path:
     return root
 
 
-def summary(root: Path, cache: bool) -> tuple[object, ...]:
+def summary(root: Path, cache: bool) -> tuple[dict[object, object], dict[str, object], list[str]]:
     repo = load_repository(root, jobs=1, cache=cache)
-    versions = {(e.name, e.version): e.manifest for e in repo.all_versions()}
-    models = {n: m.manifest for n, m in repo.models.items()}
+    versions: dict[object, object] = {(e.name, e.version): e.manifest for e in repo.all_versions()}
+    models: dict[str, object] = {n: m.manifest for n, m in repo.models.items()}
     return versions, models, [str(p) for p in validate_paths(repo)]
 
 
