@@ -68,6 +68,7 @@ def render(result: Mapping[str, Any]) -> str:
         how = "reused" if generation.get("reused") else "generated"
         detail = ", ".join(f"{k} {v:.2f} s" for k, v in secs.items())
         out.append(f"fixtures {how} ({detail})")
+    out += [f"note: {note}" for note in result.get("notes", [])]
     rows = [
         [
             name,

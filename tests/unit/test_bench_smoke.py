@@ -1,7 +1,8 @@
 """Smoke test of the ``registry_scale`` benchmark at a tiny size (keeps ``make bench`` honest).
 
 The generators must keep producing a registry that ``modelreg validate`` accepts and
-tags that gto lists; otherwise the benchmark would time error paths.
+tags that gto lists, and the warm-up must fill modelreg's parse cache; otherwise the
+benchmark would time error paths, or label cold runs warm.
 """
 
 from __future__ import annotations
@@ -11,18 +12,20 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from benchmarks import _scale_fixtures as fx
+from benchmarks import _scale_repos as repos
+from benchmarks import _util
+from registry.cache import CACHE_FILE
+
 MODELS, VERSIONS = 3, 2
 
 
 @pytest.fixture
-def bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[ModuleType, dict[str, str]]:
-    """The benchmark module and a private environment (HOME, git config, identity)."""
+def env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """A private environment for the benchmark's commands (HOME, git config, identity)."""
     home = tmp_path / "home"
     home.mkdir()
     gitconfig = home / ".gitconfig"
@@ -39,27 +42,23 @@ def bench(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[ModuleType, 
         monkeypatch.setenv(var, value)
     for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.syspath_prepend(str(REPO))
-    from benchmarks import _util, registry_scale
-
-    return registry_scale, _util.isolated_env(home)
+    return _util.isolated_env(home)
 
 
-def _gto_tool(module: ModuleType) -> Any:
+def _gto_tool() -> fx.GtoTool:
     if importlib.util.find_spec("gto") is None:
         pytest.skip("gto is not installed")
     exe = Path(sys.executable).parent / "gto"
     if not exe.exists():
         pytest.skip("no gto executable beside this interpreter")
-    return module.GtoTool(exe, Path(sys.executable), "test", "test interpreter")
+    return fx.GtoTool(exe, Path(sys.executable), "test", "test interpreter")
 
 
-def test_modelreg_registry_is_valid(bench, tmp_path: Path) -> None:
-    rs, env = bench
+def test_modelreg_registry_is_valid(env, tmp_path: Path) -> None:
     repo = tmp_path / "modelreg"
-    files = rs.generate_modelreg_repo(repo, MODELS, VERSIONS, env)
+    files = repos.generate_modelreg_repo(repo, MODELS, VERSIONS, env)
     assert files == 2 + MODELS * (2 + 2 * VERSIONS)
-    report = rs.validate_report(repo, env)
+    report = fx.validate_report(repo, env)
     assert report["ok"] is True
     assert (report["models"], report["versions"]) == (MODELS, MODELS * VERSIONS)
     version = (repo / "manifests" / "m0002" / "versions" / "1.1.0.yaml").read_text()
@@ -68,7 +67,7 @@ def test_modelreg_registry_is_valid(bench, tmp_path: Path) -> None:
     pointer = (repo / "models" / "m0002" / "1.1.0.onnx.dvc").read_text()
     assert "path: 1.1.0.onnx" in pointer
     status = subprocess.run(
-        [*rs.modelreg_argv(), "status"],
+        [*fx.modelreg_argv(), "status"],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -91,11 +90,10 @@ def test_modelreg_registry_is_valid(bench, tmp_path: Path) -> None:
     assert log.stdout.split() == ["bench"]
 
 
-def test_gto_repo_lists_every_version(bench, tmp_path: Path) -> None:
-    rs, env = bench
-    gto = _gto_tool(rs)
+def test_gto_repo_lists_every_version(env, tmp_path: Path) -> None:
+    gto = _gto_tool()
     repo = tmp_path / "gto"
-    tags = rs.generate_gto_repo(repo, MODELS, VERSIONS, env)
+    tags = repos.generate_gto_repo(repo, MODELS, VERSIONS, env)
     assert tags == MODELS * VERSIONS + 2 * MODELS
     shown = subprocess.run(
         [str(gto.exe), "show", "--json"],
@@ -112,31 +110,56 @@ def test_gto_repo_lists_every_version(bench, tmp_path: Path) -> None:
     for entry in state.values():
         assert entry["version"] == "v1.1.0"
         assert entry["stage"] == {"canary": "v1.1.0", "production": "v1.1.0"}
-    counts = rs.gto_counts(gto, repo, env)
+    counts = fx.gto_counts(gto, repo, env)
     assert counts == {"artifacts": MODELS, "versions": MODELS * VERSIONS, "assignments": 6}
 
 
-def test_fixtures_are_reused_while_parameters_match(bench, tmp_path: Path) -> None:
-    rs, env = bench
-    gto = _gto_tool(rs)
-    params = rs.ScaleParams(MODELS, VERSIONS)
-    first = rs.prepare(params, tmp_path / "fixtures", env, gto)
+def test_fixtures_are_reused_while_parameters_match(env, tmp_path: Path) -> None:
+    gto = _gto_tool()
+    params = repos.ScaleParams(MODELS, VERSIONS)
+    first = fx.prepare(params, tmp_path / "fixtures", env, gto)
     assert first["reused"] is False
     assert first["modelreg"]["versions"] == first["gto"]["versions"] == MODELS * VERSIONS
-    again = rs.prepare(params, tmp_path / "fixtures", env, gto)
+    again = fx.prepare(params, tmp_path / "fixtures", env, gto)
     assert again["reused"] is True
-    other = rs.prepare(rs.ScaleParams(MODELS, 1), tmp_path / "fixtures", env, gto)
+    other = fx.prepare(repos.ScaleParams(MODELS, 1), tmp_path / "fixtures", env, gto)
     assert other["reused"] is False
     assert other["modelreg"]["versions"] == MODELS
 
 
-def test_report_renders(bench) -> None:
+def test_warm_up_fills_the_parse_cache_and_cold_runs_leave_it(env, tmp_path: Path) -> None:
+    repo = tmp_path / "modelreg"
+    repos.generate_modelreg_repo(repo, MODELS, VERSIONS, env)
+    manifests = fx.manifest_count(repos.ScaleParams(MODELS, VERSIONS))
+    assert manifests == MODELS * (1 + VERSIONS)
+    assert fx.cache_entries(repo) == 0
+    warm = fx.warm_cache(repo, env, manifests)
+    assert warm["entries"] == fx.cache_entries(repo) == manifests
+    assert warm["bytes"] > 0
+    before = (repo / CACHE_FILE).stat().st_mtime_ns
+    for cmd in (["validate", "--no-cache"], ["status", "--no-cache"]):
+        subprocess.run([*fx.modelreg_argv(), *cmd], cwd=repo, env=env, check=True, timeout=120)
+    assert (repo / CACHE_FILE).stat().st_mtime_ns == before
+    clean = subprocess.run(
+        ["git", "status", "--porcelain"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert clean.stdout == ""
+
+
+def test_report_renders() -> None:
     from benchmarks.__main__ import render
 
     text = render(
         {
             "name": "registry_scale",
             "summary": "tiny",
+            "notes": ["cold = no cache"],
             "measurements": {
                 "gto show": {"runs": 1, "min_s": 3.0, "median_s": 3.0, "max_s": 3.0},
                 "modelreg validate": {"runs": 3, "min_s": 0.1, "median_s": 0.2, "max_s": 0.3},
@@ -157,3 +180,26 @@ def test_report_renders(bench) -> None:
     assert "15.0x" in text
     assert "PASS" in text
     assert "0.200 s" in text
+    assert "note: cold = no cache" in text
+
+
+def test_goals_cover_cold_and_warm() -> None:
+    from benchmarks import registry_scale as rs
+
+    medians = {
+        rs.VALIDATE_COLD: 2.5,
+        rs.VALIDATE_COLD_JOBS1: 3.0,
+        rs.VALIDATE_WARM: 0.5,
+        rs.STATUS_COLD: 2.2,
+        rs.STATUS_WARM: 0.4,
+        rs.GTO_SHOW: 30.0,
+    }
+    ratios = {f"gto show / {k}": 30.0 / v for k, v in medians.items() if k != rs.GTO_SHOW}
+    goals = rs.goals(medians, ratios, total=10_000, quick=False)
+    assert len(goals) == 8
+    by_name = {g["name"]: g["passed"] for g in goals}
+    cold = [name for name in by_name if name.startswith("modelreg validate (cold")]
+    warm = [name for name in by_name if name.startswith("modelreg validate (warm")]
+    assert [by_name[n] for n in cold] == [False, True]
+    assert [by_name[n] for n in warm] == [True, True]
+    assert all("--no-cache" in n for n in cold)
