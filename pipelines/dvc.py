@@ -93,3 +93,51 @@ def add(root: Path, path: Path) -> None:
             repo.add(str(path))
         except DvcException as e:
             raise ToolError(f"dvc add {path} failed: {e}") from None
+
+
+def remote_url(root: Path, name: str | None = None) -> str:
+    """URL of DVC remote ``name`` (the default remote when None), paths made absolute.
+
+    Raises:
+        ToolError: DVC is missing, or no such remote is configured.
+    """
+    with _quiet():
+        config = _repo(root).config
+        remote = name or config["core"].get("remote")
+        remotes = config["remote"]
+        if not remote or remote not in remotes:
+            known = ", ".join(remotes) or "none"
+            raise ToolError(
+                f"DVC remote {remote or '(default)'} is not configured (known: {known})"
+            )
+        return str(remotes[remote]["url"])
+
+
+def push(root: Path, remote: str | None = None) -> int:
+    """``dvc push``: upload every tracked file the remote lacks; returns how many.
+
+    Raises:
+        ToolError: DVC fails (remote unreachable, cache missing a file).
+    """
+    from dvc.exceptions import DvcException
+
+    with _quiet():
+        try:
+            return int(_repo(root).push(remote=remote) or 0)
+        except DvcException as e:
+            raise ToolError(f"dvc push failed: {e}") from None
+
+
+def pull(root: Path, targets: list[str], remote: str | None = None) -> None:
+    """``dvc pull TARGETS``: fetch tracked files into the workspace.
+
+    Raises:
+        ToolError: DVC fails (remote unreachable, file missing there).
+    """
+    from dvc.exceptions import DvcException
+
+    with _quiet():
+        try:
+            _repo(root).pull(targets=targets, remote=remote)
+        except DvcException as e:
+            raise ToolError(f"dvc pull {' '.join(targets)} failed: {e}") from None

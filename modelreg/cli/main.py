@@ -51,6 +51,7 @@ def _register() -> None:
     cli.add_command(trust_cmds.freshness)
     cli.add_command(trust_cmds.verify)
     cli.add_command(trust_cmds.sign)
+    cli.add_command(trust_cmds.publish)
 
 
 _register()

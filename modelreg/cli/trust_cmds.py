@@ -246,3 +246,36 @@ def sign(
     bundle = sign_model(path, key, facts=facts, bundle_path=bundle_path)
     write_bundle(bundle, bundle_path)
     ok(f"signed {path} -> {display_path(bundle_path)}")
+
+
+@click.command()
+@click.option("--no-push", is_flag=True, help="Skip `dvc push` (artifacts already on the remote).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def publish(no_push: bool, as_json: bool) -> None:
+    """Push artifacts with DVC and release every version as signed TUF targets.
+
+    Each version's ONNX file and OMS bundle, and the channels of every model, become
+    targets on the artifact remote; the trust metadata is re-signed (commit it).
+    Idempotent: a second run with nothing new changes nothing.
+    """
+    from pipelines.publish import publish as do_publish
+
+    report = do_publish(Path.cwd(), push=not no_push)
+    if as_json:
+        emit_json(
+            {
+                "remote": str(report.remote),
+                "pushed": report.pushed,
+                "added": report.added,
+                "versions": dict(report.versions),
+                "metadata": [str(p) for p in report.metadata],
+            }
+        )
+        return
+    if not report.changed:
+        ok("nothing to publish: every version is already released")
+        return
+    versions = ", ".join(f"{r} {v}" for r, v in sorted(report.versions.items()))
+    ok(f"published {len(report.added)} target(s) to {report.remote} ({versions})")
+    for target in report.added:
+        click.echo(f"  {target}")

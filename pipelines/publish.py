@@ -1,0 +1,189 @@
+"""``modelreg publish``: upload artifacts with DVC and release them as signed TUF targets.
+
+For every declared version the ONNX artifact and an OMS signature bundle become TUF
+targets (with the model facts as custom data), and the channels of every model become
+the signed ``channels.json``.  Target files are copied to the artifact remote *before*
+the metadata that names them is written, so an interrupted publish leaves nothing a
+device could fetch half-way, and re-running it finishes the job.  Released files are
+immutable: a version already published is never re-signed, so a second run with
+nothing new writes nothing.
+
+The TUF targets live under ``<DVC remote>/modelreg/targets/`` (consistent-snapshot
+names); devices use ``<DVC remote>/modelreg`` as their artifact remote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from pipelines import dvc
+from pipelines.errors import PipelineError
+from registry.checks import validate_paths
+from registry.errors import ManifestError
+from registry.gitinfo import git
+from registry.repository import Repository, VersionEntry, load_repository
+from signing.keys import private_key_from_env
+from signing.oms import ModelFacts, sign_model
+from signing.tuf_facts import ChannelsDoc, TargetFacts, next_channels
+from signing.tuf_repo import TrustRepo
+from signing.workspace import ONLINE, TrustPaths, signer, trust_paths
+
+TUF_SUBDIR: Final = "modelreg"
+
+
+@dataclass(frozen=True)
+class CiContext:
+    """Where a release is being made: the commit and, in CI, the run."""
+
+    git_commit: str
+    ci_run: str | None = None
+    ci_url: str | None = None
+
+    @classmethod
+    def from_env(cls, root: Path, env: Mapping[str, str] | None = None) -> CiContext:
+        """Read ``GITHUB_SHA``/``GITHUB_RUN_ID``/``GITHUB_SERVER_URL``/``GITHUB_REPOSITORY``.
+
+        Outside CI the commit is the work tree's ``HEAD``.
+
+        Raises:
+            ToolError: git is missing or the work tree has no commit.
+        """
+        env = os.environ if env is None else env
+        commit = env.get("GITHUB_SHA") or git(root, "rev-parse", "HEAD").stdout.strip()
+        run = env.get("GITHUB_RUN_ID")
+        url = None
+        if run and env.get("GITHUB_SERVER_URL") and env.get("GITHUB_REPOSITORY"):
+            url = f"{env['GITHUB_SERVER_URL']}/{env['GITHUB_REPOSITORY']}/actions/runs/{run}"
+        return cls(commit, run, url)
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    """What a publish did."""
+
+    remote: Path
+    pushed: int
+    added: list[str] = field(default_factory=list)
+    versions: Mapping[str, int] = field(default_factory=dict)
+    metadata: list[Path] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        """Whether anything new was released."""
+        return bool(self.added or self.metadata)
+
+
+def tuf_remote(root: Path, remote: str | None = None) -> Path:
+    """The folder that receives TUF targets: ``<DVC remote>/modelreg``.
+
+    Raises:
+        PipelineError: the DVC remote is not a local folder (object stores come later).
+        ToolError: no such DVC remote.
+    """
+    url = dvc.remote_url(root, remote)
+    if "://" in url and not url.startswith("file://"):
+        raise PipelineError(
+            f"DVC remote {url} is not a local folder; publishing signed targets there "
+            "is not supported yet"
+        )
+    return Path(url.removeprefix("file://")) / TUF_SUBDIR
+
+
+def _facts(entry: VersionEntry, kind: str, ctx: CiContext) -> TargetFacts:
+    spec = entry.manifest.spec
+    return TargetFacts(
+        kind=kind,  # type: ignore[arg-type]
+        model=entry.name,
+        version=entry.version,
+        git_commit=ctx.git_commit,
+        ci_run=ctx.ci_url or ctx.ci_run,
+        parent=spec.parent,
+        targets=[t.name for t in spec.targets],
+    )
+
+
+def _stage_version(
+    repo: Repository,
+    trust: TrustRepo,
+    entry: VersionEntry,
+    *,
+    ctx: CiContext,
+    paths: TrustPaths,
+    env: Mapping[str, str] | None,
+) -> list[str]:
+    added: list[str] = []
+    artifact = repo.root / entry.manifest.spec.artifact.path
+    target = f"models/{entry.name}/{entry.version}.onnx"
+    bundle_target = f"bundles/{entry.name}/{entry.version}.sigstore.json"
+    if trust.published(target) is None:
+        if not artifact.is_file():
+            raise PipelineError(
+                f"{entry.manifest.spec.artifact.path}: artifact missing from the work tree; "
+                "run `dvc pull` first"
+            )
+        trust.add_target(target, artifact, _facts(entry, "artifact", ctx))
+        added.append(target)
+    if trust.published(bundle_target) is None:
+        key = private_key_from_env("targets", env, paths.keys)
+        facts = ModelFacts(
+            model=entry.name,
+            version=entry.version,
+            git_commit=ctx.git_commit,
+            ci_run=ctx.ci_url or ctx.ci_run or "local",
+            parent=entry.manifest.spec.parent,
+            targets=tuple(t.name for t in entry.manifest.spec.targets),
+        )
+        bundle = sign_model(artifact, key, model_name=f"{entry.name}-{entry.version}", facts=facts)
+        data = json.dumps(bundle, separators=(",", ":")).encode()
+        trust.add_target(bundle_target, data, _facts(entry, "bundle", ctx))
+        added.append(bundle_target)
+    return added
+
+
+def publish(
+    start: Path, *, env: Mapping[str, str] | None = None, push: bool = True
+) -> PublishReport:
+    """Push artifacts and release every version as signed TUF targets.
+
+    Raises:
+        ManifestError: the manifests are invalid (nothing is published).
+        PipelineError: an artifact is missing or the remote is not a local folder.
+        KeyMaterialError: the targets, snapshot or timestamp key is not available.
+        ToolError: DVC or git fails.
+        VerificationError: the trust metadata in the repository does not verify.
+    """
+    repo = load_repository(start)
+    problems = validate_paths(repo)
+    if problems:
+        raise ManifestError(problems)
+    paths = trust_paths(repo.root, repo.config)
+    # Every key is resolved before anything is pushed or written: a missing secret
+    # fails the job at once instead of half-way.
+    signers = {role: signer(paths, role, env) for role in ONLINE}
+    remote = tuf_remote(repo.root, repo.config.remote)
+    pushed = dvc.push(repo.root, repo.config.remote) if push else 0
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    ctx = CiContext.from_env(repo.root, env)
+    added: list[str] = []
+    for entry in repo.all_versions():
+        added.extend(_stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env))
+    previous: ChannelsDoc | None = trust.load_channels(remote)
+    desired = {
+        name: {
+            channel: (a.version, a.rollout.percent if a.rollout else None)
+            for channel, a in model.manifest.spec.channels.items()
+        }
+        for name, model in repo.models.items()
+    }
+    channels = next_channels(previous, desired)
+    if channels is not previous:
+        trust.set_channels(channels, previous)
+        added.append("channels.json")
+    trust.write_targets_to(remote)
+    result = trust.publish(signers)
+    return PublishReport(remote, pushed, added, dict(result.versions), list(result.written))

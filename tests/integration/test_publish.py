@@ -1,0 +1,119 @@
+"""`modelreg publish` on a real git + DVC repository, verified by a real device client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from edge_sync.trust import DeviceTrust
+from signing.errors import TargetMismatchError
+from signing.oms import verify_model
+from tests.conftest import git
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def released(tmp_path: Path, cli, example_models: Path) -> Path:
+    root = tmp_path / "fleet"
+    assert cli("init", str(root), cwd=tmp_path).code == 0
+    assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=root).code == 0
+    for version in ("1.0.0", "1.1.0"):
+        r = cli("version", "add", "mlp", version, "--artifact",
+                str(example_models / f"mlp/{version}.onnx"), "--target", "cpu=onnxruntime",
+                cwd=root)  # fmt: skip
+        assert r.code == 0, r.err
+    assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=root).code == 0
+    assert cli("promote", "mlp", "1.0.0", "-c", "production", cwd=root).code == 0
+    assert cli("promote", "mlp", "1.1.0", "-c", "canary", "--percent", "10", cwd=root).code == 0
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "mlp 1.0.0 and 1.1.0")
+    r = cli("publish", "--json", cwd=root)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert report["pushed"] == 2
+    assert sorted(report["added"]) == [
+        "bundles/mlp/1.0.0.sigstore.json",
+        "bundles/mlp/1.1.0.sigstore.json",
+        "channels.json",
+        "models/mlp/1.0.0.onnx",
+        "models/mlp/1.1.0.onnx",
+    ]
+    return root
+
+
+def device(root: Path, tmp_path: Path, name: str = "device") -> DeviceTrust:
+    state = tmp_path / name
+    if not state.exists():
+        DeviceTrust.provision(state, (root / "trust/metadata/1.root.json").read_bytes())
+    return DeviceTrust(state, root, root / ".modelreg/remote/modelreg")
+
+
+def test_device_gets_verified_artifacts_bundles_and_channels(
+    released: Path, tmp_path: Path, example_models: Path
+) -> None:
+    trust = device(released, tmp_path)
+    trust.refresh()
+    channels = trust.channels().models["mlp"]
+    assert channels["production"].version == "1.0.0"
+    assert channels["canary"].version == "1.1.0"
+    assert channels["canary"].percent == 10
+    head = git(released, "rev-parse", "HEAD").strip()
+    info = trust.target_info("models/mlp/1.1.0.onnx")
+    assert info.facts.model == "mlp"
+    assert info.facts.version == "1.1.0"
+    assert info.facts.parent == "1.0.0"
+    assert info.facts.git_commit == head
+    assert info.facts.targets == ["cpu"]
+    model = trust.fetch("models/mlp/1.1.0.onnx", tmp_path / "got", model="mlp", version="1.1.0",
+                        kind="artifact")  # fmt: skip
+    assert model.read_bytes() == (example_models / "mlp/1.1.0.onnx").read_bytes()
+    bundle = trust.fetch("bundles/mlp/1.1.0.sigstore.json", tmp_path / "got", kind="bundle")
+    verified = verify_model(model, bundle, released / ".modelreg/keys/targets.pub")
+    assert verified.facts is not None
+    assert verified.facts.git_commit == head
+    with pytest.raises(TargetMismatchError):
+        trust.fetch("models/mlp/1.0.0.onnx", tmp_path / "got", model="mlp", version="1.1.0")
+
+
+def test_publish_is_idempotent_and_follows_promotions(released: Path, cli, tmp_path: Path) -> None:
+    before = {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()}
+    again = cli("publish", "--json", cwd=released)
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["added"] == []
+    assert json.loads(again.out)["metadata"] == []
+    assert {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()} == before
+    trust = device(released, tmp_path)
+    trust.refresh()
+    first = trust.channels()
+    assert cli("promote", "mlp", "1.1.0", "-c", "production", cwd=released).code == 0
+    r = cli("publish", "--json", cwd=released)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["added"] == ["channels.json"]
+    trust.refresh()
+    second = trust.channels()
+    assert second.sequence > first.sequence
+    assert second.models["mlp"]["production"].version == "1.1.0"
+    assert second.models["mlp"]["production"].sequence > first.models["mlp"]["production"].sequence
+    assert second.models["mlp"]["canary"].sequence == first.models["mlp"]["canary"].sequence
+
+
+def test_publish_refuses_invalid_manifests_and_missing_keys(
+    released: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = released / "manifests/mlp/model.yaml"
+    good = model.read_text()
+    model.write_text(good.replace("production: 1.0.0", "production: 9.9.9"))
+    r = cli("publish", cwd=released)
+    assert r.code == 1
+    assert "points at version 9.9.9, which is not declared" in r.err
+    model.write_text(good)
+    assert cli("promote", "mlp", "1.1.0", "-c", "production", cwd=released).code == 0
+    (released / ".modelreg/keys/timestamp.key").rename(released / "timestamp.key.away")
+    r = cli("publish", cwd=released)
+    assert r.code == 1
+    assert "no timestamp key: set $MODELREG_TIMESTAMP_KEY" in r.err
+    monkeypatch.setenv("MODELREG_TIMESTAMP_KEY", str(released / "timestamp.key.away"))
+    assert cli("publish", cwd=released).code == 0
