@@ -55,6 +55,34 @@ class Demo:
             raise SystemExit(f"demo failed: `{shown}` exited {proc.returncode}, expected {expect}")
         return proc.stdout
 
+    def device(self) -> None:
+        """What a device verifies (the edge daemon builds on this)."""
+        from edge_sync.trust import DeviceTrust
+        from signing.errors import VerificationError
+
+        print("$ # on a device provisioned with trust/metadata/1.root.json")
+        state = self.work / "device"
+        DeviceTrust.provision(state, (self.repo / "trust/metadata/1.root.json").read_bytes())
+        remote = self.repo / ".modelreg/remote/modelreg"
+        trust = DeviceTrust(state, self.repo, remote)
+        trust.refresh()
+        production = trust.channels().models["mlp"]["production"]
+        path = f"models/mlp/{production.version}.onnx"
+        got = trust.fetch(path, state / "artifacts", model="mlp", version=production.version)
+        facts = trust.target_info(path).facts
+        print(f"  production is mlp {production.version} (sequence {production.sequence})")
+        print(f"  fetched {got.name}: signed by CI at commit {facts.git_commit}, verified")
+        stored = next((remote / "targets/models/mlp").glob(f"*.{production.version}.onnx"))
+        original = stored.read_bytes()
+        stored.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+        got.unlink()
+        try:
+            trust.fetch(path, state / "artifacts")
+        except VerificationError as e:
+            print(f"  a tampered copy on the remote is refused: {e}")
+        finally:
+            stored.write_bytes(original)
+
     def main(self) -> None:
         """The whole story."""
         self.step("Example models (ONNX, built locally with onnx.helper)")
@@ -82,6 +110,12 @@ class Demo:
                  "--target", "cpu=onnxruntime")  # fmt: skip
         self.run("git", "commit", "-qm", "mlp 1.1.0")
 
+        self.review()
+        self.trust()
+        print(f"\nThe demo repository is in {self.repo}")
+
+    def review(self) -> None:
+        """Promotion policy, a broken pull request, the state table."""
         self.step("Promotion follows the policy: canary before production")
         self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "production", expect=1)
         self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "canary")
@@ -106,6 +140,8 @@ class Demo:
         self.run("modelreg", "validate")
         self.run("modelreg", "status")
 
+    def trust(self) -> None:
+        """Signing, publishing, what a device verifies, key lifecycle."""
         self.step("Trust: an OMS signature bundle for the release, checked byte for byte")
         bundle = "../mlp-1.1.0.sigstore.json"
         head = self.run("git", "rev-parse", "--short", "HEAD").strip()
@@ -121,13 +157,18 @@ class Demo:
         self.run("modelreg", "verify", "../tampered.onnx", "--bundle", bundle,
                  "--public-key", ".modelreg/keys/targets.pub", expect=1)  # fmt: skip
 
+        self.step("Release: artifacts pushed, bundles and channels published as signed TUF targets")
+        self.run("modelreg", "publish")
+        self.run("git", "add", "trust")
+        self.run("git", "commit", "-qm", "release: signed metadata [skip ci]")
+        self.device()
+
         self.step("Trust: TUF metadata kept fresh, and an online key rotated")
         self.run("modelreg", "freshness", "refresh")
         self.run("modelreg", "keys", "rotate", "--role", "timestamp")
         self.run("git", "add", "trust")
         self.run("git", "commit", "-qm", "rotate the timestamp key")
         self.run("git", "ls-files", "trust")
-        print(f"\nThe demo repository is in {self.repo}")
 
 
 def main(argv: list[str] | None = None) -> None:
