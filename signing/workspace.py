@@ -202,3 +202,33 @@ def revoke(
     return repo.revoke_key(
         role, keyid, [signer(paths, "root", env)], replacement=new_key, signers=signers
     )
+
+
+def release_state(
+    root: Path, config: RepoConfig
+) -> dict[tuple[str, str], tuple[bool, bool]] | None:
+    """Per (model, version): whether its OMS bundle and its artifact are released.
+
+    Read from the signed targets metadata (verified on load).  None when the
+    repository has no trust metadata at all.
+
+    Raises:
+        VerificationError: the trust metadata in the repository does not verify.
+    """
+    paths = trust_paths(root, config)
+    if not (paths.metadata / "1.root.json").is_file():
+        return None
+    repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    state: dict[tuple[str, str], tuple[bool, bool]] = {}
+    for target in repo.targets:
+        parts = target.split("/")
+        if len(parts) != 3 or parts[0] not in ("models", "bundles"):
+            continue
+        version = parts[2].removesuffix(".onnx").removesuffix(".sigstore.json")
+        signed, published = state.get((parts[1], version), (False, False))
+        if parts[0] == "bundles":
+            signed = True
+        else:
+            published = True
+        state[(parts[1], version)] = (signed, published)
+    return state

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from modelreg.cli._output import emit_json, error_lines, is_tty, ok, problem_json
 from registry.errors import ManifestError, Problem
+
+if TYPE_CHECKING:
+    from registry.status import VersionStatus
 
 
 def _standalone(paths: list[Path]) -> tuple[list[Problem], int]:
@@ -117,11 +121,12 @@ def status(as_json: bool, model_name: str | None, no_cache: bool) -> None:
     from registry.status_report import repository_status
 
     report = repository_status(Path.cwd(), model=model_name, cache=not no_cache)
+    rows = _with_release_state(report.root, report.rows)
     if as_json:
         emit_json(
             {
                 "root": str(report.root),
-                "versions": [r.to_json() for r in report.rows],
+                "versions": [r.to_json() for r in rows],
                 "problems": [problem_json(p) for p in report.problems],
             }
         )
@@ -129,14 +134,34 @@ def status(as_json: bool, model_name: str | None, no_cache: bool) -> None:
         from registry.status import render_table
 
         if is_tty():
-            _rich_table(report.rows)
+            _rich_table(rows)
         else:
-            click.echo(render_table(report.rows), nl=False)
+            click.echo(render_table(rows), nl=False)
         if report.problems:
             error_lines([f"{len(report.problems)} manifest problem(s); run `modelreg validate`"])
 
 
-def _rich_table(rows: list) -> None:  # type: ignore[type-arg]
+def _with_release_state(root: Path, rows: list[VersionStatus]) -> list[VersionStatus]:
+    """Fill the signed/published columns from the repository's signed TUF targets."""
+    import dataclasses
+
+    from registry.config import load_config
+    from signing.workspace import release_state
+
+    state = release_state(root, load_config(root))
+    if state is None:
+        return rows
+    return [
+        dataclasses.replace(
+            r,
+            signed=state.get((r.model, r.version), (False, False))[0],
+            published=state.get((r.model, r.version), (False, False))[1],
+        )
+        for r in rows
+    ]
+
+
+def _rich_table(rows: list[VersionStatus]) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -117,3 +117,18 @@ def test_publish_refuses_invalid_manifests_and_missing_keys(
     assert "no timestamp key: set $MODELREG_TIMESTAMP_KEY" in r.err
     monkeypatch.setenv("MODELREG_TIMESTAMP_KEY", str(released / "timestamp.key.away"))
     assert cli("publish", cwd=released).code == 0
+
+
+def test_status_shows_signed_and_published(released: Path, cli, example_models: Path) -> None:
+    rows = json.loads(cli("status", "--json", cwd=released).out)["versions"]
+    assert [(r["version"], r["signed"], r["published"]) for r in rows] == [
+        ("1.0.0", True, True),
+        ("1.1.0", True, True),
+    ]
+    r = cli("version", "add", "mlp", "2.0.0", "--artifact", str(example_models / "mlp/2.0.0.onnx"),
+            cwd=released)  # fmt: skip
+    assert r.code == 0, r.err
+    table = cli("status", cwd=released).out.splitlines()
+    assert table[3].split()[:2] == ["mlp", "2.0.0"]
+    assert table[3].split()[-2:] == ["no", "no"]
+    assert table[1].split()[-2:] == ["yes", "yes"]

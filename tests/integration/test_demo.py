@@ -1,0 +1,28 @@
+"""`make demo` runs end to end (the story a newcomer sees must not rot)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "modelreg.demo", "--dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert "must be promoted to 'canary' before 'production'" in out
+    assert "unknown key 'fromat'; did you mean 'format'?" in out
+    assert "a tampered copy on the remote is refused" in out
+    assert "differ from their signed digest" in out
+    assert "Traceback" not in out + proc.stderr
