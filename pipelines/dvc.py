@@ -13,24 +13,38 @@ from typing import Any
 
 from registry.errors import ToolError
 
+_LOGGERS = ("dvc", "dvc_data", "dvc_objects")
+
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    # DVC reports usage analytics unless told not to; never phone home from CI or tests.
+def quiet() -> Iterator[None]:
+    """Run DVC without its console output: we report results and failures ourselves.
+
+    DVC, dvc_data and dvc_objects log on their own loggers ("Initialized DVC
+    repository.", multi-line warnings that repeat a failure we report in one line),
+    and DVC reports usage analytics unless told not to: never phone home from CI.
+    """
     os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-    logger = logging.getLogger("dvc")
-    level = logger.level
-    logger.setLevel(logging.WARNING)  # "Initialized DVC repository." etc. are ours to say
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
     try:
         # DVC's own deprecation noise (e.g. pygtrie's _NoneStep.value) is not the user's.
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             yield
     finally:
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
 
 
-def _repo(root: Path) -> Any:
+def open_repo(root: Path) -> Any:
+    """A ``dvc.repo.Repo`` for ``root``.
+
+    Raises:
+        ToolError: DVC is not installed.
+    """
     try:
         from dvc.repo import Repo
     except ImportError:
@@ -49,7 +63,7 @@ def init(root: Path, *, subdir: bool = False) -> None:
         from dvc.repo import Repo
     except ImportError:
         raise ToolError("DVC is not installed; install modelreg[ci]") from None
-    with _quiet():
+    with quiet():
         try:
             if not (root / ".dvc").is_dir():
                 Repo.init(str(root), subdir=subdir)
@@ -69,9 +83,9 @@ def set_remote(root: Path, name: str, url: str) -> None:
     """
     from dvc.exceptions import DvcException
 
-    with _quiet():
+    with quiet():
         try:
-            repo = _repo(root)
+            repo = open_repo(root)
             with repo.config.edit() as conf:
                 conf["remote"][name] = {"url": url}
                 conf["core"]["remote"] = name
@@ -87,9 +101,9 @@ def add(root: Path, path: Path) -> None:
     """
     from dvc.exceptions import DvcException
 
-    with _quiet():
+    with quiet():
         try:
-            repo = _repo(root)
+            repo = open_repo(root)
             repo.add(str(path))
         except DvcException as e:
             raise ToolError(f"dvc add {path} failed: {e}") from None
@@ -101,8 +115,8 @@ def remote_url(root: Path, name: str | None = None) -> str:
     Raises:
         ToolError: DVC is missing, or no such remote is configured.
     """
-    with _quiet():
-        config = _repo(root).config
+    with quiet():
+        config = open_repo(root).config
         remote = name or config["core"].get("remote")
         remotes = config["remote"]
         if not remote or remote not in remotes:
@@ -121,9 +135,9 @@ def push(root: Path, remote: str | None = None) -> int:
     """
     from dvc.exceptions import DvcException
 
-    with _quiet():
+    with quiet():
         try:
-            return int(_repo(root).push(remote=remote) or 0)
+            return int(open_repo(root).push(remote=remote) or 0)
         except DvcException as e:
             raise ToolError(f"dvc push failed: {e}") from None
 
@@ -136,8 +150,8 @@ def pull(root: Path, targets: list[str], remote: str | None = None) -> None:
     """
     from dvc.exceptions import DvcException
 
-    with _quiet():
+    with quiet():
         try:
-            _repo(root).pull(targets=targets, remote=remote)
+            open_repo(root).pull(targets=targets, remote=remote)
         except DvcException as e:
             raise ToolError(f"dvc pull {' '.join(targets)} failed: {e}") from None

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from pipelines.build_checks import ort_errors
 from pipelines.errors import ArtifactError
 
 
@@ -36,7 +37,7 @@ def record_outputs(model: Path, inputs_npz: Path) -> tuple[bytes, bytes]:
             )
         names = [o.name for o in session.get_outputs()]
         values = session.run(names, inputs)
-    except (RuntimeError, ValueError) as e:  # ORT raises these for bad inputs/graphs
+    except ort_errors() as e:
         raise ArtifactError(str(model), f"ONNX Runtime failed: {e}") from None
     return _npz(inputs), _npz(dict(zip(names, values, strict=True)))
 
