@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from modelreg.cli._output import emit_json, error_lines, ok
-from pipelines.build import STAGES, BuildError, BuildRecord, BuildReport
+
+if TYPE_CHECKING:  # pipelines loads ONNX/DVC helpers: only when the command runs
+    from pipelines.build import BuildRecord, BuildReport
 
 
 @click.command()
@@ -27,6 +30,7 @@ def build(name: str | None, version_: str | None, base: str | None, as_json: boo
     REF; otherwise every version. Records go to .modelreg/build/<model>/<version>/.
     Every problem is printed, one line each; the exit code is 1 if there are any.
     """
+    from pipelines.build import BuildError
     from pipelines.build import build as run_build
 
     if name is not None and version_ is None:
@@ -59,6 +63,8 @@ def _show(report: BuildReport, as_json: bool) -> None:
 
 
 def render_table(records: list[BuildRecord]) -> str:
+    from pipelines.build import STAGES
+
     """Versions by stage timings (ms; ``-`` for a stage that did not run), as text."""
     header = ["model", "version", "result", *(f"{s} ms" for s in STAGES), "targets"]
     rows = [header]

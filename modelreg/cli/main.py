@@ -38,7 +38,7 @@ def cli(traceback: bool) -> None:
 
 
 def _register() -> None:
-    from modelreg.cli import build_cmd, check_cmds, repo_cmds, trust_cmds
+    from modelreg.cli import build_cmd, check_cmds, diff_cmd, repo_cmds, trust_cmds
 
     cli.add_command(repo_cmds.init)
     cli.add_command(repo_cmds.model)
@@ -53,6 +53,7 @@ def _register() -> None:
     cli.add_command(trust_cmds.sign)
     cli.add_command(trust_cmds.publish)
     cli.add_command(build_cmd.build)
+    cli.add_command(diff_cmd.diff)
 
 
 _register()

@@ -1,0 +1,127 @@
+"""``modelreg diff`` on real git + DVC repositories."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modelreg.cli.diff_cmd import diff
+from tests.conftest import git
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def diff_registered() -> Iterator[None]:
+    """Register ``diff`` on the CLI group for these tests unless main.py already does."""
+    from modelreg.cli.main import cli as group
+
+    added = "diff" not in group.commands
+    if added:
+        group.add_command(diff)
+    yield
+    if added:
+        group.commands.pop("diff")
+
+
+@pytest.fixture
+def repo(tmp_path: Path, cli, example_models: Path) -> Path:
+    """mlp 1.0.0 on main; a feature branch adding mlp 1.1.0, 2.0.0 and a new cnn model."""
+    root = tmp_path / "models-repo"
+    assert cli("init", str(root), cwd=tmp_path).code == 0
+    assert cli("model", "add", "mlp", cwd=root).code == 0
+
+    def add(model: str, version: str, *extra: str) -> None:
+        files = example_models / model
+        r = cli("version", "add", model, version, "--artifact", str(files / f"{version}.onnx"),
+                "--golden-inputs", str(files / f"{version}.inputs.npz"), *extra,
+                cwd=root)  # fmt: skip
+        assert r.code == 0, r.err
+
+    add("mlp", "1.0.0", "--metric", "accuracy=0.912")
+    git(root, "commit", "-qm", "mlp 1.0.0")
+    git(root, "checkout", "-qb", "feature")
+    add("mlp", "1.1.0", "--metric", "accuracy=0.924")
+    add("mlp", "2.0.0", "--metric", "accuracy=0.931")
+    assert cli("model", "add", "cnn", cwd=root).code == 0
+    add("cnn", "1.0.0")
+    git(root, "commit", "-qm", "mlp 1.1.0, 2.0.0; cnn 1.0.0")
+    return root
+
+
+def test_diff_two_versions_prints_markdown(repo: Path, cli) -> None:
+    r = cli("diff", "mlp", "1.0.0", "1.1.0", cwd=repo)
+    assert r.code == 0, r.err
+    assert r.out.startswith("### Model diff: mlp 1.0.0 → 1.1.0\n\n**Weights only**: 4 of 16")
+    assert "| `accuracy` | 0.912 | 0.924 | +0.012 | +1.32 % |" in r.out
+    assert "| `default` | `probs` |" in r.out  # drift on the 1.1.0 goldens
+
+
+def test_diff_json_output_file_and_step_summary(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    comment = tmp_path / "comment.md"
+    r = cli("diff", "mlp", "1.1.0", "2.0.0", "--json", "--output", str(comment), cwd=repo)
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["verdict"] == "graph change"
+    assert [o["op_type"] for o in data["graph"]["ops"] if o["added"]] == ["Add", "MatMul", "Relu"]
+    markdown = comment.read_text()
+    assert markdown.startswith("### Model diff: mlp 1.1.0 → 2.0.0\n")
+    assert summary.read_text() == markdown + "\n"
+
+
+def test_diff_against_base_ref(repo: Path, cli) -> None:
+    r = cli("diff", "--base", "main", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["base"] == "main"
+    pairs = [
+        (d["model"], d["old"]["label"], d["new"]["label"], d["verdict"]) for d in data["diffs"]
+    ]
+    assert pairs == [
+        ("mlp", "1.0.0", "1.1.0", "weights only"),
+        ("mlp", "1.1.0", "2.0.0", "graph change"),
+    ]
+    assert data["without_parent"] == [{"model": "cnn", "version": "1.0.0"}]
+    md = cli("diff", "--base", "main", cwd=repo)
+    assert md.code == 0, md.err
+    assert md.out.startswith("## Model diffs against `main`\n")
+    assert "- `cnn` 1.0.0: new model version without a parent; nothing to diff." in md.out
+    assert md.out.count("### Model diff: mlp") == 2
+    # nothing changed against the branch itself
+    same = cli("diff", "--base", "HEAD", cwd=repo)
+    assert same.code == 0, same.err
+    assert "No model version changed." in same.out
+
+
+def test_diff_domain_errors_exit_1_with_one_line(repo: Path, cli) -> None:
+    unknown = cli("diff", "mlp", "1.0.0", "9.9.9", cwd=repo)
+    assert unknown.code == 1
+    assert unknown.err.strip() == (
+        "manifests/mlp/versions/9.9.9.yaml: version 9.9.9 is not declared for model 'mlp' "
+        "(declared: 1.0.0, 1.1.0, 2.0.0)"
+    )
+    (repo / "models/mlp/1.1.0.onnx").unlink()  # as after a fresh clone without `dvc pull`
+    missing = cli("diff", "mlp", "1.0.0", "1.1.0", cwd=repo)
+    assert missing.code == 1
+    assert missing.err.strip() == (
+        "modelreg: models/mlp/1.1.0.onnx: artifact of mlp 1.1.0 is not in the workspace; "
+        "fetch it with `dvc pull models/mlp/1.1.0.onnx`"
+    )
+    bad_ref = cli("diff", "--base", "no-such-ref", cwd=repo)
+    assert bad_ref.code == 1
+    assert bad_ref.err.startswith("modelreg: git diff")
+    assert len(bad_ref.err.strip().splitlines()) == 1
+
+
+def test_diff_usage_errors_exit_2(repo: Path, cli) -> None:
+    assert cli("diff", "mlp", "1.0.0", cwd=repo).code == 2
+    both = cli("diff", "mlp", "1.0.0", "1.1.0", "--base", "main", cwd=repo)
+    assert both.code == 2
+    assert "not both" in both.err
