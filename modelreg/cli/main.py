@@ -38,7 +38,15 @@ def cli(traceback: bool) -> None:
 
 
 def _register() -> None:
-    from modelreg.cli import build_cmd, check_cmds, diff_cmd, repo_cmds, trust_cmds
+    from modelreg.cli import (
+        build_cmd,
+        check_cmds,
+        ci_cmds,
+        diff_cmd,
+        register_cmd,
+        repo_cmds,
+        trust_cmds,
+    )
 
     cli.add_command(repo_cmds.init)
     cli.add_command(repo_cmds.model)
@@ -54,6 +62,8 @@ def _register() -> None:
     cli.add_command(trust_cmds.publish)
     cli.add_command(build_cmd.build)
     cli.add_command(diff_cmd.diff)
+    cli.add_command(ci_cmds.ci)
+    cli.add_command(register_cmd.register)
 
 
 _register()

@@ -1,0 +1,245 @@
+"""``modelreg ci pr`` and ``modelreg ci release``: what the GitHub workflows run.
+
+``ci pr`` answers a reviewer's questions about a pull request in one comment: are the
+manifests valid, does every promotion follow its model's policy, do the changed
+versions load and pass their goldens, and what changed against their parents.  Every
+problem is also one line on stderr, and the exit code is 1 if there is any.
+
+``ci release`` runs on the main branch: it builds the versions not yet released,
+publishes them (DVC push, OMS bundles, signed TUF targets and channels) and commits
+the re-signed metadata with ``[skip ci]``; with nothing new it changes nothing.
+
+Both read the GitHub Actions environment when present (``GITHUB_SHA``,
+``GITHUB_RUN_ID``, ``GITHUB_SERVER_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_EVENT_PATH``,
+``GITHUB_STEP_SUMMARY``, ``GITHUB_OUTPUT``) and work without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from pipelines.build import BuildError, build
+from pipelines.diff import diff_against_base
+from pipelines.diff_report import append_step_summary, base_json, base_markdown
+from registry.atomic import write_atomic
+from registry.checks import validate_paths
+from registry.errors import ManifestError, Problem
+from registry.gitinfo import git
+from registry.loader import load_manifest
+from registry.policy import promotion_violations
+from registry.repository import Repository, load_repository
+from registry.schema import RegisteredModel
+from registry.yamlsrc import parse_yaml
+
+CI_DIR: Final = ".modelreg/ci"
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """What the CI run knows about the pull request."""
+
+    base: str
+    target_branch: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], base: str | None) -> PullRequest:
+        """From ``GITHUB_EVENT_PATH`` (a pull_request event), else ``base``.
+
+        Raises:
+            ValueError: no base given and no pull-request event to read it from.
+        """
+        event: dict[str, Any] = {}
+        path = env.get("GITHUB_EVENT_PATH")
+        if path and Path(path).is_file():
+            event = json.loads(Path(path).read_text(encoding="utf-8"))
+        pr = event.get("pull_request") or {}
+        found = base or (pr.get("base") or {}).get("sha")
+        if not found:
+            raise ValueError("no base to compare against: pass --base REF or run on a pull_request")
+        branch = (pr.get("base") or {}).get("ref") or env.get("GITHUB_BASE_REF")
+        return cls(found, branch)
+
+
+@dataclass
+class CiReport:
+    """Everything one CI run found, for the comment, the JSON report and the exit code."""
+
+    kind: str
+    problems: list[str] = field(default_factory=list)
+    sections: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run found nothing wrong."""
+        return not self.problems
+
+
+def _base_model(root: Repository, base: str, name: str) -> RegisteredModel | None:
+    rel = (root.root / root.config.manifests / name / "model.yaml").relative_to(root.root)
+    proc = git(root.root, "show", f"{base}:{rel.as_posix()}", check=False)
+    if proc.returncode != 0:
+        return None  # a model new in this pull request
+    try:
+        manifest = load_manifest(parse_yaml(proc.stdout.encode(), f"{base}:{rel}"))
+    except ManifestError:
+        return None  # the base was broken; today's validation speaks for the head
+    return manifest if isinstance(manifest, RegisteredModel) else None
+
+
+def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
+    """Promotions in this pull request that break their model's policy.
+
+    A channel that changed must follow the promotion order as it stood on the base
+    (the version served the channel before it), and a pull request that changes
+    channels must target the model's promotion branch.
+    """
+    problems: list[Problem] = []
+    for name, entry in sorted(repo.models.items()):
+        head = entry.manifest
+        base = _base_model(repo, pr.base, name)
+        before = base.spec.channels if base is not None else {}
+        declared = set(repo.versions.get(name, {}))
+        for channel, assignment in sorted(head.spec.channels.items()):
+            if channel in before and before[channel].version == assignment.version:
+                continue  # unchanged (a rollout percent may move freely)
+            # A model new in this pull request starts from no channels at all.
+            reference = base or head.model_copy(
+                update={"spec": head.spec.model_copy(update={"channels": {}})}
+            )
+            line, col = entry.doc.position(("spec", "channels", channel))
+            where = f"spec.channels.{channel}"
+            problems.extend(
+                Problem(entry.file, reason, line, col, where)
+                for reason in promotion_violations(reference, declared, assignment.version, channel)
+            )
+            branch = head.spec.promotion.branch
+            if pr.target_branch and pr.target_branch != branch:
+                problems.append(
+                    Problem(
+                        entry.file,
+                        f"promotions of {name!r} must target branch {branch!r}, "
+                        f"not {pr.target_branch!r}",
+                        line,
+                        col,
+                        where,
+                    )
+                )
+    return problems
+
+
+def _write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path:
+    folder = root / CI_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    comment = folder / f"{report.kind}-comment.md"
+    write_atomic(comment, ("\n\n".join(report.sections) + "\n").encode())
+    payload = {"ok": report.ok, "problems": report.problems, **report.data}
+    write_atomic(
+        folder / f"{report.kind}-report.json", (json.dumps(payload, indent=2) + "\n").encode()
+    )
+    append_step_summary(comment.read_text(encoding="utf-8"))
+    output = env.get("GITHUB_OUTPUT")
+    if output:
+        with Path(output).open("a", encoding="utf-8") as fh:
+            fh.write(f"comment={comment}\nok={'true' if report.ok else 'false'}\n")
+    return comment
+
+
+def ci_pr(
+    start: Path, *, base: str | None = None, env: Mapping[str, str] | None = None
+) -> CiReport:
+    """Validate, check policy, build and diff what a pull request changes.
+
+    Raises:
+        RepositoryError: not inside a repository.
+        ValueError: no base ref to compare against.
+        ToolError: git or DVC fails.
+    """
+    env = os.environ if env is None else env
+    repo = load_repository(start)
+    pr = PullRequest.from_env(env, base)
+    report = CiReport("pr", data={"base": pr.base})
+    problems = validate_paths(repo)
+    if not problems:
+        problems = policy_problems(repo, pr)
+    report.problems.extend(str(p) for p in sorted(problems, key=Problem.sort_key))
+    status = "passed" if not problems else f"{len(problems)} problem(s)"
+    checks = [f"- manifests and promotion policy: {status}"]
+    if not problems:
+        try:
+            built = build(repo.root, base=pr.base)
+        except BuildError as e:
+            built = e.report
+            report.problems.extend(str(p) for p in e.problems)
+        report.data["build"] = built.to_json()
+        checks.append(
+            f"- build: {len(built.records)} changed version(s), "
+            + ("all passed" if built.ok else f"{len(built.problems)} problem(s)")
+        )
+        diffs = diff_against_base(repo.root, pr.base)
+        report.data["diff"] = base_json(diffs)
+        report.sections.append(base_markdown(diffs))
+    verdict = "✅ ready for review" if report.ok else "❌ changes needed"
+    head = ["## modelreg", "", f"**{verdict}** (against `{pr.base[:12]}`)", "", *checks]
+    if report.problems:
+        head += ["", "```", *report.problems, "```"]
+    report.sections.insert(0, "\n".join(head))
+    _write_outputs(repo.root, report, env)
+    return report
+
+
+def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport:
+    """Build what is not yet released, publish it, and commit the signed metadata.
+
+    Raises:
+        ManifestError: the manifests are invalid.
+        KeyMaterialError: an online key is missing.
+        ToolError: git or DVC fails.
+    """
+    from pipelines.publish import publish
+    from signing.workspace import release_state, trust_paths
+
+    env = os.environ if env is None else env
+    repo = load_repository(start)
+    problems = validate_paths(repo)
+    if problems:
+        raise ManifestError(problems)
+    report = CiReport("release")
+    state = release_state(repo.root, repo.config) or {}
+    pending = [
+        (e.name, e.version)
+        for e in repo.all_versions()
+        if not state.get((e.name, e.version), (0, 0))[1]
+    ]
+    if pending:
+        try:
+            built = build(repo.root, versions=pending)
+        except BuildError as e:
+            report.problems.extend(str(p) for p in e.problems)
+            report.data["build"] = e.report.to_json()
+            report.sections.append("## modelreg release\n\n**❌ build failed; nothing published**")
+            _write_outputs(repo.root, report, env)
+            return report
+        report.data["build"] = built.to_json()
+    published = publish(repo.root, env=env)
+    report.data["published"] = published.added
+    metadata = trust_paths(repo.root, repo.config).metadata
+    committed = None
+    if published.changed:
+        git(repo.root, "add", "--", str(metadata))
+        if git(
+            repo.root, "diff", "--cached", "--quiet", "--", str(metadata), check=False
+        ).returncode:
+            message = f"modelreg release: {len(published.added)} target(s) [skip ci]"
+            git(repo.root, "commit", "-q", "-m", message, "--", str(metadata))
+            committed = git(repo.root, "rev-parse", "HEAD").stdout.strip()
+    report.data["commit"] = committed
+    lines = [f"- `{t}`" for t in published.added] or ["- nothing new: every version is released"]
+    report.sections.append("\n".join(["## modelreg release", "", *lines]))
+    _write_outputs(repo.root, report, env)
+    return report

@@ -1,0 +1,488 @@
+"""``modelreg register``: mirror released versions and channels into MLflow (stable API).
+
+Git is the source of truth and MLflow its mirror.  Each RegisteredModel becomes one MLflow
+registered model; each released ModelVersion (its manifest committed) becomes one MLflow
+model version, logged with the ONNX flavor so ``mlflow.onnx.load_model("models:/mlp@prod")``
+works for anyone, and tagged with where it came from::
+
+    modelreg.semver         1.1.0              how modelreg finds the version again
+    modelreg.git_commit     <sha>              last commit of the version's manifest
+    modelreg.sha256         <hex>              of the ONNX file (MLflow holds those bytes)
+    modelreg.dvc_md5        <hex>              DVC's digest, from the .dvc pointer
+    modelreg.parent         1.0.0              absent for a first version
+    modelreg.bundle_digest  <hex>              SHA-256 of the OMS bundle, when given
+    modelreg.diff_summary   <text>             when given
+    modelreg.ci_run_id/url                     the CI run that registered it (GitHub env)
+
+Aliases mirror the channels exactly: ``production`` in ``model.yaml`` is alias
+``production`` on the MLflow version of that SemVer, and an alias with no channel is
+removed.  Registering again changes only what differs; :func:`check_drift` reports the
+differences (hand edits in MLflow) without changing anything.
+
+Tracking URI: the ``tracking_uri`` argument, else ``MLFLOW_TRACKING_URI``, else
+``mlflow.uri`` of ``modelreg.yaml``, else the embedded store
+``sqlite:///<repo>/.modelreg/mlflow.db`` with artifacts in ``<repo>/.modelreg/mlartifacts``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from pipelines._mirror_plan import (
+    TAG_BUNDLE_DIGEST,
+    TAG_CI_RUN_ID,
+    TAG_CI_RUN_URL,
+    TAG_DIFF_SUMMARY,
+    TAG_DVC_MD5,
+    TAG_GIT_COMMIT,
+    TAG_PARENT,
+    TAG_SEMVER,
+    TAG_SHA256,
+    CreateModel,
+    CreateVersion,
+    DeleteAlias,
+    DeleteTags,
+    DesiredModel,
+    DesiredVersion,
+    Drift,
+    DriftKind,
+    ObservedModel,
+    Reconciliation,
+    SetAlias,
+    SetTags,
+    reconcile,
+)
+from pipelines._mlflow_store import RegistryMirrorError, Store, is_local, redact, session
+from pipelines.errors import ArtifactError
+from registry.checks import validate_paths
+from registry.dvcfile import read_pointer
+from registry.errors import ManifestError, RepositoryError
+from registry.gitinfo import dirty_paths, last_commits, toplevel
+from registry.repository import Repository, VersionEntry, load_repository
+from registry.schema import Signature
+
+__all__ = [
+    "DEFAULT_ARTIFACTS",
+    "DEFAULT_STORE",
+    "Change",
+    "Drift",
+    "DriftKind",
+    "RegisterReport",
+    "RegistryMirrorError",
+    "ReleaseExtras",
+    "check_drift",
+    "register",
+    "resolve_tracking_uri",
+]
+
+DEFAULT_STORE: Final = ".modelreg/mlflow.db"
+"""The embedded MLflow store, relative to the repository root."""
+DEFAULT_ARTIFACTS: Final = ".modelreg/mlartifacts"
+"""Artifacts of local MLflow stores, relative to the repository root."""
+_CHUNK: Final = 1 << 20
+
+
+@dataclass(frozen=True)
+class ReleaseExtras:
+    """What a CI run knows about a version beyond Git: attached when registering.
+
+    Attributes:
+        bundle: the OMS signature bundle (attached; its SHA-256 becomes a tag).
+        diff_report: the markdown diff report against the parent (attached).
+        diff_summary: a one-line summary of that report (a tag).
+    """
+
+    bundle: Path | None = None
+    diff_report: Path | None = None
+    diff_summary: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change ``register`` made in MLflow."""
+
+    model: str
+    subject: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.model}{self.subject}: {self.message}"
+
+
+@dataclass(frozen=True)
+class RegisterReport:
+    """What ``register`` did.
+
+    Attributes:
+        tracking_uri: the MLflow it mirrored into (password removed).
+        changes: every change made, in order; empty when MLflow was in sync.
+        drifts: differences left that ``register`` does not repair (an MLflow version
+            no manifest declares, a channel serving an uncommitted version).
+        versions: (model, SemVer) -> MLflow version number.
+        unreleased: (model, SemVer) of versions whose manifest is not committed yet.
+    """
+
+    tracking_uri: str
+    changes: tuple[Change, ...]
+    drifts: tuple[Drift, ...]
+    versions: Mapping[tuple[str, str], str]
+    unreleased: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping."""
+        return {
+            "ok": not self.drifts,
+            "tracking_uri": self.tracking_uri,
+            "changes": [_change_json(c) for c in self.changes],
+            "drift": [drift_json(d) for d in self.drifts],
+            "versions": [
+                {"model": m, "version": v, "mlflow_version": n}
+                for (m, v), n in sorted(self.versions.items())
+            ],
+            "unreleased": [{"model": m, "version": v} for m, v in self.unreleased],
+        }
+
+
+def drift_json(drift: Drift) -> dict[str, Any]:
+    """A drift as a JSON object."""
+    return {
+        "kind": drift.kind,
+        "model": drift.model,
+        "subject": drift.subject.strip(),
+        "message": drift.message,
+        "fixable": drift.fixable,
+        "text": str(drift),
+    }
+
+
+def _change_json(change: Change) -> dict[str, str]:
+    return {
+        "model": change.model,
+        "subject": change.subject.strip(),
+        "message": change.message,
+        "text": str(change),
+    }
+
+
+def resolve_tracking_uri(
+    repo: Repository, override: str | None = None, env: Mapping[str, str] | None = None
+) -> str:
+    """The MLflow to mirror into: ``override``, ``MLFLOW_TRACKING_URI``, config, embedded."""
+    env = os.environ if env is None else env
+    chosen = override or env.get("MLFLOW_TRACKING_URI") or repo.config.mlflow.uri
+    if chosen:
+        return chosen
+    return f"sqlite:///{(repo.root / DEFAULT_STORE).as_posix()}"
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where a desired version's content comes from (for creating it)."""
+
+    artifact: Path
+    signature: Signature | None
+    extras: ReleaseExtras
+
+
+@dataclass
+class _Plan:
+    repo: Repository
+    models: dict[str, DesiredModel] = field(default_factory=dict)
+    sources: dict[tuple[str, str], _Source] = field(default_factory=dict)
+    unreleased: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _digests(path: Path, display: str) -> tuple[str, str]:
+    """SHA-256 and MD5 of a file in one read."""
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    try:
+        with path.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                sha.update(chunk)
+                md5.update(chunk)
+    except FileNotFoundError:
+        raise ArtifactError(display, "not in the workspace; run `dvc pull` first") from None
+    except OSError as e:
+        raise ArtifactError(display, f"cannot read: {e.strerror or e}") from None
+    return sha.hexdigest(), md5.hexdigest()
+
+
+def _ci_tags(env: Mapping[str, str]) -> dict[str, str]:
+    run_id = env.get("GITHUB_RUN_ID")
+    if not run_id:
+        return {}
+    tags = {TAG_CI_RUN_ID: run_id}
+    server, repository = env.get("GITHUB_SERVER_URL"), env.get("GITHUB_REPOSITORY")
+    if server and repository:
+        tags[TAG_CI_RUN_URL] = f"{server.rstrip('/')}/{repository}/actions/runs/{run_id}"
+    return tags
+
+
+def _released(repo: Repository) -> dict[tuple[str, str], str]:
+    """(model, version) -> commit of each version whose manifest is committed and clean."""
+    top = toplevel(repo.root)
+    if top is None:
+        raise RepositoryError(
+            f"{repo.display(repo.root)}: not a git work tree; register mirrors committed versions"
+        )
+    base = top.resolve()
+    relative = {
+        (e.name, e.version): e.path.resolve().relative_to(base).as_posix()
+        for e in repo.all_versions()
+    }
+    under = (repo.root / repo.config.manifests).resolve().relative_to(base).as_posix()
+    commits = last_commits(repo.root, relative.values(), under)
+    dirty = dirty_paths(repo.root, under)
+    return {
+        key: commits[path].sha
+        for key, path in relative.items()
+        if path in commits and path not in dirty
+    }
+
+
+def _desired_version(
+    repo: Repository, entry: VersionEntry, commit: str, extras: ReleaseExtras, ci: dict[str, str]
+) -> DesiredVersion:
+    spec = entry.manifest.spec
+    artifact = repo.root / spec.artifact.path
+    display = repo.display(artifact)
+    pointer = read_pointer(
+        artifact.with_name(artifact.name + ".dvc"), display + ".dvc", artifact.name
+    )
+    sha256, md5 = _digests(artifact, display)
+    if md5 != pointer.md5:
+        raise ArtifactError(
+            display,
+            f"differs from its DVC pointer (md5 {md5}, pointer says {pointer.md5}); "
+            "run `dvc checkout`",
+        )
+    tags = {
+        TAG_SEMVER: entry.version,
+        TAG_GIT_COMMIT: commit,
+        TAG_SHA256: sha256,
+        TAG_DVC_MD5: pointer.md5,
+    }
+    if spec.parent is not None:
+        tags[TAG_PARENT] = spec.parent
+    if extras.bundle is not None:
+        tags[TAG_BUNDLE_DIGEST] = _digests(extras.bundle, str(extras.bundle))[0]
+    if extras.diff_summary is not None:
+        tags[TAG_DIFF_SUMMARY] = extras.diff_summary
+    absent = frozenset() if spec.parent is not None else frozenset({TAG_PARENT})
+    return DesiredVersion(entry.version, tags, absent, ci)
+
+
+def _plan(
+    start: Path,
+    extras: Mapping[tuple[str, str], ReleaseExtras] | None,
+    env: Mapping[str, str],
+) -> _Plan:
+    repo = load_repository(start)
+    problems = validate_paths(repo)
+    if problems:
+        raise ManifestError(problems)
+    extras = dict(extras or {})
+    for (model, version), given in extras.items():
+        if version not in repo.versions.get(model, {}):
+            raise ValueError(f"extras given for {model} {version}, which is not declared")
+        for path in (given.bundle, given.diff_report):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{model} {version}: {path}: no such file")
+    released = _released(repo)
+    ci = _ci_tags(env)
+    plan = _Plan(repo)
+    for name in sorted(repo.models):
+        spec = repo.models[name].manifest.spec
+        versions: dict[str, DesiredVersion] = {}
+        unreleased: set[str] = set()
+        for entry in repo.sorted_versions(name):
+            commit = released.get((name, entry.version))
+            if commit is None:
+                unreleased.add(entry.version)
+                plan.unreleased.append((name, entry.version))
+                continue
+            given = extras.get((name, entry.version), ReleaseExtras())
+            versions[entry.version] = _desired_version(repo, entry, commit, given, ci)
+            plan.sources[(name, entry.version)] = _Source(
+                repo.root / entry.manifest.spec.artifact.path,
+                entry.manifest.spec.signature or spec.signature,
+                given,
+            )
+        aliases = {channel: c.version for channel, c in spec.channels.items()}
+        plan.models[name] = DesiredModel(name, versions, aliases, frozenset(unreleased))
+    return plan
+
+
+def _extra_files(extras: ReleaseExtras) -> dict[str, Path]:
+    files = [p for p in (extras.diff_report, extras.bundle) if p is not None]
+    return {p.name: p for p in files}
+
+
+def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Change]:
+    changes: list[Change] = []
+    numbers = dict(rec.numbers)
+    desired = plan.models[name]
+    for action in rec.actions:
+        if isinstance(action, CreateModel):
+            store.create_model(name, plan.repo.models[name].manifest.spec.description)
+            changes.append(Change(name, "", "created the registered model"))
+        elif isinstance(action, CreateVersion):
+            source = plan.sources[(name, action.semver)]
+            number = store.create_version(
+                name,
+                desired.versions[action.semver],
+                source.artifact,
+                source.signature,
+                _extra_files(source.extras),
+            )
+            numbers[action.semver] = number
+            changes.append(
+                Change(name, f" {action.semver}", f"registered as MLflow version {number}")
+            )
+        elif isinstance(action, SetTags):
+            store.set_tags(name, action.number, action.tags)
+            keys = ", ".join(sorted(action.tags))
+            changes.append(
+                Change(name, f" {action.semver}", f"MLflow version {action.number}: set {keys}")
+            )
+            _reattach(store, plan, name, action)
+        elif isinstance(action, DeleteTags):
+            store.delete_tags(name, action.number, action.keys)
+            keys = ", ".join(action.keys)
+            changes.append(
+                Change(name, f" {action.semver}", f"MLflow version {action.number}: removed {keys}")
+            )
+        elif isinstance(action, SetAlias):
+            number = numbers[action.semver]
+            store.set_alias(name, action.alias, number)
+            changes.append(
+                Change(name, f"@{action.alias}", f"-> MLflow version {number} ({action.semver})")
+            )
+        elif isinstance(action, DeleteAlias):
+            store.delete_alias(name, action.alias)
+            changes.append(Change(name, f"@{action.alias}", "removed (no such channel)"))
+    return changes
+
+
+def _reattach(store: Store, plan: _Plan, name: str, action: SetTags) -> None:
+    # A bundle signed, or a diff computed, after the version was registered: its tag
+    # changed, so the file it describes goes to the version's run as well.
+    extras = plan.sources[(name, action.semver)].extras
+    files: dict[str, Path] = {}
+    if TAG_BUNDLE_DIGEST in action.tags and extras.bundle is not None:
+        files[extras.bundle.name] = extras.bundle
+    if TAG_DIFF_SUMMARY in action.tags and extras.diff_report is not None:
+        files[extras.diff_report.name] = extras.diff_report
+    if not files:
+        return
+    run_id = next(
+        (v.run_id for v in store.read_model(name).versions if v.number == action.number), None
+    )
+    if run_id is not None:
+        store.attach(run_id, files, f"{name} {action.semver}")
+
+
+def _artifact_root(repo: Repository, uri: str) -> Path | None:
+    return repo.root / DEFAULT_ARTIFACTS if is_local(uri) else None
+
+
+def register(
+    start: Path,
+    *,
+    tracking_uri: str | None = None,
+    extras: Mapping[tuple[str, str], ReleaseExtras] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> RegisterReport:
+    """Mirror the repository containing ``start`` into MLflow.
+
+    Args:
+        start: the repository root or a folder inside it.
+        tracking_uri: MLflow to use (see the module docstring for the default).
+        extras: bundle, diff report and summary of some versions, by (model, SemVer).
+        env: environment to read CI facts and ``MLFLOW_TRACKING_URI`` from
+            (default ``os.environ``).
+
+    Returns:
+        The changes made and the drift left that ``register`` does not repair.
+
+    Raises:
+        RepositoryError: not inside a repository, or not a git work tree.
+        ManifestError: the manifests are invalid (nothing is mirrored).
+        ArtifactError: an artifact is missing or differs from its DVC pointer.
+        RegistryMirrorError: MLflow is unreachable or refuses a change.
+        ToolError: git is missing.
+        ValueError: ``extras`` names an undeclared version or a missing file.
+    """
+    env = os.environ if env is None else env
+    plan = _plan(start, extras, env)
+    uri = resolve_tracking_uri(plan.repo, tracking_uri, env)
+    changes: list[Change] = []
+    left: list[Drift] = []
+    versions: dict[tuple[str, str], str] = {}
+    with session(uri, _artifact_root(plan.repo, uri)) as store:
+        for name, desired in plan.models.items():
+            rec = reconcile(desired, store.read_model(name))
+            if rec.actions:
+                changes.extend(_apply(store, plan, name, rec))
+                # Read back what MLflow now holds: the report states facts, not intentions.
+                rec = reconcile(desired, store.read_model(name))
+            left.extend(rec.drifts)
+            versions.update({(name, s): n for s, n in rec.numbers.items()})
+    return RegisterReport(
+        redact(uri), tuple(changes), tuple(left), versions, tuple(plan.unreleased)
+    )
+
+
+def check_drift(
+    start: Path,
+    *,
+    tracking_uri: str | None = None,
+    extras: Mapping[tuple[str, str], ReleaseExtras] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[Drift]:
+    """Every difference between the repository containing ``start`` and MLflow.
+
+    Reports aliases moved, added or removed by hand, versions missing or registered
+    by hand, and tags that differ from Git; changes nothing.
+
+    Args:
+        start: the repository root or a folder inside it.
+        tracking_uri: MLflow to compare with (see the module docstring for the default).
+        extras: as for :func:`register`; only the tags they imply are compared.
+        env: environment to read ``MLFLOW_TRACKING_URI`` from (default ``os.environ``).
+
+    Returns:
+        The drift, model by model; empty when MLflow mirrors Git exactly.
+
+    Raises:
+        RepositoryError: not inside a repository, or not a git work tree.
+        ManifestError: the manifests are invalid.
+        ArtifactError: an artifact is missing or differs from its DVC pointer.
+        RegistryMirrorError: MLflow is unreachable.
+        ToolError: git is missing.
+        ValueError: ``extras`` names an undeclared version or a missing file.
+    """
+    env = os.environ if env is None else env
+    plan = _plan(start, extras, env)
+    uri = resolve_tracking_uri(plan.repo, tracking_uri, env)
+    drifts: list[Drift] = []
+    if _missing_sqlite(uri):
+        # Opening a SQL store creates it; a check changes nothing, not even that.
+        for name, desired in plan.models.items():
+            drifts.extend(reconcile(desired, ObservedModel(name, exists=False)).drifts)
+        return drifts
+    with session(uri, None) as store:
+        for name, desired in plan.models.items():
+            drifts.extend(reconcile(desired, store.read_model(name)).drifts)
+    return drifts
+
+
+def _missing_sqlite(uri: str) -> bool:
+    if not uri.startswith("sqlite:///"):
+        return False
+    return not Path(uri.removeprefix("sqlite:///").partition("?")[0]).exists()

@@ -1,0 +1,107 @@
+"""`modelreg ci pr` and `ci release` on real repositories, with the GitHub environment set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import git
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def repo(tmp_path: Path, cli, example_models: Path) -> Path:
+    root = tmp_path / "fleet"
+    assert cli("init", str(root), cwd=tmp_path).code == 0
+    assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=root).code == 0
+    r = cli("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
+            "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"), cwd=root)  # fmt: skip
+    assert r.code == 0, r.err
+    assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=root).code == 0
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "mlp 1.0.0")
+    return root
+
+
+def github_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str, branch: str) -> Path:
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {"base": {"sha": base, "ref": branch}}}))
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_EVENT_PATH", str(event))
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "output.txt"))
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.example")
+    monkeypatch.setenv("GITHUB_REPOSITORY", "acme/fleet")
+    return summary
+
+
+def test_pr_with_a_new_version_passes_and_comments(
+    repo: Path, cli, tmp_path: Path, example_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "new-version")
+    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(example_models / "mlp/1.1.0.onnx"),
+            "--golden-inputs", str(example_models / "mlp/1.1.0.inputs.npz"), cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    git(repo, "commit", "-qam", "mlp 1.1.0")
+    summary = github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 0, r.err
+    comment = (repo / ".modelreg/ci/pr-comment.md").read_text()
+    assert "ready for review" in comment
+    assert "Model diff: mlp 1.0.0 → 1.1.0" in comment
+    assert "Weights only" in comment
+    assert comment.strip() in summary.read_text()
+    outputs = (tmp_path / "output.txt").read_text()
+    assert "ok=true" in outputs
+    report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
+    assert [(v["model"], v["version"]) for v in report["build"]["versions"]] == [("mlp", "1.1.0")]
+
+
+def test_pr_that_skips_canary_fails_with_one_line(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example_models: Path
+) -> None:
+    base = git(repo, "rev-parse", "HEAD").strip()
+    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(example_models / "mlp/1.1.0.onnx"),
+            cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    assert cli("promote", "mlp", "1.1.0", "-c", "production", "--force", cwd=repo).code == 0
+    git(repo, "commit", "-qam", "straight to production")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 1
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("manifests/mlp/model.yaml:")
+    assert (
+        "spec.channels.production: version 1.1.0 must be promoted to 'canary' before 'production'"
+        in lines[0]
+    )
+    assert "ok=false" in (tmp_path / "output.txt").read_text()
+    # the same change aimed at another branch also breaks the branch policy
+    github_env(tmp_path, monkeypatch, base, "develop")
+    r = cli("ci", "pr", cwd=repo)
+    assert "promotions of 'mlp' must target branch 'main', not 'develop'" in r.err
+
+
+def test_release_publishes_commits_and_is_idempotent(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    github_env(tmp_path, monkeypatch, "HEAD", "main")
+    r = cli("ci", "release", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert "models/mlp/1.0.0.onnx" in report["published"]
+    assert report["commit"] == git(repo, "rev-parse", "HEAD").strip()
+    message = git(repo, "log", "-1", "--format=%s")
+    assert "[skip ci]" in message
+    assert git(repo, "status", "--porcelain", "--", "trust").strip() == ""
+    again = cli("ci", "release", "--json", cwd=repo)
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["published"] == []
+    assert json.loads(again.out)["commit"] is None
+    assert git(repo, "log", "-1", "--format=%s") == message
