@@ -6,8 +6,9 @@ versions load and pass their goldens, and what changed against their parents.  E
 problem is also one line on stderr, and the exit code is 1 if there is any.
 
 ``ci release`` runs on the main branch: it builds the versions not yet released,
-publishes them (DVC push, OMS bundles, signed TUF targets and channels) and commits
-the re-signed metadata with ``[skip ci]``; with nothing new it changes nothing.
+publishes them (DVC push, OMS bundles, signed TUF targets and channels), commits the
+re-signed metadata with ``[skip ci]`` and mirrors the release into MLflow; with
+nothing new it changes nothing.
 
 Both read the GitHub Actions environment when present (``GITHUB_SHA``,
 ``GITHUB_RUN_ID``, ``GITHUB_SERVER_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_EVENT_PATH``,
@@ -239,7 +240,14 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
             git(repo.root, "commit", "-q", "-m", message, "--", str(metadata))
             committed = git(repo.root, "rev-parse", "HEAD").stdout.strip()
     report.data["commit"] = committed
+    # Git is the source of truth; MLflow mirrors what was just released.
+    from pipelines.register import register
+
+    mirrored = register(repo.root, env=env)
+    report.data["mlflow"] = {"changes": len(mirrored.changes), "uri": mirrored.tracking_uri}
+    report.problems.extend(str(d) for d in mirrored.drifts)
     lines = [f"- `{t}`" for t in published.added] or ["- nothing new: every version is released"]
+    lines.append(f"- MLflow: {len(mirrored.changes)} change(s) at {mirrored.tracking_uri}")
     report.sections.append("\n".join(["## modelreg release", "", *lines]))
     _write_outputs(repo.root, report, env)
     return report

@@ -100,8 +100,10 @@ def test_release_publishes_commits_and_is_idempotent(
     message = git(repo, "log", "-1", "--format=%s")
     assert "[skip ci]" in message
     assert git(repo, "status", "--porcelain", "--", "trust").strip() == ""
+    assert report["mlflow"]["changes"] > 0
     again = cli("ci", "release", "--json", cwd=repo)
     assert again.code == 0, again.err
     assert json.loads(again.out)["published"] == []
     assert json.loads(again.out)["commit"] is None
+    assert json.loads(again.out)["mlflow"]["changes"] == 0
     assert git(repo, "log", "-1", "--format=%s") == message
