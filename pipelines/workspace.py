@@ -128,6 +128,7 @@ def init_repo(
         write_atomic(gitignore, (existing + sep + _GITIGNORE).encode())
         created.append(gitignore)
     created.extend(write_schemas(root))
+    created.extend(write_workflows(root))
     keys: list[Path] = []
     if trust:
         from registry.config import load_config
@@ -138,6 +139,26 @@ def init_repo(
         created.append(paths.metadata / "1.root.json")
     _stage(root, [*created, root / ".dvc"])
     return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys)
+
+
+WORKFLOWS: Final = ("pr.yml", "release.yml", "freshness.yml")
+
+
+def write_workflows(root: Path) -> list[Path]:
+    """Write the GitHub workflows (``ci pr``, ``ci release``, freshness) unless present."""
+    from importlib.resources import files
+
+    folder = root / ".github" / "workflows"
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in WORKFLOWS:
+        target = folder / name
+        if target.exists():
+            continue  # the repository already has its own; never overwrite it
+        text = files("pipelines").joinpath("templates", "workflows", name).read_text("utf-8")
+        write_atomic(target, text.encode())
+        written.append(target)
+    return written
 
 
 def add_model(
