@@ -104,25 +104,32 @@ class Demo:
                  "--target", "cpu=onnxruntime", "--target", "gpu-trt=tensorrt:fp16")  # fmt: skip
         self.run("git", "commit", "-qm", "mlp 1.0.0")
 
-        self.step("A fine-tune: same graph, some tensors changed")
-        self.run("modelreg", "version", "add", "mlp", "1.1.0", "--artifact", f"{ex}/mlp/1.1.0.onnx",
-                 "--golden-inputs", f"{ex}/mlp/1.1.0.inputs.npz", "--metric", "accuracy=0.924",
-                 "--target", "cpu=onnxruntime")  # fmt: skip
-        self.run("git", "commit", "-qm", "mlp 1.1.0")
-
-        self.review()
-        self.trust()
-        print(f"\nThe demo repository is in {self.repo}")
-
-    def review(self) -> None:
-        """Promotion policy, a broken pull request, the state table."""
         self.step("Promotion follows the policy: canary before production")
         self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "production", expect=1)
         self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "canary")
         self.run("modelreg", "promote", "mlp", "1.0.0", "--channel", "production")
+        self.run("git", "commit", "-qam", "promote mlp 1.0.0 to production")
+
+        self.step("Release v1 on main: build, sign, publish, mirror into MLflow")
+        self.run("modelreg", "ci", "release")
+        self.run("git", "log", "--oneline", "-3")
+
+        self.pull_request(ex)
+        print(f"\nThe demo repository is in {self.repo}")
+
+    def pull_request(self, ex: str) -> None:
+        """A v2 pull request: review comment with the diff, a broken variant, merge, release."""
+        self.step("A pull request: a fine-tune (same graph, some tensors changed) to 10% canary")
+        self.run("git", "checkout", "-qb", "mlp-1.1.0")
+        self.run("modelreg", "version", "add", "mlp", "1.1.0", "--artifact", f"{ex}/mlp/1.1.0.onnx",
+                 "--golden-inputs", f"{ex}/mlp/1.1.0.inputs.npz", "--metric", "accuracy=0.924",
+                 "--target", "cpu=onnxruntime")  # fmt: skip
         self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "canary", "--percent", "10")
-        self.run("git", "commit", "-qam", "promote mlp 1.0.0 to production, 1.1.0 to 10% canary")
-        self.run("git", "log", "--oneline")
+        self.run("git", "commit", "-qam", "mlp 1.1.0 to 10% canary")
+        self.run("modelreg", "ci", "pr", "--base", "main")
+        comment = (self.repo / ".modelreg/ci/pr-comment.md").read_text(encoding="utf-8")
+        print("  --- the pull request comment ---")
+        print("  " + comment.strip().replace("\n", "\n  "))
 
         self.step("What a reviewer sees when a pull request breaks a manifest")
         version = self.repo / "manifests/mlp/versions/1.1.0.yaml"
@@ -136,9 +143,37 @@ class Demo:
         for path, text in saved.items():
             path.write_text(text, encoding="utf-8")
 
-        self.step("Validate and show the version-state table")
-        self.run("modelreg", "validate")
+        self.step("Merged and released; the version-state table")
+        self.run("git", "checkout", "-q", "main")
+        self.run("git", "merge", "-q", "--ff-only", "mlp-1.1.0")
+        self.run("modelreg", "ci", "release")
         self.run("modelreg", "status")
+        self.mlflow()
+        self.device()
+        self.trust()
+
+    def mlflow(self) -> None:
+        """A data scientist loads the production model with MLflow's own API."""
+        import logging
+        import warnings
+
+        import mlflow
+        import mlflow.onnx
+
+        print("$ python -c 'mlflow.onnx.load_model(\"models:/mlp@production\")'")
+        logging.getLogger("mlflow").setLevel(logging.ERROR)
+        mlflow.set_tracking_uri(f"sqlite:///{self.repo / '.modelreg/mlflow.db'}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = mlflow.onnx.load_model("models:/mlp@production")
+            version = mlflow.MlflowClient().get_model_version_by_alias("mlp", "production")
+        inputs = [(i.name, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+                  for i in model.graph.input]  # fmt: skip
+        print(f"  loaded MLflow version {version.version}: inputs {inputs}")
+        tags = version.tags
+        semver, commit = tags.get("modelreg.semver"), tags.get("modelreg.git_commit", "")[:8]
+        digest = tags.get("modelreg.sha256", "")[:12]
+        print(f"  tags: semver {semver}, git commit {commit}, sha256 {digest}")
 
     def trust(self) -> None:
         """Signing, publishing, what a device verifies, key lifecycle."""
@@ -156,12 +191,6 @@ class Demo:
         tampered.write_bytes(bytes(data))
         self.run("modelreg", "verify", "../tampered.onnx", "--bundle", bundle,
                  "--public-key", ".modelreg/keys/targets.pub", expect=1)  # fmt: skip
-
-        self.step("Release: artifacts pushed, bundles and channels published as signed TUF targets")
-        self.run("modelreg", "publish")
-        self.run("git", "add", "trust")
-        self.run("git", "commit", "-qm", "release: signed metadata [skip ci]")
-        self.device()
 
         self.step("Trust: TUF metadata kept fresh, and an online key rotated")
         self.run("modelreg", "freshness", "refresh")

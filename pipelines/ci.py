@@ -215,7 +215,7 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
     pending = [
         (e.name, e.version)
         for e in repo.all_versions()
-        if not state.get((e.name, e.version), (0, 0))[1]
+        if not (released := state.get((e.name, e.version))) or not released.published
     ]
     if pending:
         try:

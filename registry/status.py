@@ -53,7 +53,8 @@ class VersionStatus:
             self.version,
             commit,
             self.mlflow_version or "-",
-            self.ci_run or "-",
+            # a run URL ends in its id; the table shows the id, --json the whole URL
+            (self.ci_run or "-").rstrip("/").rsplit("/", 1)[-1],
             ", ".join(self.channels) or "-",
             _yes_no(self.signed),
             _yes_no(self.published),

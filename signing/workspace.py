@@ -28,6 +28,7 @@ from signing.keys import (
     signer_from_env,
     write_keypair,
 )
+from signing.tuf_facts import TargetFacts
 from signing.tuf_repo import PublishResult, TrustRepo
 from signing.tuf_roles import Expiry
 
@@ -204,10 +205,18 @@ def revoke(
     )
 
 
-def release_state(
-    root: Path, config: RepoConfig
-) -> dict[tuple[str, str], tuple[bool, bool]] | None:
-    """Per (model, version): whether its OMS bundle and its artifact are released.
+@dataclass(frozen=True)
+class ReleaseState:
+    """What the signed targets say about one version."""
+
+    signed: bool = False
+    published: bool = False
+    ci_run: str | None = None
+
+
+def release_state(root: Path, config: RepoConfig) -> dict[tuple[str, str], ReleaseState] | None:
+    """Per (model, version): whether its OMS bundle and its artifact are released, and by
+    which CI run.
 
     Read from the signed targets metadata (verified on load).  None when the
     repository has no trust metadata at all.
@@ -219,16 +228,19 @@ def release_state(
     if not (paths.metadata / "1.root.json").is_file():
         return None
     repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
-    state: dict[tuple[str, str], tuple[bool, bool]] = {}
-    for target in repo.targets:
-        parts = target.split("/")
-        if len(parts) != 3 or parts[0] not in ("models", "bundles"):
+    state: dict[tuple[str, str], ReleaseState] = {}
+    for info in repo.targets.values():
+        try:
+            facts = TargetFacts.from_custom(info.custom)
+        except ValueError:
+            continue  # not one of ours
+        if facts.kind not in ("artifact", "bundle") or facts.model is None or facts.version is None:
             continue
-        version = parts[2].removesuffix(".onnx").removesuffix(".sigstore.json")
-        signed, published = state.get((parts[1], version), (False, False))
-        if parts[0] == "bundles":
-            signed = True
-        else:
-            published = True
-        state[(parts[1], version)] = (signed, published)
+        key = (facts.model, facts.version)
+        current = state.get(key, ReleaseState())
+        state[key] = ReleaseState(
+            signed=current.signed or facts.kind == "bundle",
+            published=current.published or facts.kind == "artifact",
+            ci_run=current.ci_run or facts.ci_run,
+        )
     return state

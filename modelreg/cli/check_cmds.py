@@ -146,19 +146,20 @@ def _with_release_state(root: Path, rows: list[VersionStatus]) -> list[VersionSt
     import dataclasses
 
     from registry.config import load_config
-    from signing.workspace import release_state
+    from signing.workspace import ReleaseState, release_state
 
     state = release_state(root, load_config(root))
     if state is None:
         return rows
-    return [
-        dataclasses.replace(
-            r,
-            signed=state.get((r.model, r.version), (False, False))[0],
-            published=state.get((r.model, r.version), (False, False))[1],
+    out = []
+    for r in rows:
+        release = state.get((r.model, r.version), ReleaseState())
+        out.append(
+            dataclasses.replace(
+                r, signed=release.signed, published=release.published, ci_run=release.ci_run
+            )
         )
-        for r in rows
-    ]
+    return out
 
 
 def _rich_table(rows: list[VersionStatus]) -> None:

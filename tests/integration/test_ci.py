@@ -101,6 +101,9 @@ def test_release_publishes_commits_and_is_idempotent(
     assert "[skip ci]" in message
     assert git(repo, "status", "--porcelain", "--", "trust").strip() == ""
     assert report["mlflow"]["changes"] > 0
+    row = json.loads(cli("status", "--json", cwd=repo).out)["versions"][0]
+    assert row["ci_run"] == "https://github.example/acme/fleet/actions/runs/4242"
+    assert cli("status", cwd=repo).out.splitlines()[1].split()[4] == "4242"
     again = cli("ci", "release", "--json", cwd=repo)
     assert again.code == 0, again.err
     assert json.loads(again.out)["published"] == []
