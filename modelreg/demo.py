@@ -147,7 +147,7 @@ class Demo:
         self.run("git", "checkout", "-q", "main")
         self.run("git", "merge", "-q", "--ff-only", "mlp-1.1.0")
         self.run("modelreg", "ci", "release")
-        self.run("modelreg", "status")
+        self.run("modelreg", "status", "--mlflow")
         self.mlflow()
         self.device()
         self.trust()

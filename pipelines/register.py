@@ -486,3 +486,28 @@ def _missing_sqlite(uri: str) -> bool:
     if not uri.startswith("sqlite:///"):
         return False
     return not Path(uri.removeprefix("sqlite:///").partition("?")[0]).exists()
+
+
+def mlflow_versions(
+    start: Path, *, tracking_uri: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[tuple[str, str], str]:
+    """(model, SemVer) -> MLflow version number, for the status table.
+
+    Reads only; an embedded store that was never written is empty (not created).
+
+    Raises:
+        RepositoryError: not inside a repository.
+        RegistryMirrorError: MLflow is unreachable.
+    """
+    env = os.environ if env is None else env
+    repo = load_repository(start)
+    uri = resolve_tracking_uri(repo, tracking_uri, env)
+    found: dict[tuple[str, str], str] = {}
+    if _missing_sqlite(uri):
+        return found
+    with session(uri, None) as store:
+        for name in sorted(repo.models):
+            for version in store.read_model(name).versions:
+                if version.semver is not None:
+                    found[(name, version.semver)] = version.number
+    return found

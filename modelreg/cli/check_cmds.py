@@ -116,12 +116,24 @@ def schema(kind: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
 @click.option("--model", "model_name", help="Only this model.")
 @click.option("--no-cache", is_flag=True, help="Parse every file again (ignore .modelreg/cache).")
-def status(as_json: bool, model_name: str | None, no_cache: bool) -> None:
+@click.option(
+    "--mlflow", "with_mlflow", is_flag=True, help="Also ask MLflow for each version's number."
+)
+def status(as_json: bool, model_name: str | None, no_cache: bool, with_mlflow: bool) -> None:
     """Show every version: git commit, MLflow version, CI run, channels, signed, published."""
     from registry.status_report import repository_status
 
     report = repository_status(Path.cwd(), model=model_name, cache=not no_cache)
     rows = _with_release_state(report.root, report.rows)
+    if with_mlflow:
+        import dataclasses
+
+        from pipelines.register import mlflow_versions
+
+        numbers = mlflow_versions(report.root)
+        rows = [
+            dataclasses.replace(r, mlflow_version=numbers.get((r.model, r.version))) for r in rows
+        ]
     if as_json:
         emit_json(
             {

@@ -104,6 +104,8 @@ def test_release_publishes_commits_and_is_idempotent(
     row = json.loads(cli("status", "--json", cwd=repo).out)["versions"][0]
     assert row["ci_run"] == "https://github.example/acme/fleet/actions/runs/4242"
     assert cli("status", cwd=repo).out.splitlines()[1].split()[4] == "4242"
+    with_mlflow = cli("status", "--mlflow", cwd=repo).out.splitlines()[1].split()
+    assert with_mlflow[3] == "1"  # the MLflow version number of mlp 1.0.0
     again = cli("ci", "release", "--json", cwd=repo)
     assert again.code == 0, again.err
     assert json.loads(again.out)["published"] == []
