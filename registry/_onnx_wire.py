@@ -1,0 +1,181 @@
+"""Find the initializer tensors of a serialized ONNX model by walking the protobuf wire format.
+
+Private to :mod:`registry.delta`.  Only the fields the delta encoder needs are read:
+``ModelProto.graph`` (7) -> ``GraphProto.initializer`` (5) -> ``TensorProto`` ``dims`` (1),
+``data_type`` (2), ``name`` (8) and ``raw_data`` (9).  Everything else is skipped by its
+wire type, so the walk costs one pass over the field headers and never copies tensor data.
+
+Importing ``onnx`` would do the same job with a full parse, but it copies every tensor into
+Python objects and is a heavy dependency the core library avoids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+_VARINT: Final = 0
+_FIXED64: Final = 1
+_LEN: Final = 2
+_FIXED32: Final = 5
+_MAX_VARINT_BYTES: Final = 10
+
+_MODEL_GRAPH: Final = 7
+_GRAPH_INITIALIZER: Final = 5
+_TENSOR_DIMS: Final = 1
+_TENSOR_DATA_TYPE: Final = 2
+_TENSOR_NAME: Final = 8
+_TENSOR_RAW_DATA: Final = 9
+
+# Bytes per element of each TensorProto.DataType whose raw_data holds fixed-size values:
+# the width of the byte planes the delta splits XOR patches into.  Sub-byte and 8-bit types
+# (and anything unknown) get 1: no split.
+_ELEMENT_SIZE: Final[dict[int, int]] = {
+    1: 4,  # FLOAT
+    4: 2,  # UINT16
+    5: 2,  # INT16
+    6: 4,  # INT32
+    7: 8,  # INT64
+    10: 2,  # FLOAT16
+    11: 8,  # DOUBLE
+    12: 4,  # UINT32
+    13: 8,  # UINT64
+    14: 4,  # COMPLEX64: pairs of float32
+    15: 8,  # COMPLEX128: pairs of float64
+    16: 2,  # BFLOAT16
+}
+
+
+class WireFormatError(Exception):
+    """The bytes are not a well-formed protobuf message of the expected shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One initializer whose values are stored inline in ``raw_data``.
+
+    Attributes:
+        name: the tensor's name (raw bytes, compared as such).
+        data_type: ``TensorProto.DataType`` value.
+        dims: the shape, as the varints were written.
+        offset: where the raw_data payload starts in the file.
+        length: length of the raw_data payload in bytes.
+    """
+
+    name: bytes
+    data_type: int
+    dims: tuple[int, ...]
+    offset: int
+    length: int
+
+    @property
+    def element_size(self) -> int:
+        """Width of one value in bytes (1 when unknown or when it does not divide the data)."""
+        size = _ELEMENT_SIZE.get(self.data_type, 1)
+        return size if self.length % size == 0 else 1
+
+    @property
+    def key(self) -> tuple[bytes, int, tuple[int, ...]]:
+        """What must agree for two tensors to be XOR-patched: name, dtype and shape."""
+        return (self.name, self.data_type, self.dims)
+
+
+def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+    value = 0
+    shift = 0
+    for i in range(_MAX_VARINT_BYTES):
+        if pos + i >= end:
+            raise WireFormatError(f"truncated varint at offset {pos}")
+        byte = buf[pos + i]
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos + i + 1
+        shift += 7
+    raise WireFormatError(f"varint longer than {_MAX_VARINT_BYTES} bytes at offset {pos}")
+
+
+def _fields(buf: memoryview, start: int, end: int) -> list[tuple[int, int, int, int]]:
+    """Every field of the message in ``buf[start:end]`` as (number, wire type, value, pos).
+
+    For length-delimited fields ``value`` is the payload length and ``pos`` where it
+    starts; for the others ``value`` is the varint (or 0) and ``pos`` the next field.
+
+    Raises:
+        WireFormatError: a field is truncated, uses a group or an unknown wire type.
+    """
+    out: list[tuple[int, int, int, int]] = []
+    pos = start
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise WireFormatError(f"field number 0 at offset {pos}")
+        if wire == _VARINT:
+            value, pos = _varint(buf, pos, end)
+            out.append((number, wire, value, pos))
+        elif wire == _LEN:
+            length, pos = _varint(buf, pos, end)
+            if length > end - pos:
+                raise WireFormatError(f"field {number} runs past its message at offset {pos}")
+            out.append((number, wire, length, pos))
+            pos += length
+        elif wire in (_FIXED64, _FIXED32):
+            pos += 8 if wire == _FIXED64 else 4
+            if pos > end:
+                raise WireFormatError(f"truncated fixed-width field {number}")
+            out.append((number, wire, 0, pos))
+        else:  # groups (3, 4) are not used by ONNX; 6 and 7 are invalid
+            raise WireFormatError(f"unsupported wire type {wire} at offset {pos}")
+    return out
+
+
+def _tensor(buf: memoryview, start: int, end: int) -> Tensor | None:
+    name = b""
+    data_type = 0
+    dims: list[int] = []
+    raw: tuple[int, int] | None = None
+    for number, wire, value, pos in _fields(buf, start, end):
+        if number == _TENSOR_DIMS and wire == _VARINT:
+            dims.append(value)
+        elif number == _TENSOR_DIMS and wire == _LEN:  # packed repeated int64
+            p, stop = pos, pos + value
+            while p < stop:
+                dim, p = _varint(buf, p, stop)
+                dims.append(dim)
+        elif number == _TENSOR_DATA_TYPE and wire == _VARINT:
+            data_type = value
+        elif number == _TENSOR_NAME and wire == _LEN:
+            name = bytes(buf[pos : pos + value])
+        elif number == _TENSOR_RAW_DATA and wire == _LEN:
+            if raw is not None:
+                return None  # two raw_data fields: the parser would merge; not worth matching
+            raw = (pos, value)
+    if raw is None:
+        return None
+    return Tensor(name, data_type, tuple(dims), raw[0], raw[1])
+
+
+def initializers(data: memoryview) -> list[Tensor]:
+    """The inline initializers of a serialized ``ModelProto``, in file order.
+
+    Tensors without ``raw_data`` (typed repeated fields, external data) are left out:
+    the encoder treats their bytes like any other framing.
+
+    Raises:
+        WireFormatError: ``data`` is not a well-formed protobuf message.
+    """
+    tensors: list[Tensor] = []
+    for number, wire, length, pos in _fields(data, 0, len(data)):
+        if number != _MODEL_GRAPH:
+            continue
+        if wire != _LEN:
+            raise WireFormatError("ModelProto.graph is not length-delimited")
+        for g_number, g_wire, g_length, g_pos in _fields(data, pos, pos + length):
+            if g_number != _GRAPH_INITIALIZER:
+                continue
+            if g_wire != _LEN:
+                raise WireFormatError("GraphProto.initializer is not length-delimited")
+            tensor = _tensor(data, g_pos, g_pos + g_length)
+            if tensor is not None:
+                tensors.append(tensor)
+    return tensors
