@@ -94,16 +94,19 @@ def tuf_remote(root: Path, remote: str | None = None) -> Path:
     return Path(url.removeprefix("file://")) / TUF_SUBDIR
 
 
-def _facts(entry: VersionEntry, kind: str, ctx: CiContext) -> TargetFacts:
+def _facts(entry: VersionEntry, kind: str, ctx: CiContext, **extra: str) -> TargetFacts:
     spec = entry.manifest.spec
-    return TargetFacts(
-        kind=kind,  # type: ignore[arg-type]
-        model=entry.name,
-        version=entry.version,
-        git_commit=ctx.git_commit,
-        ci_run=ctx.ci_url or ctx.ci_run,
-        parent=spec.parent,
-        targets=[t.name for t in spec.targets],
+    return TargetFacts.model_validate(
+        {
+            "kind": kind,
+            "model": entry.name,
+            "version": entry.version,
+            "git_commit": ctx.git_commit,
+            "ci_run": ctx.ci_url or ctx.ci_run,
+            "parent": spec.parent,
+            "targets": [t.name for t in spec.targets],
+            **extra,
+        }
     )
 
 
@@ -142,7 +145,32 @@ def _stage_version(
         data = json.dumps(bundle, separators=(",", ":")).encode()
         trust.add_target(bundle_target, data, _facts(entry, "bundle", ctx))
         added.append(bundle_target)
+    delta_target = f"deltas/{entry.name}/{entry.version}.from-{entry.manifest.spec.parent}.delta"
+    if entry.manifest.spec.parent is not None and trust.published(delta_target) is None:
+        added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
     return added
+
+
+def _stage_delta(
+    repo: Repository, trust: TrustRepo, entry: VersionEntry, target: str, ctx: CiContext
+) -> list[str]:
+    """A delta from the parent's artifact, so devices holding it download only what changed."""
+    from registry.delta import encode
+    from signing.hashing import sha256_file
+
+    parent = repo.versions.get(entry.name, {}).get(entry.manifest.spec.parent or "")
+    if parent is None:
+        return []  # validation already reported the dangling parent
+    base = repo.root / parent.manifest.spec.artifact.path
+    new = repo.root / entry.manifest.spec.artifact.path
+    if not base.is_file():
+        raise PipelineError(
+            f"{parent.manifest.spec.artifact.path}: parent artifact missing from the work tree; "
+            "run `dvc pull` first"
+        )
+    facts = _facts(entry, "delta", ctx, base=parent.version, base_sha256=sha256_file(base))
+    trust.add_target(target, encode(base, new), facts)
+    return [target]
 
 
 def publish(

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
 
 from edge_sync.trust import DeviceTrust
+from registry.delta import decode
 from signing.errors import TargetMismatchError
 from signing.oms import verify_model
 from tests.conftest import git
@@ -38,6 +40,7 @@ def released(tmp_path: Path, cli, example_models: Path) -> Path:
         "bundles/mlp/1.0.0.sigstore.json",
         "bundles/mlp/1.1.0.sigstore.json",
         "channels.json",
+        "deltas/mlp/1.1.0.from-1.0.0.delta",
         "models/mlp/1.0.0.onnx",
         "models/mlp/1.1.0.onnx",
     ]
@@ -76,6 +79,15 @@ def test_device_gets_verified_artifacts_bundles_and_channels(
     assert verified.facts.git_commit == head
     with pytest.raises(TargetMismatchError):
         trust.fetch("models/mlp/1.0.0.onnx", tmp_path / "got", model="mlp", version="1.1.0")
+    # a device holding 1.0.0 rebuilds 1.1.0 from the signed delta, byte for byte
+    delta_info = trust.target_info("deltas/mlp/1.1.0.from-1.0.0.delta")
+    assert delta_info.facts.base == "1.0.0"
+    base = trust.fetch("models/mlp/1.0.0.onnx", tmp_path / "got", model="mlp", version="1.0.0")
+    assert delta_info.facts.base_sha256 == hashlib.sha256(base.read_bytes()).hexdigest()
+    delta = trust.fetch("deltas/mlp/1.1.0.from-1.0.0.delta", tmp_path / "got", kind="delta")
+    assert delta.stat().st_size < model.stat().st_size / 3
+    rebuilt = decode(base, delta, expected_sha256=info.sha256)
+    assert rebuilt == model.read_bytes()
 
 
 def test_publish_is_idempotent_and_follows_promotions(released: Path, cli, tmp_path: Path) -> None:
