@@ -45,7 +45,7 @@ from pipelines.diff_types import (
     WeightsDiff,
 )
 from pipelines.errors import ArtifactError, PipelineError
-from pipelines.onnx_signature import signature_from_model
+from pipelines.onnx_signature import load_onnx, signature_from_model
 from registry.errors import ManifestError
 from registry.gitinfo import git
 from registry.repository import (
@@ -59,21 +59,12 @@ from registry.schema import Goldens, ModelVersion
 
 
 def _load(source: ModelInput, shown: str) -> tuple[onnx.ModelProto, bytes]:
-    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-
     try:
         raw = source.read_bytes() if isinstance(source, Path) else source
-        if isinstance(source, Path):
-            # onnx.load resolves external data files beside the model.
-            model = onnx.load(str(source))
-        else:
-            model = onnx.load_from_string(source)
-    except (DecodeError, ValueError, RuntimeError) as e:
-        raise ArtifactError(shown, f"not an ONNX model ({e})") from None
     except OSError as e:
         raise ArtifactError(shown, f"cannot read: {e.strerror or e}") from None
-    if not model.graph.node and not model.graph.output:
-        raise ArtifactError(shown, "not an ONNX model (no graph)")
+    # From a file, onnx.load also resolves external data files beside the model.
+    model: onnx.ModelProto = load_onnx(source, shown)
     return model, raw
 
 

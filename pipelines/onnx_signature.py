@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from pipelines.errors import ArtifactError
 from registry.schema import Signature, TensorSpec
@@ -55,22 +55,42 @@ def signature_from_model(model: object, display: str) -> Signature:
     return Signature(inputs=sides["inputs"], outputs=sides["outputs"])
 
 
+def load_onnx(source: Path | bytes, display: str, *, external_data: bool = True) -> Any:
+    """Parse an ONNX model from a file or bytes, refusing what is not one.
+
+    Args:
+        source: the model file, or its bytes.
+        display: its name in error messages.
+        external_data: also load tensors stored in files beside the model.
+
+    Returns:
+        The ``onnx.ModelProto``.
+
+    Raises:
+        ArtifactError: unreadable, not protobuf, or no graph.
+    """
+    import onnx
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+
+    try:
+        if isinstance(source, Path):
+            model = onnx.load(str(source), load_external_data=external_data)
+        else:
+            model = onnx.load_from_string(source)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise ArtifactError(display, f"not an ONNX model ({e})") from None
+    except OSError as e:
+        raise ArtifactError(display, f"cannot read: {e.strerror or e}") from None
+    if not model.graph.node and not model.graph.output:
+        raise ArtifactError(display, "not an ONNX model (no graph)")
+    return model
+
+
 def read_signature(path: Path, display: str | None = None) -> Signature:
     """Load ``path`` as ONNX (without external data) and return its signature.
 
     Raises:
         ArtifactError: not a readable ONNX model.
     """
-    import onnx
-    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-
     shown = display or str(path)
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as e:
-        raise ArtifactError(shown, f"not an ONNX model ({e})") from None
-    except OSError as e:
-        raise ArtifactError(shown, f"cannot read: {e.strerror or e}") from None
-    if not model.graph.node and not model.graph.output:
-        raise ArtifactError(shown, "not an ONNX model (no graph)")
-    return signature_from_model(model, shown)
+    return signature_from_model(load_onnx(path, shown, external_data=False), shown)

@@ -30,7 +30,7 @@ from registry._delta_format import (
     unpack_header,
     unpack_instructions,
 )
-from registry.atomic import fsync_dir
+from registry.atomic import fsync_dir, replacement_mode
 from registry.delta import BaseMismatchError, CorruptDeltaError, DeltaLimits
 
 if TYPE_CHECKING:
@@ -151,15 +151,7 @@ class _Output:
             return self._memory.getvalue()
         fh, tmp, out = self._file
         fh.flush()
-        # Like registry.atomic.write_atomic: keep the mode of the file replaced, else the
-        # umask's default (mkstemp's 0600 would hide the model from the inference user).
-        try:
-            mode = out.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.fchmod(fh.fileno(), mode)
+        os.fchmod(fh.fileno(), replacement_mode(out))
         os.fsync(fh.fileno())
         fh.close()
         tmp.replace(out)

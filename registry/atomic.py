@@ -17,6 +17,20 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def replacement_mode(path: Path) -> int:
+    """Permission bits for a file about to replace ``path``: its own, else the umask's.
+
+    ``mkstemp`` creates files 0600, which would hide a replaced model from the user
+    that serves it; a replacement keeps what the old file had.
+    """
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` atomically and durably.
 
@@ -30,12 +44,7 @@ def write_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
     """
     folder = path.parent
     if mode is None:
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
+        mode = replacement_mode(path)
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
