@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,8 +195,24 @@ def ci_pr(
     return report
 
 
+class _Stopwatch:
+    """Milliseconds per named stage, in order (reported by ``ci release``)."""
+
+    def __init__(self) -> None:
+        self.timings: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = round((now - self._last) * 1000, 1)
+        self._last = now
+
+
 def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport:
-    """Build what is not yet released, publish it, and commit the signed metadata.
+    """Build what is not yet released, publish it, commit the signed metadata, mirror MLflow.
+
+    The report's ``timings_ms`` gives each stage: validate, build, publish (DVC push,
+    signing, deltas, TUF metadata), commit, register.
 
     Raises:
         ManifestError: the manifests are invalid.
@@ -203,14 +220,17 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
         ToolError: git or DVC fails.
     """
     from pipelines.publish import publish
+    from pipelines.register import register
     from signing.workspace import release_state, trust_paths
 
     env = os.environ if env is None else env
+    clock = _Stopwatch()
     repo = load_repository(start)
     problems = validate_paths(repo)
     if problems:
         raise ManifestError(problems)
-    report = CiReport("release")
+    report = CiReport("release", data={"timings_ms": clock.timings})
+    clock.lap("validate")
     state = release_state(repo.root, repo.config) or {}
     pending = [
         (e.name, e.version)
@@ -227,27 +247,30 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
             _write_outputs(repo.root, report, env)
             return report
         report.data["build"] = built.to_json()
+    clock.lap("build")
     published = publish(repo.root, env=env)
     report.data["published"] = published.added
+    clock.lap("publish")
     metadata = trust_paths(repo.root, repo.config).metadata
     committed = None
     if published.changed:
         git(repo.root, "add", "--", str(metadata))
-        if git(
-            repo.root, "diff", "--cached", "--quiet", "--", str(metadata), check=False
-        ).returncode:
+        staged = git(repo.root, "diff", "--cached", "--quiet", "--", str(metadata), check=False)
+        if staged.returncode:
             message = f"modelreg release: {len(published.added)} target(s) [skip ci]"
             git(repo.root, "commit", "-q", "-m", message, "--", str(metadata))
             committed = git(repo.root, "rev-parse", "HEAD").stdout.strip()
     report.data["commit"] = committed
+    clock.lap("commit")
     # Git is the source of truth; MLflow mirrors what was just released.
-    from pipelines.register import register
-
     mirrored = register(repo.root, env=env)
     report.data["mlflow"] = {"changes": len(mirrored.changes), "uri": mirrored.tracking_uri}
     report.problems.extend(str(d) for d in mirrored.drifts)
+    clock.lap("register")
     lines = [f"- `{t}`" for t in published.added] or ["- nothing new: every version is released"]
     lines.append(f"- MLflow: {len(mirrored.changes)} change(s) at {mirrored.tracking_uri}")
+    stages = ", ".join(f"{k} {v / 1000:.1f} s" for k, v in clock.timings.items())
+    lines.append(f"- stages: {stages}")
     report.sections.append("\n".join(["## modelreg release", "", *lines]))
     _write_outputs(repo.root, report, env)
     return report

@@ -97,6 +97,8 @@ def init_repo(
     root = target.resolve()
     created: list[Path] = []
     top = toplevel(root)
+    if top is not None and git(top, "check-ignore", "-q", str(root), check=False).returncode == 0:
+        top = None  # inside a work tree that ignores it: it gets a repository of its own
     git_initialized = top is None
     if top is None:
         git(root, "init", "--quiet", f"--initial-branch={branch}")

@@ -101,6 +101,7 @@ def test_release_publishes_commits_and_is_idempotent(
     assert "[skip ci]" in message
     assert git(repo, "status", "--porcelain", "--", "trust").strip() == ""
     assert report["mlflow"]["changes"] > 0
+    assert list(report["timings_ms"]) == ["validate", "build", "publish", "commit", "register"]
     row = json.loads(cli("status", "--json", cwd=repo).out)["versions"][0]
     assert row["ci_run"] == "https://github.example/acme/fleet/actions/runs/4242"
     assert cli("status", cwd=repo).out.splitlines()[1].split()[4] == "4242"

@@ -304,3 +304,14 @@ def test_real_entry_point_exit_codes(mlp_repo: Path) -> None:
     kinds = {d["properties"]["kind"]["const"] for d in json.loads(schema.out)["$defs"].values()
              if "kind" in d.get("properties", {})}  # fmt: skip
     assert kinds == {"RegisteredModel", "ModelVersion"}
+
+
+def test_init_inside_an_ignored_folder_gets_its_own_repository(tmp_path: Path, cli) -> None:
+    outer = tmp_path / "outer"
+    outer.mkdir()
+    git(outer, "init", "-q")
+    (outer / ".gitignore").write_text("/scratch/\n")
+    r = cli("init", str(outer / "scratch" / "fleet"), "--json", cwd=outer)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["git_initialized"] is True
+    assert (outer / "scratch/fleet/.git").is_dir()
