@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from pipelines import dvc
+from pipelines.build import BUILD_DIR, RECORD_FILE
 from pipelines.errors import PipelineError
 from registry.checks import validate_paths
 from registry.errors import ManifestError
@@ -145,10 +146,47 @@ def _stage_version(
         data = json.dumps(bundle, separators=(",", ":")).encode()
         trust.add_target(bundle_target, data, _facts(entry, "bundle", ctx))
         added.append(bundle_target)
+    added.extend(_stage_engines(repo, trust, entry, ctx))
     delta_target = f"deltas/{entry.name}/{entry.version}.from-{entry.manifest.spec.parent}.delta"
     if entry.manifest.spec.parent is not None and trust.published(delta_target) is None:
         added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
     return added
+
+
+def _stage_engines(
+    repo: Repository, trust: TrustRepo, entry: VersionEntry, ctx: CiContext
+) -> list[str]:
+    """Engines that ``modelreg build`` made for this version and that passed their check.
+
+    TensorRT engines are built on the device (their GPU decides), so only what the
+    runner could build is published; a version built elsewhere publishes none.
+    """
+    record = repo.root / BUILD_DIR / entry.name / entry.version / RECORD_FILE
+    try:
+        built = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not built.get("ok") or built.get("sha256") != _artifact_sha256(repo, entry):
+        return []  # a stale or failed build describes other bytes: publish nothing from it
+    added = []
+    for engine in built.get("engines", []):
+        path = engine.get("path")
+        if engine.get("status") != "built" or not path:
+            continue
+        suffix = Path(path).name.removeprefix(f"{engine['target']}.")
+        target = f"engines/{entry.name}/{entry.version}/{engine['target']}.{suffix}"
+        if trust.published(target) is None and (repo.root / path).is_file():
+            facts = _facts(entry, "engine", ctx, target=engine["target"])
+            trust.add_target(target, repo.root / path, facts)
+            added.append(target)
+    return added
+
+
+def _artifact_sha256(repo: Repository, entry: VersionEntry) -> str | None:
+    from signing.hashing import sha256_file
+
+    artifact = repo.root / entry.manifest.spec.artifact.path
+    return sha256_file(artifact) if artifact.is_file() else None
 
 
 def _stage_delta(

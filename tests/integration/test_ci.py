@@ -18,7 +18,8 @@ def repo(tmp_path: Path, cli, example_models: Path) -> Path:
     assert cli("init", str(root), cwd=tmp_path).code == 0
     assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=root).code == 0
     r = cli("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
-            "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"), cwd=root)  # fmt: skip
+            "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"),
+            "--target", "cpu=onnxruntime", cwd=root)  # fmt: skip
     assert r.code == 0, r.err
     assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=root).code == 0
     git(root, "add", "-A")
@@ -96,6 +97,15 @@ def test_release_publishes_commits_and_is_idempotent(
     assert r.code == 0, r.err
     report = json.loads(r.out)
     assert "models/mlp/1.0.0.onnx" in report["published"]
+    # the engine the runner built (and checked) is released too, signed for its target
+    assert "engines/mlp/1.0.0/cpu.ort.onnx" in report["published"]
+    from edge_sync.trust import DeviceTrust
+
+    DeviceTrust.provision(tmp_path / "dev", (repo / "trust/metadata/1.root.json").read_bytes())
+    device = DeviceTrust(tmp_path / "dev", repo, repo / ".modelreg/remote/modelreg")
+    device.refresh()
+    engine = device.target_info("engines/mlp/1.0.0/cpu.ort.onnx")
+    assert (engine.facts.kind, engine.facts.target) == ("engine", "cpu")
     assert report["commit"] == git(repo, "rev-parse", "HEAD").strip()
     message = git(repo, "log", "-1", "--format=%s")
     assert "[skip ci]" in message

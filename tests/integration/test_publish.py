@@ -144,3 +144,36 @@ def test_status_shows_signed_and_published(released: Path, cli, example_models: 
     assert table[3].split()[:2] == ["mlp", "2.0.0"]
     assert table[3].split()[-2:] == ["no", "no"]
     assert table[1].split()[-2:] == ["yes", "yes"]
+
+
+def test_an_interrupted_publish_resumes(
+    tmp_path: Path, cli, example_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipelines import publish as publish_module
+    from signing.tuf_repo import TrustRepo
+
+    root = tmp_path / "fleet"
+    assert cli("init", str(root), cwd=tmp_path).code == 0
+    assert cli("model", "add", "mlp", cwd=root).code == 0
+    assert cli("version", "add", "mlp", "1.0.0", "--artifact",
+               str(example_models / "mlp/1.0.0.onnx"), cwd=root).code == 0  # fmt: skip
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "mlp 1.0.0")
+    before = sorted(p.name for p in (root / "trust/metadata").iterdir())
+
+    def crash(self: TrustRepo, *args: object, **kwargs: object) -> object:
+        raise KeyboardInterrupt  # the runner is killed after the targets were copied
+
+    monkeypatch.setattr(TrustRepo, "publish", crash)
+    with pytest.raises(KeyboardInterrupt):
+        publish_module.publish(root)
+    assert sorted(p.name for p in (root / "trust/metadata").iterdir()) == before
+    assert any((root / ".modelreg/remote/modelreg/targets").rglob("*.1.0.0.onnx"))
+    monkeypatch.undo()
+    r = cli("publish", "--json", cwd=root)
+    assert r.code == 0, r.err
+    assert "models/mlp/1.0.0.onnx" in json.loads(r.out)["added"]
+    trust = device(root, tmp_path)
+    trust.refresh()
+    got = trust.fetch("models/mlp/1.0.0.onnx", tmp_path / "got", model="mlp", version="1.0.0")
+    assert got.read_bytes() == (example_models / "mlp/1.0.0.onnx").read_bytes()
