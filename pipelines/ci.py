@@ -195,6 +195,20 @@ def ci_pr(
     return report
 
 
+def _commit_metadata(repo: Repository, targets: int) -> str | None:
+    """Commit the re-signed trust metadata with ``[skip ci]``; the new commit, if any."""
+    from signing.workspace import trust_paths
+
+    metadata = str(trust_paths(repo.root, repo.config).metadata)
+    git(repo.root, "add", "--", metadata)
+    staged = git(repo.root, "diff", "--cached", "--quiet", "--", metadata, check=False)
+    if not staged.returncode:
+        return None
+    message = f"modelreg release: {targets} target(s) [skip ci]"
+    git(repo.root, "commit", "-q", "-m", message, "--", metadata)
+    return git(repo.root, "rev-parse", "HEAD").stdout.strip()
+
+
 class _Stopwatch:
     """Milliseconds per named stage, in order (reported by ``ci release``)."""
 
@@ -219,9 +233,9 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
         KeyMaterialError: an online key is missing.
         ToolError: git or DVC fails.
     """
-    from pipelines.publish import publish
-    from pipelines.register import register
-    from signing.workspace import release_state, trust_paths
+    from pipelines.publish import RELEASE_DIR, publish
+    from pipelines.register import ReleaseExtras, register
+    from signing.workspace import release_state
 
     env = os.environ if env is None else env
     clock = _Stopwatch()
@@ -251,19 +265,18 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
     published = publish(repo.root, env=env)
     report.data["published"] = published.added
     clock.lap("publish")
-    metadata = trust_paths(repo.root, repo.config).metadata
     committed = None
     if published.changed:
-        git(repo.root, "add", "--", str(metadata))
-        staged = git(repo.root, "diff", "--cached", "--quiet", "--", str(metadata), check=False)
-        if staged.returncode:
-            message = f"modelreg release: {len(published.added)} target(s) [skip ci]"
-            git(repo.root, "commit", "-q", "-m", message, "--", str(metadata))
-            committed = git(repo.root, "rev-parse", "HEAD").stdout.strip()
+        committed = _commit_metadata(repo, len(published.added))
     report.data["commit"] = committed
     clock.lap("commit")
     # Git is the source of truth; MLflow mirrors what was just released.
-    mirrored = register(repo.root, env=env)
+    extras = {}
+    for entry in repo.all_versions():
+        bundle = repo.root / RELEASE_DIR / f"bundles/{entry.name}/{entry.version}.sigstore.json"
+        if bundle.is_file():
+            extras[(entry.name, entry.version)] = ReleaseExtras(bundle=bundle)
+    mirrored = register(repo.root, env=env, extras=extras)
     report.data["mlflow"] = {"changes": len(mirrored.changes), "uri": mirrored.tracking_uri}
     report.problems.extend(str(d) for d in mirrored.drifts)
     clock.lap("register")

@@ -24,6 +24,7 @@ from typing import Final
 from pipelines import dvc
 from pipelines.build import BUILD_DIR, RECORD_FILE
 from pipelines.errors import PipelineError
+from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.errors import ManifestError
 from registry.gitinfo import git
@@ -35,6 +36,7 @@ from signing.tuf_repo import TrustRepo
 from signing.workspace import ONLINE, TrustPaths, signer, trust_paths
 
 TUF_SUBDIR: Final = "modelreg"
+RELEASE_DIR: Final = ".modelreg/release"
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,10 @@ def _stage_version(
         bundle = sign_model(artifact, key, model_name=f"{entry.name}-{entry.version}", facts=facts)
         data = json.dumps(bundle, separators=(",", ":")).encode()
         trust.add_target(bundle_target, data, _facts(entry, "bundle", ctx))
+        # Kept beside the build records, so the MLflow mirror can attach it.
+        local = repo.root / RELEASE_DIR / bundle_target
+        local.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(local, data)
         added.append(bundle_target)
     added.extend(_stage_engines(repo, trust, entry, ctx))
     delta_target = f"deltas/{entry.name}/{entry.version}.from-{entry.manifest.spec.parent}.delta"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -106,6 +107,13 @@ def test_release_publishes_commits_and_is_idempotent(
     device.refresh()
     engine = device.target_info("engines/mlp/1.0.0/cpu.ort.onnx")
     assert (engine.facts.kind, engine.facts.target) == ("engine", "cpu")
+    # MLflow holds the release's OMS bundle digest, the same bytes the device can fetch
+    import mlflow
+
+    bundle = device.fetch("bundles/mlp/1.0.0.sigstore.json", tmp_path / "b", kind="bundle")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{repo / '.modelreg/mlflow.db'}")
+    tags = client.get_model_version("mlp", "1").tags
+    assert tags["modelreg.bundle_digest"] == hashlib.sha256(bundle.read_bytes()).hexdigest()
     assert report["commit"] == git(repo, "rev-parse", "HEAD").strip()
     message = git(repo, "log", "-1", "--format=%s")
     assert "[skip ci]" in message
