@@ -115,7 +115,6 @@ class Demo:
         self.run("git", "log", "--oneline", "-3")
 
         self.pull_request(ex)
-        print(f"\nThe demo repository is in {self.repo}")
 
     def pull_request(self, ex: str) -> None:
         """A v2 pull request: review comment with the diff, a broken variant, merge, release."""
@@ -211,15 +210,17 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"{args.dir} is not empty")
         args.dir.mkdir(parents=True, exist_ok=True)
         Demo(args.dir.resolve()).main()
+        print(f"\nThe demo repository is in {args.dir.resolve() / 'fleet-models'}")
         return
     work = Path(tempfile.mkdtemp(prefix="modelreg-demo-"))
     try:
         Demo(work).main()
     finally:
         if args.keep:
-            print(f"(kept {work})")
+            print(f"\nThe demo repository is in {work / 'fleet-models'}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+            print("\n(the demo ran in a temporary folder, now removed; --keep keeps it)")
 
 
 if __name__ == "__main__":
