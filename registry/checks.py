@@ -5,14 +5,13 @@ Each check yields ``Problem``s located in the manifest that must change to fix t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import semver
 
-from registry.dvcfile import read_pointer
-from registry.errors import ManifestError, Problem
+from registry.dvcfile import check_pointer
+from registry.errors import Problem
 from registry.loader import format_loc
 from registry.repository import ModelEntry, Repository, VersionEntry, parse_version
 from registry.schema import Signature, TensorSpec
@@ -89,18 +88,16 @@ def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> 
     other = owners.setdefault(path, f"{entry.name} {entry.version}")
     if other != f"{entry.name} {entry.version}":
         yield _at(entry.doc, loc, f"{path} is already the artifact of {other}")
-    pointer = os.path.join(repo.show.root, f"{path}.dvc")
-    if not os.path.isfile(pointer):
+    # Loading usually checked the pointer already (in parallel); else check it now.
+    check = repo.pointers.get(path) or check_pointer(repo.show.root, repo.show.prefix, path)
+    if not check.exists:
         yield _at(
             entry.doc,
             loc,
             f"no DVC pointer {path}.dvc; track the file with `dvc add {path}`",
         )
         return
-    try:
-        read_pointer(Path(pointer), repo.show(pointer), path.rpartition("/")[2])
-    except ManifestError as e:
-        yield from e.problems
+    yield from check.problems
 
 
 def _files_exist(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:

@@ -6,6 +6,7 @@ DVC for that would cost a second of start-up and pull DVC onto edge installs.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from registry.errors import ManifestError
+from registry.errors import ManifestError, Problem
 from registry.loader import validate_document
 from registry.yamlsrc import read_yaml
 
@@ -84,3 +85,30 @@ def read_pointer(pointer: Path, display: str, artifact_name: str) -> DvcPointer:
             field="outs[0].path",
         )
     return DvcPointer(out.md5, out.size, out.path)
+
+
+@dataclass(frozen=True, slots=True)
+class PointerCheck:
+    """Whether ``<artifact>.dvc`` exists and what is wrong with it (nothing when valid)."""
+
+    artifact: str
+    exists: bool
+    problems: tuple[Problem, ...] = ()
+
+
+def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck:
+    """Check the pointer of ``artifact`` (a clean repository-relative path).
+
+    Args:
+        root: repository root, as a string.
+        display_prefix: what to put before repository-relative paths in messages.
+        artifact: the artifact path from the manifest.
+    """
+    pointer = os.path.join(root, f"{artifact}.dvc")  # noqa: PTH118 - hot path, see repository
+    if not os.path.isfile(pointer):  # noqa: PTH113 - hot path
+        return PointerCheck(artifact, exists=False)
+    try:
+        read_pointer(Path(pointer), f"{display_prefix}{artifact}.dvc", artifact.rpartition("/")[2])
+    except ManifestError as e:
+        return PointerCheck(artifact, exists=True, problems=e.problems)
+    return PointerCheck(artifact, exists=True)

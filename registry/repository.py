@@ -18,16 +18,17 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import semver
 import yaml
 
 from registry.cache import ParseCache, Stamp, stamp_of
 from registry.config import CONFIG_FILE, RepoConfig, find_root, load_config
+from registry.dvcfile import PointerCheck, check_pointer
 from registry.errors import ManifestError, Problem
 from registry.loader import load_manifest
-from registry.schema import ModelVersion, RegisteredModel
+from registry.schema import ModelVersion, RegisteredModel, repo_path
 from registry.yamlsrc import DEFAULT_LIMITS, YamlDocument, read_yaml
 
 MODEL_FILE: Final = "model.yaml"
@@ -75,6 +76,8 @@ class Repository:
     problems: list[Problem] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     show: _Display = field(init=False, repr=False)
+    pointers: dict[str, PointerCheck] = field(default_factory=dict, repr=False)
+    """DVC pointer checks made while loading, by artifact path."""
     broken: set[tuple[str, str | None]] = field(default_factory=set)
     """(model, version) whose file exists but did not load; version None for model.yaml."""
 
@@ -143,18 +146,44 @@ class _Result:
     doc: YamlDocument | None
     manifest: RegisteredModel | ModelVersion | None
     problems: tuple[Problem, ...]
+    pointer: PointerCheck | None = None
 
 
-def _parse(task: _Task) -> tuple[YamlDocument | None, tuple[Problem, ...]]:
+_Parsed = tuple[YamlDocument | None, tuple[Problem, ...], PointerCheck | None]
+
+
+def _artifact_of(data: Any) -> str | None:
+    """The artifact path a version's raw data names, if it is a clean relative path."""
+    spec = data.get("spec") if isinstance(data, dict) else None
+    artifact = spec.get("artifact") if isinstance(spec, dict) else None
+    path = artifact.get("path") if isinstance(artifact, dict) else artifact
+    if not isinstance(path, str):
+        return None
+    try:
+        return repo_path(path)
+    except ValueError:
+        return None  # validation reports it; never read outside the repository
+
+
+def _parse(task: _Task, show: _Display) -> _Parsed:
     # The part worth a worker process: plain data pickles back cheaply, while the
     # validated pydantic models would cost more to pickle than they cost to build.
+    # A version's DVC pointer is read here too, so that I/O runs in parallel as well.
     try:
-        return read_yaml(task.path, task.file), ()
+        doc = read_yaml(task.path, task.file)
     except ManifestError as e:
-        return None, e.problems
+        return None, e.problems, None
+    artifact = _artifact_of(doc.data) if task.kind == "ModelVersion" else None
+    pointer = check_pointer(show.root, show.prefix, artifact) if artifact else None
+    return doc, (), pointer
 
 
-def _validate(task: _Task, doc: YamlDocument | None, problems: tuple[Problem, ...]) -> _Result:
+def _validate(
+    task: _Task,
+    doc: YamlDocument | None,
+    problems: tuple[Problem, ...],
+    pointer: PointerCheck | None = None,
+) -> _Result:
     if doc is None:
         return _Result(task, None, None, problems)
     try:
@@ -162,7 +191,7 @@ def _validate(task: _Task, doc: YamlDocument | None, problems: tuple[Problem, ..
     except ManifestError as e:
         return _Result(task, None, None, e.problems)
     assert isinstance(manifest, RegisteredModel | ModelVersion)  # noqa: S101 - load_manifest's contract
-    return _Result(task, doc, manifest, ())
+    return _Result(task, doc, manifest, (), pointer)
 
 
 def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Task]:
@@ -213,19 +242,25 @@ def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Tas
     return tasks
 
 
-def _parse_all(
-    tasks: list[_Task], jobs: int | None
-) -> list[tuple[YamlDocument | None, tuple[Problem, ...]]]:
+def _parse_all(tasks: list[_Task], jobs: int | None, show: _Display) -> Iterator[_Parsed]:
+    """Parsed documents in task order, yielded as soon as each chunk is ready.
+
+    The caller validates what arrives while the workers parse the rest, so schema
+    validation (in this process) overlaps with parsing (in the pool).
+    """
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     if workers <= 1 or len(tasks) < _PARALLEL_FROM:
-        return [_parse(t) for t in tasks]
-    chunk = max(64, len(tasks) // (workers * 4))
+        yield from (_parse(t, show) for t in tasks)
+        return
+    chunk = max(64, len(tasks) // (workers * 8))
     with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        return list(pool.map(_parse, tasks, chunksize=chunk))
+        yield from pool.map(functools.partial(_parse, show=show), tasks, chunksize=chunk)
 
 
-def _run(tasks: list[_Task], jobs: int | None, cache: ParseCache | None) -> list[_Result]:
-    parsed: dict[int, tuple[YamlDocument | None, tuple[Problem, ...]]] = {}
+def _run(
+    tasks: list[_Task], jobs: int | None, cache: ParseCache | None, show: _Display
+) -> list[_Result]:
+    parsed: dict[int, _Parsed] = {}
     stamps: dict[int, Stamp] = {}
     if cache is not None:
         for i, task in enumerate(tasks):
@@ -235,14 +270,16 @@ def _run(tasks: list[_Task], jobs: int | None, cache: ParseCache | None) -> list
                 continue  # read_yaml reports it
             data = cache.get(task.file, stamps[i])
             if data is not None:
-                parsed[i] = (YamlDocument(task.file, data, None, source=task.path), ())
+                parsed[i] = (YamlDocument(task.file, data, None, source=task.path), (), None)
         cache.keep_only({t.file for t in tasks})
+    results: dict[int, _Result] = {i: _validate(tasks[i], *result) for i, result in parsed.items()}
     missing = [i for i in range(len(tasks)) if i not in parsed]
-    for i, result in zip(missing, _parse_all([tasks[i] for i in missing], jobs), strict=True):
-        parsed[i] = result
+    todo = [tasks[i] for i in missing]
+    for i, result in zip(missing, _parse_all(todo, jobs, show), strict=True):
         if cache is not None and result[0] is not None and i in stamps:
             cache.put(tasks[i].file, stamps[i], result[0].data)
-    return [_validate(task, *parsed[i]) for i, task in enumerate(tasks)]
+        results[i] = _validate(tasks[i], *result)
+    return [results[i] for i in range(len(tasks))]
 
 
 @contextlib.contextmanager
@@ -296,7 +333,7 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
     tasks = _scan(root / config.manifests, repo.show, repo.problems)
     parse_cache = ParseCache(root, _cache_key()) if cache else None
     with _no_gc():
-        results = _run(tasks, jobs, parse_cache)
+        results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None:
         parse_cache.save()
     for result in results:
@@ -326,6 +363,8 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
             continue
         assert result.doc is not None  # noqa: S101 - set together with manifest
         manifest = result.manifest
+        if result.pointer is not None:
+            repo.pointers[result.pointer.artifact] = result.pointer
         if isinstance(manifest, RegisteredModel):
             repo.models[task.model_dir] = ModelEntry(
                 task.model_dir, task.file, task.path, result.doc, manifest

@@ -59,7 +59,12 @@ def _semver(value: str) -> str:
     return value
 
 
-def _repo_path(value: str) -> str:
+def repo_path(value: str) -> str:
+    """``value`` if it is a clean repository-relative POSIX path.
+
+    Raises:
+        ValueError: absolute, empty parts, ``..``, or unusual characters.
+    """
     parts = value.split("/")
     if (
         not _SAFE_PATH_RE.match(value)
@@ -76,7 +81,7 @@ def _repo_path(value: str) -> str:
 Name = Annotated[str, StringConstraints(pattern=DNS_LABEL_RE)]
 """A DNS label: lowercase letters, digits and '-', at most 63 characters."""
 SemVer = Annotated[str, AfterValidator(_semver)]
-RepoPath = Annotated[str, StringConstraints(max_length=1024), AfterValidator(_repo_path)]
+RepoPath = Annotated[str, StringConstraints(max_length=1024), AfterValidator(repo_path)]
 Symbol = Annotated[str, StringConstraints(pattern=SYMBOL_RE)]
 LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_RE)]
 LabelValue = Annotated[str, StringConstraints(max_length=63)]
