@@ -155,3 +155,18 @@ def pull(root: Path, targets: list[str], remote: str | None = None) -> None:
             open_repo(root).pull(targets=targets, remote=remote)
         except DvcException as e:
             raise ToolError(f"dvc pull {' '.join(targets)} failed: {e}") from None
+
+
+def remote_fs(root: Path, name: str | None = None) -> Any:
+    """DVC's remote object for ``name`` (default remote): ``.fs`` (fsspec-style) and ``.path``.
+
+    Raises:
+        ToolError: DVC is missing or the remote is not configured.
+    """
+    from dvc.exceptions import DvcException
+
+    with quiet():
+        try:
+            return open_repo(root).cloud.get_remote(name)
+        except DvcException as e:
+            raise ToolError(f"DVC remote {name or '(default)'}: {e}") from None

@@ -9,30 +9,33 @@ immutable: a version already published is never re-signed, so a second run with
 nothing new writes nothing.
 
 The TUF targets live under ``<DVC remote>/modelreg/targets/`` (consistent-snapshot
-names); devices use ``<DVC remote>/modelreg`` as their artifact remote.
+names), on any remote DVC can write; devices use ``<DVC remote>/modelreg`` as their
+artifact remote.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from pipelines import dvc
 from pipelines.build import BUILD_DIR, RECORD_FILE
 from pipelines.errors import PipelineError
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.errors import ManifestError
+from registry.errors import ManifestError, ToolError
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry, load_repository
 from signing.keys import private_key_from_env
 from signing.oms import ModelFacts, sign_model
-from signing.tuf_facts import ChannelsDoc, TargetFacts, next_channels
+from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
+from signing.tuf_roles import TARGETS_DIR, stored_name
 from signing.workspace import ONLINE, TrustPaths, signer, trust_paths
 
 TUF_SUBDIR: Final = "modelreg"
@@ -69,7 +72,7 @@ class CiContext:
 class PublishReport:
     """What a publish did."""
 
-    remote: Path
+    remote: str
     pushed: int
     added: list[str] = field(default_factory=list)
     versions: Mapping[str, int] = field(default_factory=dict)
@@ -81,20 +84,73 @@ class PublishReport:
         return bool(self.added or self.metadata)
 
 
-def tuf_remote(root: Path, remote: str | None = None) -> Path:
-    """The folder that receives TUF targets: ``<DVC remote>/modelreg``.
+class TargetStore:
+    """Where TUF targets go: ``<DVC remote>/modelreg/targets/``, local or not.
 
-    Raises:
-        PipelineError: the DVC remote is not a local folder (object stores come later).
-        ToolError: no such DVC remote.
+    A local remote is written directly.  Any other DVC remote (S3, HTTP, SSH, ...) is
+    reached through DVC's own filesystem for it, so the same credentials and config
+    apply: targets are staged in a local folder and uploaded file by file, skipping
+    those already there (target names carry their hash, so equal names are equal bytes).
     """
-    url = dvc.remote_url(root, remote)
-    if "://" in url and not url.startswith("file://"):
-        raise PipelineError(
-            f"DVC remote {url} is not a local folder; publishing signed targets there "
-            "is not supported yet"
-        )
-    return Path(url.removeprefix("file://")) / TUF_SUBDIR
+
+    def __init__(self, root: Path, remote: str | None) -> None:
+        url = dvc.remote_url(root, remote)
+        self.url = url.rstrip("/") + "/" + TUF_SUBDIR
+        self.local: Path | None = None
+        self._fs: Any = None
+        self._base = ""
+        if "://" not in url or url.startswith("file://"):
+            self.local = Path(url.removeprefix("file://")) / TUF_SUBDIR
+        else:
+            handle = dvc.remote_fs(root, remote)
+            self._fs, self._base = handle.fs, handle.fs.join(handle.path, TUF_SUBDIR)
+
+    def load_channels(self, trust: TrustRepo) -> ChannelsDoc | None:
+        """The signed channels document as published (verified), if any.
+
+        Raises:
+            DigestMismatchError: the remote copy differs from the signed one.
+            ToolError: the remote cannot be read.
+        """
+        if self.local is not None:
+            return trust.load_channels(self.local)
+        info = trust.published(CHANNELS_PATH)
+        if info is None:
+            return None
+        with tempfile.TemporaryDirectory() as tmp:
+            rel = f"{TARGETS_DIR}/{stored_name(info)}"
+            dest = Path(tmp, rel)
+            dest.parent.mkdir(parents=True)
+            self._call("download", self._fs.get_file, self._fs.join(self._base, rel), str(dest))
+            return trust.load_channels(Path(tmp))
+
+    def write(self, trust: TrustRepo) -> list[str]:
+        """Copy the staged targets to the store; returns what was uploaded.
+
+        Raises:
+            DigestMismatchError: a source changed since it was staged.
+            ToolError: the remote cannot be written.
+        """
+        if self.local is not None:
+            return [str(p) for p in trust.write_targets_to(self.local)]
+        uploaded = []
+        with tempfile.TemporaryDirectory() as tmp:
+            trust.write_targets_to(Path(tmp))
+            for path in sorted(Path(tmp).rglob("*")):
+                if not path.is_file():
+                    continue
+                rel = path.relative_to(tmp).as_posix()
+                dest = self._fs.join(self._base, rel)
+                if not self._call("check", self._fs.exists, dest):
+                    self._call("upload", self._fs.put_file, str(path), dest)
+                    uploaded.append(rel)
+        return uploaded
+
+    def _call(self, what: str, fn: Any, *args: str) -> Any:
+        try:
+            return fn(*args)
+        except Exception as e:  # fsspec backends raise anything; report it in one line
+            raise ToolError(f"cannot {what} {args[-1]} on {self.url}: {e}") from e
 
 
 def _facts(entry: VersionEntry, kind: str, ctx: CiContext, **extra: str) -> TargetFacts:
@@ -237,14 +293,14 @@ def publish(
     # Every key is resolved before anything is pushed or written: a missing secret
     # fails the job at once instead of half-way.
     signers = {role: signer(paths, role, env) for role in ONLINE}
-    remote = tuf_remote(repo.root, repo.config.remote)
+    store = TargetStore(repo.root, repo.config.remote)
     pushed = dvc.push(repo.root, repo.config.remote) if push else 0
     trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
     ctx = CiContext.from_env(repo.root, env)
     added: list[str] = []
     for entry in repo.all_versions():
         added.extend(_stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env))
-    previous: ChannelsDoc | None = trust.load_channels(remote)
+    previous = store.load_channels(trust)
     desired = {
         name: {
             channel: (a.version, a.rollout.percent if a.rollout else None)
@@ -256,6 +312,6 @@ def publish(
     if channels is not previous:
         trust.set_channels(channels, previous)
         added.append("channels.json")
-    trust.write_targets_to(remote)
+    store.write(trust)
     result = trust.publish(signers)
-    return PublishReport(remote, pushed, added, dict(result.versions), list(result.written))
+    return PublishReport(store.url, pushed, added, dict(result.versions), list(result.written))

@@ -276,6 +276,7 @@ def publish(no_push: bool, as_json: bool) -> None:
         ok("nothing to publish: every version is already released")
         return
     versions = ", ".join(f"{r} {v}" for r, v in sorted(report.versions.items()))
-    ok(f"published {len(report.added)} target(s) to {display_path(report.remote)} ({versions})")
+    where = report.remote if "://" in report.remote else display_path(Path(report.remote))
+    ok(f"published {len(report.added)} target(s) to {where} ({versions})")
     for target in report.added:
         click.echo(f"  {target}")
