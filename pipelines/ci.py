@@ -30,7 +30,8 @@ from pipelines.diff import diff_against_base
 from pipelines.diff_report import append_step_summary, base_json, base_markdown
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.errors import ManifestError, Problem
+from registry.config import find_root
+from registry.errors import ManifestError, Problem, RegistryError
 from registry.gitinfo import git
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
@@ -135,6 +136,18 @@ def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
     return problems
 
 
+def _released_changes(repo: Repository) -> list[Problem]:
+    """Released versions whose artifact this pull request swaps (they are immutable)."""
+    from pipelines.publish import released_changes
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import trust_paths
+
+    paths = trust_paths(repo.root, repo.config)
+    if not (paths.metadata / "1.root.json").is_file():
+        return []
+    return released_changes(repo, TrustRepo.load(paths.metadata, expiry=paths.expiry))
+
+
 def _write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path:
     folder = root / CI_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -152,7 +165,7 @@ def _write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path
     return comment
 
 
-def ci_pr(
+def _ci_pr(
     start: Path, *, base: str | None = None, env: Mapping[str, str] | None = None
 ) -> CiReport:
     """Validate, check policy, build and diff what a pull request changes.
@@ -165,10 +178,14 @@ def ci_pr(
     env = os.environ if env is None else env
     repo = load_repository(start)
     pr = PullRequest.from_env(env, base)
+    if git(
+        repo.root, "rev-parse", "--verify", "--quiet", f"{pr.base}^{{commit}}", check=False
+    ).returncode:
+        raise ValueError(f"git ref {pr.base!r} does not name a commit")
     report = CiReport("pr", data={"base": pr.base})
     problems = validate_paths(repo)
     if not problems:
-        problems = policy_problems(repo, pr)
+        problems = policy_problems(repo, pr) + _released_changes(repo)
     report.problems.extend(str(p) for p in sorted(problems, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}"]
@@ -222,7 +239,7 @@ class _Stopwatch:
         self._last = now
 
 
-def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport:
+def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport:
     """Build what is not yet released, publish it, commit the signed metadata, mirror MLflow.
 
     The report's ``timings_ms`` gives each stage: validate, build, publish (DVC push,
@@ -287,3 +304,51 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
     report.sections.append("\n".join(["## modelreg release", "", *lines]))
     _write_outputs(repo.root, report, env)
     return report
+
+
+def _failed(start: Path, kind: str, error: RegistryError, env: Mapping[str, str]) -> CiReport:
+    """A run that stopped on an error still writes its comment, report and outputs."""
+    report = CiReport(kind)
+    if isinstance(error, ManifestError):
+        report.problems.extend(str(p) for p in error.problems)
+    else:
+        report.problems.append(str(error))
+    lines = ["## modelreg", "", "**❌ failed**", "", "```", *report.problems, "```"]
+    report.sections.append("\n".join(lines))
+    _write_outputs(find_root(start), report, env)
+    return report
+
+
+def ci_pr(
+    start: Path, *, base: str | None = None, env: Mapping[str, str] | None = None
+) -> CiReport:
+    """Validate, check policy, build and diff what a pull request changes.
+
+    Failures are in the returned report (and the comment, JSON report and GitHub
+    outputs are written either way).
+
+    Raises:
+        RepositoryError: not inside a repository.
+        ValueError: no base ref, or it does not name a commit.
+    """
+    env = os.environ if env is None else env
+    try:
+        return _ci_pr(start, base=base, env=env)
+    except RegistryError as e:
+        return _failed(start, "pr", e, env)
+
+
+def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport:
+    """Build, publish, commit and mirror what is not yet released (see ``_ci_release``).
+
+    Failures are in the returned report (and the report files and GitHub outputs are
+    written either way).
+
+    Raises:
+        RepositoryError: not inside a repository.
+    """
+    env = os.environ if env is None else env
+    try:
+        return _ci_release(start, env=env)
+    except RegistryError as e:
+        return _failed(start, "release", e, env)

@@ -28,7 +28,7 @@ from pipelines.build import BUILD_DIR, RECORD_FILE
 from pipelines.errors import PipelineError
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.errors import ManifestError, ToolError
+from registry.errors import ManifestError, Problem, ToolError
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry, load_repository
 from signing.keys import private_key_from_env
@@ -188,7 +188,9 @@ def _stage_version(
                 f"{entry.manifest.spec.artifact.path}: artifact missing from the work tree; "
                 "run `dvc pull` first"
             )
-        trust.add_target(target, artifact, _facts(entry, "artifact", ctx))
+        md5 = _pointer_md5(repo, entry)
+        extra = {"dvc_md5": md5} if md5 else {}
+        trust.add_target(target, artifact, _facts(entry, "artifact", ctx, **extra))
         added.append(target)
     if trust.published(bundle_target) is None:
         key = private_key_from_env("targets", env, paths.keys)
@@ -213,6 +215,55 @@ def _stage_version(
     if entry.manifest.spec.parent is not None and trust.published(delta_target) is None:
         added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
     return added
+
+
+def _pointer_md5(repo: Repository, entry: VersionEntry) -> str | None:
+    from registry.dvcfile import read_pointer
+
+    path = entry.manifest.spec.artifact.path
+    try:
+        pointer = read_pointer(repo.root / f"{path}.dvc", f"{path}.dvc", path.rpartition("/")[2])
+    except ManifestError:
+        return None  # validation reports it
+    return pointer.md5
+
+
+def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
+    """Released versions whose artifact no longer matches what was signed.
+
+    Versions are immutable once released: a different file must be a new version.
+    The check compares the DVC pointer's md5 with the one signed at release (no
+    hashing); for releases signed before that fact existed, the workspace file's
+    SHA-256 when it is present.
+    """
+    from signing.hashing import sha256_file
+
+    problems = []
+    for entry in repo.all_versions():
+        info = trust.published(f"models/{entry.name}/{entry.version}.onnx")
+        if info is None:
+            continue
+        facts = TargetFacts.from_custom(info.custom)
+        artifact = entry.manifest.spec.artifact.path
+        if facts.dvc_md5 is not None:
+            changed = _pointer_md5(repo, entry) not in (None, facts.dvc_md5)
+        elif (repo.root / artifact).is_file():
+            changed = sha256_file(repo.root / artifact) != info.hashes.get("sha256")
+        else:
+            continue
+        if changed:
+            line, col = entry.doc.position(("spec", "artifact"))
+            problems.append(
+                Problem(
+                    entry.file,
+                    f"version {entry.version} is released and its artifact {artifact} has "
+                    "changed since; versions are immutable: declare a new version",
+                    line,
+                    col,
+                    "spec.artifact",
+                )
+            )
+    return problems
 
 
 def _stage_engines(
@@ -294,8 +345,11 @@ def publish(
     # fails the job at once instead of half-way.
     signers = {role: signer(paths, role, env) for role in ONLINE}
     store = TargetStore(repo.root, repo.config.remote)
-    pushed = dvc.push(repo.root, repo.config.remote) if push else 0
     trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    swapped = released_changes(repo, trust)
+    if swapped:
+        raise ManifestError(swapped)
+    pushed = dvc.push(repo.root, repo.config.remote) if push else 0
     ctx = CiContext.from_env(repo.root, env)
     added: list[str] = []
     for entry in repo.all_versions():

@@ -19,6 +19,7 @@ class StatusReport:
     root: Path
     rows: list[VersionStatus]
     problems: list[Problem]
+    models: tuple[str, ...] = ()
 
 
 def repository_status(
@@ -50,4 +51,4 @@ def repository_status(
     rows = collect_status(repo, commits, dirty, relative)
     if model is not None:
         rows = [r for r in rows if r.model == model]
-    return StatusReport(repo.root, rows, repo.problems)
+    return StatusReport(repo.root, rows, repo.problems, tuple(repo.models))

@@ -159,7 +159,15 @@ def private_key_from_env(
     if value.lstrip().startswith(PEM_HEADER):
         key = _load_private(value.encode(), f"${var}", passphrase)
     elif value:
-        key = load_private_key(value, passphrase)
+        # A path, unless it cannot be one: the value is a secret, so it is never echoed.
+        path = Path(value) if len(value) < 4096 and "\n" not in value else None
+        if path is None or not path.is_file():
+            raise KeyMaterialError(f"${var}: neither a PEM private key nor a readable key file")
+        try:
+            data = path.read_bytes()
+        except OSError:
+            raise KeyMaterialError(f"${var}: the key file it names cannot be read") from None
+        key = _load_private(data, f"${var}", passphrase)
     elif key_dir is not None and (key_dir / f"{role}.key").is_file():
         key = load_private_key(key_dir / f"{role}.key", passphrase)
     else:

@@ -47,6 +47,8 @@ class TargetFacts(Strict):
         target: the device target an engine was built for.
         base, base_sha256: the version (and exact file) a delta applies to.
         sequence: the channels document's sequence number.
+        dvc_md5: for an artifact, the md5 its DVC pointer records (lets CI prove a
+            released version's file was not swapped without hashing it again).
     """
 
     kind: TargetKind
@@ -60,6 +62,7 @@ class TargetFacts(Strict):
     base: SemVer | None = None
     base_sha256: Sha256Hex | None = None
     sequence: Annotated[int, Field(ge=0)] | None = None
+    dvc_md5: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> TargetFacts:

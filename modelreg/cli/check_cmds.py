@@ -124,6 +124,11 @@ def status(as_json: bool, model_name: str | None, no_cache: bool, with_mlflow: b
     from registry.status_report import repository_status
 
     report = repository_status(Path.cwd(), model=model_name, cache=not no_cache)
+    if model_name is not None and not report.rows and model_name not in report.models:
+        known = ", ".join(sorted(report.models)) or "none"
+        raise ManifestError.single(
+            model_name, f"model {model_name!r} is not declared (declared: {known})"
+        )
     rows = _with_release_state(report.root, report.rows)
     if with_mlflow:
         import dataclasses

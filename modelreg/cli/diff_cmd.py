@@ -9,6 +9,12 @@ import click
 from modelreg.cli._output import emit_json, ok
 
 
+def _existing_parent(value: Path | None) -> Path | None:
+    if value is not None and not value.parent.is_dir():
+        raise click.BadParameter(f"folder {value.parent} does not exist", param_hint="--output")
+    return value
+
+
 @click.command()
 @click.argument("name", required=False)
 @click.argument("old", required=False)
@@ -17,7 +23,8 @@ from modelreg.cli._output import emit_json, ok
 @click.option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    callback=lambda ctx, param, value: _existing_parent(value),
     help="Write the markdown report to FILE (e.g. the PR comment body).",
 )
 @click.option(

@@ -158,7 +158,7 @@ def version() -> None:
 
 @version.command("add")
 @click.argument("name")
-@click.argument("version_")
+@click.argument("version_", metavar="VERSION")
 @click.option(
     "--artifact",
     required=True,
@@ -250,7 +250,7 @@ def version_add(
 
 @click.command()
 @click.argument("name")
-@click.argument("version_")
+@click.argument("version_", metavar="VERSION")
 @click.option("--channel", "-c", required=True, help="Channel to point at VERSION.")
 @click.option(
     "--percent",

@@ -131,3 +131,18 @@ def test_release_publishes_commits_and_is_idempotent(
     assert json.loads(again.out)["commit"] is None
     assert json.loads(again.out)["mlflow"]["changes"] == 0
     assert git(repo, "log", "-1", "--format=%s") == message
+
+
+def test_release_failure_still_reports(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    github_env(tmp_path, monkeypatch, "HEAD", "main")
+    model = repo / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("canary: 1.0.0", "canary: 7.0.0"))
+    r = cli("ci", "release", "--json", cwd=repo)
+    assert r.code == 1
+    report = json.loads(r.out)
+    assert report["ok"] is False
+    assert "points at version 7.0.0, which is not declared" in report["problems"][0]
+    assert "ok=false" in (tmp_path / "output.txt").read_text()
+    assert (repo / ".modelreg/ci/release-report.json").is_file()

@@ -315,3 +315,13 @@ def test_init_inside_an_ignored_folder_gets_its_own_repository(tmp_path: Path, c
     assert r.code == 0, r.err
     assert json.loads(r.out)["git_initialized"] is True
     assert (outer / "scratch/fleet/.git").is_dir()
+
+
+def test_status_and_diff_refuse_bad_arguments_cleanly(mlp_repo: Path, cli) -> None:
+    unknown = cli("status", "--model", "nosuch", cwd=mlp_repo)
+    assert unknown.code == 1
+    assert unknown.err.strip() == "nosuch: model 'nosuch' is not declared (declared: mlp)"
+    missing_dir = cli("diff", "mlp", "1.0.0", "1.1.0", "-o", "/nonexistent/x.md", cwd=mlp_repo)
+    assert missing_dir.code == 2
+    assert "folder /nonexistent does not exist" in missing_dir.err
+    assert "Traceback" not in missing_dir.err + unknown.err

@@ -177,3 +177,25 @@ def test_an_interrupted_publish_resumes(
     trust.refresh()
     got = trust.fetch("models/mlp/1.0.0.onnx", tmp_path / "got", model="mlp", version="1.0.0")
     assert got.read_bytes() == (example_models / "mlp/1.0.0.onnx").read_bytes()
+
+
+def test_a_released_version_cannot_be_swapped(released: Path, cli, example_models: Path) -> None:
+    artifact = released / "models/mlp/1.0.0.onnx"
+    artifact.write_bytes((example_models / "mlp/2.0.0.onnx").read_bytes())
+    from pipelines.dvc import add
+
+    add(released, artifact)
+    git(released, "commit", "-qam", "swap the released 1.0.0")
+    assert cli("validate", cwd=released).code == 0  # the manifests themselves are fine
+    r = cli("publish", cwd=released)
+    assert r.code == 1
+    assert (
+        "spec.artifact: version 1.0.0 is released and its artifact models/mlp/1.0.0.onnx has changed since"
+        in r.err
+    )
+    pr = cli("ci", "pr", "--base", "HEAD~1", cwd=released)
+    assert pr.code == 1
+    assert "versions are immutable: declare a new version" in pr.err
+    bad = cli("ci", "pr", "--base", "no-such-ref", cwd=released)
+    assert bad.code == 2
+    assert "git ref 'no-such-ref' does not name a commit" in bad.err

@@ -73,3 +73,16 @@ def test_wrong_key_types_are_refused(tmp_path: Path) -> None:
     (tmp_path / "junk.pub").write_text("not a key")
     with pytest.raises(KeyMaterialError, match="not a PEM public key"):
         load_public_key(tmp_path / "junk.pub")
+
+
+@pytest.mark.parametrize(
+    "value", ["SUPERSECRETVALUE123", "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0t" * 3]
+)
+def test_a_value_that_is_neither_pem_nor_a_file_is_not_echoed(value: str) -> None:
+    with pytest.raises(KeyMaterialError) as info:
+        signer_from_env("targets", {"MODELREG_TARGETS_KEY": value})
+    assert value not in str(info.value)
+    assert (
+        str(info.value)
+        == "$MODELREG_TARGETS_KEY: neither a PEM private key nor a readable key file"
+    )
