@@ -55,11 +55,15 @@ class PullRequest:
 
         Raises:
             ValueError: no base given and no pull-request event to read it from.
+            RegistryError: ``GITHUB_EVENT_PATH`` names a file that is not JSON.
         """
         event: dict[str, Any] = {}
         path = env.get("GITHUB_EVENT_PATH")
         if path and Path(path).is_file():
-            event = json.loads(Path(path).read_text(encoding="utf-8"))
+            try:
+                event = json.loads(Path(path).read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise RegistryError(f"{path}: not a readable GitHub event ({e})") from None
         pr = event.get("pull_request") or {}
         found = base or (pr.get("base") or {}).get("sha")
         if not found:

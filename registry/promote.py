@@ -24,6 +24,7 @@ class PromoteResult:
     previous: str | None
     percent: float | None
     changed: bool
+    previous_percent: float | None = None
 
 
 def promote(
@@ -91,4 +92,5 @@ def promote(
         previous=previous.version if previous else None,
         percent=percent,
         changed=changed,
+        previous_percent=previous.rollout.percent if previous and previous.rollout else None,
     )

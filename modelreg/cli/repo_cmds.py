@@ -284,4 +284,6 @@ def promote(
         f" (was {result.previous})" if result.previous and result.previous != result.version else ""
     )
     verb = "promoted" if result.changed else "already promoted:"
+    if result.previous_percent is not None and result.percent is None and result.changed:
+        was += f" (rollout {result.previous_percent:g}% -> all devices)"
     ok(f"{verb} {name} {result.version} to {result.channel}{share}{was} in {result.file}")

@@ -146,3 +146,14 @@ def test_release_failure_still_reports(
     assert "points at version 7.0.0, which is not declared" in report["problems"][0]
     assert "ok=false" in (tmp_path / "output.txt").read_text()
     assert (repo / ".modelreg/ci/release-report.json").is_file()
+
+
+def test_pr_with_an_unreadable_event_file(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    event = tmp_path / "event.json"
+    event.write_text("{bad")
+    monkeypatch.setenv("GITHUB_EVENT_PATH", str(event))
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 1
+    assert r.err.strip().startswith(f"{event}: not a readable GitHub event")

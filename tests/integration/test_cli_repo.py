@@ -325,3 +325,10 @@ def test_status_and_diff_refuse_bad_arguments_cleanly(mlp_repo: Path, cli) -> No
     assert missing_dir.code == 2
     assert "folder /nonexistent does not exist" in missing_dir.err
     assert "Traceback" not in missing_dir.err + unknown.err
+
+
+def test_promote_says_when_a_rollout_becomes_full(mlp_repo: Path, cli) -> None:
+    assert cli("promote", "mlp", "1.1.0", "-c", "canary", "--percent", "10", cwd=mlp_repo).code == 0
+    full = cli("promote", "mlp", "1.1.0", "-c", "canary", cwd=mlp_repo)
+    assert full.code == 0
+    assert "(rollout 10% -> all devices)" in full.out
