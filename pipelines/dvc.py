@@ -142,21 +142,6 @@ def push(root: Path, remote: str | None = None) -> int:
             raise ToolError(f"dvc push failed: {e}") from None
 
 
-def pull(root: Path, targets: list[str], remote: str | None = None) -> None:
-    """``dvc pull TARGETS``: fetch tracked files into the workspace.
-
-    Raises:
-        ToolError: DVC fails (remote unreachable, file missing there).
-    """
-    from dvc.exceptions import DvcException
-
-    with quiet():
-        try:
-            open_repo(root).pull(targets=targets, remote=remote)
-        except DvcException as e:
-            raise ToolError(f"dvc pull {' '.join(targets)} failed: {e}") from None
-
-
 def remote_fs(root: Path, name: str | None = None) -> Any:
     """DVC's remote object for ``name`` (default remote): ``.fs`` (fsspec-style) and ``.path``.
 

@@ -218,14 +218,12 @@ def _stage_version(
 
 
 def _pointer_md5(repo: Repository, entry: VersionEntry) -> str | None:
-    from registry.dvcfile import read_pointer
+    """The md5 the version's DVC pointer records (checked while loading, else now)."""
+    from registry.dvcfile import check_pointer
 
     path = entry.manifest.spec.artifact.path
-    try:
-        pointer = read_pointer(repo.root / f"{path}.dvc", f"{path}.dvc", path.rpartition("/")[2])
-    except ManifestError:
-        return None  # validation reports it
-    return pointer.md5
+    check = repo.pointers.get(path) or check_pointer(str(repo.root), "", path)
+    return check.md5
 
 
 def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
@@ -279,7 +277,7 @@ def _stage_engines(
         built = json.loads(record.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    if not built.get("ok") or built.get("sha256") != _artifact_sha256(repo, entry):
+    if not built.get("ok") or built.get("md5") != _pointer_md5(repo, entry):
         return []  # a stale or failed build describes other bytes: publish nothing from it
     added = []
     for engine in built.get("engines", []):
@@ -293,13 +291,6 @@ def _stage_engines(
             trust.add_target(target, repo.root / path, facts)
             added.append(target)
     return added
-
-
-def _artifact_sha256(repo: Repository, entry: VersionEntry) -> str | None:
-    from signing.hashing import sha256_file
-
-    artifact = repo.root / entry.manifest.spec.artifact.path
-    return sha256_file(artifact) if artifact.is_file() else None
 
 
 def _stage_delta(

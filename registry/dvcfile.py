@@ -94,6 +94,7 @@ class PointerCheck:
     artifact: str
     exists: bool
     problems: tuple[Problem, ...] = ()
+    md5: str | None = None
 
 
 def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck:
@@ -108,7 +109,9 @@ def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck
     if not os.path.isfile(pointer):  # noqa: PTH113 - hot path
         return PointerCheck(artifact, exists=False)
     try:
-        read_pointer(Path(pointer), f"{display_prefix}{artifact}.dvc", artifact.rpartition("/")[2])
+        found = read_pointer(
+            Path(pointer), f"{display_prefix}{artifact}.dvc", artifact.rpartition("/")[2]
+        )
     except ManifestError as e:
         return PointerCheck(artifact, exists=True, problems=e.problems)
-    return PointerCheck(artifact, exists=True)
+    return PointerCheck(artifact, exists=True, md5=found.md5)

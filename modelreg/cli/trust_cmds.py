@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -14,6 +15,18 @@ from registry.repository import display_path
 if TYPE_CHECKING:
     from signing.workspace import TrustPaths
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _role(help_text: str) -> Callable[[F], F]:
+    """The ``--role`` option of the key commands (the four TUF roles)."""
+    return click.option(
+        "--role",
+        required=True,
+        type=click.Choice(["root", "targets", "snapshot", "timestamp"]),
+        help=help_text,
+    )
+
 
 @click.group()
 def keys() -> None:
@@ -21,12 +34,7 @@ def keys() -> None:
 
 
 @keys.command("generate")
-@click.option(
-    "--role",
-    required=True,
-    type=click.Choice(["root", "targets", "snapshot", "timestamp"]),
-    help="Role the key signs for (targets also signs OMS bundles).",
-)
+@_role("Role the key signs for (targets also signs OMS bundles).")
 @click.option(
     "--out",
     "out_dir",
@@ -75,12 +83,7 @@ def _repo_trust() -> TrustPaths:
 
 
 @keys.command("rotate")
-@click.option(
-    "--role",
-    required=True,
-    type=click.Choice(["root", "targets", "snapshot", "timestamp"]),
-    help="Role whose key is replaced.",
-)
+@_role("Role whose key is replaced.")
 @click.option(
     "--new-public-key",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -107,12 +110,7 @@ def keys_rotate(role: str, new_public_key: Path | None, as_json: bool) -> None:
 
 
 @keys.command("revoke")
-@click.option(
-    "--role",
-    required=True,
-    type=click.Choice(["root", "targets", "snapshot", "timestamp"]),
-    help="Role that trusted the key.",
-)
+@_role("Role that trusted the key.")
 @click.option("--keyid", required=True, help="Id of the key to revoke (see trust/metadata).")
 @click.option(
     "--replacement",

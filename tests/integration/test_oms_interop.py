@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -42,13 +41,8 @@ from tests.oms_helpers import (
     remove_file,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        importlib.util.find_spec("model_signing") is None,
-        reason="model-signing (a dev dependency) is not installed",
-    ),
-]
+# model-signing is a dev dependency that `make test` installs: these tests always run.
+pytestmark = pytest.mark.integration
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "oms_fixtures"
 

@@ -18,7 +18,7 @@ from registry.edit import set_channel
 from registry.errors import ManifestError
 from registry.loader import load_manifest
 from registry.render import render_model
-from registry.schema import DNS_LABEL_RE, ModelVersion, RegisteredModel
+from registry.schema import DNS_LABEL_RE, RegisteredModel
 from registry.yamlsrc import parse_yaml
 
 MODEL_FILE = "manifests/mlp/model.yaml"
@@ -174,9 +174,8 @@ def assert_loads_or_fails_cleanly(text: str, file: str, kind: str) -> None:
     except ManifestError as e:
         problems = e.problems
     else:
-        assert isinstance(manifest, RegisteredModel | ModelVersion)
+        assert manifest.kind == kind  # type: ignore[attr-defined]
         return
-    assert problems
     bound = max(1, _line_count(text) + 1)
     for problem in problems:
         assert problem.file == file
@@ -191,9 +190,8 @@ def assert_loads_or_fails_cleanly(text: str, file: str, kind: str) -> None:
 @pytest.mark.parametrize("base", sorted(BASES))
 def test_bases_are_valid(base: str) -> None:
     text, file, kind = BASES[base]
-    assert isinstance(
-        load_manifest(parse_yaml(text.encode(), file), kind), RegisteredModel | ModelVersion
-    )
+    manifest = load_manifest(parse_yaml(text.encode(), file), kind)
+    assert manifest.kind == kind  # type: ignore[attr-defined]
 
 
 @settings(max_examples=300, deadline=None, phases=NO_EXPLAIN)
