@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.build import BuildError, build
 from pipelines.diff import diff_against_base
@@ -38,20 +38,35 @@ from registry.policy import promotion_violations
 from registry.repository import Repository, load_repository
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
+from signing.workspace import release_state
+
+if TYPE_CHECKING:
+    from pipelines.register import ReleaseExtras
 
 CI_DIR: Final = ".modelreg/ci"
 
 
 @dataclass(frozen=True)
 class PullRequest:
-    """What the CI run knows about the pull request."""
+    """What the CI run knows about the pull request.
+
+    Attributes:
+        base: the commit the pull request is compared with.
+        target_branch: the branch it would merge into, when known.
+        number, head, author: the pull request's number, head commit and author's
+            login; known only from a pull-request event (``GITHUB_EVENT_PATH``).
+    """
 
     base: str
     target_branch: str | None = None
+    number: int | None = None
+    head: str | None = None
+    author: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], base: str | None) -> PullRequest:
-        """From ``GITHUB_EVENT_PATH`` (a pull_request event), else ``base``.
+        """From ``GITHUB_EVENT_PATH`` (a pull_request or pull_request_review event),
+        else ``base``.
 
         Raises:
             ValueError: no base given and no pull-request event to read it from.
@@ -69,7 +84,14 @@ class PullRequest:
         if not found:
             raise ValueError("no base to compare against: pass --base REF or run on a pull_request")
         branch = (pr.get("base") or {}).get("ref") or env.get("GITHUB_BASE_REF")
-        return cls(found, branch)
+        number = pr.get("number")
+        return cls(
+            found,
+            branch,
+            number if isinstance(number, int) else None,
+            (pr.get("head") or {}).get("sha"),
+            (pr.get("user") or {}).get("login"),
+        )
 
 
 @dataclass
@@ -99,14 +121,25 @@ def _base_model(root: Repository, base: str, name: str) -> RegisteredModel | Non
     return manifest if isinstance(manifest, RegisteredModel) else None
 
 
-def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
-    """Promotions in this pull request that break their model's policy.
+@dataclass(frozen=True)
+class _Promotion:
+    """A model whose channels a pull request changes, and where the first change is."""
+
+    model: str
+    approvals: int
+    where: Problem
+
+
+def _promotions(repo: Repository, pr: PullRequest) -> tuple[list[Problem], list[_Promotion]]:
+    """Promotions in this pull request that break their model's policy, and every model
+    whose channels it changes.
 
     A channel that changed must follow the promotion order as it stood on the base
     (the version served the channel before it), and a pull request that changes
     channels must target the model's promotion branch.
     """
     problems: list[Problem] = []
+    promotions: list[_Promotion] = []
     for name, entry in sorted(repo.models.items()):
         head = entry.manifest
         base = _base_model(repo, pr.base, name)
@@ -121,6 +154,14 @@ def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
             )
             line, col = entry.doc.position(("spec", "channels", channel))
             where = f"spec.channels.{channel}"
+            if not any(p.model == name for p in promotions):
+                promotions.append(
+                    _Promotion(
+                        name,
+                        head.spec.promotion.approvals,
+                        Problem(entry.file, "", line, col, where),
+                    )
+                )
             problems.extend(
                 Problem(entry.file, reason, line, col, where)
                 for reason in promotion_violations(reference, declared, assignment.version, channel)
@@ -137,7 +178,65 @@ def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
                         where,
                     )
                 )
-    return problems
+    return problems, promotions
+
+
+def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
+    """Promotions in this pull request that break their model's order or branch policy."""
+    return _promotions(repo, pr)[0]
+
+
+def approval_problems(
+    promotions: list[_Promotion], pr: PullRequest, env: Mapping[str, str]
+) -> tuple[list[Problem], str]:
+    """Promotions without the approvals their model's policy asks for.
+
+    Approvals are counted on GitHub (``GITHUB_TOKEN``, ``GITHUB_API_URL``,
+    ``GITHUB_REPOSITORY``) for the pull request of the event; outside a pull request
+    there is nothing to count and the check says so instead of passing or failing.
+
+    Returns:
+        The problems, and a line for the comment saying what was found.
+    """
+    from pipelines.github import DEFAULT_API, GitHubError, approvers, fetch_reviews
+
+    needed = [p for p in promotions if p.approvals > 0]
+    if not needed:
+        return [], "no promotion needs an approval"
+    if pr.number is None or pr.head is None:
+        return [], "not checked (no pull request event to count approvals on)"
+    repository, token = env.get("GITHUB_REPOSITORY"), env.get("GITHUB_TOKEN")
+    reason = None
+    if not repository:
+        reason = "GITHUB_REPOSITORY is not set"
+    elif not token:
+        reason = "GITHUB_TOKEN is not set; give the step `GITHUB_TOKEN: ${{ github.token }}`"
+    else:
+        try:
+            reviews = fetch_reviews(
+                repository, pr.number, token, api=env.get("GITHUB_API_URL") or DEFAULT_API
+            )
+        except GitHubError as e:
+            reason = str(e)
+    if reason is not None:
+        return [_at(p.where, f"cannot count the approvals this promotion needs: {reason}")
+                for p in needed], "could not be counted"  # fmt: skip
+    names = approvers(reviews, head=pr.head, author=pr.author)
+    problems = [
+        _at(
+            p.where,
+            f"promoting {p.model!r} needs {p.approvals} approval(s) of commit {pr.head[:12]}; "
+            f"it has {len(names)}" + (f" ({', '.join(sorted(names))})" if names else ""),
+        )
+        for p in needed
+        if len(names) < p.approvals
+    ]
+    who = ", ".join(sorted(names)) or "none"
+    return problems, f"{len(names)} approval(s) of {pr.head[:12]} ({who})"
+
+
+def _at(where: Problem, message: str) -> Problem:
+    return Problem(where.file, message, where.line, where.col, where.field)
 
 
 def _released_changes(repo: Repository) -> list[Problem]:
@@ -188,11 +287,15 @@ def _ci_pr(
         raise ValueError(f"git ref {pr.base!r} does not name a commit")
     report = CiReport("pr", data={"base": pr.base})
     problems = validate_paths(repo)
+    approvals = "not checked (invalid manifests)"
     if not problems:
-        problems = policy_problems(repo, pr) + _released_changes(repo)
+        problems, promotions = _promotions(repo, pr)
+        problems += _released_changes(repo)
+        found, approvals = approval_problems(promotions, pr, env)
+        problems += found
     report.problems.extend(str(p) for p in sorted(problems, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
-    checks = [f"- manifests and promotion policy: {status}"]
+    checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
     if not problems:
         try:
             built = build(repo.root, base=pr.base)
@@ -254,9 +357,8 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         KeyMaterialError: an online key is missing.
         ToolError: git or DVC fails.
     """
-    from pipelines.publish import RELEASE_DIR, publish
-    from pipelines.register import ReleaseExtras, register
-    from signing.workspace import release_state
+    from pipelines.publish import publish
+    from pipelines.register import register
 
     env = os.environ if env is None else env
     clock = _Stopwatch()
@@ -291,23 +393,83 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         committed = _commit_metadata(repo, len(published.added))
     report.data["commit"] = committed
     clock.lap("commit")
-    # Git is the source of truth; MLflow mirrors what was just released.
-    extras = {}
-    for entry in repo.all_versions():
-        bundle = repo.root / RELEASE_DIR / f"bundles/{entry.name}/{entry.version}.sigstore.json"
-        if bundle.is_file():
-            extras[(entry.name, entry.version)] = ReleaseExtras(bundle=bundle)
+    # Git is the source of truth; MLflow mirrors what was just released.  Versions
+    # MLflow lacks (new ones, or ones a failed run did not mirror) get their OMS bundle
+    # and their diff report attached.
+    extras, summaries, failures = _mirror_extras(repo, env)
+    report.problems.extend(failures)
+    clock.lap("diff")
     mirrored = register(repo.root, env=env, extras=extras)
     report.data["mlflow"] = {"changes": len(mirrored.changes), "uri": mirrored.tracking_uri}
     report.problems.extend(str(d) for d in mirrored.drifts)
     clock.lap("register")
     lines = [f"- `{t}`" for t in published.added] or ["- nothing new: every version is released"]
+    lines.extend(f"- {model} {version}: {text}" for (model, version), text in summaries.items())
     lines.append(f"- MLflow: {len(mirrored.changes)} change(s) at {mirrored.tracking_uri}")
     stages = ", ".join(f"{k} {v / 1000:.1f} s" for k, v in clock.timings.items())
     lines.append(f"- stages: {stages}")
     report.sections.append("\n".join(["## modelreg release", "", *lines]))
     _write_outputs(repo.root, report, env)
     return report
+
+
+def _mirror_extras(
+    repo: Repository, env: Mapping[str, str]
+) -> tuple[dict[tuple[str, str], ReleaseExtras], dict[tuple[str, str], str], list[str]]:
+    """OMS bundle and diff report of each released version that MLflow does not hold yet.
+
+    The bundle comes from the artifact remote (verified against the signed metadata),
+    the diff is computed against the parent and written under ``.modelreg/release/diffs``.
+    A diff that cannot be made is a problem of the run but does not hold the mirror back.
+
+    Returns:
+        The extras by (model, version), the one-line diff summaries, and the problems.
+    """
+    from pipelines.diff import diff_versions
+    from pipelines.diff_report import summary, to_markdown
+    from pipelines.publish import RELEASE_DIR, TargetStore
+    from pipelines.register import ReleaseExtras, mlflow_versions
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import trust_paths
+
+    held = mlflow_versions(repo.root, env=env)
+    state = release_state(repo.root, repo.config) or {}
+    missing = [
+        e for e in repo.all_versions() if (e.name, e.version) not in held and
+        (released := state.get((e.name, e.version))) and released.signed
+    ]  # fmt: skip
+    extras: dict[tuple[str, str], ReleaseExtras] = {}
+    summaries: dict[tuple[str, str], str] = {}
+    problems: list[str] = []
+    if not missing:
+        return extras, summaries, problems
+    paths = trust_paths(repo.root, repo.config)
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    store = TargetStore(repo.root, repo.config.remote)
+    release = repo.root / RELEASE_DIR
+    for entry in missing:
+        key = (entry.name, entry.version)
+        bundle = release / f"bundles/{entry.name}/{entry.version}.sigstore.json"
+        if not bundle.is_file():
+            bundle.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(
+                bundle, store.read(trust, f"bundles/{entry.name}/{entry.version}.sigstore.json")
+            )
+        report, text = None, None
+        parent = entry.manifest.spec.parent
+        if parent is not None:
+            try:
+                diff = diff_versions(repo.root, entry.name, parent, entry.version)
+            except RegistryError as e:
+                problems.append(f"{entry.name} {entry.version}: no diff against {parent}: {e}")
+            else:
+                text = summary(diff)
+                report = release / f"diffs/{entry.name}/{entry.version}.diff.md"
+                report.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(report, (to_markdown(diff) + "\n").encode())
+                summaries[key] = text
+        extras[key] = ReleaseExtras(bundle=bundle, diff_report=report, diff_summary=text)
+    return extras, summaries, problems
 
 
 def _failed(start: Path, kind: str, error: RegistryError, env: Mapping[str, str]) -> CiReport:

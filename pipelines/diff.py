@@ -44,7 +44,7 @@ from pipelines.diff_types import (
     Verdict,
     WeightsDiff,
 )
-from pipelines.errors import ArtifactError, PipelineError
+from pipelines.errors import ArtifactError
 from pipelines.onnx_signature import load_onnx, signature_from_model
 from registry.errors import ManifestError
 from registry.gitinfo import git
@@ -185,14 +185,12 @@ def _entry(repo: Repository, name: str, version: str) -> VersionEntry:
 
 
 def _artifact(repo: Repository, entry: VersionEntry) -> Path:
+    """The version's artifact, pulled through DVC when the workspace lacks it (as in a
+    fresh CI checkout) and checked against its pointer either way."""
+    from pipelines.build_fetch import fetch_artifact
+
     rel = entry.manifest.spec.artifact.path
-    path = repo.root / rel
-    if not path.is_file():
-        raise PipelineError(
-            f"{display_path(path)}: artifact of {entry.name} {entry.version} is not in the "
-            f"workspace; fetch it with `dvc pull {rel}`"
-        )
-    return path
+    return fetch_artifact(repo.root, rel, repo.display(repo.root / rel)).path
 
 
 def _diff_entries(repo: Repository, old: VersionEntry, new: VersionEntry) -> ModelDiff:
@@ -220,8 +218,9 @@ def diff_versions(repo_root: Path, name: str, old: str, new: str) -> ModelDiff:
     Raises:
         RepositoryError: ``repo_root`` is not in a modelreg repository.
         ManifestError: a version is not declared (or its manifest is invalid).
-        PipelineError: an artifact file is missing (not pulled from DVC).
-        ArtifactError: an artifact is not readable ONNX.
+        ArtifactError: an artifact is in neither the workspace nor DVC's cache or
+            remote, differs from its pointer, or is not readable ONNX.
+        ToolError: DVC is not installed and an artifact must be pulled.
     """
     repo = load_repository(repo_root, jobs=1)
     return _diff_entries(repo, _entry(repo, name, old), _entry(repo, name, new))
@@ -255,8 +254,9 @@ def diff_against_base(repo_root: Path, base: str) -> BaseDiff:
         RepositoryError: ``repo_root`` is not in a modelreg repository.
         ToolError: git fails (unknown ref, not a git work tree).
         ManifestError: a parent is not declared.
-        PipelineError: an artifact file is missing (not pulled from DVC).
-        ArtifactError: an artifact is not readable ONNX.
+        ArtifactError: an artifact is in neither the workspace nor DVC's cache or
+            remote, differs from its pointer, or is not readable ONNX.
+        ToolError: DVC is not installed and an artifact must be pulled.
     """
     repo = load_repository(repo_root, jobs=1)
     diffs: list[ModelDiff] = []

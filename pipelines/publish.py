@@ -25,12 +25,13 @@ from typing import Any, Final
 
 from pipelines import dvc
 from pipelines.build import BUILD_DIR, RECORD_FILE
-from pipelines.errors import PipelineError
+from pipelines.build_fetch import fetch_artifact
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.errors import ManifestError, Problem, ToolError
+from registry.errors import ManifestError, PolicyError, Problem, ToolError
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry, load_repository
+from signing.errors import FileSetError
 from signing.keys import private_key_from_env
 from signing.oms import ModelFacts, sign_model
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
@@ -112,17 +113,29 @@ class TargetStore:
             DigestMismatchError: the remote copy differs from the signed one.
             ToolError: the remote cannot be read.
         """
-        if self.local is not None:
-            return trust.load_channels(self.local)
-        info = trust.published(CHANNELS_PATH)
-        if info is None:
+        if trust.published(CHANNELS_PATH) is None:
             return None
+        return ChannelsDoc.from_bytes(self.read(trust, CHANNELS_PATH))
+
+    def read(self, trust: TrustRepo, path: str) -> bytes:
+        """A published target's bytes from the store, verified against the signed metadata.
+
+        Raises:
+            FileSetError: ``path`` is not published, or the store has no copy.
+            DigestMismatchError: the store's copy differs from the signed one.
+            ToolError: the remote cannot be read.
+        """
+        if self.local is not None:
+            return trust.read_target(self.local, path)
+        info = trust.published(path)
+        if info is None:
+            raise FileSetError("not published", path)
         with tempfile.TemporaryDirectory() as tmp:
             rel = f"{TARGETS_DIR}/{stored_name(info)}"
             dest = Path(tmp, rel)
             dest.parent.mkdir(parents=True)
             self._call("download", self._fs.get_file, self._fs.join(self._base, rel), str(dest))
-            return trust.load_channels(Path(tmp))
+            return trust.read_target(Path(tmp), path)
 
     def write(self, trust: TrustRepo) -> list[str]:
         """Copy the staged targets to the store; returns what was uploaded.
@@ -182,12 +195,9 @@ def _stage_version(
     artifact = repo.root / entry.manifest.spec.artifact.path
     target = f"models/{entry.name}/{entry.version}.onnx"
     bundle_target = f"bundles/{entry.name}/{entry.version}.sigstore.json"
+    if trust.published(target) is None or trust.published(bundle_target) is None:
+        _fetch(repo, entry)
     if trust.published(target) is None:
-        if not artifact.is_file():
-            raise PipelineError(
-                f"{entry.manifest.spec.artifact.path}: artifact missing from the work tree; "
-                "run `dvc pull` first"
-            )
         md5 = _pointer_md5(repo, entry)
         extra = {"dvc_md5": md5} if md5 else {}
         trust.add_target(target, artifact, _facts(entry, "artifact", ctx, **extra))
@@ -215,6 +225,13 @@ def _stage_version(
     if entry.manifest.spec.parent is not None and trust.published(delta_target) is None:
         added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
     return added
+
+
+def _fetch(repo: Repository, entry: VersionEntry) -> Path:
+    """The version's artifact in the work tree, pulled through DVC if it is missing there
+    (a fresh CI checkout has none) and checked against its pointer."""
+    rel = entry.manifest.spec.artifact.path
+    return fetch_artifact(repo.root, rel, repo.display(repo.root / rel)).path
 
 
 def _pointer_md5(repo: Repository, entry: VersionEntry) -> str | None:
@@ -303,16 +320,55 @@ def _stage_delta(
     parent = repo.versions.get(entry.name, {}).get(entry.manifest.spec.parent or "")
     if parent is None:
         return []  # validation already reported the dangling parent
-    base = repo.root / parent.manifest.spec.artifact.path
-    new = repo.root / entry.manifest.spec.artifact.path
-    if not base.is_file():
-        raise PipelineError(
-            f"{parent.manifest.spec.artifact.path}: parent artifact missing from the work tree; "
-            "run `dvc pull` first"
-        )
+    base, new = _fetch(repo, parent), _fetch(repo, entry)
     facts = _facts(entry, "delta", ctx, base=parent.version, base_sha256=sha256_file(base))
     trust.add_target(target, encode(base, new), facts)
     return [target]
+
+
+def current_branch(root: Path, env: Mapping[str, str] | None = None) -> str | None:
+    """The branch being released: ``GITHUB_REF`` in CI, else the work tree's ``HEAD``.
+
+    None when it is not a branch (a tag, a pull-request ref, a detached ``HEAD``).
+    """
+    ref = (os.environ if env is None else env).get("GITHUB_REF", "")
+    if ref:
+        return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+    proc = git(root, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
+def branch_problems(
+    repo: Repository,
+    previous: ChannelsDoc | None,
+    desired: Mapping[str, Mapping[str, tuple[str, float | None]]],
+    branch: str | None,
+) -> list[Problem]:
+    """Channel changes that may not be released from ``branch`` (the model's
+    ``spec.promotion.branch`` is the only one whose commits move its channels)."""
+    problems = []
+    old = previous.models if previous is not None else {}
+    for name, channels in sorted(desired.items()):
+        allowed = repo.models[name].manifest.spec.promotion.branch
+        if branch == allowed:
+            continue
+        before = {c: (e.version, e.percent) for c, e in old.get(name, {}).items()}
+        if before == dict(channels):
+            continue
+        entry = repo.models[name]
+        line, col = entry.doc.position(("spec", "channels"))
+        here = f"branch {branch!r}" if branch else "a commit that is not on a branch"
+        problems.append(
+            Problem(
+                entry.file,
+                f"channel changes of {name!r} are released from branch {allowed!r} only, "
+                f"not from {here}",
+                line,
+                col,
+                "spec.channels",
+            )
+        )
+    return problems
 
 
 def publish(
@@ -322,7 +378,8 @@ def publish(
 
     Raises:
         ManifestError: the manifests are invalid (nothing is published).
-        PipelineError: an artifact is missing or the remote is not a local folder.
+        ArtifactError: an artifact is in neither the work tree nor DVC's cache or
+            remote, or differs from its pointer.
         KeyMaterialError: the targets, snapshot or timestamp key is not available.
         ToolError: DVC or git fails.
         VerificationError: the trust metadata in the repository does not verify.
@@ -340,11 +397,6 @@ def publish(
     swapped = released_changes(repo, trust)
     if swapped:
         raise ManifestError(swapped)
-    pushed = dvc.push(repo.root, repo.config.remote) if push else 0
-    ctx = CiContext.from_env(repo.root, env)
-    added: list[str] = []
-    for entry in repo.all_versions():
-        added.extend(_stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env))
     previous = store.load_channels(trust)
     desired = {
         name: {
@@ -353,6 +405,14 @@ def publish(
         }
         for name, model in repo.models.items()
     }
+    off_branch = branch_problems(repo, previous, desired, current_branch(repo.root, env))
+    if off_branch:
+        raise PolicyError(off_branch)
+    pushed = dvc.push(repo.root, repo.config.remote) if push else 0
+    ctx = CiContext.from_env(repo.root, env)
+    added: list[str] = []
+    for entry in repo.all_versions():
+        added.extend(_stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env))
     channels = next_channels(previous, desired)
     if channels is not previous:
         trust.set_channels(channels, previous)

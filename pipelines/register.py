@@ -58,6 +58,7 @@ from pipelines._mirror_plan import (
     reconcile,
 )
 from pipelines._mlflow_store import RegistryMirrorError, Store, is_local, redact, session
+from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
 from registry.checks import validate_paths
 from registry.dvcfile import read_pointer
@@ -184,7 +185,7 @@ def resolve_tracking_uri(
 class _Source:
     """Where a desired version's content comes from (for creating it)."""
 
-    artifact: Path
+    entry: VersionEntry
     signature: Signature | None
     extras: ReleaseExtras
 
@@ -192,6 +193,7 @@ class _Source:
 @dataclass
 class _Plan:
     repo: Repository
+    fetch: bool
     models: dict[str, DesiredModel] = field(default_factory=dict)
     sources: dict[tuple[str, str], _Source] = field(default_factory=dict)
     unreleased: list[tuple[str, str]] = field(default_factory=list)
@@ -245,22 +247,72 @@ def _released(repo: Repository) -> dict[tuple[str, str], str]:
     }
 
 
-def _desired_version(
-    repo: Repository, entry: VersionEntry, commit: str, extras: ReleaseExtras, ci: dict[str, str]
-) -> DesiredVersion:
-    spec = entry.manifest.spec
-    artifact = repo.root / spec.artifact.path
-    display = repo.display(artifact)
+def _signed_digests(repo: Repository) -> dict[tuple[str, str], tuple[str, str]]:
+    """(model, version) -> (sha256, dvc md5) of each artifact released as a signed target.
+
+    Lets a mirror run in a fresh checkout skip reading (and pulling) every artifact:
+    the signed SHA-256 stands for the file whose pointer records the same md5.
+    """
+    from signing.tuf_facts import TargetFacts
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import trust_paths
+
+    paths = trust_paths(repo.root, repo.config)
+    if not (paths.metadata / "1.root.json").is_file():
+        return {}
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for entry in repo.all_versions():
+        info = trust.published(f"models/{entry.name}/{entry.version}.onnx")
+        if info is None or "sha256" not in info.hashes:
+            continue
+        md5 = TargetFacts.from_custom(info.custom).dvc_md5
+        if md5 is not None:
+            found[(entry.name, entry.version)] = (info.hashes["sha256"], md5)
+    return found
+
+
+def _workspace_artifact(repo: Repository, entry: VersionEntry, *, fetch: bool) -> Path:
+    """The version's artifact in the work tree, matching its pointer; pulled through DVC
+    when missing if ``fetch`` (register), else an error (``--check`` changes nothing)."""
+    rel = entry.manifest.spec.artifact.path
+    artifact, display = repo.root / rel, repo.display(repo.root / rel)
+    if fetch:
+        return fetch_artifact(repo.root, rel, display).path
     pointer = read_pointer(
         artifact.with_name(artifact.name + ".dvc"), display + ".dvc", artifact.name
     )
-    sha256, md5 = _digests(artifact, display)
+    md5 = _digests(artifact, display)[1]
     if md5 != pointer.md5:
         raise ArtifactError(
             display,
             f"differs from its DVC pointer (md5 {md5}, pointer says {pointer.md5}); "
             "run `dvc checkout`",
         )
+    return artifact
+
+
+def _desired_version(
+    plan: _Plan,
+    entry: VersionEntry,
+    commit: str,
+    extras: ReleaseExtras,
+    ci: dict[str, str],
+    *,
+    signed: tuple[str, str] | None,
+) -> DesiredVersion:
+    repo = plan.repo
+    spec = entry.manifest.spec
+    artifact = repo.root / spec.artifact.path
+    display = repo.display(artifact)
+    pointer = read_pointer(
+        artifact.with_name(artifact.name + ".dvc"), display + ".dvc", artifact.name
+    )
+    if signed is not None and signed[1] == pointer.md5:
+        sha256 = signed[0]
+    else:
+        path = _workspace_artifact(repo, entry, fetch=plan.fetch)
+        sha256 = _digests(path, display)[0]
     tags = {
         TAG_SEMVER: entry.version,
         TAG_GIT_COMMIT: commit,
@@ -281,6 +333,8 @@ def _plan(
     start: Path,
     extras: Mapping[tuple[str, str], ReleaseExtras] | None,
     env: Mapping[str, str],
+    *,
+    fetch: bool,
 ) -> _Plan:
     repo = load_repository(start)
     problems = validate_paths(repo)
@@ -294,8 +348,9 @@ def _plan(
             if path is not None and not path.is_file():
                 raise ValueError(f"{model} {version}: {path}: no such file")
     released = _released(repo)
+    signed = _signed_digests(repo)
     ci = _ci_tags(env)
-    plan = _Plan(repo)
+    plan = _Plan(repo, fetch)
     for name in sorted(repo.models):
         spec = repo.models[name].manifest.spec
         versions: dict[str, DesiredVersion] = {}
@@ -307,9 +362,11 @@ def _plan(
                 plan.unreleased.append((name, entry.version))
                 continue
             given = extras.get((name, entry.version), ReleaseExtras())
-            versions[entry.version] = _desired_version(repo, entry, commit, given, ci)
+            versions[entry.version] = _desired_version(
+                plan, entry, commit, given, ci, signed=signed.get((name, entry.version))
+            )
             plan.sources[(name, entry.version)] = _Source(
-                repo.root / entry.manifest.spec.artifact.path,
+                entry,
                 entry.manifest.spec.signature or spec.signature,
                 given,
             )
@@ -336,7 +393,7 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
             number = store.create_version(
                 name,
                 desired.versions[action.semver],
-                source.artifact,
+                _workspace_artifact(plan.repo, source.entry, fetch=plan.fetch),
                 source.signature,
                 _extra_files(source.extras),
             )
@@ -413,13 +470,15 @@ def register(
     Raises:
         RepositoryError: not inside a repository, or not a git work tree.
         ManifestError: the manifests are invalid (nothing is mirrored).
-        ArtifactError: an artifact is missing or differs from its DVC pointer.
+        ArtifactError: an artifact that must be read (a version to create, or one not
+            released as a signed target) is in neither the work tree nor DVC's cache or
+            remote, or differs from its DVC pointer.
         RegistryMirrorError: MLflow is unreachable or refuses a change.
         ToolError: git is missing.
         ValueError: ``extras`` names an undeclared version or a missing file.
     """
     env = os.environ if env is None else env
-    plan = _plan(start, extras, env)
+    plan = _plan(start, extras, env, fetch=True)
     uri = resolve_tracking_uri(plan.repo, tracking_uri, env)
     changes: list[Change] = []
     left: list[Drift] = []
@@ -462,13 +521,14 @@ def check_drift(
     Raises:
         RepositoryError: not inside a repository, or not a git work tree.
         ManifestError: the manifests are invalid.
-        ArtifactError: an artifact is missing or differs from its DVC pointer.
+        ArtifactError: an artifact not released as a signed target is missing from the
+            work tree (a check pulls nothing) or differs from its DVC pointer.
         RegistryMirrorError: MLflow is unreachable.
         ToolError: git is missing.
         ValueError: ``extras`` names an undeclared version or a missing file.
     """
     env = os.environ if env is None else env
-    plan = _plan(start, extras, env)
+    plan = _plan(start, extras, env, fetch=False)
     uri = resolve_tracking_uri(plan.repo, tracking_uri, env)
     drifts: list[Drift] = []
     if _missing_sqlite(uri):

@@ -286,15 +286,26 @@ class TrustRepo:
             FileSetError: the remote has no copy.
             ValueError: the signed file is not a channels document.
         """
-        info = self.published(CHANNELS_PATH)
-        if info is None:
+        if self.published(CHANNELS_PATH) is None:
             return None
+        return ChannelsDoc.from_bytes(self.read_target(remote_dir, CHANNELS_PATH))
+
+    def read_target(self, remote_dir: Path, path: str) -> bytes:
+        """A published target's bytes, read from the remote and verified.
+
+        Raises:
+            FileSetError: ``path`` is not published, or the remote has no copy.
+            DigestMismatchError: the remote copy differs from the signed one.
+        """
+        info = self.published(path)
+        if info is None:
+            raise FileSetError("not published", path)
         data = _read(remote_dir / TARGETS_DIR / stored_name(info))
         try:
             info.verify_length_and_hashes(data)
         except LengthOrHashMismatchError as e:
-            raise DigestMismatchError(str(e), CHANNELS_PATH) from e
-        return ChannelsDoc.from_bytes(data)
+            raise DigestMismatchError(str(e), path) from e
+        return data
 
     # --- signing ------------------------------------------------------------------------
 

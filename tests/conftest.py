@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,3 +117,15 @@ def assert_golden(name: str, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     assert path.is_file(), f"missing golden file {path}; run with {REGEN_ENV}=1 and review it"
     assert text == path.read_text(encoding="utf-8")
+
+
+@contextlib.contextmanager
+def quiet_mlflow() -> Iterator[Any]:
+    """MLflow for a test's own look at a store, its internal warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
+        import mlflow
+
+        yield mlflow

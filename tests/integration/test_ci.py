@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import git
+from tests.github_fake import TOKEN, fake_github
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +120,14 @@ def test_release_publishes_commits_and_is_idempotent(
     assert "[skip ci]" in message
     assert git(repo, "status", "--porcelain", "--", "trust").strip() == ""
     assert report["mlflow"]["changes"] > 0
-    assert list(report["timings_ms"]) == ["validate", "build", "publish", "commit", "register"]
+    assert list(report["timings_ms"]) == [
+        "validate",
+        "build",
+        "publish",
+        "commit",
+        "diff",
+        "register",
+    ]
     row = json.loads(cli("status", "--json", cwd=repo).out)["versions"][0]
     assert row["ci_run"] == "https://github.example/acme/fleet/actions/runs/4242"
     assert cli("status", cwd=repo).out.splitlines()[1].split()[4] == "4242"
@@ -157,3 +165,66 @@ def test_pr_with_an_unreadable_event_file(
     r = cli("ci", "pr", cwd=repo)
     assert r.code == 1
     assert r.err.strip().startswith(f"{event}: not a readable GitHub event")
+
+
+def test_promotion_needs_the_approvals_its_policy_asks_for(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "to-production")
+    assert cli("promote", "mlp", "1.0.0", "-c", "production", cwd=repo).code == 0
+    git(repo, "commit", "-qam", "mlp 1.0.0 to production")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    github_env(tmp_path, monkeypatch, base, "main")
+    event = {"pull_request": {"number": 5, "base": {"sha": base, "ref": "main"},
+                              "head": {"sha": head}, "user": {"login": "dev"}}}  # fmt: skip
+    (tmp_path / "event.json").write_text(json.dumps(event))
+    where = f"manifests/mlp/model.yaml:{_value_at(repo, 'production: ')}: spec.channels.production"
+    # no token: fail closed, saying how to fix the workflow
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 1
+    assert r.err.strip() == (
+        f"{where}: cannot count the approvals this promotion needs: GITHUB_TOKEN is not set; "
+        "give the step `GITHUB_TOKEN: ${{ github.token }}`"
+    )
+    with fake_github() as gh:
+        monkeypatch.setenv("GITHUB_API_URL", gh.url)
+        monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+        gh.review("acme/fleet", 5, "dev", "APPROVED", head)  # the author's own
+        gh.review("acme/fleet", 5, "ann", "APPROVED", base)  # before the last push
+        gh.review("acme/fleet", 5, "bob", "COMMENTED", head)
+        r = cli("ci", "pr", cwd=repo)
+        assert r.code == 1
+        assert r.err.strip() == (
+            f"{where}: promoting 'mlp' needs 1 approval(s) of commit {head[:12]}; it has 0"
+        )
+        gh.review("acme/fleet", 5, "ann", "APPROVED", head)
+        r = cli("ci", "pr", cwd=repo)
+        assert r.code == 0, r.err
+        comment = (repo / ".modelreg/ci/pr-comment.md").read_text()
+        assert f"- approvals: 1 approval(s) of {head[:12]} (ann)" in comment
+        # a change request revokes it; a broken API fails closed
+        gh.review("acme/fleet", 5, "ann", "CHANGES_REQUESTED", head)
+        assert cli("ci", "pr", cwd=repo).code == 1
+        gh.broken = 503
+        r = cli("ci", "pr", cwd=repo)
+        assert r.err.strip() == (
+            f"{where}: cannot count the approvals this promotion needs: GitHub API: reviews "
+            "of pull request #5: HTTP 503 Service Unavailable"
+        )
+    # a pull request that changes no channel needs no approval, and a local run
+    # (no pull-request event) says it did not count
+    monkeypatch.delenv("GITHUB_EVENT_PATH")
+    r = cli("ci", "pr", "--base", base, cwd=repo)
+    assert r.code == 0, r.err
+    assert (
+        "- approvals: not checked (no pull request event"
+        in (repo / ".modelreg/ci/pr-comment.md").read_text()
+    )
+
+
+def _value_at(repo: Path, key: str) -> str:
+    """``line:col`` of the value after ``key`` in the model manifest."""
+    lines = (repo / "manifests/mlp/model.yaml").read_text().splitlines()
+    line, text = next((i, t) for i, t in enumerate(lines, 1) if t.strip().startswith(key))
+    return f"{line}:{text.index(key) + len(key) + 1}"

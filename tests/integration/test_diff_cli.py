@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -107,12 +109,19 @@ def test_diff_domain_errors_exit_1_with_one_line(repo: Path, cli) -> None:
         "manifests/mlp/versions/9.9.9.yaml: version 9.9.9 is not declared for model 'mlp' "
         "(declared: 1.0.0, 1.1.0, 2.0.0)"
     )
-    (repo / "models/mlp/1.1.0.onnx").unlink()  # as after a fresh clone without `dvc pull`
+    artifact = repo / "models/mlp/1.1.0.onnx"
+    data = artifact.read_bytes()
+    artifact.unlink()  # as in a fresh clone: diff pulls it through DVC
+    assert cli("diff", "mlp", "1.0.0", "1.1.0", cwd=repo).code == 0
+    assert artifact.read_bytes() == data
+    artifact.unlink()
+    shutil.rmtree(repo / ".dvc/cache")  # and nowhere to pull it from
     missing = cli("diff", "mlp", "1.0.0", "1.1.0", cwd=repo)
     assert missing.code == 1
     assert missing.err.strip() == (
-        "modelreg: models/mlp/1.1.0.onnx: artifact of mlp 1.1.0 is not in the workspace; "
-        "fetch it with `dvc pull models/mlp/1.1.0.onnx`"
+        "modelreg: models/mlp/1.1.0.onnx: missing from the workspace, the DVC cache and the "
+        f"DVC remote (md5 {hashlib.md5(data, usedforsecurity=False).hexdigest()}); upload it with "
+        "`dvc push models/mlp/1.1.0.onnx`"
     )
     bad_ref = cli("diff", "--base", "no-such-ref", cwd=repo)
     assert bad_ref.code == 1

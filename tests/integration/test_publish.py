@@ -199,3 +199,32 @@ def test_a_released_version_cannot_be_swapped(released: Path, cli, example_model
     bad = cli("ci", "pr", "--base", "no-such-ref", cwd=released)
     assert bad.code == 2
     assert "git ref 'no-such-ref' does not name a commit" in bad.err
+
+
+def test_channel_changes_are_released_from_the_promotion_branch_only(
+    released: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    git(released, "checkout", "-qb", "experiment")
+    assert cli("promote", "mlp", "1.1.0", "-c", "production", cwd=released).code == 0
+    git(released, "commit", "-qam", "1.1.0 to production, on a side branch")
+    metadata = {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()}
+    r = cli("publish", cwd=released)
+    assert r.code == 1
+    line = r.err.strip()
+    assert line.startswith("manifests/mlp/model.yaml:")
+    assert line.endswith(
+        "spec.channels: channel changes of 'mlp' are released from branch 'main' only, "
+        "not from branch 'experiment'"
+    )
+    # in CI the ref decides, and a detached checkout is no branch at all
+    monkeypatch.setenv("GITHUB_REF", "refs/pull/3/merge")
+    assert "not from a commit that is not on a branch" in cli("publish", cwd=released).err
+    assert {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()} == metadata
+    trust = device(released, tmp_path)
+    trust.refresh()
+    assert trust.channels().models["mlp"]["production"].version == "1.0.0"
+    # released from main (as CI names it), the promotion goes out
+    monkeypatch.setenv("GITHUB_REF", "refs/heads/main")
+    r = cli("publish", "--json", cwd=released)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["added"] == ["channels.json"]

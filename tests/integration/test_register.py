@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import yaml
 from modelreg.cli.main import cli as group
 from modelreg.cli.register_cmd import register as register_command
 from pipelines.register import ReleaseExtras, check_drift, register
-from tests.conftest import git
+from tests.conftest import REPO_ROOT, git, quiet_mlflow
 
 pytestmark = pytest.mark.integration
 
@@ -36,32 +36,20 @@ CI_ENV = {
 }
 
 
-@contextlib.contextmanager
-def _mlflow() -> Iterator[Any]:
-    """MLflow for the test's own look at the store, its internal warnings silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"mlflow\.")
-        import mlflow
-
-        yield mlflow
-
-
 def _client(uri: str) -> Any:
-    with _mlflow() as mlflow:
+    with quiet_mlflow() as mlflow:
         return mlflow.MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _versions(client: Any, name: str = "mlp") -> dict[str, Any]:
     """MLflow versions of ``name`` by their semver tag (or 'untagged-<n>')."""
-    with _mlflow():
+    with quiet_mlflow():
         found = client.search_model_versions(f"name = '{name}'")
     return {v.tags.get("modelreg.semver", f"untagged-{v.version}"): v for v in found}
 
 
 def _aliases(client: Any, name: str = "mlp") -> dict[str, str]:
-    with _mlflow():
+    with quiet_mlflow():
         model = client.get_registered_model(name)
     return {a: str(v) for a, v in model.aliases.items()}
 
@@ -105,7 +93,7 @@ def _check_registered(
     assert versions["1.1.0"].tags["modelreg.parent"] == "1.0.0"
     # What anyone does with a registry: load a model by alias, with plain MLflow.
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with _mlflow() as mlflow:
+    with quiet_mlflow() as mlflow:
         import mlflow.onnx
 
         prod = mlflow.onnx.load_model("models:/mlp@production")
@@ -115,7 +103,7 @@ def _check_registered(
 
 
 def _snapshot(client: Any) -> tuple[Any, ...]:
-    with _mlflow():
+    with quiet_mlflow():
         model = client.get_registered_model("mlp")
     versions = _versions(client)
     return (
@@ -156,7 +144,7 @@ def test_register_embedded_store_mirrors_git(
     assert v11.tags["modelreg.ci_run_url"] == "https://github.example/acme/models/actions/runs/4242"
     assert v11.tags["modelreg.bundle_digest"] == hashlib.sha256(bundle.read_bytes()).hexdigest()
     assert v11.tags["modelreg.diff_summary"] == "2 of 8 tensors changed"
-    with _mlflow():
+    with quiet_mlflow():
         attached = {a.path for a in client.list_artifacts(v11.run_id, "modelreg")}
     assert attached == {"modelreg/1.1.0.onnx.sig", "modelreg/diff-1.1.0.md"}
     # artifacts stay inside the repository's ignored state folder
@@ -213,7 +201,7 @@ def test_check_reports_hand_edits_and_register_repairs_them(
     client = _client(uri)
     v1, v2 = _versions(client)["1.0.0"], _versions(client)["1.1.0"]
     sha = v1.tags["modelreg.sha256"]
-    with _mlflow():
+    with quiet_mlflow():
         client.set_registered_model_alias("mlp", "production", v2.version)
         client.set_registered_model_alias("mlp", "staging", v1.version)
         client.delete_model_version_tag("mlp", v1.version, "modelreg.sha256")
@@ -247,7 +235,7 @@ def test_check_reports_hand_edits_and_register_repairs_them(
         "mlp MLflow version 3: no manifest declares it (no modelreg.semver tag)"
     ]
     assert _aliases(client) == {"production": "1", "canary": "2"}
-    with _mlflow():
+    with quiet_mlflow():
         client.delete_model_version("mlp", stray.version)
     clean = cli("register", "--check", "--json", cwd=released)
     assert clean.code == 0, clean.err
@@ -255,23 +243,45 @@ def test_check_reports_hand_edits_and_register_repairs_them(
 
 
 def test_register_refuses_invalid_or_missing_artifacts(released: Path, cli) -> None:
+    subprocess.run([str(REPO_ROOT / ".venv/bin/dvc"), "push", "-q"], cwd=released, check=True)
     artifact = released / "models/mlp/1.1.0.onnx"
-    artifact.write_bytes(artifact.read_bytes() + b"\x00")
+    data = artifact.read_bytes()
+    artifact.write_bytes(data + b"\x00")
     r = cli("register", "--check", cwd=released)
     assert r.code == 1
     assert r.err.startswith("modelreg: models/mlp/1.1.0.onnx: differs from its DVC pointer")
-    artifact.unlink()
     r = cli("register", cwd=released)
+    assert r.code == 1
+    assert "does not match models/mlp/1.1.0.onnx.dvc" in r.err
+    artifact.unlink()
+    r = cli("register", "--check", cwd=released)  # a check pulls nothing
     assert r.code == 1
     assert r.err.strip() == (
         "modelreg: models/mlp/1.1.0.onnx: not in the workspace; run `dvc pull` first"
     )
+    assert not artifact.exists()
     assert not (released / ".modelreg/mlflow.db").exists()
     bad = cli("register", "--bundle", "mlp=1.0.0", cwd=released)
     assert bad.code == 2
+    # like a CI job on a fresh checkout, register pulls what it must read through DVC
+    shutil.rmtree(released / ".dvc/cache")
+    r = cli("register", cwd=released)
+    assert r.code == 0, r.err
+    assert artifact.read_bytes() == data
+    # and says so in one line when DVC cannot restore it either
+    artifact.unlink()
+    shutil.rmtree(released / ".dvc/cache")
+    shutil.rmtree(released / ".modelreg/remote")
+    r = cli("register", cwd=released)
+    assert r.code == 1
+    assert r.err.startswith(
+        "modelreg: models/mlp/1.1.0.onnx: missing from the workspace, the DVC cache and "
+        "the DVC remote"
+    ), r.err
+    assert len(r.err.strip().splitlines()) == 1
 
 
-def test_pipelines_import_without_mlflow() -> None:
+def test_pipelines_import_withoutquiet_mlflow() -> None:
     code = (
         "import sys, pipelines.register, modelreg.cli.register_cmd;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow'))"
@@ -349,7 +359,7 @@ def test_register_against_real_mlflow_server(
     assert again.code == 0, again.err
     assert again.out.endswith("2 versions, 0 changes\n")
     assert _snapshot(client) == before
-    with _mlflow():
+    with quiet_mlflow():
         client.set_registered_model_alias("mlp", "production", _versions(client)["1.1.0"].version)
     check = cli("register", "--check", cwd=released)
     assert check.code == 1

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, git
+from tests.conftest import REPO_ROOT, git, quiet_mlflow
+from tests.github_fake import TOKEN, fake_github
 
 pytestmark = pytest.mark.integration
 
@@ -70,56 +71,141 @@ def modelreg_steps(name: str) -> list[tuple[list[str], dict[str, str]]]:
     return steps
 
 
-def test_each_workflow_runs_modelreg_steps_that_work(
-    tmp_path: Path, cli, example_models: Path
-) -> None:
-    root = tmp_path / "fleet"
-    assert cli("init", str(root), cwd=tmp_path).code == 0
-    assert (root / ".github/workflows/pr.yml").read_text() == (TEMPLATES / "pr.yml").read_text()
-    assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=root).code == 0
-    assert cli("version", "add", "mlp", "1.0.0", "--artifact",
-               str(example_models / "mlp/1.0.0.onnx"), cwd=root).code == 0  # fmt: skip
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "base")
-    base = git(root, "rev-parse", "HEAD").strip()
-    assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=root).code == 0
-    git(root, "commit", "-qam", "promote")
-    event = tmp_path / "event.json"
-    event.write_text(
-        json.dumps({"pull_request": {"base": {"sha": base, "ref": "main"}, "number": 7}})
-    )
-    keys = root / ".modelreg/keys"
-    secrets = {f"MODELREG_{r.upper()}_KEY": (keys / f"{r}.key").read_text()
-               for r in ("targets", "snapshot", "timestamp")}  # fmt: skip
-    secrets["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    github = {
-        "GITHUB_EVENT_PATH": str(event),
-        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
-        "GITHUB_OUTPUT": str(tmp_path / "output.txt"),
-        "GITHUB_SHA": git(root, "rev-parse", "HEAD").strip(),
-        "GITHUB_RUN_ID": "99",
-        "GITHUB_SERVER_URL": "https://github.example",
-        "GITHUB_REPOSITORY": "acme/fleet",
-    }
-    # keys reach CI only as secrets: take the local key folder away
-    keys.rename(tmp_path / "keys-offline")
-    ran = []
-    for name in NAMES:
-        for argv, env in modelreg_steps(name):
-            resolved = {k: secrets[k] for k in env}  # every ${{ secrets.X }} the step names
-            proc = subprocess.run(
-                [str(REPO_ROOT / ".venv/bin/modelreg"), *argv[1:]],
-                cwd=root, env={**_base_env(), **github, **resolved},
-                capture_output=True, text=True, check=False, timeout=300,
-            )  # fmt: skip
-            assert proc.returncode == 0, (name, argv, proc.stdout, proc.stderr)
-            ran.append(" ".join(argv))
-    assert ran == ["modelreg ci pr", "modelreg ci release", "modelreg freshness refresh"]
-    assert "ok=true" in (tmp_path / "output.txt").read_text()
-    assert "[skip ci]" in git(root, "log", "-1", "--format=%s")
-
-
 def _base_env() -> dict[str, str]:
     import os
 
     return {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MODELREG_"))}
+
+
+def _job(origin: Path, tmp: Path, name: str, ref: str) -> Path:
+    """What actions/checkout gives a job: a fresh clone, no DVC cache, no keys."""
+    checkout = tmp / name
+    subprocess.run(["git", "clone", "-q", "--branch", ref, str(origin), str(checkout)], check=True)
+    git(checkout, "config", "user.name", "modelreg release")
+    git(checkout, "config", "user.email", "modelreg-release@users.noreply.github.com")
+    return checkout
+
+
+def _run_steps(workflow: str, checkout: Path, env: dict[str, str], code: int = 0) -> list[str]:
+    ran = []
+    for argv, step_env in modelreg_steps(workflow):
+        resolved = {k: env[k] for k in step_env}  # every ${{ secrets.X }} the step names
+        proc = subprocess.run(
+            [str(REPO_ROOT / ".venv/bin/modelreg"), *argv[1:]],
+            cwd=checkout, env={**_base_env(), **env, **resolved},
+            capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+        assert proc.returncode == code, (workflow, argv, proc.stdout, proc.stderr)
+        ran.append(" ".join(argv))
+    return ran
+
+
+def test_workflows_run_on_fresh_checkouts(tmp_path: Path, cli, example_models: Path) -> None:
+    """The real CI situation: every job starts from a clone with no artifacts, no DVC
+    cache and no keys; artifacts come from the DVC remote, keys from secrets."""
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    dev = tmp_path / "dev"
+    assert cli("init", str(dev), "--remote", str(tmp_path / "dvc-remote"), cwd=tmp_path).code == 0
+    for name in NAMES:  # init writes the workflows this test runs
+        assert (dev / ".github/workflows" / name).read_text() == (TEMPLATES / name).read_text()
+    assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=dev).code == 0
+    r = cli("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
+            "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"), cwd=dev)  # fmt: skip
+    assert r.code == 0, r.err
+    git(dev, "add", "-A")
+    git(dev, "commit", "-qm", "mlp 1.0.0")
+    subprocess.run([str(REPO_ROOT / ".venv/bin/dvc"), "push", "-q"], cwd=dev, check=True)
+    git(dev, "remote", "add", "origin", str(origin))
+    git(dev, "push", "-q", "origin", "main")
+    keys = dev / ".modelreg/keys"
+    secrets = {f"MODELREG_{r.upper()}_KEY": (keys / f"{r}.key").read_text()
+               for r in ("targets", "snapshot", "timestamp")}  # fmt: skip
+    mlflow_db = tmp_path / "mlflow.db"
+    secrets["MLFLOW_TRACKING_URI"] = f"sqlite:///{mlflow_db}"
+    github = {
+        "GITHUB_RUN_ID": "7",
+        "GITHUB_SERVER_URL": "https://github.example",
+        "GITHUB_REPOSITORY": "acme/fleet",
+        "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+        "GITHUB_OUTPUT": str(tmp_path / "output.txt"),
+    }
+
+    def release(job: str, code: int = 0, **override: str) -> Path:
+        checkout = _job(origin, tmp_path, job, "main")
+        env = {**github, **secrets, "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main",
+               "GITHUB_SHA": git(checkout, "rev-parse", "HEAD").strip(), **override}  # fmt: skip
+        assert _run_steps("release.yml", checkout, env, code) == ["modelreg ci release"]
+        git(checkout, "push", "-q", "origin", "HEAD:main")  # the push step, run unless cancelled
+        return checkout
+
+    # MLflow is down for the first release: the artifacts are published and the signed
+    # metadata committed (and pushed) all the same, the job fails, and the next run mirrors
+    # the version with the OMS bundle it takes from the artifact remote.
+    steps = yaml.safe_load((TEMPLATES / "release.yml").read_text())["jobs"]["release"]["steps"]
+    assert steps[-1]["run"] == "git push origin HEAD:main"
+    assert steps[-1]["if"] == "${{ !cancelled() }}"
+    first = release("release-1", 1, MLFLOW_TRACKING_URI="sqlite:////proc/no/such/mlflow.db")
+    assert "[skip ci]" in git(first, "log", "-1", "--format=%s")
+    release("release-1-rerun")
+    with quiet_mlflow() as mlflow:
+        client = mlflow.MlflowClient(tracking_uri=secrets["MLFLOW_TRACKING_URI"])
+        v1 = client.get_model_version("mlp", "1")
+        files = {f.path for f in client.list_artifacts(v1.run_id, "modelreg")}
+    assert files == {"modelreg/1.0.0.sigstore.json"}
+    assert len(v1.tags["modelreg.bundle_digest"]) == 64
+    # a pull request: v1.1.0 fine-tuned from 1.0.0, and 1.0.0 promoted to canary
+    git(dev, "pull", "-q", "origin", "main")
+    base = git(dev, "rev-parse", "HEAD").strip()
+    git(dev, "checkout", "-qb", "mlp-1.1.0")
+    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(example_models / "mlp/1.1.0.onnx"),
+            "--golden-inputs", str(example_models / "mlp/1.1.0.inputs.npz"), cwd=dev)  # fmt: skip
+    assert r.code == 0, r.err
+    assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=dev).code == 0
+    git(dev, "add", "-A")
+    git(dev, "commit", "-qm", "mlp 1.1.0")
+    subprocess.run([str(REPO_ROOT / ".venv/bin/dvc"), "push", "-q"], cwd=dev, check=True)
+    git(dev, "push", "-q", "origin", "mlp-1.1.0")
+    pr = _job(origin, tmp_path, "pr", "mlp-1.1.0")
+    event = tmp_path / "event.json"
+    event.write_text(json.dumps({"pull_request": {
+        "number": 3, "base": {"sha": base, "ref": "main"},
+        "head": {"sha": git(pr, "rev-parse", "HEAD").strip(), "ref": "mlp-1.1.0"},
+        "user": {"login": "dev"}}}))  # fmt: skip
+    pr_env = {**github, "GITHUB_EVENT_PATH": str(event), "GITHUB_EVENT_NAME": "pull_request"}
+    with fake_github() as gh:  # the promotion to canary needs one approval (the default)
+        gh.review("acme/fleet", 3, "ann", "APPROVED", git(pr, "rev-parse", "HEAD").strip())
+        pr_env |= {"GITHUB_API_URL": gh.url, "GITHUB_TOKEN": TOKEN}
+        assert _run_steps("pr.yml", pr, pr_env) == ["modelreg ci pr"]
+    comment = (pr / ".modelreg/ci/pr-comment.md").read_text()
+    assert "Model diff: mlp 1.0.0 → 1.1.0" in comment
+    assert "ok=true" in (tmp_path / "output.txt").read_text().splitlines()[-1]
+    # merged
+    git(dev, "checkout", "-q", "main")
+    git(dev, "merge", "-q", "--ff-only", "mlp-1.1.0")
+    git(dev, "push", "-q", "origin", "main")
+    second = release("release-2")
+    with quiet_mlflow() as mlflow:
+        client = mlflow.MlflowClient(tracking_uri=secrets["MLFLOW_TRACKING_URI"])
+        v2 = client.get_model_version("mlp", "2")
+        files = {f.path for f in client.list_artifacts(v2.run_id, "modelreg")}
+        canary = client.get_model_version_by_alias("mlp", "canary").version
+    assert v2.tags["modelreg.semver"] == "1.1.0"
+    assert v2.tags["modelreg.diff_summary"].startswith("**Weights only**")
+    assert files == {"modelreg/1.1.0.diff.md", "modelreg/1.1.0.sigstore.json"}
+    assert str(canary) == "1"
+    assert "[skip ci]" in git(second, "log", "-1", "--format=%s")
+    # the scheduled job, and a re-run of the release, on fresh checkouts
+    fresh = _job(origin, tmp_path, "freshness", "main")
+    assert _run_steps("freshness.yml", fresh, {**github, **secrets}) == [
+        "modelreg freshness refresh"
+    ]
+    head = git(origin, "rev-parse", "main").strip()
+    again = _job(origin, tmp_path, "release-3", "main")
+    env = {**github, **secrets, "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main",
+           "GITHUB_SHA": head}  # fmt: skip
+    assert _run_steps("release.yml", again, env) == ["modelreg ci release"]
+    assert git(again, "rev-parse", "HEAD").strip() == head
+    report = json.loads((again / ".modelreg/ci/release-report.json").read_text())
+    assert report["published"] == []
+    assert report["mlflow"]["changes"] == 0

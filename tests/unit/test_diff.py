@@ -441,6 +441,8 @@ def workspace(tmp_path: Path) -> Path:
         (root / "models" / model).mkdir(parents=True)
         for version in ("1.0.0", "1.1.0", "2.0.0"):
             (root / "models" / model / f"{version}.onnx").write_bytes(model_bytes(model, version))
+            pointer = f"models/{model}/{version}.onnx.dvc"
+            shutil.copy(REPO_ROOT / pointer, root / pointer)
     return root
 
 
@@ -453,14 +455,23 @@ def test_diff_versions_reads_the_workspace(workspace: Path) -> None:
     assert [(o.case, o.output) for o in diff.drift.outputs] == [("default", "probs")]
 
 
-def test_diff_versions_names_missing_artifact_and_dvc_pull(workspace: Path) -> None:
+def test_diff_versions_pulls_a_missing_artifact_or_says_why_not(workspace: Path) -> None:
     (workspace / "models/mlp/1.1.0.onnx").unlink()
-    with pytest.raises(PipelineError) as info:
+    with pytest.raises(ArtifactError) as info:  # not a DVC repository: nothing to pull from
         diff_versions(workspace, "mlp", "1.0.0", "1.1.0")
     message = str(info.value)
-    assert "models/mlp/1.1.0.onnx" in message
-    assert "dvc pull models/mlp/1.1.0.onnx" in message
+    assert message.endswith(
+        "models/mlp/1.1.0.onnx: dvc pull failed: you are not inside of a DVC repository "
+        "(checked up to mount point '/')"
+    )
     assert "\n" not in message
+
+
+def test_diff_versions_refuses_a_file_its_pointer_does_not_name(workspace: Path) -> None:
+    artifact = workspace / "models/mlp/1.1.0.onnx"
+    artifact.write_bytes(artifact.read_bytes() + b"\0")
+    with pytest.raises(ArtifactError, match=r"does not match \S*models/mlp/1\.1\.0\.onnx\.dvc"):
+        diff_versions(workspace, "mlp", "1.0.0", "1.1.0")
 
 
 def test_diff_versions_unknown_version(workspace: Path) -> None:

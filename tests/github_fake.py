@@ -1,0 +1,95 @@
+"""A small stand-in for GitHub's REST API on 127.0.0.1: pull-request reviews, paginated."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+TOKEN = "ghs_test-token"  # noqa: S105 - a test token for the fake API
+
+
+@dataclass
+class FakeGitHub:
+    """Reviews by (repository, number); ``url`` is set while serving."""
+
+    reviews: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+    url: str = ""
+    requests: list[str] = field(default_factory=list)
+    broken: int | None = None  # answer every request with this HTTP status
+
+    def review(self, repository: str, number: int, user: str, state: str, commit: str) -> None:
+        self.reviews.setdefault((repository, number), []).append(
+            {"id": len(self.requests), "user": {"login": user}, "state": state,
+             "commit_id": commit}
+        )  # fmt: skip
+
+
+def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            fake.requests.append(self.path)
+            parts = urlsplit(self.path)
+            segments = parts.path.strip("/").split("/")
+            if fake.broken is not None:
+                self._send(fake.broken, {"message": "broken on purpose"})
+                return
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                self._send(401, {"message": "Bad credentials"})
+                return
+            if (
+                len(segments) != 6
+                or segments[0] != "repos"
+                or segments[3:6:2] != ["pulls", "reviews"]
+            ):
+                self._send(404, {"message": "Not Found"})
+                return
+            key = (f"{segments[1]}/{segments[2]}", int(segments[4]))
+            if key not in fake.reviews:
+                self._send(404, {"message": "Not Found"})
+                return
+            query = parse_qs(parts.query)
+            per_page = int(query.get("per_page", ["30"])[0])
+            page = int(query.get("page", ["1"])[0])
+            items = fake.reviews[key]
+            chunk = items[(page - 1) * per_page : page * per_page]
+            link = None
+            if page * per_page < len(items):
+                link = f'<{fake.url}{parts.path}?per_page={per_page}&page={page + 1}>; rel="next"'
+            self._send(200, chunk, link)
+
+        def _send(self, status: int, payload: Any, link: str | None = None) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            if link:
+                self.send_header("Link", link)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def fake_github() -> Iterator[FakeGitHub]:
+    """Serve a :class:`FakeGitHub` on an ephemeral loopback port."""
+    fake = FakeGitHub()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
