@@ -49,6 +49,7 @@ from tuf.ngclient.updater import Updater
 from tuf.ngclient.urllib3_fetcher import Urllib3Fetcher
 
 from registry.atomic import fsync_dir, write_atomic
+from registry.errors import UsageError
 from signing.errors import (
     DigestMismatchError,
     ExpiredError,
@@ -194,7 +195,7 @@ def _base_url(location: str | Path) -> tuple[str, Path | None]:
         if parsed.scheme == "file":
             location = Path(url2pathname(parsed.path))
         elif parsed.scheme:
-            raise ValueError(f"{location}: use a path, file://, http:// or https:// URL")
+            raise UsageError(f"{location}: use a path, file://, http:// or https:// URL")
     folder = Path(location).resolve()
     return folder.as_uri().rstrip("/") + "/", folder
 
@@ -264,7 +265,7 @@ class DeviceTrust:
             if anchor.read_bytes() == root_json:
                 return
             if not replace:
-                raise ValueError(
+                raise UsageError(
                     f"{anchor}: the device trusts another root; pass replace=True to reset trust"
                 )
             # A new anchor starts a new chain: nothing trusted under the old one stays.

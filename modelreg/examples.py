@@ -32,6 +32,8 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from registry.errors import UsageError
+
 __all__ = [
     "EXAMPLE_SIZES",
     "EXAMPLE_VERSIONS",
@@ -96,16 +98,16 @@ class ExampleFile:
 
 def _check(model: str, version: str, size: str | None = None) -> None:
     if model not in EXAMPLE_VERSIONS:
-        raise ValueError(
+        raise UsageError(
             f"unknown example model {model!r}; choose one of {sorted(EXAMPLE_VERSIONS)}"
         )
     if version not in EXAMPLE_VERSIONS[model]:
-        raise ValueError(
+        raise UsageError(
             f"unknown version {version!r} of example {model!r}; "
             f"choose one of {list(EXAMPLE_VERSIONS[model])}"
         )
     if size is not None and size not in EXAMPLE_SIZES[model]:
-        raise ValueError(
+        raise UsageError(
             f"unknown size {size!r} for example {model!r}; "
             f"choose one of {list(EXAMPLE_SIZES[model])}"
         )
@@ -293,7 +295,7 @@ def golden_inputs(model: str, version: str, cases: int = 2, seed: int = 0) -> di
     """
     _check(model, version)
     if cases < 1:
-        raise ValueError(f"cases must be at least 1, got {cases}")
+        raise UsageError(f"cases must be at least 1, got {cases}")
     rng = np.random.default_rng(seed)
     if model == "mlp":
         return {"input": rng.standard_normal((cases, _MLP_IN), dtype=np.float32)}
@@ -378,7 +380,7 @@ def write_examples(
     if models is None:
         models = [name for name, sizes in EXAMPLE_SIZES.items() if size in sizes]
         if not models:
-            raise ValueError(f"unknown size {size!r}; choose one of ['large', 'small']")
+            raise UsageError(f"unknown size {size!r}; choose one of ['large', 'small']")
     for name in models:
         _check(name, EXAMPLE_VERSIONS[name][0] if name in EXAMPLE_VERSIONS else "", size)
     written: list[ExampleFile] = []

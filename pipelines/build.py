@@ -31,7 +31,7 @@ from pipelines.build_goldens import CaseResult, run_goldens
 from pipelines.errors import ArtifactError, PipelineError
 from registry.atomic import write_atomic
 from registry.checks import declared
-from registry.errors import ManifestError, Problem
+from registry.errors import ManifestError, Problem, UsageError
 from registry.gitinfo import git
 from registry.loader import format_loc
 from registry.repository import (
@@ -372,7 +372,7 @@ def build(
         OSError: a build folder cannot be written.
     """
     if base is not None and versions is not None:
-        raise ValueError("give either base or versions, not both")
+        raise UsageError("give either base or versions, not both")
     repo = load_repository(root, jobs=1)
     problems: list[BuildProblem] = []
     if versions is not None:
@@ -426,7 +426,7 @@ def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
     """
     root = repo.root
     if git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", check=False).returncode:
-        raise ValueError(f"git ref {base!r} does not name a commit")
+        raise UsageError(f"git ref {base!r} does not name a commit")
     # --relative: paths relative to the modelreg root, which may be a subfolder of the repo.
     diff = git(root, "diff", "--name-only", "--no-renames", "--relative", base, "--").stdout
     untracked = git(root, "ls-files", "--others", "--exclude-standard").stdout

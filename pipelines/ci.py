@@ -31,7 +31,7 @@ from pipelines.diff_report import append_step_summary, base_json, base_markdown
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.config import find_root
-from registry.errors import ManifestError, Problem, RegistryError
+from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
@@ -82,7 +82,7 @@ class PullRequest:
         pr = event.get("pull_request") or {}
         found = base or (pr.get("base") or {}).get("sha")
         if not found:
-            raise ValueError("no base to compare against: pass --base REF or run on a pull_request")
+            raise UsageError("no base to compare against: pass --base REF or run on a pull_request")
         branch = (pr.get("base") or {}).get("ref") or env.get("GITHUB_BASE_REF")
         number = pr.get("number")
         return cls(
@@ -284,7 +284,7 @@ def _ci_pr(
     if git(
         repo.root, "rev-parse", "--verify", "--quiet", f"{pr.base}^{{commit}}", check=False
     ).returncode:
-        raise ValueError(f"git ref {pr.base!r} does not name a commit")
+        raise UsageError(f"git ref {pr.base!r} does not name a commit")
     report = CiReport("pr", data={"base": pr.base})
     problems = validate_paths(repo)
     approvals = "not checked (invalid manifests)"

@@ -62,7 +62,7 @@ from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
 from registry.checks import validate_paths
 from registry.dvcfile import read_pointer
-from registry.errors import ManifestError, RepositoryError
+from registry.errors import ManifestError, RepositoryError, UsageError
 from registry.gitinfo import dirty_paths, last_commits, toplevel
 from registry.repository import Repository, VersionEntry, load_repository
 from registry.schema import Signature
@@ -343,10 +343,10 @@ def _plan(
     extras = dict(extras or {})
     for (model, version), given in extras.items():
         if version not in repo.versions.get(model, {}):
-            raise ValueError(f"extras given for {model} {version}, which is not declared")
+            raise UsageError(f"extras given for {model} {version}, which is not declared")
         for path in (given.bundle, given.diff_report):
             if path is not None and not path.is_file():
-                raise ValueError(f"{model} {version}: {path}: no such file")
+                raise UsageError(f"{model} {version}: {path}: no such file")
     released = _released(repo)
     signed = _signed_digests(repo)
     ci = _ci_tags(env)

@@ -18,7 +18,7 @@ from registry.atomic import write_atomic
 from registry.checks import declared
 from registry.config import CONFIG_FILE
 from registry.edit import set_signature
-from registry.errors import ManifestError, RepositoryError
+from registry.errors import ManifestError, RepositoryError, UsageError
 from registry.gitinfo import git, toplevel
 from registry.jsonschema import schema_comment, write_schemas
 from registry.loader import load_manifest
@@ -121,7 +121,6 @@ def init_repo(
         "  metadata: trust/metadata   # signed release metadata devices verify (TUF)\n"
         "  keys: .modelreg/keys       # local keys; CI uses MODELREG_<ROLE>_KEY secrets\n"
     )
-    _write_new(root / CONFIG_FILE, config, created)
     _write_new(root / "manifests" / "README.md", _MANIFESTS_README, created)
     gitignore = root / ".gitignore"
     existing = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
@@ -133,13 +132,19 @@ def init_repo(
     created.extend(write_workflows(root))
     keys: list[Path] = []
     if trust:
-        from registry.config import load_config
+        from registry.config import RepoConfig
+        from registry.loader import validate_document
         from signing.workspace import init_trust, trust_paths
 
-        paths = trust_paths(root, load_config(root))
-        keys = [k.private for k in init_trust(paths)]
+        parsed = validate_document(parse_yaml(config.encode(), CONFIG_FILE), RepoConfig)
+        paths = trust_paths(root, parsed)
+        if not (paths.metadata / "1.root.json").exists():  # else an earlier, failed init made it
+            keys = [k.private for k in init_trust(paths)]
         created.append(paths.metadata / "1.root.json")
-    _stage(root, [*created, root / ".dvc"])
+    # modelreg.yaml last: until it exists the folder is not a repository, so an init that
+    # failed half-way (a tool missing, a key folder not writable) can simply be run again.
+    _write_new(root / CONFIG_FILE, config, created)
+    _stage(root, [*created, root / ".dvc", gitignore])
     return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys)
 
 
@@ -147,7 +152,11 @@ WORKFLOWS: Final = ("pr.yml", "release.yml", "freshness.yml")
 
 
 def write_workflows(root: Path) -> list[Path]:
-    """Write the GitHub workflows (``ci pr``, ``ci release``, freshness) unless present."""
+    """Write the GitHub workflows (``ci pr``, ``ci release``, freshness) unless present.
+
+    Returns the workflows that are modelreg's own (written now, or left by an init that
+    stopped half-way), for staging; a repository's own workflow file is left alone.
+    """
     from importlib.resources import files
 
     folder = root / ".github" / "workflows"
@@ -155,9 +164,11 @@ def write_workflows(root: Path) -> list[Path]:
     written = []
     for name in WORKFLOWS:
         target = folder / name
-        if target.exists():
-            continue  # the repository already has its own; never overwrite it
         text = files("pipelines").joinpath("templates", "workflows", name).read_text("utf-8")
+        if target.exists():
+            if target.read_text(encoding="utf-8") == text:
+                written.append(target)  # ours, from an init that stopped half-way
+            continue  # the repository already has its own; never overwrite it
         write_atomic(target, text.encode())
         written.append(target)
     return written
@@ -201,11 +212,62 @@ def add_model(
         path, repo.root, name, owner=owner, task=task, description=description,
         labels=labels, signature=signature, targets=targets, order=order,
     )  # fmt: skip
-    load_manifest(parse_yaml(text.encode(), shown), "RegisteredModel")
+    _check_rendered(text, shown, "RegisteredModel", _MODEL_OPTIONS)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text.encode())
     _stage(repo.root, [path])
     return path
+
+
+# Where each field of a manifest that `model add` / `version add` write comes from.
+_MODEL_OPTIONS: Final = (
+    ("metadata.name", "NAME"),
+    ("metadata.labels", "--label"),
+    ("spec.owner", "--owner"),
+    ("spec.task", "--task"),
+    ("spec.description", "--description"),
+    ("spec.targets", "--target"),
+    ("spec.promotion.order", "--channel-order"),
+    ("spec.signature", "--signature-from"),
+)
+_VERSION_OPTIONS: Final = (
+    ("metadata.version", "VERSION"),
+    ("spec.parent", "--parent"),
+    ("spec.description", "--description"),
+    ("spec.metrics", "--metric"),
+    ("spec.source.run", "--source-run"),
+    ("spec.source.datasets", "--dataset"),
+    ("spec.goldens", "--golden-inputs"),
+    ("spec.targets", "--target"),
+    ("spec.signature", "--artifact"),
+)
+
+
+def _check_rendered(text: str, shown: str, kind: str, options: Sequence[tuple[str, str]]) -> None:
+    """Validate a manifest about to be written; a problem names the option it came from.
+
+    The file does not exist yet, so ``file:line:col`` would point nowhere: a value the
+    user gave is a usage error of its option.
+
+    Raises:
+        UsageError: an option's value is invalid.
+        ManifestError: the manifest is invalid for a reason no option explains.
+    """
+    try:
+        load_manifest(parse_yaml(text.encode(), shown), kind)
+    except ManifestError as e:
+        named = []
+        for problem in e.problems:
+            field_path = problem.field or ""
+            option = next(
+                (o for prefix, o in options if field_path == prefix or
+                 field_path.startswith((prefix + ".", prefix + "["))),
+                None,
+            )  # fmt: skip
+            if option is None:
+                raise
+            named.append(f"{option}: {problem.message}")
+        raise UsageError("; ".join(named)) from None
 
 
 def _git_email(root: Path) -> str:
@@ -238,7 +300,7 @@ def _pick_parent(
                 f"(declared: {declared(repo, name)})",
             )
         if semver.Version.parse(parent) >= semver.Version.parse(version):
-            raise ValueError(f"parent {parent} must be older than {version}")
+            raise UsageError(f"parent {parent} must be older than {version}")
         return parent
     if not auto:
         return None
@@ -331,7 +393,7 @@ def add_version(
     try:
         semver.Version.parse(version)
     except ValueError:
-        raise ValueError(f"{version!r} is not a SemVer version (expected e.g. 1.0.0)") from None
+        raise UsageError(f"{version!r} is not a SemVer version (expected e.g. 1.0.0)") from None
     repo = load_repository(start, jobs=1)
     model = _declared_model(repo, name)
     manifests = repo.root / repo.config.manifests
@@ -368,7 +430,7 @@ def add_version(
             description=description, signature=signature, source=source, metrics=metrics,
             goldens=goldens_spec, targets=targets,
         )  # fmt: skip
-        load_manifest(parse_yaml(text.encode(), shown), "ModelVersion")
+        _check_rendered(text, shown, "ModelVersion", _VERSION_OPTIONS)
         dvc.add(repo.root, dest)
         written.append(pointer)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
-from registry.errors import RegistryError
+from registry.errors import RegistryError, UsageError
 
 # The implementation modules import the exceptions and limits defined here, so they are
 # imported inside the functions below; that also keeps ``import registry.delta`` free of
@@ -176,7 +176,7 @@ def encode(base: bytes | Path, new: bytes | Path, *, level: int = 3) -> bytes:
     from registry import _delta_encode
 
     if not 1 <= level <= 22:
-        raise ValueError(f"zstd level must be within 1..22, got {level}")
+        raise UsageError(f"zstd level must be within 1..22, got {level}")
     return _delta_encode.encode(base, new, level=level)
 
 
@@ -234,7 +234,7 @@ def decode(
     if expected_sha256 is not None:
         expected_sha256 = expected_sha256.lower()
         if len(expected_sha256) != 64 or any(c not in "0123456789abcdef" for c in expected_sha256):
-            raise ValueError(f"expected_sha256 is not a hex SHA-256: {expected_sha256!r}")
+            raise UsageError(f"expected_sha256 is not a hex SHA-256: {expected_sha256!r}")
     return _delta_decode.decode(base, delta, out, expected_sha256=expected_sha256, limits=limits)
 
 

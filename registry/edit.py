@@ -16,7 +16,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 from yaml.nodes import ScalarNode
 
-from registry.errors import ManifestError
+from registry.errors import ManifestError, UsageError
 from registry.schema import Signature
 
 
@@ -103,7 +103,7 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
         ValueError: ``percent`` is outside 0..100 or has more than 3 decimals.
     """
     if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
-        raise ValueError(f"rollout percent must be 0..100 with at most 3 decimals, got {percent!r}")
+        raise UsageError(f"rollout percent must be 0..100 with at most 3 decimals, got {percent!r}")
     yaml, data = _yaml_for(text)
     spec = _spec(data, file)
     channels = spec.get("channels")

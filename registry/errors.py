@@ -8,7 +8,12 @@
     ├── RepositoryError      not a modelreg repository / layout broken / config invalid
     └── ToolError            git or DVC missing or failing (environment, not data)
 
-Misuse of the API (a bad argument from a caller) raises ``ValueError``.
+    ValueError
+    └── UsageError           an argument the caller gave cannot be accepted
+
+Misuse of the API (a bad argument from a caller) raises :class:`UsageError`, a
+``ValueError``; the CLI reports it as a usage error (exit code 2).  Any other
+``ValueError`` escaping the library is a bug.
 """
 
 from __future__ import annotations
@@ -46,6 +51,10 @@ class Problem:
     def sort_key(self) -> tuple[str, int, int, str]:
         """Order problems by file, then position, then text."""
         return (self.file, self.line or 0, self.col or 0, self.message)
+
+
+class UsageError(ValueError):
+    """An argument the caller gave cannot be accepted (the CLI's exit code 2)."""
 
 
 class RegistryError(Exception):

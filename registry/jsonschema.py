@@ -10,6 +10,7 @@ from typing import Any, Final
 from pydantic import TypeAdapter
 
 from registry.config import RepoConfig
+from registry.errors import UsageError
 from registry.schema import Manifest, ModelVersion, RegisteredModel
 
 SCHEMA_DIR: Final = ".modelreg/schemas"
@@ -39,7 +40,7 @@ def json_schema(kind: str | None = None) -> dict[str, Any]:
         schema = _MODELS[kind].model_json_schema(by_alias=True)
         title = kind
     else:
-        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(_MODELS)}")
+        raise UsageError(f"unknown kind {kind!r}; expected one of {', '.join(_MODELS)}")
     return {
         "$schema": _DIALECT,
         "title": title,

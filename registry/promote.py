@@ -7,7 +7,7 @@ from pathlib import Path
 
 from registry.atomic import write_atomic
 from registry.edit import set_channel
-from registry.errors import ManifestError, PolicyError, Problem
+from registry.errors import ManifestError, PolicyError, Problem, UsageError
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
 from registry.repository import load_repository
@@ -59,7 +59,7 @@ def promote(
         ValueError: percent outside 0..100.
     """
     if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
-        raise ValueError(f"--percent must be 0..100 with at most 3 decimals, got {percent:g}")
+        raise UsageError(f"--percent must be 0..100 with at most 3 decimals, got {percent:g}")
     repo = load_repository(start, jobs=1)
     model = repo.models.get(name)
     if model is None:

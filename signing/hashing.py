@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
+from registry.errors import UsageError
 from signing.errors import FileSetError, SigningError, VerificationError
 
 DEFAULT_CHUNK: Final = 1 << 20
@@ -65,11 +66,11 @@ class HashSettings:
             ValueError: a value is out of range.
         """
         if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+            raise UsageError(f"workers must be >= 1, got {self.workers}")
         if self.chunk < MIN_CHUNK:
-            raise ValueError(f"chunk must be >= {MIN_CHUNK} bytes, got {self.chunk}")
+            raise UsageError(f"chunk must be >= {MIN_CHUNK} bytes, got {self.chunk}")
         if self.ring < 2:
-            raise ValueError(f"ring must hold >= 2 buffers, got {self.ring}")
+            raise UsageError(f"ring must hold >= 2 buffers, got {self.ring}")
 
 
 def sha256_file(path: Path, *, workers: int = 1, chunk: int = DEFAULT_CHUNK) -> str:
@@ -133,7 +134,7 @@ def sha256_files(
     """
     order = list(dict.fromkeys(paths))
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise UsageError(f"workers must be >= 1, got {workers}")
     if not order:
         return {}
     threads = min(workers, len(order))

@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from securesystemslib.signer import SSlibKey
 
 from registry.atomic import write_atomic
+from registry.errors import UsageError
 from signing import keys
 from signing._oms_format import (
     BUNDLE_MEDIA_TYPE,
@@ -113,10 +114,10 @@ def _relative_ignores(model: Path, paths: Iterable[str | os.PathLike[str]]) -> s
             try:
                 pure = pure.resolve().relative_to(model.resolve())
             except ValueError:
-                raise ValueError(f"ignore path {p} is outside the model {model}") from None
+                raise UsageError(f"ignore path {p} is outside the model {model}") from None
         text = PurePosixPath(*pure.parts).as_posix()
         if text in ("", ".") or ".." in pure.parts:
-            raise ValueError(f"ignore path {p!r} must name something inside the model")
+            raise UsageError(f"ignore path {p!r} must name something inside the model")
         out.add(text)
     return out
 
@@ -171,10 +172,10 @@ def sign_model(
     check_p256(private_key, "private key")
     name = model_name_of(path) if model_name is None else model_name
     if not name:
-        raise ValueError(f"{path}: the model needs a non-empty name")
+        raise UsageError(f"{path}: the model needs a non-empty name")
     ignore = _relative_ignores(path, ignore_paths)
     if ignore and path.is_file():
-        raise ValueError(f"{path}: a single-file model has no paths to ignore")
+        raise UsageError(f"{path}: a single-file model has no paths to ignore")
     ignore |= set(GIT_PATHS) | _bundle_inside(path, bundle_path)
     files = list_model_files(path, ignore, error=SigningError)
     if not files:

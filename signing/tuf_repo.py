@@ -51,6 +51,7 @@ from tuf.api.metadata import (
 )
 
 from registry.atomic import fsync_dir, write_atomic
+from registry.errors import UsageError
 from signing.errors import DigestMismatchError, FileSetError
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
 from signing.tuf_roles import (
@@ -99,7 +100,7 @@ def _utc(now: datetime | None) -> datetime:
     if now is None:
         return datetime.now(UTC)
     if now.tzinfo is None:
-        raise ValueError("now must be timezone-aware")
+        raise UsageError("now must be timezone-aware")
     return now.astimezone(UTC)
 
 
@@ -160,7 +161,7 @@ class TrustRepo:
         """
         expiry = expiry or Expiry()
         if (metadata_dir / "1.root.json").exists():
-            raise ValueError(f"{metadata_dir}: already initialized (1.root.json exists)")
+            raise UsageError(f"{metadata_dir}: already initialized (1.root.json exists)")
         root = new_root(
             [s.public_key for s in root_signers],
             root_threshold,
@@ -410,7 +411,7 @@ class TrustRepo:
         now = _utc(now)
         current = self.root
         if role not in current.roles or keyid not in current.roles[role].keyids:
-            raise ValueError(f"key {keyid[:12]} is not a {role} key of root v{current.version}")
+            raise UsageError(f"key {keyid[:12]} is not a {role} key of root v{current.version}")
         new = successor_root(
             current,
             now + self.expiry.root,

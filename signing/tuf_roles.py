@@ -39,6 +39,7 @@ from tuf.api.metadata import (
 )
 from tuf.api.serialization.json import JSONSerializer
 
+from registry.errors import UsageError
 from registry.schema import RepoPath
 from signing.errors import (
     DigestMismatchError,
@@ -81,7 +82,7 @@ class Expiry:
     def __post_init__(self) -> None:
         for role in ("root", *ONLINE_ROLES):
             if self.period(role) <= timedelta(0):
-                raise ValueError(f"expiry of {role} must be positive")
+                raise UsageError(f"expiry of {role} must be positive")
 
     def period(self, role: str) -> timedelta:
         """Validity period of ``role``.
@@ -90,7 +91,7 @@ class Expiry:
             ValueError: ``role`` is not a top-level role.
         """
         if role not in ("root", *ONLINE_ROLES):
-            raise ValueError(f"unknown role {role!r}")
+            raise UsageError(f"unknown role {role!r}")
         period: timedelta = getattr(self, role)
         return period
 
@@ -172,9 +173,9 @@ def new_root(
         ValueError: threshold outside 1..len(root_keys), or an online role without a key.
     """
     if not 1 <= threshold <= len({k.keyid for k in root_keys}):
-        raise ValueError(f"root threshold {threshold} needs 1..{len(root_keys)} distinct keys")
+        raise UsageError(f"root threshold {threshold} needs 1..{len(root_keys)} distinct keys")
     if set(online_keys) != set(ONLINE_ROLES):
-        raise ValueError(f"online keys must be given for exactly {', '.join(ONLINE_ROLES)}")
+        raise UsageError(f"online keys must be given for exactly {', '.join(ONLINE_ROLES)}")
     roles = {"root": Role([], threshold), **{r: Role([], 1) for r in ONLINE_ROLES}}
     root = Root(version, SPEC_VERSION, expires, {}, roles, consistent_snapshot=True)
     for key in root_keys:
@@ -212,7 +213,7 @@ def successor_root(
         root.roles[role].threshold = threshold
     for role, spec in root.roles.items():
         if not 1 <= spec.threshold <= len(spec.keyids):
-            raise ValueError(
+            raise UsageError(
                 f"{role} would have {len(spec.keyids)} key(s) for threshold {spec.threshold}"
             )
     return root

@@ -16,6 +16,7 @@ from securesystemslib.signer import CryptoSigner, Signer
 
 from registry.atomic import write_atomic
 from registry.config import RepoConfig
+from registry.errors import UsageError
 from signing.errors import KeyMaterialError
 from signing.keys import (
     ROLES,
@@ -144,7 +145,7 @@ def rotate(
         VerificationError: the metadata in the repository does not verify.
     """
     if role not in ROLES:
-        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
+        raise UsageError(f"unknown role {role!r}; expected one of {', '.join(ROLES)}")
     repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
     old_root = signer(paths, "root", env)
     old_keyids = list(repo.root.roles[role].keyids)

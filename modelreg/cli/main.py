@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 import click
 
 from modelreg import __version__
 from modelreg.cli._output import error_lines
-from registry.errors import ManifestError, RegistryError
+from registry.errors import ManifestError, RegistryError, UsageError
 
 _TRACEBACK_ENV = "MODELREG_TRACEBACK"
 
@@ -69,6 +70,13 @@ def _register() -> None:
 _register()
 
 
+def _fail(lines: Iterable[str], code: int, show_tb: bool) -> NoReturn:
+    if show_tb:
+        traceback.print_exc()
+    error_lines(lines)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI and exit with the documented code."""
     args = sys.argv[1:] if argv is None else argv
@@ -76,38 +84,27 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         cli.main(args=args, prog_name="modelreg", standalone_mode=False)
     except click.exceptions.Abort:
-        error_lines(["modelreg: aborted"])
-        sys.exit(1)
+        _fail(["modelreg: aborted"], 1, show_tb=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
     except ManifestError as e:
-        if show_tb:
-            traceback.print_exc()
-        error_lines(str(p) for p in e.problems)
-        sys.exit(1)
+        _fail((str(p) for p in e.problems), 1, show_tb)
     except RegistryError as e:
-        if show_tb:
-            traceback.print_exc()
-        error_lines(
-            f"modelreg: {line}" if i == 0 else line
-            for i, line in enumerate(str(e).splitlines() or [""])
-        )
-        sys.exit(1)
-    except ValueError as e:
-        # The library raises ValueError only for arguments it cannot accept.
-        if show_tb:
-            traceback.print_exc()
-        error_lines([f"modelreg: error: {e}"])
-        sys.exit(2)
+        lines = str(e).splitlines() or [""]
+        _fail([f"modelreg: {lines[0]}", *lines[1:]], 1, show_tb)
+    except UsageError as e:
+        # An argument the library cannot accept; any other ValueError is a bug (below).
+        _fail([f"modelreg: error: {e}"], 2, show_tb)
+    except OSError as e:
+        # The machine refused (permissions, a full disk, a file where a folder goes).
+        where = f"{e.filename}: " if e.filename else ""
+        _fail([f"modelreg: {where}{e.strerror or e}"], 1, show_tb)
     except KeyboardInterrupt:
-        error_lines(["modelreg: interrupted"])
-        sys.exit(130)
+        _fail(["modelreg: interrupted"], 130, show_tb=False)
     except Exception as e:  # noqa: BLE001 - the last line of defence: one line, no traceback
-        if show_tb:
-            traceback.print_exc()
-        error_lines([f"modelreg: internal error: {type(e).__name__}: {e} (rerun with --traceback)"])
-        sys.exit(1)
+        name = type(e).__name__
+        _fail([f"modelreg: internal error: {name}: {e} (rerun with --traceback)"], 1, show_tb)
     sys.exit(0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -210,6 +211,7 @@ def verify(path: Path, bundle: Path, public_key: Path, as_json: bool) -> None:
 @click.option("--git-commit", default="", help="Git commit to record (signed).")
 @click.option("--ci-run", default="", help="CI run to record (signed).")
 @click.option("--parent", default=None, help="Parent version to record (signed).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was signed as JSON.")
 def sign(
     path: Path,
     bundle_path: Path,
@@ -219,6 +221,7 @@ def sign(
     git_commit: str,
     ci_run: str,
     parent: str | None,
+    as_json: bool,
 ) -> None:
     """Sign a model file or directory into an OMS bundle (verifiable with model_signing)."""
     from signing.keys import load_private_key, private_key_from_env
@@ -243,6 +246,18 @@ def sign(
         raise click.UsageError("--model and --version go together")
     bundle = sign_model(path, key, facts=facts, bundle_path=bundle_path)
     write_bundle(bundle, bundle_path)
+    if as_json:
+        emit_json(
+            {
+                "signed": True,
+                "path": str(path),
+                "bundle": str(bundle_path),
+                "bundle_sha256": hashlib.sha256(bundle_path.read_bytes()).hexdigest(),
+                "key_hint": bundle["verificationMaterial"]["publicKey"]["hint"],
+                "facts": facts.to_json() if facts is not None else None,
+            }
+        )
+        return
     ok(f"signed {path} -> {display_path(bundle_path)}")
 
 

@@ -75,6 +75,48 @@ def test_init_in_existing_git_repo_with_remote(tmp_path: Path, cli) -> None:
     assert str(remote) in (root / ".dvc" / "config").read_text()
 
 
+def test_init_that_stopped_half_way_can_be_run_again(tmp_path: Path, cli) -> None:
+    root = tmp_path / "fleet"
+    (root / ".modelreg").mkdir(parents=True)
+    (root / ".modelreg/keys").write_text("a file where the key folder goes\n")
+    r = cli("init", str(root), cwd=tmp_path)
+    assert r.code == 1
+    assert r.err == f"modelreg: {root / '.modelreg/keys'}: File exists\n"
+    assert not (root / "modelreg.yaml").exists()  # not a repository yet
+    (root / ".modelreg/keys").unlink()
+    r = cli("init", str(root), cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert (root / ".modelreg/keys/root.key").is_file()
+    staged = set(git(root, "diff", "--cached", "--name-only").split())
+    assert {"modelreg.yaml", "trust/metadata/1.root.json", ".github/workflows/pr.yml"} <= staged
+    assert git(root, "status", "--porcelain", "--untracked-files=all").count("??") == 0
+
+
+def test_errors_map_to_exit_codes(mlp_repo: Path, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import registry.jsonschema
+    from registry.errors import UsageError
+
+    def usage(kind: str | None) -> str:
+        raise UsageError("that cannot be")
+
+    monkeypatch.setattr(registry.jsonschema, "schema_text", usage)
+    r = cli("schema", cwd=mlp_repo)
+    assert (r.code, r.err) == (2, "modelreg: error: that cannot be\n")
+
+    def bug(kind: str | None) -> str:
+        raise ValueError("a bug, not the user's doing")
+
+    monkeypatch.setattr(registry.jsonschema, "schema_text", bug)
+    r = cli("schema", cwd=mlp_repo)
+    assert r.code == 1
+    assert r.err == (
+        "modelreg: internal error: ValueError: a bug, not the user's doing "
+        "(rerun with --traceback)\n"
+    )
+    r = cli("--traceback", "schema", cwd=mlp_repo)
+    assert "Traceback (most recent call last)" in r.err
+
+
 def test_written_files_point_editors_at_existing_schemas(mlp_repo: Path) -> None:
     for path in [mlp_repo / "modelreg.yaml", *mlp_repo.glob("manifests/**/*.yaml")]:
         first = path.read_text().splitlines()[0]
@@ -100,6 +142,15 @@ def test_model_add_writes_valid_manifest_and_refuses_duplicates(repo: Path, cli)
     assert bad.code == 1
     assert "not a valid model name" in bad.err
     assert not (repo / "manifests/Defect_1").exists()
+    # a bad option value names the option, not a file that was never written
+    r = cli("model", "add", "seg", "--channel-order", "canary,Prod", "--task", "t" * 300, cwd=repo)
+    assert r.code == 2
+    assert r.err == (
+        "modelreg: error: --task: longer than 256 characters; --channel-order: 'Prod' is not "
+        "valid here (lowercase letters, digits and '-', starting and ending with a letter or "
+        "digit, at most 63 characters)\n"
+    )
+    assert not (repo / "manifests/seg").exists()
 
 
 def test_version_add_tracks_artifact_with_dvc(mlp_repo: Path, example_models: Path) -> None:

@@ -6,6 +6,7 @@ every change the commands make, reading metadata from the repository checkout.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import stat
 from pathlib import Path
@@ -127,9 +128,13 @@ def test_sign_and_verify_commands(repo: Path, cli, tmp_path: Path, example_model
     model.write_bytes((example_models / "mlp/1.0.0.onnx").read_bytes())
     bundle = tmp_path / "model.sigstore.json"
     signed = cli("sign", str(model), "--bundle", str(bundle), "--model", "mlp", "--version", "1.0.0",
-                 "--git-commit", "abc123", "--ci-run", "42", cwd=repo)  # fmt: skip
+                 "--git-commit", "abc123", "--ci-run", "42", "--json", cwd=repo)  # fmt: skip
     assert signed.code == 0, signed.err
     public = repo / ".modelreg/keys/targets.pub"
+    report = json.loads(signed.out)
+    assert report["bundle_sha256"] == hashlib.sha256(bundle.read_bytes()).hexdigest()
+    assert report["key_hint"] == hashlib.sha256(public.read_bytes()).hexdigest()
+    assert (report["facts"]["model"], report["facts"]["ci_run"]) == ("mlp", "42")
     ok = cli(
         "verify",
         str(model),
