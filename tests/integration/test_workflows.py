@@ -6,12 +6,13 @@ import json
 import re
 import shlex
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, git, quiet_mlflow
+from tests.conftest import REPO_ROOT, git, git_daemon, quiet_mlflow
 from tests.github_fake import TOKEN, fake_github
 
 pytestmark = pytest.mark.integration
@@ -77,10 +78,10 @@ def _base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MODELREG_"))}
 
 
-def _job(origin: Path, tmp: Path, name: str, ref: str) -> Path:
+def _job(origin: str, tmp: Path, name: str, ref: str) -> Path:
     """What actions/checkout gives a job: a fresh clone, no DVC cache, no keys."""
     checkout = tmp / name
-    subprocess.run(["git", "clone", "-q", "--branch", ref, str(origin), str(checkout)], check=True)
+    subprocess.run(["git", "clone", "-q", "--branch", ref, origin, str(checkout)], check=True)
     git(checkout, "config", "user.name", "modelreg release")
     git(checkout, "config", "user.email", "modelreg-release@users.noreply.github.com")
     return checkout
@@ -100,11 +101,22 @@ def _run_steps(workflow: str, checkout: Path, env: dict[str, str], code: int = 0
     return ran
 
 
-def test_workflows_run_on_fresh_checkouts(tmp_path: Path, cli, example_models: Path) -> None:
-    """The real CI situation: every job starts from a clone with no artifacts, no DVC
-    cache and no keys; artifacts come from the DVC remote, keys from secrets."""
-    origin = tmp_path / "origin.git"
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+@pytest.fixture
+def origin(tmp_path: Path) -> Iterator[str]:
+    """A bare repository served by ``git daemon`` on loopback, like a Git host."""
+    hosted = tmp_path / "hosted"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(hosted / "fleet.git")],
+                   check=True)  # fmt: skip
+    with git_daemon(hosted) as url:
+        yield f"{url}/fleet.git"
+
+
+def test_workflows_run_on_fresh_checkouts(
+    tmp_path: Path, cli, example_models: Path, origin: str
+) -> None:
+    """The real CI situation: every job starts from a clone (over git://) with no
+    artifacts, no DVC cache and no keys; artifacts come from the DVC remote, keys from
+    secrets."""
     dev = tmp_path / "dev"
     assert cli("init", str(dev), "--remote", str(tmp_path / "dvc-remote"), cwd=tmp_path).code == 0
     for name in NAMES:  # init writes the workflows this test runs
@@ -116,7 +128,7 @@ def test_workflows_run_on_fresh_checkouts(tmp_path: Path, cli, example_models: P
     git(dev, "add", "-A")
     git(dev, "commit", "-qm", "mlp 1.0.0")
     subprocess.run([str(REPO_ROOT / ".venv/bin/dvc"), "push", "-q"], cwd=dev, check=True)
-    git(dev, "remote", "add", "origin", str(origin))
+    git(dev, "remote", "add", "origin", origin)
     git(dev, "push", "-q", "origin", "main")
     keys = dev / ".modelreg/keys"
     secrets = {f"MODELREG_{r.upper()}_KEY": (keys / f"{r}.key").read_text()
@@ -200,7 +212,7 @@ def test_workflows_run_on_fresh_checkouts(tmp_path: Path, cli, example_models: P
     assert _run_steps("freshness.yml", fresh, {**github, **secrets}) == [
         "modelreg freshness refresh"
     ]
-    head = git(origin, "rev-parse", "main").strip()
+    head = git(dev, "ls-remote", origin, "refs/heads/main").split()[0]
     again = _job(origin, tmp_path, "release-3", "main")
     env = {**github, **secrets, "GITHUB_REF": "refs/heads/main", "GITHUB_REF_NAME": "main",
            "GITHUB_SHA": head}  # fmt: skip

@@ -1,0 +1,134 @@
+"""An S3-compatible artifact remote (a real moto S3 server on loopback), end to end.
+
+A developer pushes artifacts to ``s3://`` through DVC; a release job on a fresh checkout
+pulls them from there, builds, publishes the TUF targets to the same bucket through
+DVC's S3 filesystem and mirrors MLflow; a device reads the targets over plain HTTP from
+the bucket (path-style URLs), as it would from S3 behind a CDN.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_sync.trust import DeviceTrust
+from tests.conftest import REPO_ROOT, git, run_modelreg
+
+pytestmark = pytest.mark.integration
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",  # moto accepts any
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(REPO_ROOT / ".venv/bin/moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()  # noqa: S310
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("moto S3 server did not start") from None
+                time.sleep(0.2)
+        for key, value in CREDENTIALS.items():
+            monkeypatch.setenv(key, value)
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=url)
+        s3.create_bucket(Bucket="fleet")
+        # Devices read the TUF targets anonymously (as through a CDN); the DVC store
+        # beside them stays private.
+        public = {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+                  "Resource": "arn:aws:s3:::fleet/store/modelreg/*"}  # fmt: skip
+        s3.put_bucket_policy(
+            Bucket="fleet", Policy=json.dumps({"Version": "2012-10-17", "Statement": [public]})
+        )
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_release_from_a_fresh_checkout_with_an_s3_remote(
+    tmp_path: Path, cli, example_models: Path, s3_endpoint: str
+) -> None:
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
+    dev = tmp_path / "dev"
+    assert cli("init", str(dev), "--remote", "s3://fleet/store", cwd=tmp_path).code == 0
+    dvc = str(REPO_ROOT / ".venv/bin/dvc")
+    subprocess.run([dvc, "remote", "modify", "storage", "endpointurl", s3_endpoint],
+                   cwd=dev, check=True)  # fmt: skip
+    assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=dev).code == 0
+    for version in ("1.0.0", "1.1.0"):
+        r = cli("version", "add", "mlp", version, "--artifact",
+                str(example_models / f"mlp/{version}.onnx"), cwd=dev)  # fmt: skip
+        assert r.code == 0, r.err
+    assert cli("promote", "mlp", "1.1.0", "-c", "canary", cwd=dev).code == 0
+    git(dev, "add", "-A")
+    git(dev, "commit", "-qm", "mlp 1.0.0 and 1.1.0")
+    subprocess.run([dvc, "push", "-q"], cwd=dev, check=True)
+    git(dev, "remote", "add", "origin", str(origin))
+    git(dev, "push", "-q", "origin", "main")
+
+    job = tmp_path / "job"  # a fresh checkout: no artifacts, no DVC cache, no keys
+    subprocess.run(["git", "clone", "-q", str(origin), str(job)], check=True)
+    keys = dev / ".modelreg/keys"
+    env = {f"MODELREG_{r.upper()}_KEY": (keys / f"{r}.key").read_text()
+           for r in ("targets", "snapshot", "timestamp")}  # fmt: skip
+    env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", **CREDENTIALS}
+    env = {k: v for k, v in {**os.environ, **env}.items() if not k.startswith("GITHUB_")}
+    r = run_modelreg("ci", "release", "--json", cwd=job, env=env)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert "deltas/mlp/1.1.0.from-1.0.0.delta" in report["published"]
+    assert report["mlflow"]["changes"] > 0
+
+    # the device reads the targets from the bucket over HTTP (path-style)
+    DeviceTrust.provision(tmp_path / "device", (job / "trust/metadata/1.root.json").read_bytes())
+    device = DeviceTrust(tmp_path / "device", job, f"{s3_endpoint}/fleet/store/modelreg")
+    device.refresh()
+    assert device.channels().models["mlp"]["canary"].version == "1.1.0"
+    got = device.fetch("models/mlp/1.1.0.onnx", tmp_path / "got", model="mlp", version="1.1.0")
+    assert got.read_bytes() == (example_models / "mlp/1.1.0.onnx").read_bytes()
+    md5 = hashlib.md5(got.read_bytes(), usedforsecurity=False).hexdigest()
+    stored = f"{s3_endpoint}/fleet/store/files/md5/{md5[:2]}/{md5[2:]}"
+    with pytest.raises(urllib.error.HTTPError, match="403"):  # the DVC store is not public
+        urllib.request.urlopen(stored, timeout=10)  # noqa: S310
+    import boto3
+
+    head = boto3.client("s3", endpoint_url=s3_endpoint).head_object(
+        Bucket="fleet", Key=f"store/files/md5/{md5[:2]}/{md5[2:]}"
+    )  # though it is there
+    assert head["ContentLength"] == got.stat().st_size
+    again = run_modelreg("ci", "release", "--json", cwd=job, env=env)
+    assert again.code == 0, again.err
+    assert json.loads(again.out)["published"] == []
