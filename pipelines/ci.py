@@ -418,7 +418,7 @@ def _mirror_extras(
 ) -> tuple[dict[tuple[str, str], ReleaseExtras], dict[tuple[str, str], str], list[str]]:
     """OMS bundle and diff report of each released version that MLflow does not hold yet.
 
-    The bundle comes from the artifact remote (verified against the signed metadata),
+    The bundle is read from the artifact remote (verified against the signed metadata),
     the diff is computed against the parent and written under ``.modelreg/release/diffs``.
     A diff that cannot be made is a problem of the run but does not hold the mirror back.
 
@@ -449,12 +449,11 @@ def _mirror_extras(
     release = repo.root / RELEASE_DIR
     for entry in missing:
         key = (entry.name, entry.version)
-        bundle = release / f"bundles/{entry.name}/{entry.version}.sigstore.json"
-        if not bundle.is_file():
-            bundle.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(
-                bundle, store.read(trust, f"bundles/{entry.name}/{entry.version}.sigstore.json")
-            )
+        # The released bundle, as devices get it (a local copy may be from another run).
+        target = f"bundles/{entry.name}/{entry.version}.sigstore.json"
+        bundle = release / target
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(bundle, store.read(trust, target))
         report, text = None, None
         parent = entry.manifest.spec.parent
         if parent is not None:
