@@ -303,3 +303,42 @@ def busy_warning() -> str | None:
 def fmt_seconds(value: float) -> str:
     """Seconds for tables: ``0.842 s``, ``28.1 s``."""
     return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+
+
+_DECODE_RSS: Final = """
+import sys
+from pathlib import Path
+
+def status(key):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+import numpy, zstandard  # noqa: F401 - loaded before the baseline, as on a device
+from registry import delta, _delta_decode  # noqa: F401
+baseline = status("VmRSS:")
+delta.decode(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
+print(status("VmHWM:") - baseline)
+"""
+
+
+def decode_peak_rss(base: Path, delta: Path, out: Path) -> int:
+    """Bytes of RSS that decoding ``delta`` over ``base`` into ``out`` adds at its peak.
+
+    Runs in a fresh interpreter with the decoder's imports loaded before the baseline
+    is read, as a device would have them (Linux: reads ``/proc/self/status``).
+
+    Raises:
+        BenchmarkError: ``/proc`` is missing or the decode fails.
+    """
+    if not Path("/proc/self/status").exists():
+        raise BenchmarkError("measuring peak RSS needs /proc (Linux)")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _DECODE_RSS, str(base), str(delta), str(out)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise BenchmarkError(f"decode failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return int(proc.stdout.strip())

@@ -16,6 +16,10 @@ change, and times our delta once).
 Goals: our delta at most 0.85x the ``zstd -3 --patch-from`` patch; encoding at least 10x
 faster than ``zstd -19 --patch-from``; decoding at least 200 MB/s (new-file bytes per
 second, page cache warm, output fsynced).
+
+Memory: the same fine-tune of a ~1 GiB MLP (size ``huge``, built once under
+``.bench/delta/``) is encoded and decoded to a file in a fresh interpreter whose peak
+RSS is read from ``/proc``; goal: decoding adds less than 300 MB (not in ``--quick``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from benchmarks._util import (
     Command,
     Timing,
     busy_warning,
+    decode_peak_rss,
     load_average,
     machine_info,
     time_interleaved,
@@ -48,6 +53,7 @@ SLOW_S: Final = 20.0
 GOAL_SIZE_VS_ZSTD3: Final = 0.85
 GOAL_ENCODE_VS_ZSTD19: Final = 10.0
 GOAL_DECODE_MB_S: Final = 200.0
+GOAL_DECODE_EXTRA_RSS_MB: Final = 300.0
 VERSIONS: Final = ("1.0.0", "1.1.0", "2.0.0")
 CASES: Final = {"fine-tune": ("1.0.0", "1.1.0"), "graph change": ("1.1.0", "2.0.0")}
 
@@ -105,6 +111,41 @@ def ensure_models(folder: Path = BENCH_DIR / NAME) -> tuple[dict[str, Path], boo
         tmp.write_bytes(model_bytes("mlp", version, size="large"))
         tmp.replace(path)
     return paths, reused, time.perf_counter() - start
+
+
+def _memory_case(folder: Path = BENCH_DIR / NAME) -> dict[str, Any]:
+    """Fine-tune delta of the ~1 GiB MLP: sizes, encode/decode seconds, decode peak RSS.
+
+    Raises:
+        BenchmarkError: the decoded file differs from the new one, or /proc is missing.
+    """
+    from modelreg.examples import model_bytes
+
+    paths = {v: folder / f"mlp-{v}-huge.onnx" for v in CASES["fine-tune"]}
+    for version, path in paths.items():
+        if not (path.is_file() and path.stat().st_size > 0):
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(model_bytes("mlp", version, size="huge"))
+            tmp.replace(path)
+    base, new = paths["1.0.0"], paths["1.1.0"]
+    patch, out = folder / "work" / "huge.mrdelta", folder / "work" / "huge.out.onnx"
+    patch.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    patch.write_bytes(delta.encode(base, new))
+    encode_s = time.perf_counter() - start
+    start = time.perf_counter()
+    extra = decode_peak_rss(base, patch, out)
+    decode_s = time.perf_counter() - start  # includes the interpreter start-up
+    if not _same_file(out, new):
+        raise BenchmarkError("1 GiB model: the decoded file differs from the new one")
+    sizes = {"new file": new.stat().st_size, "ours": patch.stat().st_size}
+    out.unlink()
+    return {
+        "sizes": sizes,
+        "encode_s": round(encode_s, 3),
+        "decode_s": round(decode_s, 3),
+        "decode_extra_rss_mb": round(extra / 1e6, 1),
+    }
 
 
 def _median_of(runs: int, fn: Callable[[], object]) -> Timing:
@@ -262,6 +303,19 @@ def run(quick: bool) -> dict[str, Any]:
         for name in ("zstd -19 --patch-from", "bsdiff"):
             if name in sizes[case]:
                 ratios[f"{case}: size ours / {name}"] = sizes[case]["ours"] / sizes[case][name]
+    memory = None
+    if not quick:
+        print("delta memory: fine-tune of a ~1 GiB model ...", flush=True)
+        memory = _memory_case()
+        goals.append(
+            _goal(
+                f"1 GiB model: decode adds <= {GOAL_DECODE_EXTRA_RSS_MB:g} MB RSS",
+                memory["decode_extra_rss_mb"],
+                GOAL_DECODE_EXTRA_RSS_MB,
+                "<=",
+                quick=quick,
+            )
+        )
     machine = machine_info()
     load_after = machine.pop("load_average")
     notes = [f"{name}: {why}" for name, why in sorted(missing.items())]
@@ -283,6 +337,7 @@ def run(quick: bool) -> dict[str, Any]:
         "sizes_bytes": sizes,
         "measurements": {k: v.to_json() for k, v in measurements.items()},
         "throughput_mb_s": throughput,
+        "memory_1gib": memory,
         "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "goals": goals,
         "missing_tools": missing,

@@ -51,7 +51,10 @@ EXAMPLE_VERSIONS: dict[str, tuple[str, ...]] = {
 }
 """Versions of each example model, oldest first."""
 
-EXAMPLE_SIZES: dict[str, tuple[str, ...]] = {"mlp": ("small", "large"), "cnn": ("small",)}
+EXAMPLE_SIZES: dict[str, tuple[str, ...]] = {
+    "mlp": ("small", "large", "huge"),
+    "cnn": ("small",),
+}
 """Size variants each example model can be built in."""
 
 _OPSET = 17
@@ -65,7 +68,8 @@ _BATCH = "batch"
 _MLP_IN = 16
 _MLP_OUT = 4
 _MLP_DEPTH = 7
-_MLP_WIDTH = {"small": 32, "large": 2048}
+_MLP_WIDTH = {"small": 32, "large": 2048, "huge": 6656}  # huge: ~1.06 GB of weights
+_SIZE_ID = {"small": 0, "large": 1, "huge": 2}
 _CNN_CLASSES = 10
 _CNN_CHANNELS = (8, 32)
 _CNN_SIDE = {"1.0.0": 28, "1.1.0": 28, "2.0.0": 32}
@@ -159,7 +163,7 @@ def _finish(
 
 def _build_mlp(version: str, size: str) -> onnx.ModelProto:
     width = _MLP_WIDTH[size]
-    size_id = 0 if size == "small" else 1
+    size_id = _SIZE_ID[size]
     dims = [_MLP_IN, *[width] * _MLP_DEPTH, _MLP_OUT]
     if version == "2.0.0":  # extra bottleneck layer before a new head
         dims = [*dims[:-1], max(width // 4, 4), _MLP_OUT]
@@ -246,7 +250,8 @@ def build_model(model: str, version: str, size: str = "small") -> onnx.ModelProt
     Args:
         model: ``"mlp"`` or ``"cnn"``.
         version: One of ``EXAMPLE_VERSIONS[model]``.
-        size: ``"small"`` (a few KB) or ``"large"`` (~100 MB, ``mlp`` only).
+        size: ``"small"`` (a few KB), ``"large"`` (~100 MB, ``mlp`` only) or ``"huge"``
+            (~1 GiB, ``mlp`` only: the delta codec's memory benchmark).
 
     Returns:
         The ONNX model (opset 17, IR version 8, inline initializers).
@@ -380,7 +385,8 @@ def write_examples(
     if models is None:
         models = [name for name, sizes in EXAMPLE_SIZES.items() if size in sizes]
         if not models:
-            raise UsageError(f"unknown size {size!r}; choose one of ['large', 'small']")
+            known = sorted({s for sizes in EXAMPLE_SIZES.values() for s in sizes})
+            raise UsageError(f"unknown size {size!r}; choose one of {known}")
     for name in models:
         _check(name, EXAMPLE_VERSIONS[name][0] if name in EXAMPLE_VERSIONS else "", size)
     written: list[ExampleFile] = []

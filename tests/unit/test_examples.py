@@ -132,7 +132,8 @@ def test_golden_inputs_are_seeded() -> None:
     [
         (("rnn", "1.0.0"), "unknown example model 'rnn'.*cnn.*mlp"),
         (("mlp", "3.0.0"), "unknown version '3.0.0'.*1.0.0.*2.0.0"),
-        (("mlp", "1.0.0", "huge"), "unknown size 'huge'.*small.*large"),
+        (("mlp", "1.0.0", "tiny"), "unknown size 'tiny'.*small.*large.*huge"),
+        (("cnn", "1.0.0", "huge"), "unknown size 'huge' for example 'cnn'"),
         (("cnn", "1.0.0", "large"), "unknown size 'large' for example 'cnn'"),
     ],
 )
@@ -148,8 +149,10 @@ def test_invalid_golden_and_write_arguments_raise(tmp_path: Path) -> None:
         golden_inputs("mlp", "1.0.0", cases=0)
     with pytest.raises(ValueError, match="unknown example model"):
         write_examples(tmp_path, models=["rnn"])
-    with pytest.raises(ValueError, match="unknown size"):
-        write_examples(tmp_path, size="huge")
+    with pytest.raises(
+        ValueError, match=r"unknown size 'tiny'; choose one of \['huge', 'large', 'small'\]"
+    ):
+        write_examples(tmp_path, size="tiny")
     with pytest.raises(ValueError, match="unknown size 'large' for example 'cnn'"):
         write_examples(tmp_path, size="large", models=["cnn"])
     assert list(tmp_path.iterdir()) == []
