@@ -148,6 +148,14 @@ class Demo:
         self.run("modelreg", "ci", "release")
         self.run("modelreg", "status", "--mlflow")
         self.mlflow()
+
+        self.step("Channels move only from the promotion branch (main), whatever runs publish")
+        self.run("git", "checkout", "-qb", "hotfix")
+        self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "production")
+        self.run("git", "commit", "-qam", "1.1.0 to production from a side branch")
+        self.run("modelreg", "publish", expect=1)
+        self.run("git", "checkout", "-q", "main")
+        self.run("git", "branch", "-qD", "hotfix")
         self.device()
         self.trust()
 
@@ -173,6 +181,15 @@ class Demo:
         semver, commit = tags.get("modelreg.semver"), tags.get("modelreg.git_commit", "")[:8]
         digest = tags.get("modelreg.sha256", "")[:12]
         print(f"  tags: semver {semver}, git commit {commit}, sha256 {digest}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            client = mlflow.MlflowClient()
+            canary = client.get_model_version_by_alias("mlp", "canary")
+            files = [f.path for f in client.list_artifacts(canary.run_id or "", "modelreg")]
+        tags = canary.tags
+        print(f"  @canary is MLflow version {canary.version} ({tags.get('modelreg.semver')})")
+        print(f"    diff: {tags.get('modelreg.diff_summary')}")
+        print(f"    attached: {', '.join(files)}")
 
     def trust(self) -> None:
         """Signing, publishing, what a device verifies, key lifecycle."""

@@ -25,4 +25,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "unknown key 'fromat'; did you mean 'format'?" in out
     assert "a tampered copy on the remote is refused" in out
     assert "differ from their signed digest" in out
+    # the MLflow mirror of the released v2 carries its diff and bundle
+    assert "    diff: **Weights only**" in out
+    assert "attached: modelreg/1.1.0.diff.md, modelreg/1.1.0.sigstore.json" in out
+    assert "channel changes of 'mlp' are released from branch 'main' only" in out
     assert "Traceback" not in out + proc.stderr
