@@ -340,5 +340,6 @@ def decode_peak_rss(base: Path, delta: Path, out: Path) -> int:
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     if proc.returncode != 0:
-        raise BenchmarkError(f"decode failed: {proc.stderr.strip().splitlines()[-1:]}")
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BenchmarkError(f"decode failed: {last}")
     return int(proc.stdout.strip())

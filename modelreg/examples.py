@@ -271,7 +271,7 @@ def model_bytes(model: str, version: str, size: str = "small") -> bytes:
     Args:
         model: ``"mlp"`` or ``"cnn"``.
         version: One of ``EXAMPLE_VERSIONS[model]``.
-        size: ``"small"`` or ``"large"``.
+        size: ``"small"``, ``"large"`` or ``"huge"`` (``mlp`` only for the last two).
 
     Returns:
         The serialized ``ModelProto``.
@@ -372,7 +372,7 @@ def write_examples(
 
     Args:
         out_dir: Output directory, created if missing.
-        size: ``"small"`` or ``"large"``.
+        size: ``"small"``, ``"large"`` or ``"huge"`` (``mlp`` only for the last two).
         models: Models to write; by default every model available in ``size``.
         goldens: Whether to write golden inputs and onnxruntime outputs.
 

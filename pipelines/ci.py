@@ -10,9 +10,12 @@ publishes them (DVC push, OMS bundles, signed TUF targets and channels), commits
 re-signed metadata with ``[skip ci]`` and mirrors the release into MLflow; with
 nothing new it changes nothing.
 
-Both read the GitHub Actions environment when present (``GITHUB_SHA``,
+Both read the GitHub Actions environment when present (``GITHUB_REF``,
 ``GITHUB_RUN_ID``, ``GITHUB_SERVER_URL``, ``GITHUB_REPOSITORY``, ``GITHUB_EVENT_PATH``,
-``GITHUB_STEP_SUMMARY``, ``GITHUB_OUTPUT``) and work without it.
+``GITHUB_STEP_SUMMARY``, ``GITHUB_OUTPUT``, and ``GITHUB_TOKEN``/``GITHUB_API_URL``
+for review approvals) and work without it.  The commit a release records is the
+checkout's ``HEAD``, what was built; ``GITHUB_SHA`` only names the commit that started
+the run, which a re-run or a manual run may have moved past.
 """
 
 from __future__ import annotations
@@ -123,7 +126,15 @@ def _base_model(root: Repository, base: str, name: str) -> RegisteredModel | Non
 
 @dataclass(frozen=True)
 class _Promotion:
-    """A model whose channels a pull request changes, and where the first change is."""
+    """A model whose channels (or promotion policy) a pull request changes.
+
+    Attributes:
+        model: the model.
+        approvals: the approvals it needs: the policy as it stood on the base, or the
+            new one when that asks for more (a pull request cannot lower the bar it
+            is judged by).
+        where: the first change, for the problem lines.
+    """
 
     model: str
     approvals: int
@@ -132,52 +143,52 @@ class _Promotion:
 
 def _promotions(repo: Repository, pr: PullRequest) -> tuple[list[Problem], list[_Promotion]]:
     """Promotions in this pull request that break their model's policy, and every model
-    whose channels it changes.
+    whose channels or promotion policy it changes.
 
-    A channel that changed must follow the promotion order as it stood on the base
-    (the version served the channel before it), and a pull request that changes
-    channels must target the model's promotion branch.
+    The policy is the one on the base (a model new in this pull request has its own):
+    a channel that changed must follow the promotion order (the version served the
+    channel before it), and the pull request must target the promotion branch.
+    Changing ``spec.promotion`` itself, or removing a channel, counts as a promotion.
     """
     problems: list[Problem] = []
     promotions: list[_Promotion] = []
     for name, entry in sorted(repo.models.items()):
         head = entry.manifest
         base = _base_model(repo, pr.base, name)
+        policy = (base or head).spec.promotion
         before = base.spec.channels if base is not None else {}
         declared = set(repo.versions.get(name, {}))
+        # A model new in this pull request starts from no channels at all.
+        reference = base or head.model_copy(
+            update={"spec": head.spec.model_copy(update={"channels": {}})}
+        )
+        changes: list[Problem] = []
         for channel, assignment in sorted(head.spec.channels.items()):
             if channel in before and before[channel].version == assignment.version:
                 continue  # unchanged (a rollout percent may move freely)
-            # A model new in this pull request starts from no channels at all.
-            reference = base or head.model_copy(
-                update={"spec": head.spec.model_copy(update={"channels": {}})}
-            )
             line, col = entry.doc.position(("spec", "channels", channel))
-            where = f"spec.channels.{channel}"
-            if not any(p.model == name for p in promotions):
-                promotions.append(
-                    _Promotion(
-                        name,
-                        head.spec.promotion.approvals,
-                        Problem(entry.file, "", line, col, where),
-                    )
-                )
+            at = Problem(entry.file, "", line, col, f"spec.channels.{channel}")
+            changes.append(at)
             problems.extend(
-                Problem(entry.file, reason, line, col, where)
+                _at(at, reason)
                 for reason in promotion_violations(reference, declared, assignment.version, channel)
             )
-            branch = head.spec.promotion.branch
-            if pr.target_branch and pr.target_branch != branch:
-                problems.append(
-                    Problem(
-                        entry.file,
-                        f"promotions of {name!r} must target branch {branch!r}, "
-                        f"not {pr.target_branch!r}",
-                        line,
-                        col,
-                        where,
-                    )
-                )
+        if set(before) - set(head.spec.channels):  # a channel removed
+            line, col = entry.doc.position(("spec", "channels"))
+            changes.append(Problem(entry.file, "", line, col, "spec.channels"))
+        if base is not None and base.spec.promotion != head.spec.promotion:
+            line, col = entry.doc.position(("spec", "promotion"))
+            changes.append(Problem(entry.file, "", line, col, "spec.promotion"))
+        if not changes:
+            continue
+        needed = max(policy.approvals, head.spec.promotion.approvals)
+        promotions.append(_Promotion(name, needed, changes[0]))
+        if pr.target_branch and pr.target_branch != policy.branch:
+            problems.extend(
+                _at(at, f"promotions of {name!r} must target branch {policy.branch!r}, "
+                        f"not {pr.target_branch!r}")
+                for at in changes
+            )  # fmt: skip
     return problems, promotions
 
 
@@ -192,8 +203,9 @@ def approval_problems(
     """Promotions without the approvals their model's policy asks for.
 
     Approvals are counted on GitHub (``GITHUB_TOKEN``, ``GITHUB_API_URL``,
-    ``GITHUB_REPOSITORY``) for the pull request of the event; outside a pull request
-    there is nothing to count and the check says so instead of passing or failing.
+    ``GITHUB_REPOSITORY``) for the pull request of the event, failing closed when they
+    cannot be.  Outside a pull request (a local run with ``--base``) there is nothing
+    to count: no problem, and the line says the approvals were not checked.
 
     Returns:
         The problems, and a line for the comment saying what was found.
@@ -232,7 +244,9 @@ def approval_problems(
         if len(names) < p.approvals
     ]
     who = ", ".join(sorted(names)) or "none"
-    return problems, f"{len(names)} approval(s) of {pr.head[:12]} ({who})"
+    have = f"{len(names)} approval(s) of {pr.head[:12]} ({who})"
+    short = max(p.approvals for p in needed) - len(names)
+    return problems, (f"awaiting {short} more; " if short > 0 else "") + have
 
 
 def _at(where: Problem, message: str) -> Problem:
@@ -287,16 +301,16 @@ def _ci_pr(
         raise UsageError(f"git ref {pr.base!r} does not name a commit")
     report = CiReport("pr", data={"base": pr.base})
     problems = validate_paths(repo)
+    waiting: list[Problem] = []
     approvals = "not checked (invalid manifests)"
     if not problems:
         problems, promotions = _promotions(repo, pr)
         problems += _released_changes(repo)
-        found, approvals = approval_problems(promotions, pr, env)
-        problems += found
-    report.problems.extend(str(p) for p in sorted(problems, key=Problem.sort_key))
+        waiting, approvals = approval_problems(promotions, pr, env)
+    report.problems.extend(str(p) for p in sorted(problems + waiting, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
-    if not problems:
+    if not problems:  # built and diffed while approvals are awaited: reviewers need the diff
         try:
             built = build(repo.root, base=pr.base)
         except BuildError as e:
@@ -350,7 +364,8 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
     """Build what is not yet released, publish it, commit the signed metadata, mirror MLflow.
 
     The report's ``timings_ms`` gives each stage: validate, build, publish (DVC push,
-    signing, deltas, TUF metadata), commit, register.
+    signing, deltas, TUF metadata), commit, diff (the reports attached in MLflow),
+    register.
 
     Raises:
         ManifestError: the manifests are invalid.
@@ -420,7 +435,8 @@ def _mirror_extras(
 
     The bundle is read from the artifact remote (verified against the signed metadata),
     the diff is computed against the parent and written under ``.modelreg/release/diffs``.
-    A diff that cannot be made is a problem of the run but does not hold the mirror back.
+    A bundle that cannot be read or a diff that cannot be made is a problem of the run,
+    but does not hold the mirror back.
 
     Returns:
         The extras by (model, version), the one-line diff summaries, and the problems.
@@ -451,9 +467,15 @@ def _mirror_extras(
         key = (entry.name, entry.version)
         # The released bundle, as devices get it (a local copy may be from another run).
         target = f"bundles/{entry.name}/{entry.version}.sigstore.json"
-        bundle = release / target
-        bundle.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(bundle, store.read(trust, target))
+        bundle: Path | None = None
+        try:
+            data = store.read(trust, target)
+        except RegistryError as e:
+            problems.append(f"{entry.name} {entry.version}: OMS bundle not attached: {e}")
+        else:
+            bundle = release / target
+            bundle.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(bundle, data)
         report, text = None, None
         parent = entry.manifest.spec.parent
         if parent is not None:

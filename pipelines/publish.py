@@ -53,15 +53,17 @@ class CiContext:
 
     @classmethod
     def from_env(cls, root: Path, env: Mapping[str, str] | None = None) -> CiContext:
-        """Read ``GITHUB_SHA``/``GITHUB_RUN_ID``/``GITHUB_SERVER_URL``/``GITHUB_REPOSITORY``.
+        """The work tree's ``HEAD`` and the run from ``GITHUB_RUN_ID``/``GITHUB_SERVER_URL``/
+        ``GITHUB_REPOSITORY``.
 
-        Outside CI the commit is the work tree's ``HEAD``.
+        The commit is what is built, ``HEAD``: ``GITHUB_SHA`` names the commit that
+        started the run, which a re-run or a manual run has moved past.
 
         Raises:
             ToolError: git is missing or the work tree has no commit.
         """
         env = os.environ if env is None else env
-        commit = env.get("GITHUB_SHA") or git(root, "rev-parse", "HEAD").stdout.strip()
+        commit = git(root, "rev-parse", "HEAD").stdout.strip()
         run = env.get("GITHUB_RUN_ID")
         url = None
         if run and env.get("GITHUB_SERVER_URL") and env.get("GITHUB_REPOSITORY"):
@@ -345,7 +347,13 @@ def branch_problems(
     branch: str | None,
 ) -> list[Problem]:
     """Channel changes that may not be released from ``branch`` (the model's
-    ``spec.promotion.branch`` is the only one whose commits move its channels)."""
+    ``spec.promotion.branch`` is the only one whose commits move its channels).
+
+    A guard against releasing from the wrong checkout, read from the manifests being
+    released; the boundary against a rogue release is where the online keys live (the
+    release job on the promotion branch), and ``ci pr`` holds changes of the policy
+    itself to the approvals of the base.
+    """
     problems = []
     old = previous.models if previous is not None else {}
     for name, channels in sorted(desired.items()):
@@ -357,7 +365,7 @@ def branch_problems(
             continue
         entry = repo.models[name]
         line, col = entry.doc.position(("spec", "channels"))
-        here = f"branch {branch!r}" if branch else "a commit that is not on a branch"
+        here = f"branch {branch!r}" if branch else "a detached HEAD or a ref that is not a branch"
         problems.append(
             Problem(
                 entry.file,

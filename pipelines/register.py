@@ -266,7 +266,10 @@ def _signed_digests(repo: Repository) -> dict[tuple[str, str], tuple[str, str]]:
         info = trust.published(f"models/{entry.name}/{entry.version}.onnx")
         if info is None or "sha256" not in info.hashes:
             continue
-        md5 = TargetFacts.from_custom(info.custom).dvc_md5
+        try:
+            md5 = TargetFacts.from_custom(info.custom).dvc_md5
+        except ValueError:
+            continue  # not one of ours
         if md5 is not None:
             found[(entry.name, entry.version)] = (info.hashes["sha256"], md5)
     return found
@@ -390,10 +393,18 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
             changes.append(Change(name, "", "created the registered model"))
         elif isinstance(action, CreateVersion):
             source = plan.sources[(name, action.semver)]
+            want = desired.versions[action.semver]
+            artifact = _workspace_artifact(plan.repo, source.entry, fetch=plan.fetch)
+            sha256 = _digests(artifact, plan.repo.display(artifact))[0]
+            if sha256 != want.tags[TAG_SHA256]:  # md5 matched; the signed SHA-256 decides
+                raise ArtifactError(
+                    plan.repo.display(artifact),
+                    f"SHA-256 {sha256} differs from the released one ({want.tags[TAG_SHA256]})",
+                )
             number = store.create_version(
                 name,
-                desired.versions[action.semver],
-                _workspace_artifact(plan.repo, source.entry, fetch=plan.fetch),
+                want,
+                artifact,
                 source.signature,
                 _extra_files(source.extras),
             )
@@ -474,6 +485,7 @@ def register(
             released as a signed target) is in neither the work tree nor DVC's cache or
             remote, or differs from its DVC pointer.
         RegistryMirrorError: MLflow is unreachable or refuses a change.
+        VerificationError: the trust metadata in the repository does not verify.
         ToolError: git is missing.
         ValueError: ``extras`` names an undeclared version or a missing file.
     """
@@ -524,6 +536,7 @@ def check_drift(
         ArtifactError: an artifact not released as a signed target is missing from the
             work tree (a check pulls nothing) or differs from its DVC pointer.
         RegistryMirrorError: MLflow is unreachable.
+        VerificationError: the trust metadata in the repository does not verify.
         ToolError: git is missing.
         ValueError: ``extras`` names an undeclared version or a missing file.
     """

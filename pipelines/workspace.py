@@ -67,6 +67,12 @@ def _write_new(path: Path, text: str, created: list[Path]) -> None:
     created.append(path)
 
 
+def _untracked(root: Path, path: Path) -> bool:
+    if toplevel(root) is None:
+        return False
+    return git(root, "ls-files", "--error-unmatch", "--", str(path), check=False).returncode != 0
+
+
 def _stage(root: Path, paths: Sequence[Path]) -> None:
     if toplevel(root) is not None and paths:
         git(root, "add", "--", *(str(p) for p in paths))
@@ -134,17 +140,22 @@ def init_repo(
     if trust:
         from registry.config import RepoConfig
         from registry.loader import validate_document
+        from signing.keys import ROLES
         from signing.workspace import init_trust, trust_paths
 
         parsed = validate_document(parse_yaml(config.encode(), CONFIG_FILE), RepoConfig)
         paths = trust_paths(root, parsed)
-        if not (paths.metadata / "1.root.json").exists():  # else an earlier, failed init made it
-            keys = [k.private for k in init_trust(paths)]
+        if not (paths.metadata / "1.root.json").exists():  # else an init that stopped
+            init_trust(paths)  # half-way made it, with the keys, which are reused
+        keys = [k for r in ROLES if (k := paths.keys / f"{r}.key").is_file()]
         created.append(paths.metadata / "1.root.json")
     # modelreg.yaml last: until it exists the folder is not a repository, so an init that
     # failed half-way (a tool missing, a key folder not writable) can simply be run again.
     _write_new(root / CONFIG_FILE, config, created)
-    _stage(root, [*created, root / ".dvc", gitignore])
+    staged = [*created, root / ".dvc"]
+    if gitignore not in created and _untracked(root, gitignore):
+        staged.append(gitignore)  # written by an init that stopped before staging it
+    _stage(root, staged)
     return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys)
 
 

@@ -21,12 +21,19 @@ class FakeGitHub:
     reviews: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
     url: str = ""
     requests: list[str] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
     broken: int | None = None  # answer every request with this HTTP status
+    redirect: str | None = None  # answer every request with a 302 to this URL
+    next_link: str | None = None  # the Link of the first page points here instead
 
-    def review(self, repository: str, number: int, user: str, state: str, commit: str) -> None:
+    def review(
+        self, repository: str, number: int, user: str, state: str, commit: str,
+        *, association: str = "MEMBER", bot: bool = False,
+    ) -> None:  # fmt: skip
         self.reviews.setdefault((repository, number), []).append(
-            {"id": len(self.requests), "user": {"login": user}, "state": state,
-             "commit_id": commit}
+            {"id": len(self.requests), "state": state, "commit_id": commit,
+             "user": {"login": user, "type": "Bot" if bot else "User"},
+             "author_association": association}
         )  # fmt: skip
 
 
@@ -34,8 +41,15 @@ def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             fake.requests.append(self.path)
+            fake.authorizations.append(self.headers.get("Authorization"))
             parts = urlsplit(self.path)
             segments = parts.path.strip("/").split("/")
+            if fake.redirect is not None:
+                self.send_response(302)
+                self.send_header("Location", fake.redirect)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if fake.broken is not None:
                 self._send(fake.broken, {"message": "broken on purpose"})
                 return
@@ -60,7 +74,8 @@ def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
             chunk = items[(page - 1) * per_page : page * per_page]
             link = None
             if page * per_page < len(items):
-                link = f'<{fake.url}{parts.path}?per_page={per_page}&page={page + 1}>; rel="next"'
+                base = fake.next_link or f"{fake.url}{parts.path}"
+                link = f'<{base}?per_page={per_page}&page={page + 1}>; rel="next"'
             self._send(200, chunk, link)
 
         def _send(self, status: int, payload: Any, link: str | None = None) -> None:

@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> Any:
     except OSError as e:
         # The machine refused (permissions, a full disk, a file where a folder goes).
         where = f"{e.filename}: " if e.filename else ""
+        if e.filename and e.filename2:  # a rename or a link: both ends
+            where = f"{e.filename} -> {e.filename2}: "
         _fail([f"modelreg: {where}{e.strerror or e}"], 1, show_tb)
     except KeyboardInterrupt:
         _fail(["modelreg: interrupted"], 130, show_tb=False)

@@ -208,8 +208,10 @@ def verify(path: Path, bundle: Path, public_key: Path, as_json: bool) -> None:
 )
 @click.option("--model", "model_name", help="Model name to record (signed).")
 @click.option("--version", "version_", help="Version to record (signed).")
-@click.option("--git-commit", default="", help="Git commit to record (signed).")
-@click.option("--ci-run", default="", help="CI run to record (signed).")
+@click.option(
+    "--git-commit", default="", help="Git commit to record (signed; default: HEAD of the cwd)."
+)
+@click.option("--ci-run", default="", help="CI run to record (signed; default: local).")
 @click.option("--parent", default=None, help="Parent version to record (signed).")
 @click.option("--json", "as_json", is_flag=True, help="Print what was signed as JSON.")
 def sign(
@@ -239,9 +241,23 @@ def sign(
         key = private_key_from_env("targets", key_dir=key_dir)
     facts = None
     if model_name and version_:
-        facts = ModelFacts(
-            model=model_name, version=version_, git_commit=git_commit, ci_run=ci_run, parent=parent
-        )
+        if not git_commit:
+            from registry.gitinfo import git
+
+            head = git(Path.cwd(), "rev-parse", "HEAD", check=False)
+            git_commit = head.stdout.strip() if head.returncode == 0 else ""
+        if not git_commit:
+            raise click.UsageError("--git-commit is needed outside a git work tree")
+        try:
+            facts = ModelFacts(
+                model=model_name,
+                version=version_,
+                git_commit=git_commit,
+                ci_run=ci_run or "local",
+                parent=parent,
+            )
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
     elif model_name or version_:
         raise click.UsageError("--model and --version go together")
     bundle = sign_model(path, key, facts=facts, bundle_path=bundle_path)

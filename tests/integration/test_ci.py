@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import git
+from tests.conftest import git, quiet_mlflow
 from tests.github_fake import TOKEN, fake_github
 
 pytestmark = pytest.mark.integration
@@ -27,6 +27,13 @@ def repo(tmp_path: Path, cli, example_models: Path) -> Path:
     git(root, "add", "-A")
     git(root, "commit", "-qm", "mlp 1.0.0")
     return root
+
+
+def add_version(cli, repo: Path, example_models: Path, version: str) -> None:
+    """Declare example mlp ``version`` (its artifact DVC-tracked, nothing committed)."""
+    r = cli("version", "add", "mlp", version, "--artifact",
+            str(example_models / f"mlp/{version}.onnx"), cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
 
 
 def github_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, base: str, branch: str) -> Path:
@@ -69,9 +76,7 @@ def test_pr_that_skips_canary_fails_with_one_line(
     repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example_models: Path
 ) -> None:
     base = git(repo, "rev-parse", "HEAD").strip()
-    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(example_models / "mlp/1.1.0.onnx"),
-            cwd=repo)  # fmt: skip
-    assert r.code == 0, r.err
+    add_version(cli, repo, example_models, "1.1.0")
     assert cli("promote", "mlp", "1.1.0", "-c", "production", "--force", cwd=repo).code == 0
     git(repo, "commit", "-qam", "straight to production")
     github_env(tmp_path, monkeypatch, base, "main")
@@ -212,8 +217,7 @@ def test_promotion_needs_the_approvals_its_policy_asks_for(
             f"{where}: cannot count the approvals this promotion needs: GitHub API: reviews "
             "of pull request #5: HTTP 503 Service Unavailable"
         )
-    # a pull request that changes no channel needs no approval, and a local run
-    # (no pull-request event) says it did not count
+    # a local run (no pull-request event, so no reviews to count) says it did not count
     monkeypatch.delenv("GITHUB_EVENT_PATH")
     r = cli("ci", "pr", "--base", base, cwd=repo)
     assert r.code == 0, r.err
@@ -228,3 +232,85 @@ def _value_at(repo: Path, key: str) -> str:
     lines = (repo / "manifests/mlp/model.yaml").read_text().splitlines()
     line, text = next((i, t) for i, t in enumerate(lines, 1) if t.strip().startswith(key))
     return f"{line}:{text.index(key) + len(key) + 1}"
+
+
+def test_a_pull_request_is_judged_by_the_policy_of_its_base(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example_models: Path
+) -> None:
+    model = repo / "manifests/mlp/model.yaml"
+    text = model.read_text()
+    assert "approvals:" not in text  # the default, 1
+    model.write_text(text.replace("promotion:\n", "promotion:\n    approvals: 2\n"))
+    git(repo, "commit", "-qam", "promotions of mlp need two approvals")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "sneaky")
+    # lower the bar and promote in the same pull request, with a new version beside
+    add_version(cli, repo, example_models, "1.1.0")
+    model.write_text(model.read_text().replace("    approvals: 2\n", "    approvals: 0\n"))
+    assert cli("promote", "mlp", "1.0.0", "-c", "production", cwd=repo).code == 0
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "1.1.0, and 1.0.0 to production with no approvals needed")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    github_env(tmp_path, monkeypatch, base, "main")
+    event = {"pull_request": {"number": 9, "base": {"sha": base, "ref": "main"},
+                              "head": {"sha": head}, "user": {"login": "dev"}},
+             "review": {"state": "approved"}}  # a pull_request_review event  # fmt: skip
+    (tmp_path / "event.json").write_text(json.dumps(event))
+    with fake_github() as gh:
+        monkeypatch.setenv("GITHUB_API_URL", gh.url)
+        monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+        gh.review("acme/fleet", 9, "ann", "APPROVED", head)
+        gh.review("acme/fleet", 9, "passer-by", "APPROVED", head, association="NONE")
+        r = cli("ci", "pr", cwd=repo)
+    assert r.code == 1
+    assert r.err.strip().endswith(
+        f"spec.channels.production: promoting 'mlp' needs 2 approval(s) of commit "
+        f"{head[:12]}; it has 1 (ann)"
+    )
+    assert len(r.err.strip().splitlines()) == 1
+    comment = (repo / ".modelreg/ci/pr-comment.md").read_text()
+    assert f"- approvals: awaiting 1 more; 1 approval(s) of {head[:12]} (ann)" in comment
+    # waiting for approvals, the reviewers still get the build and the diff
+    assert "- build: 1 changed version(s), all passed" in comment
+    assert "Model diff: mlp 1.0.0 → 1.1.0" in comment
+
+
+def test_a_pull_request_without_promotions_needs_no_approval(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example_models: Path
+) -> None:
+    base = git(repo, "rev-parse", "HEAD").strip()
+    add_version(cli, repo, example_models, "1.1.0")
+    git(repo, "commit", "-qam", "mlp 1.1.0")
+    github_env(tmp_path, monkeypatch, base, "main")
+    event = {"pull_request": {"number": 4, "base": {"sha": base, "ref": "main"},
+                              "head": {"sha": git(repo, "rev-parse", "HEAD").strip()}}}  # fmt: skip
+    (tmp_path / "event.json").write_text(json.dumps(event))
+    r = cli("ci", "pr", cwd=repo)  # no token needed: there is nothing to count
+    assert r.code == 0, r.err
+    assert (
+        "- approvals: no promotion needs an approval"
+        in (repo / ".modelreg/ci/pr-comment.md").read_text()
+    )
+
+
+def test_release_mirrors_what_it_can_when_a_bundle_is_unreadable(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    github_env(tmp_path, monkeypatch, "HEAD", "main")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////proc/no/such/mlflow.db")
+    down = cli("ci", "release", cwd=repo)  # published and committed; MLflow unreachable
+    assert down.code == 1
+    for stored in (repo / ".modelreg/remote/modelreg/targets/bundles/mlp").iterdir():
+        stored.unlink()  # the remote lost the bundle
+    db = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    r = cli("ci", "release", "--json", cwd=repo)
+    assert r.code == 1
+    report = json.loads(r.out)
+    assert len(report["problems"]) == 1
+    assert report["problems"][0].startswith("mlp 1.0.0: OMS bundle not attached: ")
+    assert report["mlflow"]["changes"] > 0  # the version is mirrored all the same
+    with quiet_mlflow() as mlflow:
+        version = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}").get_model_version("mlp", "1")
+    assert version.tags["modelreg.semver"] == "1.0.0"
+    assert "modelreg.bundle_digest" not in version.tags

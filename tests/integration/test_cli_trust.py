@@ -135,6 +135,18 @@ def test_sign_and_verify_commands(repo: Path, cli, tmp_path: Path, example_model
     assert report["bundle_sha256"] == hashlib.sha256(bundle.read_bytes()).hexdigest()
     assert report["key_hint"] == hashlib.sha256(public.read_bytes()).hexdigest()
     assert (report["facts"]["model"], report["facts"]["ci_run"]) == ("mlp", "42")
+    # without --git-commit the facts name the work tree's HEAD (and ci_run "local")
+    git(repo, "commit", "-qm", "init")
+    head = git(repo, "rev-parse", "HEAD").strip()
+    r = cli("sign", str(model), "--bundle", str(tmp_path / "b2.json"), "--model", "mlp",
+            "--version", "1.0.0", "--json", cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["facts"]["git_commit"] == head
+    assert json.loads(r.out)["facts"]["ci_run"] == "local"
+    bad = cli("sign", str(model), "--bundle", str(tmp_path / "b3.json"), "--model", "mlp",
+                  "--version", "1.0.0", "--parent", "", "--git-commit", "abc", cwd=repo)  # fmt: skip
+    assert bad.code == 2
+    assert "parent must be a non-empty string" in bad.err
     ok = cli(
         "verify",
         str(model),

@@ -218,7 +218,9 @@ def test_channel_changes_are_released_from_the_promotion_branch_only(
     )
     # in CI the ref decides, and a detached checkout is no branch at all
     monkeypatch.setenv("GITHUB_REF", "refs/pull/3/merge")
-    assert "not from a commit that is not on a branch" in cli("publish", cwd=released).err
+    assert (
+        "not from a detached HEAD or a ref that is not a branch" in cli("publish", cwd=released).err
+    )
     assert {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()} == metadata
     trust = device(released, tmp_path)
     trust.refresh()

@@ -281,7 +281,7 @@ def test_register_refuses_invalid_or_missing_artifacts(released: Path, cli) -> N
     assert len(r.err.strip().splitlines()) == 1
 
 
-def test_pipelines_import_withoutquiet_mlflow() -> None:
+def test_pipelines_import_without_mlflow() -> None:
     code = (
         "import sys, pipelines.register, modelreg.cli.register_cmd;"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'mlflow'))"

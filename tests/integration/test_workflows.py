@@ -62,6 +62,27 @@ def test_pinned_and_least_privilege(name: str) -> None:
     assert "cache" in text  # pip cache through setup-python
 
 
+def test_triggers_and_checkouts() -> None:
+    pr = yaml.safe_load((TEMPLATES / "pr.yml").read_text())
+    # PyYAML reads the key `on` as True (YAML 1.1)
+    assert pr[True]["pull_request_review"] == {"types": ["submitted", "dismissed"]}
+    # no job-level condition: a skipped job would report success for the required check
+    assert all("if" not in job for job in pr["jobs"].values())
+    steps = pr["jobs"]["check"]["steps"]
+    assert next(s for s in steps if s.get("run") == "modelreg ci pr")["env"] == {
+        "GITHUB_TOKEN": "${{ github.token }}"
+    }
+    release = yaml.safe_load((TEMPLATES / "release.yml").read_text())
+    assert "workflow_dispatch" in release[True]
+    job = release["jobs"]["release"]
+    assert job["if"] == "github.ref == 'refs/heads/main'"
+    # re-runs sign on top of the latest metadata: the branch tip, not the pushed commit
+    assert job["steps"][0]["with"]["ref"] == "main"
+    fresh = yaml.safe_load((TEMPLATES / "freshness.yml").read_text())
+    assert fresh["jobs"]["refresh"]["steps"][0]["with"]["ref"] == "main"
+    assert "git push origin HEAD:main" in fresh["jobs"]["refresh"]["steps"][-1]["run"]
+
+
 def modelreg_steps(name: str) -> list[tuple[list[str], dict[str, str]]]:
     steps = []
     for job in yaml.safe_load((TEMPLATES / name).read_text())["jobs"].values():
