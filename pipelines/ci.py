@@ -41,7 +41,7 @@ from registry.policy import promotion_violations
 from registry.repository import Repository, load_repository
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
-from signing.workspace import release_state
+from signing.workspace import release_state, release_states
 
 if TYPE_CHECKING:
     from pipelines.register import ReleaseExtras
@@ -190,11 +190,6 @@ def _promotions(repo: Repository, pr: PullRequest) -> tuple[list[Problem], list[
                 for at in changes
             )  # fmt: skip
     return problems, promotions
-
-
-def policy_problems(repo: Repository, pr: PullRequest) -> list[Problem]:
-    """Promotions in this pull request that break their model's order or branch policy."""
-    return _promotions(repo, pr)[0]
 
 
 def approval_problems(
@@ -448,19 +443,21 @@ def _mirror_extras(
     from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
+    extras: dict[tuple[str, str], ReleaseExtras] = {}
+    summaries: dict[tuple[str, str], str] = {}
+    problems: list[str] = []
+    paths = trust_paths(repo.root, repo.config)
+    if not (paths.metadata / "1.root.json").is_file():
+        return extras, summaries, problems
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    state = release_states(trust)
     held = mlflow_versions(repo.root, env=env)
-    state = release_state(repo.root, repo.config) or {}
     missing = [
         e for e in repo.all_versions() if (e.name, e.version) not in held and
         (released := state.get((e.name, e.version))) and released.signed
     ]  # fmt: skip
-    extras: dict[tuple[str, str], ReleaseExtras] = {}
-    summaries: dict[tuple[str, str], str] = {}
-    problems: list[str] = []
     if not missing:
         return extras, summaries, problems
-    paths = trust_paths(repo.root, repo.config)
-    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
     store = TargetStore(repo.root, repo.config.remote)
     release = repo.root / RELEASE_DIR
     for entry in missing:

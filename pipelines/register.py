@@ -188,6 +188,9 @@ class _Source:
     entry: VersionEntry
     signature: Signature | None
     extras: ReleaseExtras
+    hashed: Path | None
+    """The artifact file, when its SHA-256 tag was computed from it (not taken from the
+    signed targets, which must then be checked against the bytes uploaded)."""
 
 
 @dataclass
@@ -253,26 +256,13 @@ def _signed_digests(repo: Repository) -> dict[tuple[str, str], tuple[str, str]]:
     Lets a mirror run in a fresh checkout skip reading (and pulling) every artifact:
     the signed SHA-256 stands for the file whose pointer records the same md5.
     """
-    from signing.tuf_facts import TargetFacts
-    from signing.tuf_repo import TrustRepo
-    from signing.workspace import trust_paths
+    from signing.workspace import release_state
 
-    paths = trust_paths(repo.root, repo.config)
-    if not (paths.metadata / "1.root.json").is_file():
-        return {}
-    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
-    found: dict[tuple[str, str], tuple[str, str]] = {}
-    for entry in repo.all_versions():
-        info = trust.published(f"models/{entry.name}/{entry.version}.onnx")
-        if info is None or "sha256" not in info.hashes:
-            continue
-        try:
-            md5 = TargetFacts.from_custom(info.custom).dvc_md5
-        except ValueError:
-            continue  # not one of ours
-        if md5 is not None:
-            found[(entry.name, entry.version)] = (info.hashes["sha256"], md5)
-    return found
+    return {
+        key: (state.sha256, state.dvc_md5)
+        for key, state in (release_state(repo.root, repo.config) or {}).items()
+        if state.sha256 is not None and state.dvc_md5 is not None
+    }
 
 
 def _workspace_artifact(repo: Repository, entry: VersionEntry, *, fetch: bool) -> Path:
@@ -303,7 +293,8 @@ def _desired_version(
     ci: dict[str, str],
     *,
     signed: tuple[str, str] | None,
-) -> DesiredVersion:
+) -> tuple[DesiredVersion, Path | None]:
+    """The version as MLflow should hold it, and the artifact file if it was hashed."""
     repo = plan.repo
     spec = entry.manifest.spec
     artifact = repo.root / spec.artifact.path
@@ -311,6 +302,7 @@ def _desired_version(
     pointer = read_pointer(
         artifact.with_name(artifact.name + ".dvc"), display + ".dvc", artifact.name
     )
+    path = None
     if signed is not None and signed[1] == pointer.md5:
         sha256 = signed[0]
     else:
@@ -329,7 +321,7 @@ def _desired_version(
     if extras.diff_summary is not None:
         tags[TAG_DIFF_SUMMARY] = extras.diff_summary
     absent = frozenset() if spec.parent is not None else frozenset({TAG_PARENT})
-    return DesiredVersion(entry.version, tags, absent, ci)
+    return DesiredVersion(entry.version, tags, absent, ci), path
 
 
 def _plan(
@@ -365,13 +357,11 @@ def _plan(
                 plan.unreleased.append((name, entry.version))
                 continue
             given = extras.get((name, entry.version), ReleaseExtras())
-            versions[entry.version] = _desired_version(
+            versions[entry.version], hashed = _desired_version(
                 plan, entry, commit, given, ci, signed=signed.get((name, entry.version))
             )
             plan.sources[(name, entry.version)] = _Source(
-                entry,
-                entry.manifest.spec.signature or spec.signature,
-                given,
+                entry, entry.manifest.spec.signature or spec.signature, given, hashed
             )
         aliases = {channel: c.version for channel, c in spec.channels.items()}
         plan.models[name] = DesiredModel(name, versions, aliases, frozenset(unreleased))
@@ -394,13 +384,7 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
         elif isinstance(action, CreateVersion):
             source = plan.sources[(name, action.semver)]
             want = desired.versions[action.semver]
-            artifact = _workspace_artifact(plan.repo, source.entry, fetch=plan.fetch)
-            sha256 = _digests(artifact, plan.repo.display(artifact))[0]
-            if sha256 != want.tags[TAG_SHA256]:  # md5 matched; the signed SHA-256 decides
-                raise ArtifactError(
-                    plan.repo.display(artifact),
-                    f"SHA-256 {sha256} differs from the released one ({want.tags[TAG_SHA256]})",
-                )
+            artifact = source.hashed or _signed_artifact(plan, source.entry, want)
             number = store.create_version(
                 name,
                 want,
@@ -435,6 +419,19 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
             store.delete_alias(name, action.alias)
             changes.append(Change(name, f"@{action.alias}", "removed (no such channel)"))
     return changes
+
+
+def _signed_artifact(plan: _Plan, entry: VersionEntry, want: DesiredVersion) -> Path:
+    """The workspace artifact whose SHA-256 tag came from the signed targets (its pointer
+    md5 matched): the bytes about to be uploaded must have that SHA-256 too."""
+    artifact = _workspace_artifact(plan.repo, entry, fetch=plan.fetch)
+    sha256 = _digests(artifact, plan.repo.display(artifact))[0]
+    if sha256 != want.tags[TAG_SHA256]:
+        raise ArtifactError(
+            plan.repo.display(artifact),
+            f"SHA-256 {sha256} differs from the released one ({want.tags[TAG_SHA256]})",
+        )
+    return artifact
 
 
 def _reattach(store: Store, plan: _Plan, name: str, action: SetTags) -> None:

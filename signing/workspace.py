@@ -208,19 +208,27 @@ def revoke(
 
 @dataclass(frozen=True)
 class ReleaseState:
-    """What the signed targets say about one version."""
+    """What the signed targets say about one version.
+
+    Attributes:
+        signed: its OMS bundle is released.
+        published: its artifact is released.
+        ci_run: the CI run that released it.
+        sha256: the released artifact's SHA-256.
+        dvc_md5: the md5 its DVC pointer recorded at release.
+    """
 
     signed: bool = False
     published: bool = False
     ci_run: str | None = None
+    sha256: str | None = None
+    dvc_md5: str | None = None
 
 
 def release_state(root: Path, config: RepoConfig) -> dict[tuple[str, str], ReleaseState] | None:
-    """Per (model, version): whether its OMS bundle and its artifact are released, and by
-    which CI run.
-
-    Read from the signed targets metadata (verified on load).  None when the
-    repository has no trust metadata at all.
+    """Per (model, version): what :func:`release_states` says, read from the repository's
+    signed targets metadata (verified on load).  None when the repository has no trust
+    metadata at all.
 
     Raises:
         VerificationError: the trust metadata in the repository does not verify.
@@ -228,9 +236,14 @@ def release_state(root: Path, config: RepoConfig) -> dict[tuple[str, str], Relea
     paths = trust_paths(root, config)
     if not (paths.metadata / "1.root.json").is_file():
         return None
-    repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    return release_states(TrustRepo.load(paths.metadata, expiry=paths.expiry))
+
+
+def release_states(trust: TrustRepo) -> dict[tuple[str, str], ReleaseState]:
+    """Per (model, version): whether its OMS bundle and its artifact are released, by
+    which CI run, and the released artifact's digests."""
     state: dict[tuple[str, str], ReleaseState] = {}
-    for info in repo.targets.values():
+    for info in trust.targets.values():
         try:
             facts = TargetFacts.from_custom(info.custom)
         except ValueError:
@@ -239,9 +252,12 @@ def release_state(root: Path, config: RepoConfig) -> dict[tuple[str, str], Relea
             continue
         key = (facts.model, facts.version)
         current = state.get(key, ReleaseState())
+        artifact = facts.kind == "artifact"
         state[key] = ReleaseState(
             signed=current.signed or facts.kind == "bundle",
-            published=current.published or facts.kind == "artifact",
+            published=current.published or artifact,
             ci_run=current.ci_run or facts.ci_run,
+            sha256=info.hashes.get("sha256") if artifact else current.sha256,
+            dvc_md5=facts.dvc_md5 if artifact else current.dvc_md5,
         )
     return state

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -77,9 +79,25 @@ def test_small_model_runs_on_onnxruntime(model: str, version: str) -> None:
         np.testing.assert_allclose(result.sum(axis=1), 1.0, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("model", "version"), SMALL)
-def test_build_is_deterministic(model: str, version: str) -> None:
-    assert model_bytes(model, version) == model_bytes(model, version)
+_DIGESTS = """
+import hashlib, sys
+from modelreg.examples import EXAMPLE_VERSIONS, model_bytes
+for m, versions in EXAMPLE_VERSIONS.items():
+    for v in versions:
+        print(m, v, hashlib.sha256(model_bytes(m, v)).hexdigest())
+"""
+
+
+def test_build_is_deterministic_across_processes() -> None:
+    """Another interpreter, with another hash seed, builds the same bytes."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _DIGESTS],
+        cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "4242", "PYTHONPATH": str(REPO)},
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    theirs = {tuple(line.split()[:2]): line.split()[2] for line in proc.stdout.splitlines()}
+    ours = {(m, v): hashlib.sha256(model_bytes(m, v)).hexdigest() for m, v in SMALL}
+    assert theirs == ours
 
 
 def test_versions_differ() -> None:

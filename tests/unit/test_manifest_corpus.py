@@ -267,7 +267,6 @@ def test_corpus_files_match_cases(golden: dict[str, list[str]]) -> None:
     files = {p.stem for p in DATA.glob("*.yaml")}
     assert files == {name for name, case in CASES.items() if case.make is None}
     assert list(golden) == list(CASES)
-    assert len(CASES) >= 30
     assert all(golden[name] for name in CASES), "every case must produce at least one line"
 
 
