@@ -350,7 +350,11 @@ def _tool_versions() -> dict[str, str]:
 
 
 def build(
-    root: Path, *, base: str | None = None, versions: list[tuple[str, str]] | None = None
+    root: Path,
+    *,
+    base: str | None = None,
+    versions: list[tuple[str, str]] | None = None,
+    out_root: Path | None = None,
 ) -> BuildReport:
     """Build versions of the repository at (or above) ``root``.
 
@@ -360,6 +364,10 @@ def build(
             ``changed_versions``).
         versions: build exactly these (model, version) pairs.  Without ``base`` or
             ``versions``, every declared version is built.
+        out_root: where records and engines go, as ``<out_root>/<model>/<version>/``
+            (default ``<root>/.modelreg/build``).  ``ci release`` builds into a private
+            folder of its own: what it signs must come from this run, never from a
+            folder a pull request could have filled.
 
     Returns:
         The report, when every selected version built cleanly.
@@ -386,7 +394,10 @@ def build(
         for name, version in sorted(repo.broken):
             if version is not None and (wanted is None or (name, version) in wanted):
                 problems.extend(_broken(repo, name, version))
-    records = [_build(repo, entry, None) for entry in entries]
+    records = [
+        _build(repo, entry, out_root / entry.name / entry.version if out_root else None)
+        for entry in entries
+    ]
     for record in records:
         problems.extend(record.problems)
     report = BuildReport(repo.root, records, problems, base)

@@ -22,22 +22,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from pipelines.build import BuildError, build
+from pipelines.build import BuildError, build, changed_versions
 from pipelines.diff import diff_against_base
 from pipelines.diff_report import append_step_summary, base_json, base_markdown
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.config import find_root
+from registry.config import CONFIG_FILE, RepoConfig, find_root
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
+from registry.redact import redact
 from registry.repository import Repository, load_repository
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
@@ -112,49 +115,77 @@ class CiReport:
         return not self.problems
 
 
-def _base_model(root: Repository, base: str, name: str) -> RegisteredModel | None:
-    rel = (root.root / root.config.manifests / name / "model.yaml").relative_to(root.root)
-    proc = git(root.root, "show", f"{base}:{rel.as_posix()}", check=False)
-    if proc.returncode != 0:
-        return None  # a model new in this pull request
-    try:
-        manifest = load_manifest(parse_yaml(proc.stdout.encode(), f"{base}:{rel}"))
-    except ManifestError:
-        return None  # the base was broken; today's validation speaks for the head
-    return manifest if isinstance(manifest, RegisteredModel) else None
+def _base_models(root: Path, config: RepoConfig, base: str) -> dict[str, RegisteredModel]:
+    """Every model as it stood on the base commit (where the base's config puts them).
+
+    A model whose manifest was broken on the base is left out: today's validation
+    speaks for the head.
+    """
+    from pipelines.ci_base import show
+
+    folder = config.manifests
+    listed = git(root, "ls-tree", "-z", "--name-only", base, "--", f"{folder}/").stdout
+    models: dict[str, RegisteredModel] = {}
+    for path in filter(None, listed.split("\x00")):
+        name = path.rstrip("/").rpartition("/")[2]
+        data = show(root, base, f"{folder}/{name}/model.yaml")
+        if data is None:
+            continue
+        try:
+            manifest = load_manifest(parse_yaml(data, f"{base[:12]}:{folder}/{name}/model.yaml"))
+        except ManifestError:
+            continue
+        if isinstance(manifest, RegisteredModel):
+            models[manifest.metadata.name] = manifest
+    return models
 
 
 @dataclass(frozen=True)
 class _Promotion:
-    """A model whose channels (or promotion policy) a pull request changes.
+    """A change that needs approvals: a model's channels or promotion policy, or the
+    repository's configuration or trust metadata.
 
     Attributes:
-        model: the model.
+        subject: what is changed, as the problem line says it ("promoting 'mlp'").
         approvals: the approvals it needs: the policy as it stood on the base, or the
             new one when that asks for more (a pull request cannot lower the bar it
             is judged by).
         where: the first change, for the problem lines.
+        what: how a line that cannot count its approvals names it.
     """
 
-    model: str
+    subject: str
     approvals: int
     where: Problem
+    what: str = "this promotion"
 
 
-def _promotions(repo: Repository, pr: PullRequest) -> tuple[list[Problem], list[_Promotion]]:
+def _promotions(
+    repo: Repository, pr: PullRequest, base_models: Mapping[str, RegisteredModel]
+) -> tuple[list[Problem], list[_Promotion]]:
     """Promotions in this pull request that break their model's policy, and every model
     whose channels or promotion policy it changes.
 
     The policy is the one on the base (a model new in this pull request has its own):
     a channel that changed must follow the promotion order (the version served the
     channel before it), and the pull request must target the promotion branch.
-    Changing ``spec.promotion`` itself, or removing a channel, counts as a promotion.
+    Changing ``spec.promotion`` itself, removing a channel or removing a model that
+    had channels counts as a promotion.
     """
     problems: list[Problem] = []
     promotions: list[_Promotion] = []
+    for name in sorted(set(base_models) - set(repo.models)):
+        gone = base_models[name]
+        if gone.spec.channels:
+            where = Problem(repo.display(repo.root / repo.config.manifests / name), "")
+            promotions.append(
+                _Promotion(
+                    f"removing {name!r}", gone.spec.promotion.approvals, where, "this removal"
+                )
+            )
     for name, entry in sorted(repo.models.items()):
         head = entry.manifest
-        base = _base_model(repo, pr.base, name)
+        base = base_models.get(name)
         policy = (base or head).spec.promotion
         before = base.spec.channels if base is not None else {}
         declared = set(repo.versions.get(name, {}))
@@ -182,7 +213,7 @@ def _promotions(repo: Repository, pr: PullRequest) -> tuple[list[Problem], list[
         if not changes:
             continue
         needed = max(policy.approvals, head.spec.promotion.approvals)
-        promotions.append(_Promotion(name, needed, changes[0]))
+        promotions.append(_Promotion(f"promoting {name!r}", needed, changes[0]))
         if pr.target_branch and pr.target_branch != policy.branch:
             problems.extend(
                 _at(at, f"promotions of {name!r} must target branch {policy.branch!r}, "
@@ -226,13 +257,13 @@ def approval_problems(
         except GitHubError as e:
             reason = str(e)
     if reason is not None:
-        return [_at(p.where, f"cannot count the approvals this promotion needs: {reason}")
+        return [_at(p.where, f"cannot count the approvals {p.what} needs: {reason}")
                 for p in needed], "could not be counted"  # fmt: skip
     names = approvers(reviews, head=pr.head, author=pr.author)
     problems = [
         _at(
             p.where,
-            f"promoting {p.model!r} needs {p.approvals} approval(s) of commit {pr.head[:12]}; "
+            f"{p.subject} needs {p.approvals} approval(s) of commit {pr.head[:12]}; "
             f"it has {len(names)}" + (f" ({', '.join(sorted(names))})" if names else ""),
         )
         for p in needed
@@ -248,28 +279,76 @@ def _at(where: Problem, message: str) -> Problem:
     return Problem(where.file, message, where.line, where.col, where.field)
 
 
-def _released_changes(repo: Repository) -> list[Problem]:
-    """Released versions whose artifact this pull request swaps (they are immutable)."""
+def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) -> list[Problem]:
+    """Released versions this pull request changes, and trust metadata it rewinds.
+
+    What is released is what the base's signed metadata says (read from the base
+    commit, where the base's config puts it), never what the pull request's own
+    metadata says: deleting ``timestamp.json`` or pointing ``trust.metadata`` at
+    another folder must not hide a swapped release.  When the pull request touches the
+    metadata (a key rotation), the new metadata must verify and follow the base's.
+    """
+    from pipelines.ci_base import trust_at
     from pipelines.publish import released_changes
     from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
-    paths = trust_paths(repo.root, repo.config)
-    if not (paths.metadata / "1.root.json").is_file():
-        return []
-    return released_changes(repo, TrustRepo.load(paths.metadata, expiry=paths.expiry))
+    head_paths = trust_paths(repo.root, repo.config)
+    head_rel = repo.config.trust.metadata
+    changed = git(
+        repo.root, "diff", "--quiet", pr.base, "--", head_rel, base_config.trust.metadata,
+        check=False,
+    ).returncode != 0 or bool(
+        git(repo.root, "ls-files", "--others", "--exclude-standard", "--", head_rel).stdout
+    )  # fmt: skip
+    where = repo.display(head_paths.metadata)
+    with trust_at(repo.root, pr.base, base_config) as base:
+        if base is None:
+            return []  # nothing was released before this pull request
+        problems = released_changes(repo, base)
+        if changed:
+            try:
+                TrustRepo.load(head_paths.metadata, expiry=head_paths.expiry).check_follows(base)
+            except RegistryError as e:
+                problems.append(Problem(where, str(e).removeprefix(f"{where}: ")))
+    return problems
+
+
+def _config_changes(
+    repo: Repository,
+    pr: PullRequest,
+    base_config: RepoConfig,
+    base_models: Mapping[str, RegisteredModel],
+    dvc_changed: list[str],
+) -> list[_Promotion]:
+    """Changes of the repository's configuration, trust metadata or DVC setup: each
+    needs the approvals of the strictest policy on the base (one when it has none)."""
+    bar = max((m.spec.promotion.approvals for m in base_models.values()), default=1)
+    changed: list[tuple[str, str]] = []
+    if git(repo.root, "diff", "--quiet", pr.base, "--", CONFIG_FILE, check=False).returncode:
+        changed.append(("changing the repository configuration", CONFIG_FILE))
+    folders = {repo.config.trust.metadata, base_config.trust.metadata}
+    if git(repo.root, "diff", "--quiet", pr.base, "--", *folders, check=False).returncode:
+        changed.append(("changing the trust metadata", base_config.trust.metadata))
+    changed.extend(("changing the DVC configuration", path) for path in dvc_changed[:1])
+    return [_Promotion(subject, bar, Problem(path, ""), what=subject) for subject, path in changed]
 
 
 def _write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path:
+    """Write the comment, the JSON report, the step summary and the GitHub outputs.
+
+    Every channel is redacted here, the one place a run's text leaves it: an error
+    from DVC, MLflow or a key loader may quote a URL with credentials or a key.
+    """
     folder = root / CI_DIR
     folder.mkdir(parents=True, exist_ok=True)
     comment = folder / f"{report.kind}-comment.md"
-    write_atomic(comment, ("\n\n".join(report.sections) + "\n").encode())
+    text = redact("\n\n".join(report.sections) + "\n", env)
+    write_atomic(comment, text.encode())
     payload = {"ok": report.ok, "problems": report.problems, **report.data}
-    write_atomic(
-        folder / f"{report.kind}-report.json", (json.dumps(payload, indent=2) + "\n").encode()
-    )
-    append_step_summary(comment.read_text(encoding="utf-8"))
+    data = redact(json.dumps(payload, indent=2, default=str) + "\n", env)
+    write_atomic(folder / f"{report.kind}-report.json", data.encode())
+    append_step_summary(text)
     output = env.get("GITHUB_OUTPUT")
     if output:
         with Path(output).open("a", encoding="utf-8") as fh:
@@ -282,30 +361,54 @@ def _ci_pr(
 ) -> CiReport:
     """Validate, check policy, build and diff what a pull request changes.
 
+    The pull request is judged by its base: the base's ``modelreg.yaml`` says where
+    models and trust metadata were, the base's policies say who must approve, the
+    base's signed metadata says what is released.  A change of the configuration, the
+    trust metadata or DVC's setup needs the approvals of the strictest base policy.
+
     Raises:
         RepositoryError: not inside a repository.
         ValueError: no base ref to compare against.
         ToolError: git or DVC fails.
     """
+    from pipelines.ci_base import change_problems, config_at, dvc_config_changed, pr_changes
+
     env = os.environ if env is None else env
-    repo = load_repository(start)
+    # No parse cache: .modelreg/ in a pull request's checkout is the pull request's.
+    repo = load_repository(start, cache=False)
     pr = PullRequest.from_env(env, base)
     if git(
         repo.root, "rev-parse", "--verify", "--quiet", f"{pr.base}^{{commit}}", check=False
     ).returncode:
         raise UsageError(f"git ref {pr.base!r} does not name a commit")
     report = CiReport("pr", data={"base": pr.base})
-    problems = validate_paths(repo)
+    changes = pr_changes(repo.root, pr.base)
+    problems = change_problems(changes) + validate_paths(repo)
+    dvc_changed = dvc_config_changed(changes)
     waiting: list[Problem] = []
     approvals = "not checked (invalid manifests)"
     if not problems:
-        problems, promotions = _promotions(repo, pr)
-        problems += _released_changes(repo)
+        base_config = config_at(repo.root, pr.base) or repo.config
+        base_models = _base_models(repo.root, base_config, pr.base)
+        problems, promotions = _promotions(repo, pr, base_models)
+        promotions += _config_changes(repo, pr, base_config, base_models, dvc_changed)
+        problems += _trust_problems(repo, pr, base_config)
         waiting, approvals = approval_problems(promotions, pr, env)
+    built_versions = changed_versions(repo, pr.base) if not problems else set()
+    if dvc_changed and built_versions:
+        problems.append(
+            Problem(
+                dvc_changed[0],
+                "a pull request that changes DVC's configuration cannot also change model "
+                "versions (CI never runs DVC with a configuration under review): split it",
+            )
+        )
     report.problems.extend(str(p) for p in sorted(problems + waiting, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
-    if not problems:  # built and diffed while approvals are awaited: reviewers need the diff
+    if dvc_changed and not problems:
+        checks.append("- build: skipped (DVC's configuration changes; no version changes)")
+    elif not problems:  # built and diffed while approvals are awaited: reviewers need the diff
         try:
             built = build(repo.root, base=pr.base)
         except BuildError as e:
@@ -322,10 +425,45 @@ def _ci_pr(
     verdict = "✅ ready for review" if report.ok else "❌ changes needed"
     head = ["## modelreg", "", f"**{verdict}** (against `{pr.base[:12]}`)", "", *checks]
     if report.problems:
-        head += ["", "```", *report.problems, "```"]
+        head += ["", *_fenced(report.problems)]
     report.sections.insert(0, "\n".join(head))
     _write_outputs(repo.root, report, env)
     return report
+
+
+def _fenced(lines: list[str]) -> list[str]:
+    """``lines`` as a code block no line can close: the fence is longer than any run of
+    backticks in them (a file name or a value may hold some)."""
+    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, *lines, fence]
+
+
+def _check_history(repo: Repository) -> None:
+    """Refuse to sign on top of trust metadata that goes back on the branch's history.
+
+    Raises:
+        ManifestError: a root was rewritten or removed, or a role is below a version
+            the branch already released.
+        VerificationError: the metadata does not verify under its newest root.
+    """
+    from pipelines.ci_base import history_problems
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import trust_paths
+
+    paths = trust_paths(repo.root, repo.config)
+    if not (paths.metadata / "1.root.json").is_file():
+        if git(repo.root, "log", "-1", "--format=%H", "--", repo.config.trust.metadata).stdout:
+            raise ManifestError.single(
+                repo.display(paths.metadata),
+                "the trust metadata this branch released is gone; restore it from the "
+                "last release commit",
+            )
+        return
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    regressions = history_problems(repo.root, repo.config, trust)
+    if regressions:
+        raise ManifestError(regressions)
 
 
 def _commit_metadata(repo: Repository, targets: int) -> str | None:
@@ -367,16 +505,20 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         KeyMaterialError: an online key is missing.
         ToolError: git or DVC fails.
     """
+    from pipelines.ci_base import tracked_local_state
     from pipelines.publish import publish
     from pipelines.register import register
 
     env = os.environ if env is None else env
     clock = _Stopwatch()
-    repo = load_repository(start)
-    problems = validate_paths(repo)
+    # No parse cache, and no local state from the checkout: a merged pull request may
+    # have committed some (build records, keys, caches) for the signer to trust.
+    repo = load_repository(start, cache=False)
+    problems = validate_paths(repo) + tracked_local_state(repo.root)
     if problems:
         raise ManifestError(problems)
     report = CiReport("release", data={"timings_ms": clock.timings})
+    _check_history(repo)
     clock.lap("validate")
     state = release_state(repo.root, repo.config) or {}
     pending = [
@@ -384,18 +526,23 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         for e in repo.all_versions()
         if not (released := state.get((e.name, e.version))) or not released.published
     ]
-    if pending:
-        try:
-            built = build(repo.root, versions=pending)
-        except BuildError as e:
-            report.problems.extend(str(p) for p in e.problems)
-            report.data["build"] = e.report.to_json()
-            report.sections.append("## modelreg release\n\n**❌ build failed; nothing published**")
-            _write_outputs(repo.root, report, env)
-            return report
-        report.data["build"] = built.to_json()
-    clock.lap("build")
-    published = publish(repo.root, env=env)
+    # Built into a folder of this run's own: what is signed comes from this build.
+    with tempfile.TemporaryDirectory(prefix="modelreg-release-build-") as out:
+        built = None
+        if pending:
+            try:
+                built = build(repo.root, versions=pending, out_root=Path(out))
+            except BuildError as e:
+                report.problems.extend(str(p) for p in e.problems)
+                report.data["build"] = e.report.to_json()
+                report.sections.append(
+                    "## modelreg release\n\n**❌ build failed; nothing published**"
+                )
+                _write_outputs(repo.root, report, env)
+                return report
+            report.data["build"] = built.to_json()
+        clock.lap("build")
+        published = publish(repo.root, env=env, built=built)
     report.data["published"] = published.added
     clock.lap("publish")
     committed = None
@@ -497,7 +644,7 @@ def _failed(start: Path, kind: str, error: RegistryError, env: Mapping[str, str]
         report.problems.extend(str(p) for p in error.problems)
     else:
         report.problems.append(str(error))
-    lines = ["## modelreg", "", "**❌ failed**", "", "```", *report.problems, "```"]
+    lines = ["## modelreg", "", "**❌ failed**", "", *_fenced(report.problems)]
     report.sections.append("\n".join(lines))
     _write_outputs(find_root(start), report, env)
     return report

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from pipelines import dvc
-from pipelines.build import BUILD_DIR, RECORD_FILE
+from pipelines.build import BuildRecord, BuildReport
+from pipelines.build_engines import BUILT, EngineResult
 from pipelines.build_fetch import fetch_artifact
+from pipelines.errors import ArtifactError
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.errors import ManifestError, PolicyError, Problem, ToolError
@@ -192,6 +194,7 @@ def _stage_version(
     ctx: CiContext,
     paths: TrustPaths,
     env: Mapping[str, str] | None,
+    record: BuildRecord | None,
 ) -> list[str]:
     added: list[str] = []
     artifact = repo.root / entry.manifest.spec.artifact.path
@@ -222,7 +225,7 @@ def _stage_version(
         local.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(local, data)
         added.append(bundle_target)
-    added.extend(_stage_engines(repo, trust, entry, ctx))
+    added.extend(_stage_engines(trust, entry, ctx, record))
     delta_target = f"deltas/{entry.name}/{entry.version}.from-{entry.manifest.spec.parent}.delta"
     if entry.manifest.spec.parent is not None and trust.published(delta_target) is None:
         added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
@@ -284,32 +287,75 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
 
 
 def _stage_engines(
-    repo: Repository, trust: TrustRepo, entry: VersionEntry, ctx: CiContext
+    trust: TrustRepo, entry: VersionEntry, ctx: CiContext, record: BuildRecord | None
 ) -> list[str]:
-    """Engines that ``modelreg build`` made for this version and that passed their check.
+    """The engines this run built for this version and that passed their check.
 
-    TensorRT engines are built on the device (their GPU decides), so only what the
-    runner could build is published; a version built elsewhere publishes none.
+    ``record`` is this run's build of the version, held in memory: nothing is read
+    from a build record on disk, which a pull request could have committed (one that
+    named ``.git/config`` or a key file as an engine had them signed).  Each engine
+    file is read from the run's build folder under the name the layout gives it,
+    never through a link, for a target the manifest declares, and must still have the
+    digest the build recorded.  TensorRT engines are built on the device (their GPU
+    decides), so only what the runner could build is published; a version this run
+    did not build publishes none.
+
+    Raises:
+        ArtifactError: an engine is not what this run built.
     """
-    record = repo.root / BUILD_DIR / entry.name / entry.version / RECORD_FILE
-    try:
-        built = json.loads(record.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    if record is None or not record.ok:
         return []
-    if not built.get("ok") or built.get("md5") != _pointer_md5(repo, entry):
-        return []  # a stale or failed build describes other bytes: publish nothing from it
+    declared = {t.name: t.engine for t in entry.manifest.spec.targets}
     added = []
-    for engine in built.get("engines", []):
-        path = engine.get("path")
-        if engine.get("status") != "built" or not path:
+    for engine in record.engines:
+        if engine.status != BUILT:
             continue
-        suffix = Path(path).name.removeprefix(f"{engine['target']}.")
-        target = f"engines/{entry.name}/{entry.version}/{engine['target']}.{suffix}"
-        if trust.published(target) is None and (repo.root / path).is_file():
-            facts = _facts(entry, "engine", ctx, target=engine["target"])
-            trust.add_target(target, repo.root / path, facts)
-            added.append(target)
+        name = engine_file_name(engine.target, declared.get(engine.target))
+        target = f"engines/{entry.name}/{entry.version}/{name}"
+        if trust.published(target) is not None:
+            continue
+        data = _built_engine(record.record_path.parent, name, engine)
+        trust.add_target(target, data, _facts(entry, "engine", ctx, target=engine.target))
+        added.append(target)
     return added
+
+
+def engine_file_name(target: str, engine: str | None) -> str:
+    """The file a build writes for a declared target (``<target>.ort.onnx`` or ``.plan``).
+
+    Raises:
+        ArtifactError: the target is not declared, or its engine makes no file here.
+    """
+    suffix = {"onnxruntime": "ort.onnx", "tensorrt": "plan"}.get(engine or "")
+    if suffix is None or "/" in target or target in (".", ".."):
+        raise ArtifactError(target, "not a target this version declares; no engine published")
+    return f"{target}.{suffix}"
+
+
+def _built_engine(folder: Path, name: str, engine: EngineResult) -> bytes:
+    """The bytes of engine ``name`` in this run's build ``folder``, as the build recorded them.
+
+    Raises:
+        ArtifactError: the file is a link or not a regular file, or its size or
+            SHA-256 differs from what the build recorded.
+    """
+    import hashlib
+    import stat
+
+    path = folder / name
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        reason = f"engine not readable as a regular file ({e.strerror})"
+        raise ArtifactError(str(path), reason) from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fh.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size != engine.size:
+            raise ArtifactError(str(path), "engine changed since it was built; not published")
+        data = fh.read(info.st_size + 1)
+    if len(data) != engine.size or hashlib.sha256(data).hexdigest() != engine.sha256:
+        raise ArtifactError(str(path), "engine changed since it was built; not published")
+    return data
 
 
 def _stage_delta(
@@ -380,13 +426,21 @@ def branch_problems(
 
 
 def publish(
-    start: Path, *, env: Mapping[str, str] | None = None, push: bool = True
+    start: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    push: bool = True,
+    built: BuildReport | None = None,
 ) -> PublishReport:
     """Push artifacts and release every version as signed TUF targets.
 
+    Engines are published only from ``built``, the build this same run made (``ci
+    release`` passes it); without it no engine is published.
+
     Raises:
         ManifestError: the manifests are invalid (nothing is published).
-        ArtifactError: an artifact is in neither the work tree nor DVC's cache or
+        ArtifactError: an engine of ``built`` changed since it was built, or an
+            artifact is in neither the work tree nor DVC's cache or
             remote, or differs from its pointer.
         KeyMaterialError: the targets, snapshot or timestamp key is not available.
         ToolError: DVC or git fails.
@@ -419,8 +473,12 @@ def publish(
     pushed = dvc.push(repo.root, repo.config.remote) if push else 0
     ctx = CiContext.from_env(repo.root, env)
     added: list[str] = []
+    records = {(r.model, r.version): r for r in built.records} if built is not None else {}
     for entry in repo.all_versions():
-        added.extend(_stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env))
+        record = records.get((entry.name, entry.version))
+        added.extend(
+            _stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env, record=record)
+        )
     channels = next_channels(previous, desired)
     if channels is not previous:
         trust.set_channels(channels, previous)

@@ -1,0 +1,386 @@
+"""What a pull request may change, judged against its base, and the release history a
+release may not go back on.
+
+A pull request is untrusted input to CI, as the network is to a device.  What the
+reviewers and the release job trust is the base commit: its ``modelreg.yaml`` says
+where the manifests and the trust metadata are, its promotion policies say who must
+approve, its signed metadata says what is released.  ``ci pr`` reads those from the
+base (:func:`config_at`, :func:`trust_at`) and refuses changes that no review makes
+safe (:func:`change_problems`): modelreg's local state (``.modelreg/build``, keys,
+caches), DVC's local config, and symbolic links, which modelreg never reads through.
+
+``ci release`` runs after the merge, on a checkout of the promotion branch.  The
+signed metadata there verifies (``TrustRepo.load``), but a merged pull request could
+still have deleted or rewound it to older signed files.  :func:`history_problems`
+compares it with everything the branch's history ever held: no root file rewritten
+or removed, no role below the highest version ever committed.
+
+The git plumbing here reads whole object batches (``git cat-file --batch``) so a
+history of thousands of releases costs a few processes, not thousands.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Final
+
+from registry.config import CONFIG_FILE, RepoConfig
+from registry.errors import ManifestError, Problem, RegistryError, ToolError
+from registry.gitinfo import git
+from registry.loader import validate_document
+from registry.yamlsrc import parse_yaml
+
+if TYPE_CHECKING:
+    from tuf.api.metadata import Metadata, Root
+
+    from signing.tuf_repo import TrustRepo
+
+LOCAL_STATE: Final = ".modelreg/"
+"""modelreg's per-checkout state: build records, keys, caches, CI outputs."""
+SHARED_STATE: Final = (".modelreg/schemas/",)
+"""The part of ``.modelreg/`` that is committed (JSON Schemas for editors)."""
+DVC_LOCAL: Final = (".dvc/config.local", ".dvc/tmp/", ".dvc/cache/")
+"""DVC's per-checkout files: never committed."""
+DVC_SHARED: Final = (".dvc/config", ".dvcignore")
+"""DVC's committed configuration: changed on the base branch, never used from a PR."""
+_SYMLINK: Final = "120000"
+_GITLINK: Final = "160000"
+_MAX_BLOB: Final = 64 << 20
+"""Largest metadata file read from git history (TUF metadata is kilobytes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One path that a pull request adds, modifies or deletes.
+
+    Attributes:
+        path: POSIX path relative to the modelreg root.
+        status: git's letter: ``A`` added, ``M`` modified, ``D`` deleted, ``T`` type
+            changed (``?`` for an untracked file of a local run).
+        mode: its git mode in the pull request (``100644``, ``120000`` for a link,
+            ``000000`` when deleted).
+    """
+
+    path: str
+    status: str
+    mode: str
+
+
+def pr_changes(root: Path, base: str) -> list[Change]:
+    """Every path that differs between commit ``base`` and the work tree (untracked
+    files included, ignored ones not), relative to the modelreg root ``root``.
+
+    Raises:
+        ToolError: git fails.
+    """
+    raw = git(root, "diff", "--raw", "-z", "--no-renames", "--relative", base, "--").stdout
+    fields = raw.split("\x00")
+    changes: list[Change] = []
+    for meta, path in zip(fields[0::2], fields[1::2], strict=False):
+        parts = meta.lstrip(":").split()
+        if len(parts) >= 5 and path:
+            changes.append(Change(path, parts[4][:1], parts[1]))
+    untracked = git(root, "ls-files", "--others", "--exclude-standard", "-z").stdout
+    for path in filter(None, untracked.split("\x00")):
+        try:
+            mode = os.lstat(root / path).st_mode
+        except OSError:
+            continue
+        changes.append(Change(path, "?", _SYMLINK if stat.S_ISLNK(mode) else "100644"))
+    return changes
+
+
+def _under(path: str, prefixes: Iterable[str]) -> bool:
+    return any(path == p.rstrip("/") or path.startswith(p) for p in prefixes)
+
+
+def change_problems(changes: Iterable[Change]) -> list[Problem]:
+    """Changes that no approval makes acceptable in a pull request.
+
+    * a symbolic link or a submodule anywhere: modelreg reads no file through a link
+      (one pointing at a key file or a token made ``validate`` print it);
+    * modelreg's local state (``.modelreg/`` but its schemas): a committed build
+      record or key folder is the runner's input, not the reviewers';
+    * DVC's local files (``.dvc/config.local``, its cache and tmp folders).
+    """
+    problems = []
+    for change in changes:
+        if change.status == "D":
+            continue
+        if change.mode == _SYMLINK:
+            problems.append(
+                Problem(
+                    change.path,
+                    "is a symbolic link; modelreg reads no file through a link: commit "
+                    "the file itself",
+                )
+            )
+        elif change.mode == _GITLINK:
+            problems.append(Problem(change.path, "is a submodule; commit the files instead"))
+        if _under(change.path, [LOCAL_STATE]) and not _under(change.path, SHARED_STATE):
+            problems.append(
+                Problem(
+                    change.path,
+                    "is modelreg's local state (ignored by .gitignore); a pull request "
+                    "cannot commit it: remove it (`git rm --cached`)",
+                )
+            )
+        elif _under(change.path, DVC_LOCAL):
+            problems.append(
+                Problem(
+                    change.path,
+                    "is DVC's local state; a pull request cannot commit it: remove it "
+                    "(`git rm --cached`)",
+                )
+            )
+    return problems
+
+
+def dvc_config_changed(changes: Iterable[Change]) -> list[str]:
+    """The DVC configuration files a pull request changes (``.dvc/config``, ``.dvcignore``).
+
+    CI never runs DVC with a configuration the pull request brought (one moved DVC's
+    cache out of the work tree; another could send the runner's credentials to its own
+    endpoint), so such a pull request is not built: it changes configuration only.
+    """
+    return sorted(c.path for c in changes if _under(c.path, DVC_SHARED))
+
+
+def show(root: Path, commit: str, path: str) -> bytes | None:
+    """The bytes of regular file ``path`` (relative to the modelreg root) at ``commit``,
+    or None when it is absent there (or is not a regular file).
+
+    Raises:
+        ToolError: git fails otherwise.
+    """
+    listed = git(root, "ls-tree", "-z", commit, "--", path).stdout.split("\x00")[0]
+    meta, _, _ = listed.partition("\t")
+    parts = meta.split()
+    if len(parts) != 3 or parts[0] not in ("100644", "100755") or parts[1] != "blob":
+        return None
+    return _blobs(root, [parts[2]])[parts[2]]
+
+
+def config_at(root: Path, commit: str) -> RepoConfig | None:
+    """``modelreg.yaml`` as it stands at ``commit``; None when it has none.
+
+    Raises:
+        ManifestError: it is there and invalid (the base branch is broken).
+        ToolError: git fails.
+    """
+    data = show(root, commit, CONFIG_FILE)
+    if data is None:
+        return None
+    return validate_document(parse_yaml(data, f"{commit[:12]}:{CONFIG_FILE}"), RepoConfig)
+
+
+@contextmanager
+def trust_at(root: Path, commit: str, config: RepoConfig) -> Iterator[TrustRepo | None]:
+    """The signed metadata at ``commit`` (loaded and verified), or None when there is
+    none; valid inside the ``with`` block.
+
+    Raises:
+        VerificationError: the metadata at ``commit`` does not verify.
+        ToolError: git fails.
+    """
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import trust_paths
+
+    folder = config.trust.metadata
+    listed = git(root, "ls-tree", "-z", commit, "--", f"{folder}/").stdout
+    entries: dict[str, str] = {}
+    for item in filter(None, listed.split("\x00")):
+        meta, _, path = item.partition("\t")
+        mode, kind, sha = meta.split()
+        name = PurePosixPath(path).name
+        if kind == "blob" and mode.startswith("1006") and name.endswith(".json"):
+            entries[name] = sha
+    if "1.root.json" not in entries:
+        yield None
+        return
+    blobs = _blobs(root, entries.values())
+    with tempfile.TemporaryDirectory(prefix="modelreg-base-") as tmp:
+        for name, sha in entries.items():
+            (Path(tmp) / name).write_bytes(blobs[sha])
+        yield TrustRepo.load(Path(tmp), expiry=trust_paths(root, config).expiry)
+
+
+def tracked_local_state(root: Path) -> list[Problem]:
+    """modelreg's and DVC's local state committed to the checkout (``ci release``
+    refuses to run on it: a merged pull request could have planted build records,
+    keys or caches there).
+
+    Raises:
+        ToolError: git fails.
+    """
+    listed = git(root, "ls-files", "-z", "-s", "--", ".modelreg", ".dvc").stdout
+    changes = []
+    for item in filter(None, listed.split("\x00")):
+        meta, _, path = item.partition("\t")
+        changes.append(Change(path, "A", meta.split()[0]))
+    return [p for p in change_problems(changes) if not p.message.startswith("is a ")]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """One metadata file as some commit of the branch's history held it."""
+
+    path: str
+    data: bytes
+
+
+def history_problems(root: Path, config: RepoConfig, trust: TrustRepo) -> list[Problem]:
+    """Ways the checkout's signed metadata goes back on what its history held.
+
+    Reads every version of every metadata file the branch's history ever committed
+    and hands them to :func:`regressions`.
+
+    Raises:
+        ToolError: git fails.
+        VerificationError: the checkout's own root files do not verify.
+    """
+    folder = config.trust.metadata
+    log = git(
+        root, "log", "--format=%x00%H", "--name-status", "--no-renames", "--relative", "--",
+        folder,
+    ).stdout  # fmt: skip
+    names: list[tuple[str, str]] = []
+    commit = ""
+    for line in log.splitlines():
+        if line.startswith("\x00"):
+            commit = line[1:]
+            continue
+        status, _, path = line.partition("\t")
+        if status[:1] in ("A", "M", "T") and path.endswith(".json") and commit:
+            names.append((path, f"{commit}:./{path}"))
+    blobs = _blobs_at(root, [name for _, name in names])
+    history = [Committed(path, data) for (path, _), data in zip(names, blobs, strict=True)]
+    return regressions(_current_roots(trust), {r: trust.version(r) for r in _ROLES}, history)
+
+
+_ROLES: Final = ("root", "targets", "snapshot", "timestamp")
+
+
+def _current_roots(trust: TrustRepo) -> list[Metadata[Root]]:
+    from signing.tuf_roles import verify_root_chain
+
+    folder = trust.metadata_dir
+    count = trust.version("root")
+    return verify_root_chain(
+        [(str(folder / f"{n}.root.json"), (folder / f"{n}.root.json").read_bytes())
+         for n in range(1, count + 1)]
+    )  # fmt: skip
+
+
+def regressions(
+    roots: list[Metadata[Root]], versions: dict[str, int], history: Iterable[Committed]
+) -> list[Problem]:
+    """Ways the current metadata (``roots``, role ``versions``) goes back on ``history``.
+
+    A decision without I/O.  Only history that was genuinely signed counts: a file a
+    pull request once committed and a later commit removed must not raise the bar
+    for ever (that would stop every release), so each historical file counts only if
+    it verifies, a role file under the keys of some root of the current chain, a
+    root as the successor of the current root before it.
+
+    * A verified root N that differs from the current ``N.root.json``, or that the
+      current chain lacks: roots are never rewritten or removed.
+    * A verified role file of version N above the role's current version: the
+      metadata was rewound or deleted (deleting ``timestamp.json`` made a release
+      start again at version 1 and stop every device with a RollbackError).
+    """
+    from tuf.api.exceptions import RepositoryError as TufRepositoryError
+    from tuf.api.metadata import Metadata
+
+    from signing.tuf_roles import verifies
+
+    problems: list[Problem] = []
+    highest: dict[str, tuple[int, str]] = {}
+    for item in history:
+        try:
+            md = Metadata.from_bytes(item.data)
+        except (TufRepositoryError, ValueError, TypeError, KeyError):
+            continue  # not metadata: never signed, so never released
+        role, number = md.signed.type, md.signed.version
+        if role == "root":
+            previous = roots[number - 2].signed if 2 <= number <= len(roots) + 1 else None
+            if number == 1:
+                genuine = roots[0].signed_bytes == md.signed_bytes
+            else:
+                genuine = previous is not None and bool(
+                    md.signed.get_root_verification_result(
+                        previous, md.signed_bytes, md.signatures
+                    )
+                )
+            current = roots[number - 1] if number <= len(roots) else None
+            if genuine and (current is None or current.signed_bytes != md.signed_bytes):
+                problems.append(
+                    Problem(
+                        item.path,
+                        f"root version {number} was released and is rewritten or missing "
+                        "now; roots are never rewritten: restore it from history",
+                    )
+                )
+            continue
+        if role not in versions or not any(verifies(r.signed, md) for r in roots):
+            continue
+        if number > highest.get(role, (0, ""))[0]:
+            highest[role] = (number, item.path)
+    for role, (number, path) in sorted(highest.items()):
+        if versions[role] < number:
+            problems.append(
+                Problem(
+                    path,
+                    f"{role} is at version {versions[role]}, below version {number} that "
+                    "this branch already released; signed metadata never goes back: "
+                    "restore the trust metadata from the last release commit",
+                )
+            )
+    return problems
+
+
+def _blobs(root: Path, shas: Iterable[str]) -> dict[str, bytes]:
+    wanted = list(dict.fromkeys(shas))
+    return dict(zip(wanted, _blobs_at(root, wanted), strict=True))
+
+
+def _blobs_at(root: Path, names: list[str]) -> list[bytes]:
+    """The contents of git objects ``names`` (``<sha>`` or ``<commit>:<path>``), in order;
+    empty bytes for one that is missing or over the size cap."""
+    if not names:
+        return []
+    argv = ["git", "-C", str(root), "cat-file", "--batch"]
+    try:
+        proc = subprocess.run(
+            argv, input="".join(f"{n}\n" for n in names).encode(), capture_output=True, check=False
+        )
+    except FileNotFoundError:
+        raise ToolError("git is not installed or not on PATH", argv) from None
+    if proc.returncode:
+        raise ToolError(f"git cat-file failed: {proc.stderr.decode(errors='replace')[-200:]}")
+    out, pos, result = proc.stdout, 0, []
+    for _ in names:
+        end = out.index(b"\n", pos)
+        header = out[pos:end].split()
+        pos = end + 1
+        if len(header) != 3 or not header[2].isdigit():
+            result.append(b"")  # "<name> missing"
+            continue
+        size = int(header[2])
+        result.append(out[pos : pos + size] if size <= _MAX_BLOB else b"")
+        pos += size + 1
+    return result
+
+
+def load_error(error: RegistryError, where: str) -> list[Problem]:
+    """An error met while reading the base as problems of the run."""
+    if isinstance(error, ManifestError):
+        return list(error.problems)
+    return [Problem(where, str(error))]

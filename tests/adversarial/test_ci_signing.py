@@ -1,0 +1,252 @@
+"""A pull request gets nothing signed that the pipeline did not build and the base
+branch's policy did not approve (issue 8, points 1, 3, 4 and DVC's configuration).
+
+Each test replays an attack found in review on a released fleet repository: the
+attacker's branch, ``ci pr`` on it, the merge (the check was not required, or was
+fooled), ``ci release`` with the online keys, and a device that trusts only root v1.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.adversarial.conftest import ARTIFACT, Fleet
+from tests.conftest import Result, git
+
+pytestmark = pytest.mark.integration
+
+
+def _planted_record(fleet: Fleet, version: str) -> Path:
+    """A build record that names files of the runner as engines of ``version``."""
+    folder = fleet.root / ".modelreg/build/mlp" / version
+    folder.mkdir(parents=True, exist_ok=True)
+    key = fleet.root / ".modelreg/keys/targets.key"
+    engines = [
+        {"target": "cpu", "engine": "onnxruntime", "status": "built", "path": ".git/config"},
+        {"target": "passwd", "engine": "onnxruntime", "status": "built", "path": "/etc/passwd"},
+        {"target": "key", "engine": "onnxruntime", "status": "built", "path": str(key)},
+    ]
+    record = {"ok": True, "model": "mlp", "version": version, "engines": engines}
+    (folder / "build.json").write_text(json.dumps(record))
+    (folder / "cpu.ort.onnx").symlink_to(fleet.root / ".git/config")
+    return folder
+
+
+def _problems(result: Result) -> str:
+    """The problems of a ``--json`` run, one per line."""
+    return "\n".join(json.loads(result.out)["problems"])
+
+
+def _published(fleet: Fleet) -> set[str]:
+    metadata = fleet.root / "trust/metadata"
+    ts = json.loads((metadata / "timestamp.json").read_text())["signed"]
+    snap = json.loads(
+        (metadata / f"{ts['meta']['snapshot.json']['version']}.snapshot.json").read_text()
+    )
+    version = snap["signed"]["meta"]["targets.json"]["version"]
+    targets = json.loads((metadata / f"{version}.targets.json").read_text())
+    return set(targets["signed"]["targets"])
+
+
+def test_a_committed_build_record_is_refused_and_never_signed(fleet: Fleet) -> None:
+    before = _published(fleet)
+    base = fleet.branch("engines")
+    _planted_record(fleet, "1.0.0")
+    fleet.commit("faster engines", ".modelreg/build", force=True)
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    assert ".modelreg/build/mlp/1.0.0/build.json: is modelreg's local state" in pr.err
+    assert ".modelreg/build/mlp/1.0.0/cpu.ort.onnx: is a symbolic link" in pr.err
+    assert "local state" in fleet.comment()
+    fleet.merge("engines")
+    release = fleet.release()
+    assert release.code == 1
+    assert ".modelreg/build/mlp/1.0.0/build.json: is modelreg's local state" in _problems(release)
+    assert _published(fleet) == before
+    assert not any(t.startswith("engines/mlp/1.0.0/") and t != "engines/mlp/1.0.0/cpu.ort.onnx"
+                   for t in _published(fleet))  # fmt: skip
+
+
+def test_release_publishes_engines_from_its_own_build_only(fleet: Fleet) -> None:
+    """A record left in the work tree (untracked, as on a reused runner) is never read:
+    the engine of a new version comes from this run's build, byte for byte."""
+    _planted_record(fleet, "1.0.0")
+    _planted_record(fleet, "1.1.0")
+    r = fleet.cli("version", "add", "mlp", "1.1.0", "--artifact",
+                  str(fleet.models / "mlp/1.1.0.onnx"), "--target", "cpu=onnxruntime",
+                  cwd=fleet.root)  # fmt: skip
+    assert r.code == 0, r.err
+    fleet.commit("mlp 1.1.0")
+    release = fleet.release()
+    assert release.code == 0, release.err
+    report = json.loads(release.out)
+    engines = sorted(t for t in report["published"] if t.startswith("engines/"))
+    assert engines == ["engines/mlp/1.1.0/cpu.ort.onnx"]
+    built = next(v for v in report["build"]["versions"] if v["version"] == "1.1.0")
+    engine = next(e for e in built["engines"] if e["target"] == "cpu")
+    assert not engine["path"].startswith(".modelreg/")  # a private folder of the run
+    device = fleet.device()
+    got = device.fetch("engines/mlp/1.1.0/cpu.ort.onnx", fleet.tmp / "engine", kind="engine")
+    assert got.read_bytes() != (fleet.root / ".git/config").read_bytes()
+    import hashlib
+
+    assert hashlib.sha256(got.read_bytes()).hexdigest() == engine["sha256"]
+
+
+def test_engine_checks_refuse_links_changes_and_undeclared_targets(tmp_path: Path) -> None:
+    import hashlib
+
+    from pipelines.build_engines import BUILT, EngineResult
+    from pipelines.errors import ArtifactError
+    from pipelines.publish import _built_engine, engine_file_name
+
+    data = b"engine bytes"
+    (tmp_path / "cpu.ort.onnx").write_bytes(data)
+    engine = EngineResult("cpu", "onnxruntime", BUILT, "x", hashlib.sha256(data).hexdigest(),
+                          len(data))  # fmt: skip
+    assert _built_engine(tmp_path, "cpu.ort.onnx", engine) == data
+    (tmp_path / "cpu.ort.onnx").write_bytes(b"engine bytez")  # same size, other bytes
+    with pytest.raises(ArtifactError, match="changed since it was built"):
+        _built_engine(tmp_path, "cpu.ort.onnx", engine)
+    (tmp_path / "cpu.ort.onnx").unlink()
+    (tmp_path / "secret").write_bytes(data)
+    (tmp_path / "cpu.ort.onnx").symlink_to(tmp_path / "secret")
+    with pytest.raises(ArtifactError, match="not readable as a regular file"):
+        _built_engine(tmp_path, "cpu.ort.onnx", engine)
+    assert engine_file_name("cpu", "onnxruntime") == "cpu.ort.onnx"
+    assert engine_file_name("gpu", "tensorrt") == "gpu.plan"
+    for target, kind in (("passwd", None), ("../x", "onnxruntime"), ("..", "tensorrt")):
+        with pytest.raises(ArtifactError):
+            engine_file_name(target, kind)
+
+
+def test_deleting_the_timestamp_cannot_reset_release_history(fleet: Fleet) -> None:
+    metadata = fleet.root / "trust/metadata"
+    first_targets = (metadata / "1.targets.json").read_bytes()
+    device = fleet.device()  # a device that already trusts the release
+    base = fleet.branch("reset")
+    (metadata / "timestamp.json").unlink()
+    fleet.commit("tidy up")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    assert "trust/metadata" in pr.err
+    fleet.merge("reset")
+    release = fleet.release()
+    assert release.code == 1
+    assert "timestamp" in _problems(release)
+    assert (metadata / "1.targets.json").read_bytes() == first_targets
+    assert git(fleet.root, "status", "--porcelain", "--", "trust").strip() == ""
+    from signing.errors import RollbackError, TrustFetchError
+
+    with pytest.raises(TrustFetchError):  # the file is missing: a transport failure,
+        device.refresh()  # and the device keeps what it trusts
+    git(fleet.root, "revert", "-m", "1", "--no-edit", "HEAD")
+    assert fleet.release().code == 0
+    try:
+        device.refresh()  # nothing was re-signed over what the device holds
+    except RollbackError as e:  # pragma: no cover - the failure this test exists for
+        pytest.fail(f"the device was stopped: {e}")
+    assert device.target_info(ARTIFACT).facts.version == "1.0.0"
+
+
+def test_deleting_all_online_metadata_is_caught_by_history(fleet: Fleet) -> None:
+    metadata = fleet.root / "trust/metadata"
+    fleet.branch("wipe")
+    for path in metadata.iterdir():
+        if not path.name.endswith(".root.json"):
+            path.unlink()
+    fleet.commit("start over")
+    fleet.merge("wipe")
+    release = fleet.release()
+    assert release.code == 1
+    assert "below version 1 that this branch already released" in _problems(release)
+    assert sorted(p.name for p in metadata.iterdir()) == ["1.root.json"]
+
+
+def test_rewinding_the_timestamp_to_an_older_signed_copy_is_refused(fleet: Fleet) -> None:
+    metadata = fleet.root / "trust/metadata"
+    old = (metadata / "timestamp.json").read_bytes()
+    r = fleet.cli("freshness", "refresh", cwd=fleet.root)
+    assert r.code == 0, r.err
+    fleet.commit("freshness [skip ci]")
+    fleet.branch("rewind")
+    (metadata / "timestamp.json").write_bytes(old)  # genuinely signed, one version back
+    fleet.commit("rewind")
+    fleet.merge("rewind")
+    release = fleet.release()
+    assert release.code == 1
+    assert "timestamp is at version 1, below version 2" in _problems(release)
+
+
+def test_moving_the_manifests_does_not_escape_the_base_policy(fleet: Fleet) -> None:
+    base = fleet.branch("move")
+    shutil.move(fleet.root / "manifests", fleet.root / "m2")
+    config = fleet.root / "modelreg.yaml"
+    config.write_text(config.read_text().replace("manifests: manifests", "manifests: m2"))
+    model = fleet.root / "m2/mlp/model.yaml"
+    text = model.read_text().replace("promotion:\n", "promotion:\n    approvals: 0\n")
+    model.write_text(text.replace("canary: 1.0.0", "canary: 1.0.0\n    production: 1.0.0"))
+    version = fleet.root / "m2/mlp/versions/1.0.0.yaml"
+    version.write_text(version.read_text().replace("manifests/mlp/", "m2/mlp/"))
+    fleet.commit("reorganize")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    lines = pr.err.strip().splitlines()
+    assert any(line.startswith("modelreg.yaml: cannot count the approvals changing the "
+                               "repository configuration needs") for line in lines), lines  # fmt: skip
+    assert any("spec.channels.production" in line and "cannot count the approvals" in line
+               for line in lines), lines  # fmt: skip
+
+
+def test_a_swapped_release_cannot_hide_behind_another_trust_folder(fleet: Fleet) -> None:
+    base = fleet.branch("hide")
+    shutil.copytree(fleet.root / "trust/metadata", fleet.root / "elsewhere")
+    shutil.rmtree(fleet.root / "trust")
+    config = fleet.root / "modelreg.yaml"
+    config.write_text(config.read_text().replace("metadata: trust/metadata", "metadata: elsewhere"))
+    # swap the released artifact for other bytes under the same version
+    r = fleet.cli("version", "add", "mlp", "1.1.0", "--artifact",
+                  str(fleet.models / "mlp/1.1.0.onnx"), cwd=fleet.root)  # fmt: skip
+    assert r.code == 0, r.err
+    shutil.copy(fleet.root / "models/mlp/1.1.0.onnx.dvc", fleet.root / "models/mlp/1.0.0.onnx.dvc")
+    pointer = fleet.root / "models/mlp/1.0.0.onnx.dvc"
+    pointer.write_text(pointer.read_text().replace("path: 1.1.0.onnx", "path: 1.0.0.onnx"))
+    fleet.commit("swap")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    assert "version 1.0.0 is released and its artifact models/mlp/1.0.0.onnx has changed" in pr.err
+
+
+def test_dvc_configuration_from_a_pull_request_is_never_used(fleet: Fleet) -> None:
+    base = fleet.branch("cache")
+    outside = fleet.tmp / "outside-cache"
+    dvc_config = fleet.root / ".dvc/config"
+    dvc_config.write_text(dvc_config.read_text() + f"[cache]\n    dir = {outside}\n")
+    fleet.commit("shared cache")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1  # approvals are needed (and cannot be counted without a token)
+    assert ".dvc/config: cannot count the approvals changing the DVC configuration" in pr.err
+    assert "- build: skipped (DVC's configuration changes" in fleet.comment()
+    assert not outside.exists()
+    r = fleet.cli("version", "add", "mlp", "1.1.0", "--artifact",
+                  str(fleet.models / "mlp/1.1.0.onnx"), cwd=fleet.root)  # fmt: skip
+    assert r.code == 0, r.err
+    fleet.commit("and a version")
+    shutil.rmtree(outside)  # `version add` (authoring, on the attacker's machine) used it
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    assert "cannot also change model versions" in pr.err
+    assert not outside.exists()
+
+
+def test_problems_cannot_close_the_code_block_of_the_comment() -> None:
+    from pipelines.ci import _fenced
+
+    lines = ["a.yaml:1:1: name ```` is odd", "b"]
+    fenced = _fenced(lines)
+    assert fenced[0] == fenced[-1] == "`````"
+    assert _fenced(["plain"])[0] == "```"
