@@ -7,9 +7,11 @@
         ├── KeyMaterialError         a key is missing, malformed, of the wrong type, or locked
         ├── VerificationError        data is untrusted: every check failure is one of these
         │   ├── SignatureError       a signature does not verify / wrong key / below threshold
+        │   │   └── StaleKeyError    signed only by keys the newest root no longer trusts
         │   ├── DigestMismatchError  bytes differ from their signed digest or length
         │   ├── FileSetError         files missing from, or extra to, what was signed
         │   ├── RollbackError        a version older than one already trusted
+        │   ├── HistoryError         released metadata or a released target rewritten
         │   ├── ExpiredError         signed metadata past its expiry (freeze attack)
         │   └── TargetMismatchError  a signed file that belongs to another model/target
         └── TrustFetchError          metadata or targets could not be fetched (transport)
@@ -46,6 +48,15 @@ class SignatureError(VerificationError):
     """No valid signature (or fewer than the threshold) from a trusted key."""
 
 
+class StaleKeyError(SignatureError):
+    """Signed by a role's keys of an older root that the newest root no longer trusts.
+
+    Such metadata was written with rotated or revoked keys (by an interrupted
+    rotation, or by whoever holds the old keys); it is never loaded, extended or
+    re-signed.
+    """
+
+
 class DigestMismatchError(VerificationError):
     """Bytes differ from their signed digest or length."""
 
@@ -56,6 +67,12 @@ class FileSetError(VerificationError):
 
 class RollbackError(VerificationError):
     """A version lower than one already trusted was offered."""
+
+
+class HistoryError(VerificationError):
+    """Released history rewritten: a root, a role version or a released target that
+    differs from the one already released, or a versioned metadata file that would be
+    replaced."""
 
 
 class ExpiredError(VerificationError):

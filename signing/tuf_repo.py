@@ -18,7 +18,21 @@ and on the artifact remote (a local directory in the embedded default)::
 
 Writes are atomic, and ``timestamp.json`` is written last: a reader that sees the new
 timestamp finds every file it points to.  Old versions are kept (they are small, and a
-device that is a few versions behind may still be reading them).
+device that is a few versions behind may still be reading them) and a versioned file is
+never replaced: a version is signed once.
+
+Loading trusts only the newest root (as a device does) and refuses a file set that a
+release never leaves behind: versioned files without ``timestamp.json`` (deleted) or
+above what it points to (rewound).  :meth:`TrustRepo.check_follows` and
+:meth:`TrustRepo.check_floor` compare the loaded state with what was already released.
+
+A key rotation writes, in this order: the re-signed versioned role files, the new
+root, then ``timestamp.json``.  If it stops half-way the folder holds new untracked
+files that :meth:`TrustRepo.load` refuses (versioned files above the timestamp's, or a
+new root whose keys did not sign the timestamp chain): it never falls back on the
+replaced keys.  The operator then restores the metadata folder from the last commit
+(``git checkout -- trust/metadata && git clean -f trust/metadata``) and runs the
+command again; the key folder is only changed once the metadata is written.
 """
 
 from __future__ import annotations
@@ -52,14 +66,18 @@ from tuf.api.metadata import (
 
 from registry.atomic import fsync_dir, write_atomic
 from registry.errors import UsageError
-from signing.errors import DigestMismatchError, FileSetError
+from signing.errors import DigestMismatchError, FileSetError, HistoryError
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
 from signing.tuf_roles import (
+    RECOVER,
     TARGETS_DIR,
+    VERSIONED_ROLES,
     Expiry,
     Online,
+    TrustState,
     channels_target,
     check_channels_update,
+    check_versioned_files,
     meta_file,
     new_root,
     plan_release,
@@ -73,8 +91,11 @@ from signing.tuf_roles import (
     verify_listed,
     verify_root_chain,
 )
+from signing.tuf_roles import check_floor as _check_floor
+from signing.tuf_roles import check_follows as _check_follows
 
 _ROOT_FILE: Final = re.compile(r"^([1-9][0-9]*)\.root\.json$")
+_VERSIONED_FILE: Final = re.compile(r"^([1-9][0-9]*)\.(snapshot|targets)\.json$")
 R = TypeVar("R", Root, Timestamp, Snapshot, Targets)
 
 
@@ -122,14 +143,18 @@ class TrustRepo:
     def __init__(
         self,
         metadata_dir: Path,
-        roots: list[Metadata[Root]],
+        roots: list[tuple[bytes, Metadata[Root]]],
         online: dict[str, Online],
         expiry: Expiry,
     ) -> None:
-        """Use :meth:`load` or :meth:`initialize`; this takes already-verified state."""
+        """Use :meth:`load` or :meth:`initialize`; this takes already-verified state.
+
+        ``roots`` pairs each root's stored bytes with its metadata, oldest first.
+        """
         self.metadata_dir = metadata_dir
         self.expiry = expiry
-        self._roots = roots
+        self._root_bytes = [data for data, _ in roots]
+        self._roots = [md for _, md in roots]
         self._online = online
         self._staged: dict[str, TargetFile] = (
             dict(self._signed(Targets).targets) if "targets" in online else {}
@@ -170,27 +195,36 @@ class TrustRepo:
         )
         md = sign_root(root, root_signers, None)
         metadata_dir.mkdir(parents=True, exist_ok=True)
-        write_atomic(metadata_dir / "1.root.json", to_bytes(md))
-        return cls(metadata_dir, [md], {}, expiry)
+        data = to_bytes(md)
+        write_atomic(metadata_dir / "1.root.json", data)
+        return cls(metadata_dir, [(data, md)], {}, expiry)
 
     @classmethod
     def load(cls, metadata_dir: Path, *, expiry: Expiry | None = None) -> TrustRepo:
         """Load and verify the metadata in ``metadata_dir``.
 
-        Verifies the root chain and that each online role is signed by its keys, so
-        that CI never signs on top of metadata that someone edited in git.  Expiry is
-        not checked: refreshing expired metadata is one reason to load it.
+        Verifies the root chain and that each online role is signed by its keys in
+        the newest root, so that CI never signs on top of metadata that someone
+        edited in git or wrote with replaced keys; and that the versioned files agree
+        with ``timestamp.json`` (not deleted, not rewound).  Expiry is not checked:
+        refreshing expired metadata is one reason to load it.
 
         Raises:
-            FileSetError: no ``1.root.json``, a gap in the root versions, or a file
-                that the timestamp or snapshot points to is missing.
+            FileSetError: no ``1.root.json``, a gap in the root versions, a file that
+                the timestamp or snapshot points to is missing, or versioned files
+                exist without ``timestamp.json``.
+            RollbackError: a versioned file is above the version the timestamp chain
+                points to.
+            StaleKeyError: a role is signed only by keys of an older root.
             SignatureError: a root or role is not signed by a threshold of its keys.
             DigestMismatchError: a file differs from the length/hash listed for it.
             VerificationError: a file is not TUF metadata or has the wrong version.
             OSError: the folder cannot be read.
         """
-        roots = verify_root_chain([(str(path), _read(path)) for path in _root_files(metadata_dir)])
+        root_files = [(str(path), _read(path)) for path in _root_files(metadata_dir)]
+        roots = verify_root_chain(root_files)
         online: dict[str, Online] = {}
+        listed: dict[str, int] | None = None
         # Each file is checked (listed length/hash, version, signature) before the
         # next one is read, in the order a device reads them.
         ts_path = metadata_dir / "timestamp.json"
@@ -205,7 +239,10 @@ class TrustRepo:
             targets_path = metadata_dir / f"{tmeta.version}.targets.json"
             targets = verify_listed(_read(targets_path), Targets, roots, str(targets_path), tmeta)
             online = {"timestamp": ts, "snapshot": snap, "targets": targets}
-        return cls(metadata_dir, roots, online, expiry or Expiry())
+            listed = {"snapshot": meta.version, "targets": tmeta.version}
+        check_versioned_files(_versioned_files(metadata_dir), listed, str(metadata_dir))
+        pairs = [(data, md) for (_, data), md in zip(root_files, roots, strict=True)]
+        return cls(metadata_dir, pairs, online, expiry or Expiry())
 
     # --- state --------------------------------------------------------------------------
 
@@ -229,6 +266,44 @@ class TrustRepo:
     def published(self, path: str) -> TargetFile | None:
         """The signed description of ``path``, or ``None`` when it is not published."""
         return self._signed(Targets).targets.get(path) if "targets" in self._online else None
+
+    @property
+    def state(self) -> TrustState:
+        """The signed state (stored roots, current online roles), staged files left out."""
+        return TrustState(tuple(self._root_bytes), MappingProxyType(dict(self._online)))
+
+    # --- released history ---------------------------------------------------------------
+
+    def check_follows(self, base: TrustRepo) -> None:
+        """Check that this metadata continues ``base``'s (e.g. the base branch's).
+
+        ``base``'s roots must be a byte-identical prefix of this one's; no role version
+        may be below base's, nor equal with other signed content; every target base
+        released must be here unchanged (``channels.json`` may change, its sequence
+        only grows).  Load ``base`` with :meth:`load` from a folder holding the
+        reference metadata.
+
+        Raises:
+            RollbackError: a root or role version, or the channels sequence, is below
+                base's.
+            HistoryError: a released root, role version or target differs from base's,
+                or a released target is missing.
+        """
+        _check_follows(self.state, base.state)
+
+    def check_floor(self, floor: Mapping[str, int]) -> None:
+        """Check that no role's version is below ``floor`` (role -> lowest allowed).
+
+        The floor is the highest version of each role known to have existed (git
+        history, remote).  Once this passes, every role is at or above its floor, so
+        the next :meth:`publish` (current + 1) writes at least floor + 1 and never
+        re-signs a version number devices may hold.
+
+        Raises:
+            RollbackError: a role is below its floor.
+            ValueError: an unknown role or a negative floor.
+        """
+        _check_floor(self.state, floor)
 
     # --- staging ------------------------------------------------------------------------
 
@@ -322,6 +397,8 @@ class TrustRepo:
         Raises:
             KeyMaterialError: a role must be re-signed and ``signers`` lacks its key, or
                 a signer's key is not the role's.
+            HistoryError: a metadata file of a new version already exists (never
+                replaced).
             OSError: the folder is not writable.
         """
         return self._release(signers, _utc(now), include_staged=True)
@@ -342,6 +419,8 @@ class TrustRepo:
         Raises:
             KeyMaterialError: snapshot or targets must be re-signed and their signer
                 is missing, or a signer's key is not the role's.
+            HistoryError: a metadata file of a new version already exists (never
+                replaced).
             OSError: the folder is not writable.
         """
         optional = {"snapshot": snapshot_signer, "targets": targets_signer}
@@ -369,6 +448,8 @@ class TrustRepo:
         Raises:
             ValueError: threshold outside 1..len(new_keys).
             KeyMaterialError: either threshold is not reached by the signers.
+            HistoryError: a metadata file of a new version already exists (never
+                replaced).
             OSError: the folder is not writable.
         """
         now = _utc(now)
@@ -406,6 +487,8 @@ class TrustRepo:
                 have fewer keys than its threshold.
             KeyMaterialError: root signers below either root threshold, or a role to
                 re-sign has no signer in ``signers``.
+            HistoryError: a metadata file of a new version already exists (never
+                replaced).
             OSError: the folder is not writable.
         """
         now = _utc(now)
@@ -438,8 +521,8 @@ class TrustRepo:
         new_root: Metadata[Root] | None = None,
     ) -> PublishResult:
         root = new_root.signed if new_root is not None else self.root
-        # A role whose signatures the (new) root no longer accepts must be re-signed:
-        # its key was replaced, now or in a run that stopped before re-signing.
+        # A role whose signatures the new root no longer accepts must be re-signed now:
+        # its key is being replaced (load() refuses a role the newest root rejects).
         force = set(force or ()) | {
             role for role, md in self._online.items() if not verifies(root, md)
         }
@@ -472,12 +555,27 @@ class TrustRepo:
             listed = meta_file(version, data)
             name = "timestamp.json" if role == "timestamp" else f"{version}.{role}.json"
             out.append((role, self.metadata_dir / name, data, md))
+        for _, path, _, _ in out:
+            if path.name != "timestamp.json":
+                _refuse_existing(path)
+        if new_root is not None:
+            _refuse_existing(self._root_path(new_root))
+        # Versioned files first, then the root, then the timestamp: until the last
+        # rename the timestamp chain is the old one, and a stop in between leaves new
+        # files that load() refuses rather than state trusted under replaced keys.
+        versioned = [item for item in out if item[0] != "timestamp"]
+        timestamp = [item for item in out if item[0] == "timestamp"]
         versions: dict[str, int] = {}
         written: list[Path] = []
+        for role, path, data, md in versioned:
+            write_atomic(path, data)
+            self._online[role] = md
+            versions[role] = md.signed.version
+            written.append(path)
         if new_root is not None:
             written.append(self._write_root(new_root))
             versions["root"] = new_root.signed.version
-        for role, path, data, md in out:
+        for role, path, data, md in timestamp:
             write_atomic(path, data)
             self._online[role] = md
             versions[role] = md.signed.version
@@ -490,10 +588,16 @@ class TrustRepo:
             raise TypeError(f"{kind.type}: unexpected {type(signed).__name__}")
         return signed
 
+    def _root_path(self, md: Metadata[Root]) -> Path:
+        return self.metadata_dir / f"{md.signed.version}.root.json"
+
     def _write_root(self, md: Metadata[Root]) -> Path:
-        path = self.metadata_dir / f"{md.signed.version}.root.json"
-        write_atomic(path, to_bytes(md))
+        path = self._root_path(md)
+        _refuse_existing(path)
+        data = to_bytes(md)
+        write_atomic(path, data)
         self._roots.append(md)
+        self._root_bytes.append(data)
         return path
 
     # --- targets on the remote ----------------------------------------------------------
@@ -535,6 +639,24 @@ def _root_files(metadata_dir: Path) -> list[Path]:
             str(metadata_dir),
         )
     return [metadata_dir / f"{version}.root.json" for version in versions]
+
+
+def _versioned_files(metadata_dir: Path) -> dict[str, set[int]]:
+    present: dict[str, set[int]] = {role: set() for role in VERSIONED_ROLES}
+    for path in metadata_dir.iterdir():
+        if (m := _VERSIONED_FILE.match(path.name)) is not None:
+            present[m.group(2)].add(int(m.group(1)))
+    return present
+
+
+def _refuse_existing(path: Path) -> None:
+    # A version is signed once: devices may hold the existing file, and another
+    # one under its name would be a fork of the history they trust.
+    if os.path.lexists(path):
+        raise HistoryError(
+            f"already exists and would be replaced: a version is signed once; {RECOVER}",
+            str(path),
+        )
 
 
 def _holds(path: Path, info: TargetFile) -> bool:

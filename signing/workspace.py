@@ -95,10 +95,17 @@ def init_trust(paths: TrustPaths) -> list[KeyFiles]:
 def refresh(paths: TrustPaths, env: Mapping[str, str] | None = None) -> PublishResult:
     """Re-sign the timestamp (and snapshot/targets only if they would expire first).
 
+    Only metadata that verifies under the newest root is re-signed (see
+    :meth:`TrustRepo.load`): a timestamp, snapshot or targets file written with a
+    replaced key is refused, never renewed under the current one.
+
     Raises:
         KeyMaterialError: the timestamp key is missing, or a role that must be
             re-signed has no key available.
-        VerificationError: the metadata in the repository does not verify.
+        VerificationError: the metadata in the repository does not verify under the
+            newest root, or its release history was cut (deleted or rewound
+            timestamp); a :class:`~signing.errors.StaleKeyError` when it was signed
+            with replaced keys.
     """
     repo = TrustRepo.load(paths.metadata, expiry=paths.expiry)
 
@@ -135,6 +142,13 @@ def rotate(
     Without ``new_public`` a new key pair is generated in the key folder (the old
     pair is kept as ``<role>.<keyid>.{key,pub}.old``).  For an online role the role is
     re-signed with the new key at once, so devices move to it on their next refresh.
+
+    If it stops half-way (the metadata is written versioned role files first, then the
+    new root, then ``timestamp.json``; the key folder last), the metadata folder holds
+    new untracked files that every later command refuses to load, rather than
+    trusting the replaced key: restore the metadata folder from the last commit
+    (``git checkout -- trust/metadata && git clean -f trust/metadata``) and run the
+    rotation again; the key folder still holds the old key until the very end.
 
     Returns:
         (new root version, new key id).
@@ -186,6 +200,9 @@ def revoke(
     env: Mapping[str, str] | None = None,
 ) -> PublishResult:
     """Remove ``keyid`` from ``role`` in a new root version (optionally adding a replacement).
+
+    Written in the order :func:`rotate` describes; if it stops half-way, restore the
+    metadata folder from the last commit and run it again.
 
     Raises:
         ValueError: the key is not one of the role's, or the role would fall below

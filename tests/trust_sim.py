@@ -13,6 +13,7 @@ around the production ``LocalFetcher`` and records what the device fetched.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from tuf.api.metadata import (
     MetaFile,
     Root,
     Snapshot,
+    TargetFile,
     Targets,
     Timestamp,
 )
@@ -41,6 +43,7 @@ from signing.tuf_roles import (
     TARGETS_DIR,
     Expiry,
     build_snapshot,
+    build_targets,
     build_timestamp,
     meta_file,
     to_bytes,
@@ -182,6 +185,18 @@ class RepoSim:
         self.released[path] = data
         return path
 
+    def fork(self, base: Path) -> RepoSim:
+        """A copy of repository and remote in ``base`` (same keys), loaded from disk.
+
+        Two forks of one state released differently are two histories that share a
+        past: what a base branch and a pull request (or a rewritten branch) hold.
+        """
+        for part in ("repo", "remote"):
+            if (self.base / part).exists():
+                shutil.copytree(self.base / part, base / part)
+        repo = TrustRepo.load(base / "repo" / METADATA_DIR, expiry=self.repo.expiry)
+        return RepoSim(base, list(self.root_signers), dict(self.signers), repo)
+
     def channels_doc(self) -> ChannelsDoc | None:
         return self.repo.load_channels(self.remote)
 
@@ -238,6 +253,23 @@ class RepoSim:
         self.write_metadata(
             "timestamp.json" if role == "timestamp" else f"{version}.{role}.json", data
         )
+        return data
+
+    def forge_targets(
+        self,
+        version: int,
+        signers: Sequence[Signer],
+        files: Mapping[str, TargetFile],
+        *,
+        expires: datetime | None = None,
+    ) -> bytes:
+        """Sign targets metadata listing ``files`` with whatever keys are given, and store it."""
+        expires = expires or datetime.now(UTC) + timedelta(days=1)
+        md = Metadata(build_targets(version, expires, files))
+        for signer in signers:
+            md.sign(signer, append=True)
+        data = to_bytes(md)
+        self.write_metadata(f"{version}.targets.json", data)
         return data
 
     def forge_root(self, root: Root, signers: Sequence[Signer]) -> bytes:

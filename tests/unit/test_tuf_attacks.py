@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Key, Metadata, Root
 
 from edge_sync.trust import DeviceTrust, TrustLimits
@@ -25,9 +27,11 @@ from signing.errors import (
     DigestMismatchError,
     ExpiredError,
     FileSetError,
+    HistoryError,
     KeyMaterialError,
     RollbackError,
     SignatureError,
+    StaleKeyError,
     TargetMismatchError,
     TrustFetchError,
     VerificationError,
@@ -40,7 +44,7 @@ from signing.tuf_facts import (
     next_channels,
 )
 from signing.tuf_repo import TrustRepo
-from signing.tuf_roles import Expiry
+from signing.tuf_roles import ONLINE_ROLES, Expiry, target_file
 from tests.conftest import REPO_ROOT
 from tests.trust_sim import RepoSim, load_signed, new_signer
 
@@ -627,3 +631,299 @@ def test_remote_over_http_on_loopback(sim: RepoSim, tmp_path: Path) -> None:
 class _QuietHandler(SimpleHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+# --- CI side: only the newest root's keys count; released history is never reset --------
+
+
+def rotate_online_keys(sim: RepoSim) -> dict[str, CryptoSigner]:
+    """Replace the three online keys (three root versions); returns the replaced signers."""
+    old = dict(sim.signers)
+    for role in ONLINE_ROLES:
+        new = new_signer()
+        sim.signers[role] = new
+        sim.repo.revoke_key(
+            role,
+            old[role].public_key.keyid,
+            sim.root_signers,
+            replacement=new.public_key,
+            signers=sim.signers,
+        )
+    return old
+
+
+def test_ci_never_loads_or_resigns_metadata_of_replaced_keys(sim: RepoSim) -> None:
+    old = rotate_online_keys(sim)
+    assert sim.repo.version("root") == 4
+    versions = {role: sim.repo.version(role) for role in ONLINE_ROLES}
+    committed = {p.name: p.read_bytes() for p in sim.metadata_dir.iterdir()}
+    # whoever kept the replaced keys signs a release that swaps the artifact
+    forged = dict(sim.repo.targets)
+    evil = TargetFacts(kind="artifact", model="mlp", version="1.0.0", ci_run="run-1")
+    forged[MLP] = target_file(MLP, b"forged weights", evil)
+    targets = sim.forge_targets(versions["targets"] + 1, [old["targets"]], forged)
+    snapshot = sim.forge("snapshot", versions["snapshot"] + 1, [old["snapshot"]], listed=targets)
+    sim.forge("timestamp", versions["timestamp"] + 1, [old["timestamp"]], listed=snapshot)
+
+    with pytest.raises(StaleKeyError) as caught:
+        TrustRepo.load(sim.metadata_dir)
+    message = str(caught.value)
+    assert message.startswith(f"{sim.metadata_dir / 'timestamp.json'}: ")
+    assert "timestamp keys of root v3 that root v4 no longer trusts" in message
+    assert "restore the metadata folder from the last good commit" in message
+    # each role is judged on its own: old keys on the snapshot or targets alone are refused
+    sim.forge("timestamp", versions["timestamp"] + 1, [sim.signers["timestamp"]], listed=snapshot)
+    with pytest.raises(StaleKeyError, match=r"snapshot\.json: signed by snapshot keys of root v2"):
+        TrustRepo.load(sim.metadata_dir)
+    snapshot = sim.forge(
+        "snapshot", versions["snapshot"] + 1, [sim.signers["snapshot"]], listed=targets
+    )
+    sim.forge("timestamp", versions["timestamp"] + 1, [sim.signers["timestamp"]], listed=snapshot)
+    with pytest.raises(StaleKeyError, match=r"targets\.json: signed by targets keys of root v1"):
+        TrustRepo.load(sim.metadata_dir)
+    # a key no root ever trusted is a plain signature failure naming the newest root
+    targets = sim.forge_targets(versions["targets"] + 1, [new_signer()], forged)
+    snapshot = sim.forge(
+        "snapshot", versions["snapshot"] + 1, [sim.signers["snapshot"]], listed=targets
+    )
+    sim.forge("timestamp", versions["timestamp"] + 1, [sim.signers["timestamp"]], listed=snapshot)
+    with pytest.raises(SignatureError, match="not signed by the targets keys of root v4") as plain:
+        TrustRepo.load(sim.metadata_dir)
+    assert not isinstance(plain.value, StaleKeyError)
+    # the recovery the message names: back to the last good commit
+    for path in sim.metadata_dir.iterdir():
+        if path.name not in committed:
+            path.unlink()
+    for name, data in committed.items():
+        (sim.metadata_dir / name).write_bytes(data)
+    assert TrustRepo.load(sim.metadata_dir).published(MLP) == sim.repo.published(MLP)
+
+
+def test_an_interrupted_rotation_is_refused_not_trusted_under_the_old_key(
+    sim: RepoSim, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from registry.atomic import write_atomic as real_write
+
+    committed = {p.name: p.read_bytes() for p in sim.metadata_dir.iterdir()}
+
+    def crash_at(name: str) -> None:
+        def write(path: Path, data: bytes, mode: int | None = None) -> None:
+            if path.name == name:
+                raise KeyboardInterrupt  # the runner is killed
+            real_write(path, data, mode)
+
+        monkeypatch.setattr("signing.tuf_repo.write_atomic", write)
+
+    def rotate_targets() -> list[str]:
+        new = new_signer()
+        result = TrustRepo.load(sim.metadata_dir).revoke_key(
+            "targets",
+            sim.signers["targets"].public_key.keyid,
+            sim.root_signers,
+            replacement=new.public_key,
+            signers={**sim.signers, "targets": new},
+        )
+        sim.signers["targets"] = new
+        return [p.name for p in result.written]
+
+    def restore() -> None:  # what the operator does: back to the last commit
+        for path in sim.metadata_dir.iterdir():
+            if path.name not in committed:
+                path.unlink()
+        for name, data in committed.items():
+            (sim.metadata_dir / name).write_bytes(data)
+
+    crash_at("timestamp.json")  # after the new root, before the timestamp
+    with pytest.raises(KeyboardInterrupt):
+        rotate_targets()
+    assert (sim.metadata_dir / "2.root.json").exists()
+    with pytest.raises(StaleKeyError, match=r"1\.targets\.json: .*root v1 that root v2"):
+        TrustRepo.load(sim.metadata_dir)
+    restore()
+    crash_at("2.root.json")  # after the versioned files, before the root
+    with pytest.raises(KeyboardInterrupt):
+        rotate_targets()
+    with pytest.raises(RollbackError, match=r"2\.snapshot\.json is above snapshot version 1"):
+        TrustRepo.load(sim.metadata_dir)
+    restore()
+    monkeypatch.undo()
+    signers_before = dict(sim.signers)
+    assert rotate_targets() == [
+        "2.targets.json",
+        "2.snapshot.json",
+        "2.root.json",
+        "timestamp.json",
+    ]
+    assert sim.signers["targets"] != signers_before["targets"]
+    device = sim.device()
+    device.refresh()
+    assert device.trusted()["root"].version == 2
+
+
+def test_versioned_metadata_without_a_timestamp_is_refused(sim: RepoSim) -> None:
+    (sim.metadata_dir / "timestamp.json").unlink()
+    with pytest.raises(FileSetError, match=r"timestamp\.json is missing .*\(1\.snapshot\.json"):
+        TrustRepo.load(sim.metadata_dir)
+    (sim.metadata_dir / "1.snapshot.json").unlink()
+    with pytest.raises(FileSetError, match=r"\(1\.targets\.json\)"):
+        TrustRepo.load(sim.metadata_dir)
+
+
+def test_a_rewound_timestamp_is_refused(sim: RepoSim) -> None:
+    first = sim.read_metadata("timestamp.json")
+    sim.release("mlp", "1.1.0")
+    second = sim.read_metadata("timestamp.json")
+    sim.write_metadata("timestamp.json", first)  # validly signed, current keys
+    with pytest.raises(RollbackError, match=r"2\.snapshot\.json is above snapshot version 1"):
+        TrustRepo.load(sim.metadata_dir)
+    # a snapshot rewound under a new timestamp (stolen timestamp key) leaves targets above
+    sim.forge(
+        "timestamp", 3, [sim.signers["timestamp"]], listed=sim.read_metadata("1.snapshot.json")
+    )
+    (sim.metadata_dir / "2.snapshot.json").unlink()
+    with pytest.raises(RollbackError, match=r"2\.targets\.json is above targets version 1"):
+        TrustRepo.load(sim.metadata_dir)
+    sim.write_metadata("timestamp.json", second)
+    with pytest.raises(FileSetError, match=r"2\.snapshot\.json"):
+        TrustRepo.load(sim.metadata_dir)
+
+
+def test_a_release_never_replaces_a_versioned_file(sim: RepoSim) -> None:
+    repo = TrustRepo.load(sim.metadata_dir)
+    sim.write_metadata("2.targets.json", b"planted after the load")  # a race, or a bug
+    before = {p.name: p.read_bytes() for p in sim.metadata_dir.iterdir()}
+    repo.add_target(
+        "models/mlp/2.0.0.onnx", b"2", TargetFacts(kind="artifact", model="mlp", version="2.0.0")
+    )
+    with pytest.raises(
+        HistoryError, match=r"2\.targets\.json: already exists and would be replaced"
+    ):
+        repo.publish(sim.signers)
+    assert {p.name: p.read_bytes() for p in sim.metadata_dir.iterdir()} == before
+    (sim.metadata_dir / "2.targets.json").unlink()
+    sim.write_metadata("2.root.json", b"planted")
+    with pytest.raises(HistoryError, match=r"2\.root\.json: already exists"):
+        repo.rotate_root(sim.root_signers, [sim.root_signers[0].public_key], sim.root_signers, 1)
+
+
+def snapshot_of(sim: RepoSim, folder: Path) -> TrustRepo:
+    """The repository's metadata as it is now, loaded from a copy (a base branch's state)."""
+    shutil.copytree(sim.metadata_dir, folder)
+    return TrustRepo.load(folder)
+
+
+def test_a_later_state_follows_its_past(sim: RepoSim, tmp_path: Path) -> None:
+    empty = TrustRepo.load(RepoSim.create(tmp_path / "new").metadata_dir)
+    base = snapshot_of(sim, tmp_path / "base")
+    base.check_follows(base)
+    sim.release("mlp", "1.1.0", channels={"production": ("1.1.0", None)})
+    sim.repo.rotate_root(sim.root_signers, [sim.root_signers[0].public_key], sim.root_signers, 1)
+    sim.repo.check_follows(base)
+    with pytest.raises(
+        RollbackError, match=r"^2\.root\.json: root version 1 is below the base's 2$"
+    ):
+        base.check_follows(sim.repo)
+    # every online file deleted (no versioned file left to betray it): load alone
+    # cannot tell, the comparison with the released state does
+    wiped = tmp_path / "wiped"
+    shutil.copytree(sim.metadata_dir, wiped)
+    for path in wiped.iterdir():
+        if not path.name.endswith(".root.json"):
+            path.unlink()
+    unpublished = TrustRepo.load(wiped)
+    with pytest.raises(RollbackError, match=r"^targets: version 0 is below the base's 2$"):
+        unpublished.check_follows(sim.repo)
+    with pytest.raises(
+        HistoryError, match=r"^1\.root\.json: differs from the base's root version 1"
+    ):
+        empty.check_follows(base)
+
+
+def test_a_rewound_role_version_is_refused(sim: RepoSim, tmp_path: Path) -> None:
+    base = sim.fork(tmp_path / "base")
+    base.release("mlp", "1.1.0")
+    sim.repo.refresh_timestamp(sim.signers["timestamp"])
+    sim.repo.refresh_timestamp(sim.signers["timestamp"])  # timestamp 3, targets still 1
+    with pytest.raises(RollbackError, match=r"^targets: version 1 is below the base's 2$"):
+        sim.repo.check_follows(base.repo)
+
+
+def test_a_forked_history_is_refused(sim: RepoSim, tmp_path: Path) -> None:
+    ours = sim.fork(tmp_path / "ours")
+    ours.release("mlp", "1.1.0")
+    sim.release("mlp", "1.1.0", b"other weights")  # same version numbers, other content
+    with pytest.raises(
+        HistoryError, match=r"^targets: version 2 differs from the base's version 2"
+    ):
+        sim.repo.check_follows(ours.repo)
+    new = new_signer()
+    ours.repo.rotate_root(ours.root_signers, [new.public_key], [new], 1)
+    other = new_signer()
+    sim.repo.rotate_root(sim.root_signers, [other.public_key], [other], 1)
+    with pytest.raises(
+        HistoryError, match=r"^2\.root\.json: differs from the base's root version 2"
+    ):
+        sim.repo.check_follows(ours.repo)
+
+
+def test_a_released_target_dropped_or_swapped_is_refused(sim: RepoSim, tmp_path: Path) -> None:
+    base = sim.fork(tmp_path / "base")
+    base.release("mlp", "1.1.0")
+    dropped = sim.fork(tmp_path / "dropped")
+    dropped.release("mlp", "1.2.0")
+    dropped.release("mlp", "1.3.0")  # ahead of the base, without its 1.1.0
+    with pytest.raises(
+        HistoryError,
+        match=r"^models/mlp/1\.1\.0\.onnx: released in targets version 2 of the base, "
+        r"missing from version 3$",
+    ):
+        dropped.repo.check_follows(base.repo)
+    swapped = sim.fork(tmp_path / "swapped")
+    swapped.release("mlp", "1.1.0", b"swapped weights")
+    swapped.release("mlp", "1.2.0")
+    with pytest.raises(
+        HistoryError,
+        match=r"^models/mlp/1\.1\.0\.onnx: differs from the file released in targets version 2 "
+        r"of the base \(targets version 3\)",
+    ):
+        swapped.repo.check_follows(base.repo)
+    kept = sim.fork(tmp_path / "kept")
+    kept.release("mlp", "1.1.0")
+    kept.release("mlp", "1.2.0")
+    kept.repo.check_follows(base.repo)
+
+
+def test_channels_may_change_but_not_go_back(sim: RepoSim, tmp_path: Path) -> None:
+    base = sim.fork(tmp_path / "base")
+    base.release("mlp", "1.1.0", channels={"production": ("1.1.0", None)})  # sequence 2
+    moved = sim.fork(tmp_path / "moved")
+    moved.release("mlp", "1.1.0", channels={"production": ("1.1.0", None)})
+    moved.release("mlp", "1.2.0", channels={"production": ("1.2.0", None)})  # sequence 3
+    moved.repo.check_follows(base.repo)
+    stale = sim.fork(tmp_path / "stale")
+    stale.release("mlp", "1.1.0")
+    stale.release("mlp", "1.2.0")  # targets 3, channels still at sequence 1
+    with pytest.raises(
+        RollbackError,
+        match=r"^channels\.json: sequence 1 \(targets version 3\) does not follow the base's 2 "
+        r"\(targets version 2\)$",
+    ):
+        stale.repo.check_follows(base.repo)
+
+
+def test_a_role_below_its_floor_is_refused(sim: RepoSim) -> None:
+    floor = {"root": 1, "targets": 1, "snapshot": 1, "timestamp": 1}
+    sim.repo.check_floor(floor)
+    sim.repo.check_floor({})
+    with pytest.raises(RollbackError, match=r"^timestamp: version 1 is below 2, a version that"):
+        sim.repo.check_floor({**floor, "timestamp": 2})
+    with pytest.raises(RollbackError, match=r"^root: version 1 is below 3"):
+        sim.repo.check_floor({"root": 3})
+    with pytest.raises(ValueError, match="unknown role 'mirror'"):
+        sim.repo.check_floor({"mirror": 1})
+    with pytest.raises(ValueError, match="negative"):
+        sim.repo.check_floor({"targets": -1})
+    # at its floor, the next release writes floor + 1
+    sim.release("mlp", "1.1.0")
+    assert sim.repo.version("targets") == floor["targets"] + 1
+    sim.repo.check_floor({**floor, "targets": 2})
