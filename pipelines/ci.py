@@ -236,7 +236,7 @@ def approval_problems(
     Returns:
         The problems, and a line for the comment saying what was found.
     """
-    from pipelines.github import DEFAULT_API, GitHubError, approvers, fetch_reviews
+    from pipelines.github import DEFAULT_API, GitHubError, fetch_approvers
 
     needed = [p for p in promotions if p.approvals > 0]
     if not needed:
@@ -251,15 +251,19 @@ def approval_problems(
         reason = "GITHUB_TOKEN is not set; give the step `GITHUB_TOKEN: ${{ github.token }}`"
     else:
         try:
-            reviews = fetch_reviews(
-                repository, pr.number, token, api=env.get("GITHUB_API_URL") or DEFAULT_API
+            names = fetch_approvers(
+                repository,
+                pr.number,
+                token,
+                head=pr.head,
+                author=pr.author,
+                api=env.get("GITHUB_API_URL") or DEFAULT_API,
             )
         except GitHubError as e:
             reason = str(e)
     if reason is not None:
         return [_at(p.where, f"cannot count the approvals {p.what} needs: {reason}")
                 for p in needed], "could not be counted"  # fmt: skip
-    names = approvers(reviews, head=pr.head, author=pr.author)
     problems = [
         _at(
             p.where,
@@ -384,6 +388,16 @@ def _ci_pr(
     report = CiReport("pr", data={"base": pr.base})
     changes = pr_changes(repo.root, pr.base)
     problems = change_problems(changes) + validate_paths(repo)
+    checked_out = git(repo.root, "rev-parse", "HEAD").stdout.strip()
+    if pr.head is not None and checked_out != pr.head:
+        # Approvals are counted on the event's head commit: it must be what is judged.
+        problems.append(
+            Problem(
+                "HEAD",
+                f"the checkout is at {checked_out[:12]}, not the pull request's head "
+                f"{pr.head[:12]}; check out the head commit (approvals count for it)",
+            )
+        )
     dvc_changed = dvc_config_changed(changes)
     waiting: list[Problem] = []
     approvals = "not checked (invalid manifests)"
@@ -448,6 +462,7 @@ def _check_history(repo: Repository) -> None:
         VerificationError: the metadata does not verify under its newest root.
     """
     from pipelines.ci_base import history_problems
+    from signing.errors import RollbackError
     from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
@@ -461,7 +476,10 @@ def _check_history(repo: Repository) -> None:
             )
         return
     trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
-    regressions = history_problems(repo.root, repo.config, trust)
+    try:
+        regressions = history_problems(repo.root, repo.config, trust)
+    except RollbackError as e:
+        raise ManifestError.single(repo.display(paths.metadata), str(e)) from None
     if regressions:
         raise ManifestError(regressions)
 

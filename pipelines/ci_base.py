@@ -13,7 +13,7 @@ caches), DVC's local config, and symbolic links, which modelreg never reads thro
 signed metadata there verifies (``TrustRepo.load``), but a merged pull request could
 still have deleted or rewound it to older signed files.  :func:`history_problems`
 compares it with everything the branch's history ever held: no root file rewritten
-or removed, no role below the highest version ever committed.
+or removed, no role below the highest version ever released.
 
 The git plumbing here reads whole object batches (``git cat-file --batch``) so a
 history of thousands of releases costs a few processes, not thousands.
@@ -239,10 +239,12 @@ class Committed:
 def history_problems(root: Path, config: RepoConfig, trust: TrustRepo) -> list[Problem]:
     """Ways the checkout's signed metadata goes back on what its history held.
 
-    Reads every version of every metadata file the branch's history ever committed
-    and hands them to :func:`regressions`.
+    Reads every version of every metadata file the branch's history ever committed:
+    a released root rewritten or removed is a problem; a role below the highest
+    version the history released raises (``TrustRepo.check_floor``).
 
     Raises:
+        RollbackError: a role is below a version the branch already released.
         ToolError: git fails.
         VerificationError: the checkout's own root files do not verify.
     """
@@ -262,10 +264,10 @@ def history_problems(root: Path, config: RepoConfig, trust: TrustRepo) -> list[P
             names.append((path, f"{commit}:./{path}"))
     blobs = _blobs_at(root, [name for _, name in names])
     history = [Committed(path, data) for (path, _), data in zip(names, blobs, strict=True)]
-    return regressions(_current_roots(trust), {r: trust.version(r) for r in _ROLES}, history)
-
-
-_ROLES: Final = ("root", "targets", "snapshot", "timestamp")
+    floor, problems = released_floor(_current_roots(trust), history)
+    if not problems:
+        trust.check_floor(floor)
+    return problems
 
 
 def _current_roots(trust: TrustRepo) -> list[Metadata[Root]]:
@@ -279,30 +281,25 @@ def _current_roots(trust: TrustRepo) -> list[Metadata[Root]]:
     )  # fmt: skip
 
 
-def regressions(
-    roots: list[Metadata[Root]], versions: dict[str, int], history: Iterable[Committed]
-) -> list[Problem]:
-    """Ways the current metadata (``roots``, role ``versions``) goes back on ``history``.
+def released_floor(
+    roots: list[Metadata[Root]], history: Iterable[Committed]
+) -> tuple[dict[str, int], list[Problem]]:
+    """The highest version of each role that ``history`` released, and the released
+    roots that the current chain (``roots``) rewrote or lost.
 
     A decision without I/O.  Only history that was genuinely signed counts: a file a
     pull request once committed and a later commit removed must not raise the bar
-    for ever (that would stop every release), so each historical file counts only if
-    it verifies, a role file under the keys of some root of the current chain, a
-    root as the successor of the current root before it.
-
-    * A verified root N that differs from the current ``N.root.json``, or that the
-      current chain lacks: roots are never rewritten or removed.
-    * A verified role file of version N above the role's current version: the
-      metadata was rewound or deleted (deleting ``timestamp.json`` made a release
-      start again at version 1 and stop every device with a RollbackError).
+    for ever (that would stop every release), so a historical role file counts only
+    if the keys of some root of the current chain signed it, a root only if it is
+    the current first root or the successor of the current root before it.
     """
     from tuf.api.exceptions import RepositoryError as TufRepositoryError
     from tuf.api.metadata import Metadata
 
-    from signing.tuf_roles import verifies
+    from signing.tuf_roles import ONLINE_ROLES, verifies
 
     problems: list[Problem] = []
-    highest: dict[str, tuple[int, str]] = {}
+    floor: dict[str, int] = {}
     for item in history:
         try:
             md = Metadata.from_bytes(item.data)
@@ -315,9 +312,7 @@ def regressions(
                 genuine = roots[0].signed_bytes == md.signed_bytes
             else:
                 genuine = previous is not None and bool(
-                    md.signed.get_root_verification_result(
-                        previous, md.signed_bytes, md.signatures
-                    )
+                    md.signed.get_root_verification_result(previous, md.signed_bytes, md.signatures)
                 )
             current = roots[number - 1] if number <= len(roots) else None
             if genuine and (current is None or current.signed_bytes != md.signed_bytes):
@@ -329,21 +324,9 @@ def regressions(
                     )
                 )
             continue
-        if role not in versions or not any(verifies(r.signed, md) for r in roots):
-            continue
-        if number > highest.get(role, (0, ""))[0]:
-            highest[role] = (number, item.path)
-    for role, (number, path) in sorted(highest.items()):
-        if versions[role] < number:
-            problems.append(
-                Problem(
-                    path,
-                    f"{role} is at version {versions[role]}, below version {number} that "
-                    "this branch already released; signed metadata never goes back: "
-                    "restore the trust metadata from the last release commit",
-                )
-            )
-    return problems
+        if role in ONLINE_ROLES and any(verifies(r.signed, md) for r in roots):
+            floor[role] = max(floor.get(role, 0), number)
+    return floor, problems
 
 
 def _blobs(root: Path, shas: Iterable[str]) -> dict[str, bytes]:

@@ -1,13 +1,21 @@
-"""Pull-request reviews from the GitHub REST API, for the promotion approvals policy.
+"""Pull-request approvals from the GitHub REST API, for the promotion approvals policy.
 
 A RegisteredModel's ``spec.promotion.approvals`` is the number of reviewers who must
 approve a pull request that moves one of its channels.  What counts is decided here
 without I/O (:func:`approvers`): each reviewer's latest verdict, given on the commit
-under review, by a person with a say in the repository (owner, organization member or
-collaborator; not a bot) other than the author.  :func:`fetch_reviews` reads the
-reviews (``GET /repos/{owner}/{repo}/pulls/{number}/reviews``, every page) with the
-workflow's token, which is sent to the API host only (never along a redirect or a
-pagination link to another host).
+under review, by a person (not a bot) other than the author who has write access to
+the repository.  Write access is what the API says of the reviewer's permission
+(``GET /repos/{owner}/{repo}/collaborators/{username}/permission``), not the review's
+``author_association``: an organization member, or a collaborator with read or triage
+access, has no say in what the repository releases.
+
+The I/O is :func:`fetch_approvers`: it reads the reviews
+(``GET /repos/{owner}/{repo}/pulls/{number}/reviews``, every page), asks the
+permission of each candidate (:func:`approval_candidates`) and decides.  The
+workflow's token is sent to the API host only (never along a redirect or a
+pagination link to another host), every answer is read up to a bound
+(:class:`GitHubLimits`), and anything unexpected is a :class:`GitHubError`, so that
+the caller fails closed.
 """
 
 from __future__ import annotations
@@ -17,24 +25,52 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from http import HTTPStatus
+from typing import Any, Final, Literal, overload
 
 from pipelines.errors import PipelineError
 
 DEFAULT_API: Final = "https://api.github.com"
-_PAGE: Final = 100
-_MAX_PAGES: Final = 50
-_MAX_BODY: Final = 8 << 20
 _NEXT: Final = re.compile(r'<([^>]+)>;\s*rel="next"')
 _VERDICTS: Final = frozenset({"APPROVED", "CHANGES_REQUESTED", "DISMISSED"})
 TRUSTED: Final = frozenset({"OWNER", "MEMBER", "COLLABORATOR"})
-"""``author_association`` values whose approval counts (GitHub's names)."""
+"""``author_association`` values of reviewers whose permission is worth asking.
+
+Anyone with write access is one of these, so the association narrows whom we ask
+(anyone may review a public repository's pull requests); it never decides alone."""
+WRITE: Final = frozenset({"admin", "maintain", "write"})
+"""Permissions whose holders may approve a promotion (they could push it anyway)."""
+_BELOW_WRITE: Final = frozenset({"none", "read", "triage"})
+"""Built-in role names below write: a ``role_name`` among them vetoes the permission."""
 
 
 class GitHubError(PipelineError):
     """The GitHub API could not be asked, or its answer could not be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class GitHubLimits:
+    """Bounds on what one count of approvals asks of, and reads from, the API.
+
+    Attributes:
+        page_size: reviews asked per page.
+        max_pages: pages of reviews read before giving up.
+        max_body: bytes read of any one answer.
+        max_lookups: distinct reviewers whose permission is asked (drive-by approvals
+            by strangers are not asked about, see :data:`TRUSTED`).
+        timeout: seconds per request.
+    """
+
+    page_size: int = 100
+    max_pages: int = 50
+    max_body: int = 8 << 20
+    max_lookups: int = 100
+    timeout: float = 20
+
+
+DEFAULT_LIMITS: Final = GitHubLimits()
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +93,42 @@ class Review:
     bot: bool = False
 
 
-def approvers(reviews: Iterable[Review], *, head: str, author: str | None) -> frozenset[str]:
-    """Reviewers whose latest verdict approves commit ``head``.
+@dataclass(frozen=True, slots=True)
+class Access:
+    """A user's access to the repository, as the permission endpoint tells it.
+
+    Attributes:
+        permission: the base role (``admin``, ``write``, ``read``, ``none``; the API
+            folds ``maintain`` into ``write`` and ``triage`` into ``read``, and a
+            custom role into the role it is based on).
+        role: ``role_name``, the role assigned (built-in or custom), if given.
+    """
+
+    permission: str
+    role: str | None = None
+
+    @property
+    def can_approve(self) -> bool:
+        """Whether this access lets its holder approve a promotion."""
+        # Both fields must agree: an answer that says "write" for a "triage" role is
+        # not one to count on.
+        return self.permission in WRITE and self.role not in _BELOW_WRITE
+
+
+NO_ACCESS: Final = Access("none")
+"""Not a collaborator (the endpoint answers 404): no access at all."""
+
+
+def approval_candidates(
+    reviews: Iterable[Review], *, head: str, author: str | None
+) -> frozenset[str]:
+    """Reviewers whose approval of ``head`` counts if they have write access.
 
     Reviews are in submission order (as the API lists them).  A comment does not
     change a reviewer's verdict; a later request for changes or a dismissal revokes an
     approval; an approval of an older commit does not cover commits pushed after it;
     the author cannot approve their own pull request, nor can bots or accounts with
-    no say in the repository (anyone can review a public repository's pull requests).
+    no relation to the repository (see :data:`TRUSTED`).
     """
     latest: dict[str, Review] = {}
     for review in reviews:
@@ -81,7 +145,26 @@ def approvers(reviews: Iterable[Review], *, head: str, author: str | None) -> fr
     )
 
 
-def _parse(payload: object) -> list[Review]:
+def approvers(
+    reviews: Iterable[Review],
+    permissions: Mapping[str, Access],
+    *,
+    head: str,
+    author: str | None,
+) -> frozenset[str]:
+    """Reviewers whose latest verdict approves ``head`` and who have write access.
+
+    ``permissions`` maps logins to their access; a candidate missing from it has none
+    (fail closed: an approval counts only when write access was confirmed).
+    """
+    return frozenset(
+        name
+        for name in approval_candidates(reviews, head=head, author=author)
+        if (access := permissions.get(name)) is not None and access.can_approve
+    )
+
+
+def _parse_reviews(payload: object) -> list[Review]:
     if not isinstance(payload, list):
         raise GitHubError("GitHub API: reviews are not a JSON list")
     reviews = []
@@ -106,6 +189,14 @@ def _parse(payload: object) -> list[Review]:
     return reviews
 
 
+def _parse_access(payload: object, login: str) -> Access:
+    permission = payload.get("permission") if isinstance(payload, dict) else None
+    role = payload.get("role_name") if isinstance(payload, dict) else None
+    if not isinstance(permission, str) or not isinstance(role, str | None):
+        raise GitHubError(f"GitHub API: the permission of {login!r} is not readable")
+    return Access(permission, role)
+
+
 class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
     """Follows redirects within the API host only (the token is not resent anyway)."""
 
@@ -120,23 +211,33 @@ class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def fetch_reviews(
-    repository: str, number: int, token: str, *, api: str = DEFAULT_API, timeout: float = 20
-) -> list[Review]:
-    """Every review of pull request ``number`` of ``repository`` (``owner/name``).
+class _Api:
+    """GET requests to one API host with the token, bounded, errors typed."""
 
-    Raises:
-        GitHubError: the API is unreachable, refuses the token, or answers nonsense.
-    """
-    base = api.rstrip("/")
-    host = urllib.parse.urlsplit(base).netloc
-    opener = urllib.request.build_opener(_SameHostRedirects(host))
-    url: str | None = f"{base}/repos/{repository}/pulls/{number}/reviews?per_page={_PAGE}"
-    reviews: list[Review] = []
-    for _ in range(_MAX_PAGES):
-        if url is None:
-            return reviews
-        if urllib.parse.urlsplit(url).netloc != host:
+    def __init__(self, api: str, token: str, limits: GitHubLimits) -> None:
+        self.api = api
+        self.base = api.rstrip("/")
+        self.host = urllib.parse.urlsplit(self.base).netloc
+        self.token = token
+        self.limits = limits
+        self.opener = urllib.request.build_opener(_SameHostRedirects(self.host))
+
+    @overload
+    def get(
+        self, url: str, what: str, *, missing: Literal[False] = False
+    ) -> tuple[object, str]: ...
+    @overload
+    def get(self, url: str, what: str, *, missing: Literal[True]) -> tuple[object, str] | None: ...
+    def get(self, url: str, what: str, *, missing: bool = False) -> tuple[object, str] | None:
+        """The JSON answer at ``url`` and its ``Link`` header.
+
+        Returns:
+            None when ``missing`` allows a 404 and the API answers one.
+
+        Raises:
+            GitHubError: another host, an HTTP error, no answer, too large, not JSON.
+        """
+        if urllib.parse.urlsplit(url).netloc != self.host:
             raise GitHubError(f"GitHub API: refusing a page link to another host ({url})")
         request = urllib.request.Request(  # noqa: S310 - the URL is built from https/GITHUB_API_URL
             url,
@@ -147,25 +248,107 @@ def fetch_reviews(
             },
         )
         # Unredirected: urllib would otherwise copy the token into a redirected request.
-        request.add_unredirected_header("Authorization", f"Bearer {token}")
+        request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        limit = self.limits.max_body
         try:
-            with opener.open(request, timeout=timeout) as response:
-                body = response.read(_MAX_BODY + 1)
+            with self.opener.open(request, timeout=self.limits.timeout) as response:
+                body = response.read(limit + 1)
                 link = response.headers.get("Link", "")
         except urllib.error.HTTPError as e:
             e.close()
-            raise GitHubError(
-                f"GitHub API: reviews of pull request #{number}: HTTP {e.code} {e.reason}"
-            ) from None
+            if missing and e.code == HTTPStatus.NOT_FOUND:
+                return None
+            raise GitHubError(f"GitHub API: {what}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise GitHubError(f"GitHub API unreachable at {api}: {reason}") from None
-        if len(body) > _MAX_BODY:
-            raise GitHubError("GitHub API: reviews page larger than 8 MiB")
+            raise GitHubError(f"GitHub API unreachable at {self.api}: {reason}") from None
+        if len(body) > limit:
+            raise GitHubError(f"GitHub API: {what}: answer larger than {limit} bytes")
         try:
-            reviews.extend(_parse(json.loads(body)))
+            return json.loads(body), link
         except ValueError:
-            raise GitHubError("GitHub API: reviews page is not JSON") from None
+            raise GitHubError(f"GitHub API: {what}: answer is not JSON") from None
+
+
+def fetch_reviews(
+    repository: str,
+    number: int,
+    token: str,
+    *,
+    api: str = DEFAULT_API,
+    limits: GitHubLimits = DEFAULT_LIMITS,
+) -> list[Review]:
+    """Every review of pull request ``number`` of ``repository`` (``owner/name``).
+
+    Raises:
+        GitHubError: the API is unreachable, refuses the token, or answers nonsense.
+    """
+    client = _Api(api, token, limits)
+    url: str | None = (
+        f"{client.base}/repos/{repository}/pulls/{number}/reviews?per_page={limits.page_size}"
+    )
+    reviews: list[Review] = []
+    for _ in range(limits.max_pages):
+        if url is None:
+            return reviews
+        payload, link = client.get(url, f"reviews of pull request #{number}")
+        reviews.extend(_parse_reviews(payload))
         found = _NEXT.search(link)
         url = found.group(1) if found else None
-    raise GitHubError(f"GitHub API: more than {_MAX_PAGES * _PAGE} reviews")
+    if url is None:
+        return reviews
+    raise GitHubError(f"GitHub API: more than {limits.max_pages * limits.page_size} reviews")
+
+
+def fetch_permissions(
+    repository: str,
+    logins: Iterable[str],
+    token: str,
+    *,
+    api: str = DEFAULT_API,
+    limits: GitHubLimits = DEFAULT_LIMITS,
+) -> dict[str, Access]:
+    """The access of each of ``logins`` to ``repository``; :data:`NO_ACCESS` on a 404.
+
+    Raises:
+        GitHubError: more logins than ``limits.max_lookups``, or the API is
+            unreachable, refuses the token, or answers nonsense.
+    """
+    names = sorted(set(logins))
+    if len(names) > limits.max_lookups:
+        raise GitHubError(
+            f"GitHub API: {len(names)} reviewers to check, more than {limits.max_lookups}"
+        )
+    client = _Api(api, token, limits)
+    found: dict[str, Access] = {}
+    for login in names:
+        user = urllib.parse.quote(login, safe="")
+        answer = client.get(
+            f"{client.base}/repos/{repository}/collaborators/{user}/permission",
+            f"permission of reviewer {login!r}",
+            missing=True,  # not a collaborator (or no such user): no access
+        )
+        found[login] = NO_ACCESS if answer is None else _parse_access(answer[0], login)
+    return found
+
+
+def fetch_approvers(
+    repository: str,
+    number: int,
+    token: str,
+    *,
+    head: str,
+    author: str | None,
+    api: str = DEFAULT_API,
+    limits: GitHubLimits = DEFAULT_LIMITS,
+) -> frozenset[str]:
+    """Who approved commit ``head`` of pull request ``number`` with write access.
+
+    Raises:
+        GitHubError: the reviews or a candidate's permission could not be read (the
+            caller fails closed: no approval is counted on a partial answer).
+    """
+    reviews = fetch_reviews(repository, number, token, api=api, limits=limits)
+    candidates = approval_candidates(reviews, head=head, author=author)
+    permissions = fetch_permissions(repository, candidates, token, api=api, limits=limits)
+    return approvers(reviews, permissions, head=head, author=author)

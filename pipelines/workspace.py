@@ -159,11 +159,12 @@ def init_repo(
     return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys)
 
 
-WORKFLOWS: Final = ("pr.yml", "release.yml", "freshness.yml")
+WORKFLOWS: Final = ("pr.yml", "review.yml", "release.yml", "freshness.yml")
 
 
 def write_workflows(root: Path) -> list[Path]:
-    """Write the GitHub workflows (``ci pr``, ``ci release``, freshness) unless present.
+    """Write the GitHub workflows (``ci pr`` and its review re-check, ``ci release``,
+    freshness) unless present.
 
     Returns the workflows that are modelreg's own (written now, or left by an init that
     stopped half-way), for staging; a repository's own workflow file is left alone.

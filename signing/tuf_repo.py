@@ -68,16 +68,16 @@ from registry.atomic import fsync_dir, write_atomic
 from registry.errors import UsageError
 from signing.errors import DigestMismatchError, FileSetError, HistoryError
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
+from signing.tuf_history import VERSIONED_ROLES, TrustState, check_versioned_files
+from signing.tuf_history import check_floor as _check_floor
+from signing.tuf_history import check_follows as _check_follows
 from signing.tuf_roles import (
     RECOVER,
     TARGETS_DIR,
-    VERSIONED_ROLES,
     Expiry,
     Online,
-    TrustState,
     channels_target,
     check_channels_update,
-    check_versioned_files,
     meta_file,
     new_root,
     plan_release,
@@ -91,8 +91,6 @@ from signing.tuf_roles import (
     verify_listed,
     verify_root_chain,
 )
-from signing.tuf_roles import check_floor as _check_floor
-from signing.tuf_roles import check_follows as _check_follows
 
 _ROOT_FILE: Final = re.compile(r"^([1-9][0-9]*)\.root\.json$")
 _VERSIONED_FILE: Final = re.compile(r"^([1-9][0-9]*)\.(snapshot|targets)\.json$")

@@ -1,4 +1,11 @@
-"""A small stand-in for GitHub's REST API on 127.0.0.1: pull-request reviews, paginated."""
+"""A small stand-in for GitHub's REST API on 127.0.0.1.
+
+It serves pull-request reviews (paginated) and each user's permission on a repository
+(``/repos/{owner}/{repo}/collaborators/{username}/permission``).  A reviewer added with
+:meth:`FakeGitHub.review` has write access unless told otherwise, so that an approval
+means what it says; :meth:`FakeGitHub.access` sets a user's role, ``None`` for a user
+who is not a collaborator (the API answers 404).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 TOKEN = "ghs_test-token"  # noqa: S105 - a test token for the fake API
 
@@ -25,16 +32,38 @@ class FakeGitHub:
     broken: int | None = None  # answer every request with this HTTP status
     redirect: str | None = None  # answer every request with a 302 to this URL
     next_link: str | None = None  # the Link of the first page points here instead
+    # role_name by (repository, user); None: not a collaborator (404)
+    roles: dict[tuple[str, str], str | None] = field(default_factory=dict)
+    broken_permissions: int | None = None  # answer permission requests with this status
+    permission_body: Any = None  # answer permission requests with this JSON instead
 
     def review(
         self, repository: str, number: int, user: str, state: str, commit: str,
         *, association: str = "MEMBER", bot: bool = False,
     ) -> None:  # fmt: skip
+        self.roles.setdefault((repository, user), "write")
         self.reviews.setdefault((repository, number), []).append(
             {"id": len(self.requests), "state": state, "commit_id": commit,
              "user": {"login": user, "type": "Bot" if bot else "User"},
              "author_association": association}
         )  # fmt: skip
+
+    def access(self, repository: str, user: str, role: str | None) -> None:
+        """Give ``user`` the role ``role`` (admin, maintain, write, triage, read or a
+        custom role based on write), or none at all."""
+        self.roles[(repository, user)] = role
+
+    def permission(self, repository: str, user: str) -> dict[str, Any] | None:
+        """The API's answer for ``user``: the legacy permission folds maintain into
+        write and triage into read; a custom role is based on write here."""
+        role = self.roles.get((repository, user))
+        if role is None:
+            return None
+        legacy = {"maintain": "write", "triage": "read"}.get(role, role)
+        if legacy not in {"admin", "write", "read", "none"}:
+            legacy = "write"
+        return {"permission": legacy, "role_name": role,
+                "user": {"login": user, "type": "User"}}  # fmt: skip
 
 
 def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
@@ -55,6 +84,11 @@ def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 return
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 self._send(401, {"message": "Bad credentials"})
+                return
+            if len(segments) == 6 and segments[0] == "repos" and segments[3:6:2] == [
+                "collaborators", "permission"
+            ]:  # fmt: skip
+                self._permission(f"{segments[1]}/{segments[2]}", unquote(segments[4]))
                 return
             if (
                 len(segments) != 6
@@ -77,6 +111,19 @@ def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 base = fake.next_link or f"{fake.url}{parts.path}"
                 link = f'<{base}?per_page={per_page}&page={page + 1}>; rel="next"'
             self._send(200, chunk, link)
+
+        def _permission(self, repository: str, user: str) -> None:
+            if fake.broken_permissions is not None:
+                self._send(fake.broken_permissions, {"message": "broken on purpose"})
+                return
+            if fake.permission_body is not None:
+                self._send(200, fake.permission_body)
+                return
+            answer = fake.permission(repository, user)
+            if answer is None:
+                self._send(404, {"message": f"{user} is not a user"})
+            else:
+                self._send(200, answer)
 
         def _send(self, status: int, payload: Any, link: str | None = None) -> None:
             body = json.dumps(payload).encode()

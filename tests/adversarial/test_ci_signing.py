@@ -163,7 +163,7 @@ def test_deleting_all_online_metadata_is_caught_by_history(fleet: Fleet) -> None
     fleet.merge("wipe")
     release = fleet.release()
     assert release.code == 1
-    assert "below version 1 that this branch already released" in _problems(release)
+    assert "version 0 is below 1, a version that was released before" in _problems(release)
     assert sorted(p.name for p in metadata.iterdir()) == ["1.root.json"]
 
 
@@ -179,7 +179,9 @@ def test_rewinding_the_timestamp_to_an_older_signed_copy_is_refused(fleet: Fleet
     fleet.merge("rewind")
     release = fleet.release()
     assert release.code == 1
-    assert "timestamp is at version 1, below version 2" in _problems(release)
+    assert "timestamp: version 1 is below 2, a version that was released before" in _problems(
+        release
+    )
 
 
 def test_moving_the_manifests_does_not_escape_the_base_policy(fleet: Fleet) -> None:

