@@ -9,6 +9,7 @@ replaced.  Either way the file's MD5 and size must match the ``.dvc`` pointer.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Final
 from pipelines.dvc import open_repo, quiet
 from pipelines.errors import ArtifactError
 from registry.dvcfile import DvcPointer, read_pointer
-from registry.errors import ManifestError, ToolError
+from registry.errors import ManifestError, ToolError, UnsafeFileError
+from registry.safe_io import open_regular
 
 _CHUNK: Final = 1 << 20
 _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
@@ -31,28 +33,65 @@ class FetchedArtifact:
         path: the file in the workspace.
         pointer: what ``<path>.dvc`` records.
         fetched: whether ``dvc pull`` had to restore it.
+        sha256: SHA-256 of the bytes that were checked (read once, with the MD5).
+        size: their size in bytes.
     """
 
     path: Path
     pointer: DvcPointer
     fetched: bool
+    sha256: str = ""
+    size: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Digests:
+    """MD5 (DVC's content address), SHA-256 (what is signed) and size of one read."""
+
+    md5: str
+    sha256: str
+    size: int
+
+
+def digest_file(path: Path, *, root: Path | None = None) -> Digests:
+    """MD5, SHA-256 and size of a file, read once, never through a link.
+
+    Args:
+        path: the file.
+        root: the repository root: no folder between it and ``path`` may be a link.
+
+    Raises:
+        UnsafeFileError: ``path`` (or a folder below ``root``) is a link, or it is not
+            a regular file.
+        OSError: the file cannot be read.
+    """
+    md5 = hashlib.md5(usedforsecurity=False)  # DVC's content address, not a security check
+    sha256 = hashlib.sha256()
+    size = 0
+    with open_regular(path, root=root) as fh:
+        while chunk := fh.read(_CHUNK):
+            md5.update(chunk)
+            sha256.update(chunk)
+            size += len(chunk)
+    return Digests(md5.hexdigest(), sha256.hexdigest(), size)
 
 
 def md5_file(path: Path) -> str:
     """MD5 of a file's content, as DVC 3 records it for ``hash: md5`` outputs.
 
     Raises:
+        UnsafeFileError: ``path`` is a link or not a regular file.
         OSError: the file cannot be read.
     """
-    digest = hashlib.md5(usedforsecurity=False)  # DVC's content address, not a security check
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return digest_file(path).md5
 
 
 def fetch_artifact(root: Path, artifact: str, display: str) -> FetchedArtifact:
     """Ensure ``root/artifact`` exists and matches its ``.dvc`` pointer.
+
+    The pointer and the artifact are opened through ``registry.safe_io``: a link (to a
+    key, a token, ``/etc/passwd``) is refused before anything is read, so a build can't
+    be made to print the digest of a file outside the repository.
 
     Args:
         root: the repository root (where DVC's ``.dvc/`` is found from).
@@ -60,43 +99,48 @@ def fetch_artifact(root: Path, artifact: str, display: str) -> FetchedArtifact:
         display: the artifact's name in messages.
 
     Returns:
-        The verified artifact.
+        The verified artifact, with its SHA-256 and size.
 
     Raises:
-        ArtifactError: the pointer is missing or invalid, ``dvc pull`` cannot restore the
-            file, or its MD5 or size differ from the pointer's.
+        ArtifactError: the pointer is missing or invalid, the artifact or a folder on
+            its way is a link or not a regular file, ``dvc pull`` cannot restore it,
+            or its MD5 or size differ from the pointer's.
         ToolError: DVC is not installed (only raised when a pull is needed).
     """
     path = root / artifact
     pointer_path = path.with_name(path.name + ".dvc")
     try:
-        pointer = read_pointer(pointer_path, f"{display}.dvc", path.name)
+        pointer = read_pointer(pointer_path, f"{display}.dvc", path.name, root=root)
     except ManifestError as e:
         raise ArtifactError(display, f"no usable DVC pointer: {e.problems[0]}") from None
     fetched = False
-    if not path.exists():
+    if not os.path.lexists(path):  # a dangling link is there, and refused below
         _pull(root, path, display, pointer)
         fetched = True
-        if not path.exists():
+        if not os.path.lexists(path):
             raise ArtifactError(
                 display, "missing from the workspace and `dvc pull` did not restore it"
             )
-    if not path.is_file():
-        raise ArtifactError(display, "is not a regular file")
-    md5 = md5_file(path)
-    if md5 != pointer.md5:
+    try:
+        found = digest_file(path, root=root)
+    except UnsafeFileError as e:
+        raise ArtifactError(display, e.reason) from None
+    except IsADirectoryError:
+        raise ArtifactError(display, "is not a regular file") from None
+    except OSError as e:
+        raise ArtifactError(display, f"cannot be read ({e.strerror or 'I/O error'})") from None
+    if found.md5 != pointer.md5:
         raise ArtifactError(
             display,
-            f"md5 {md5} does not match {display}.dvc ({pointer.md5}): the workspace copy "
+            f"md5 {found.md5} does not match {display}.dvc ({pointer.md5}): the workspace copy "
             f"is not the committed artifact; restore it with `dvc checkout {display}` "
             f"or record the change with `dvc add {display}`",
         )
-    size = path.stat().st_size
-    if pointer.size is not None and size != pointer.size:  # same md5, other size: a forged pointer
+    if pointer.size is not None and found.size != pointer.size:  # same md5, other size: forged
         raise ArtifactError(
-            display, f"size {size} does not match {display}.dvc ({pointer.size} bytes)"
+            display, f"size {found.size} does not match {display}.dvc ({pointer.size} bytes)"
         )
-    return FetchedArtifact(path, pointer, fetched)
+    return FetchedArtifact(path, pointer, fetched, found.sha256, found.size)
 
 
 def _pull(root: Path, path: Path, display: str, pointer: DvcPointer) -> None:

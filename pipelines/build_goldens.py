@@ -2,7 +2,8 @@
 
 ``compare_output`` is pure and follows ``numpy.allclose``:
 ``|actual - expected| <= atol + rtol * |expected|`` element-wise, NaN never equal.
-``run_goldens`` does the I/O: reads ``.npz`` files or inline tensors and runs the model.
+``run_goldens`` does the I/O: reads ``.npz`` files (``pipelines.goldens.read_npz``: no
+links, caps checked before any array is read) or inline tensors, and runs the model.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.build_checks import one_line, ort_errors
+from pipelines.errors import ArtifactError
+from pipelines.goldens import read_npz
+from registry.errors import quote
 from registry.schema import Goldens, Tensor, TensorSet
 from registry.yamlsrc import Loc
 
@@ -97,14 +101,11 @@ class _TensorsError(Exception):
 
 
 def _tensors(root: Path, value: TensorSet) -> dict[str, Any]:
-    import numpy as np
-
     if isinstance(value, str):
         try:
-            with np.load(root / value, allow_pickle=False) as data:
-                return {k: data[k] for k in data.files}
-        except (OSError, ValueError, EOFError) as e:
-            raise _TensorsError(f"cannot read {value}: {one_line(str(e))}") from None
+            return read_npz(root / value, value, root=root)
+        except ArtifactError as e:
+            raise _TensorsError(str(e)) from None
     return {name: _inline(name, t) for name, t in value.items()}
 
 
@@ -115,7 +116,14 @@ def _inline(name: str, tensor: Tensor) -> Any:
         dtype = np.dtype(object if tensor.dtype == "string" else tensor.dtype)
     except TypeError:  # bfloat16: numpy has no such dtype
         raise _TensorsError(f"inline tensor {name!r}: {tensor.dtype} is not supported") from None
-    return np.asarray(tensor.data, dtype=dtype).reshape(tensor.shape)
+    try:
+        return np.asarray(tensor.data, dtype=dtype).reshape(tensor.shape)
+    except (ValueError, TypeError, OverflowError) as e:
+        # data: ["x"] for a float32 tensor, 300 for an int8 one: the manifest's mistake.
+        raise _TensorsError(
+            f"inline tensor {quote(name)}: data does not fit {tensor.dtype} "
+            f"({one_line(str(e), 120)})"
+        ) from None
 
 
 def _describe(c: Comparison, case: str, output: str, rtol: float, atol: float) -> str:

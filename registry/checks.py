@@ -11,9 +11,10 @@ from pathlib import Path
 import semver
 
 from registry.dvcfile import check_pointer
-from registry.errors import Problem
+from registry.errors import Problem, UnsafeFileError, quote
 from registry.loader import format_loc
 from registry.repository import ModelEntry, Repository, VersionEntry, parse_version
+from registry.safe_io import check_regular
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc, YamlDocument
 
@@ -98,6 +99,10 @@ def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> 
         )
         return
     yield from check.problems
+    if (repo.root / path).is_symlink():  # committed with `git add -f`: build would hash its target
+        yield _at(
+            entry.doc, loc, f"{path} is a symbolic link; links in a repository are never followed"
+        )
 
 
 def _files_exist(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
@@ -107,9 +112,28 @@ def _files_exist(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
     for i, case in enumerate(goldens.cases):
         for side in ("inputs", "outputs"):
             value = getattr(case, side)
-            if isinstance(value, str) and not (repo.root / value).is_file():
-                loc = ("spec", "goldens", "cases", i, side)
-                yield _at(entry.doc, loc, f"golden file {value} does not exist")
+            if not isinstance(value, str):
+                continue
+            reason = golden_file_problem(repo.root, value)
+            if reason is not None:
+                yield _at(entry.doc, ("spec", "goldens", "cases", i, side), reason)
+
+
+def golden_file_problem(root: Path, path: str) -> str | None:
+    """Why the golden file ``path`` (repository-relative) cannot be used, or None.
+
+    Only its kind is looked at (a regular file, reached through no link), never its
+    content: the content is checked, within caps, when the goldens run.
+    """
+    try:
+        check_regular(root / path, root=root)
+    except UnsafeFileError as e:
+        return f"golden file {path} {e.reason}"
+    except FileNotFoundError:
+        return f"golden file {path} does not exist"
+    except OSError as e:
+        return f"golden file {path} cannot be opened ({e.strerror or 'I/O error'})"
+    return None
 
 
 def _golden_names(entry: VersionEntry, signature: Signature | None) -> Iterator[Problem]:
@@ -127,7 +151,7 @@ def _golden_names(entry: VersionEntry, signature: Signature | None) -> Iterator[
                     yield _at(
                         entry.doc,
                         ("spec", "goldens", "cases", i, side, key),
-                        f"{key!r} is not an {side[:-1]} of the model "
+                        f"{quote(key)} is not an {side[:-1]} of the model "
                         f"(expected: {', '.join(sorted(names))})",
                         key=True,
                     )
@@ -156,7 +180,7 @@ def _signature(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
                 yield _at(
                     entry.doc,
                     (*loc, "name"),
-                    f"{side[:-1]} {tensor.name!r} is not in the model's signature "
+                    f"{side[:-1]} {quote(tensor.name)} is not in the model's signature "
                     f"({', '.join(wanted)}); update spec.signature in {model.file}",
                 )
                 continue

@@ -85,6 +85,7 @@ def load_config(root: Path, display: str = CONFIG_FILE) -> RepoConfig:
     """Read and validate ``<root>/modelreg.yaml``.
 
     Raises:
-        ManifestError: the file is invalid.
+        ManifestError: the file is invalid, or a link (never followed: it could point
+            at a key or token file on the machine).
     """
-    return validate_document(read_yaml(root / CONFIG_FILE, display), RepoConfig)
+    return validate_document(read_yaml(root / CONFIG_FILE, display, root=root), RepoConfig)

@@ -14,8 +14,9 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from registry.errors import ManifestError, Problem
+from registry.errors import ManifestError, Problem, UnsafeFileError, quote
 from registry.loader import validate_document
+from registry.safe_io import read_regular
 from registry.yamlsrc import read_yaml
 
 
@@ -41,6 +42,10 @@ class DvcPointer:
     path: str
 
 
+# A pointer is a few lines; anything near this size is not one (and gets read_yaml's
+# precise message from its own, larger, cap).
+_FAST_PATH_BYTES: Final = 4096
+
 # What `dvc add` writes.  Matching it directly skips a YAML parse per version, which
 # is most of the cost of validating a large repository; anything else takes the
 # general path below, with the same result.
@@ -50,36 +55,40 @@ _CANONICAL: Final = re.compile(
 )
 
 
-def read_pointer(pointer: Path, display: str, artifact_name: str) -> DvcPointer:
+def read_pointer(
+    pointer: Path, display: str, artifact_name: str, *, root: Path | None = None
+) -> DvcPointer:
     """Parse ``pointer`` and check it tracks ``artifact_name`` (its sibling file).
 
     Args:
         pointer: the ``.dvc`` file.
         display: its name in error messages.
         artifact_name: file name the pointer must track.
+        root: the repository root: no folder between it and the pointer may be a
+            link (the pointer itself never may).
 
     Returns:
         The digest, size and path it records.
 
     Raises:
-        ManifestError: missing, unreadable, malformed, or tracking another file.
+        ManifestError: missing, a link, unreadable, malformed, or tracking another file.
     """
     try:
-        raw = pointer.read_bytes() if pointer.stat().st_size < 4096 else b""
-    except OSError:
+        raw = read_regular(pointer, root=root, max_bytes=_FAST_PATH_BYTES)
+    except (OSError, UnsafeFileError):
         raw = b""  # let read_yaml report it precisely
     match = _CANONICAL.fullmatch(raw)
     if match is not None and match.group(3).decode() == artifact_name:
         md5, size, path = match.groups()
         return DvcPointer(md5.decode(), int(size), path.decode())
-    doc = read_yaml(pointer, display)
+    doc = read_yaml(pointer, display, root=root)
     parsed = validate_document(doc, _DvcFile)
     out = parsed.outs[0]
     if out.path != artifact_name:
         line, col = doc.position(("outs", 0, "path"))
         raise ManifestError.single(
             display,
-            f"tracks {out.path!r}, expected {artifact_name!r}",
+            f"tracks {quote(out.path)}, expected {quote(artifact_name)}",
             line=line,
             col=col,
             field="outs[0].path",
@@ -106,11 +115,14 @@ def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck
         artifact: the artifact path from the manifest.
     """
     pointer = os.path.join(root, f"{artifact}.dvc")  # noqa: PTH118 - hot path, see repository
-    if not os.path.isfile(pointer):  # noqa: PTH113 - hot path
+    if not os.path.lexists(pointer):  # a link exists: read_pointer refuses it
         return PointerCheck(artifact, exists=False)
     try:
         found = read_pointer(
-            Path(pointer), f"{display_prefix}{artifact}.dvc", artifact.rpartition("/")[2]
+            Path(pointer),
+            f"{display_prefix}{artifact}.dvc",
+            artifact.rpartition("/")[2],
+            root=Path(root),
         )
     except ManifestError as e:
         return PointerCheck(artifact, exists=True, problems=e.problems)

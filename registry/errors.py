@@ -6,6 +6,9 @@
     ├── ManifestError        invalid manifest data; carries every Problem found
     │   └── PolicyError      valid manifests, but the change breaks promotion policy
     ├── RepositoryError      not a modelreg repository / layout broken / config invalid
+    ├── UnsafeFileError      a work-tree file that must not be read: a link, not a
+    │   │                    regular file, outside the repository
+    │   └── FileTooLargeError  over the size cap, refused before reading
     └── ToolError            git or DVC missing or failing (environment, not data)
 
     ValueError
@@ -20,10 +23,32 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 _ONE_LINE = str.maketrans(
     {"\n": "\\n", "\r": "\\r", "\x85": "\\x85", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )
+
+
+QUOTE_LIMIT: Final = 32
+"""The most characters of a value a message quotes (a manifest value may be a secret
+that a pull request tricked us into reading: a message shows a prefix, never all)."""
+
+
+def quote(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr`` of at most ``limit`` characters of ``value``, marked when cut.
+
+    Args:
+        value: the bad value (a string, or anything ``str()`` can render).
+        limit: the most characters shown.
+
+    Returns:
+        ``'abc'``, or ``'abcdef...' (1234 characters)`` for a longer value.
+    """
+    text = value if isinstance(value, str) else str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +119,36 @@ class PolicyError(ManifestError):
 
 class RepositoryError(RegistryError):
     """The directory is not a usable modelreg repository (missing or broken layout)."""
+
+
+class UnsafeFileError(RegistryError):
+    """A file of the work tree that must not be read (``registry.safe_io`` refuses it).
+
+    The message never holds any of the file's content: it was not read.
+
+    Attributes:
+        path: the file, as given.
+        reason: why, one short line (``is a symbolic link``).
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+class FileTooLargeError(UnsafeFileError):
+    """A file over its size cap, refused from its size before reading it.
+
+    Attributes:
+        size: its size in bytes.
+        limit: the cap.
+    """
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(path, f"is {size} bytes; the limit is {limit}")
 
 
 class ToolError(RegistryError):

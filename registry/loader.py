@@ -18,7 +18,7 @@ from typing import Any, Final, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from registry.errors import ManifestError, Problem
+from registry.errors import QUOTE_LIMIT, ManifestError, Problem, quote
 from registry.schema import API_VERSION, DNS_LABEL_RE, KINDS, LABEL_KEY_RE, SYMBOL_RE
 from registry.yamlsrc import Loc, YamlDocument
 
@@ -53,6 +53,9 @@ def format_loc(loc: Loc) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
+        elif len(part) > QUOTE_LIMIT:
+            # A key is a value too: a long one may be content we should not echo.
+            out += f"[{json.dumps(part[:QUOTE_LIMIT] + '...')}]"
         elif not part.isprintable() or any(c in part for c in ' "[].') or not part:
             out += f"[{json.dumps(part)}]"
         else:
@@ -61,19 +64,26 @@ def format_loc(loc: Loc) -> str:
 
 
 def _describe(value: Any, raw: str | None) -> str:
+    # Quotes at most a prefix of the value: it may be the content of a file that a
+    # pull request got us to read, and this line goes into logs and PR comments.
     if value is None:
         return "null"
     if isinstance(value, bool):
         return f"boolean {raw or value}"
     if isinstance(value, int | float):
-        return f"number {raw or value}"
+        return f"number {_number(raw, value)}"
     if isinstance(value, str):
-        return f"string {value!r}"
+        return f"string {quote(value)}"
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):
         return "a list"
     return type(value).__name__  # pragma: no cover - YAML yields only the types above
+
+
+def _number(raw: str | None, value: float) -> str:
+    text = raw or str(value)
+    return text if len(text) <= QUOTE_LIMIT else f"{text[:QUOTE_LIMIT]}... ({len(text)} digits)"
 
 
 def _data_loc(data: Any, loc: Sequence[str | int], missing: bool) -> tuple[Loc, bool, bool]:
@@ -156,27 +166,27 @@ def _message(  # noqa: PLR0912 - one branch per pydantic error type
         allowed = _allowed_keys(root, doc.data, loc[:-1])
         hint = difflib.get_close_matches(key, allowed, n=1)
         fix = f"; did you mean {hint[0]!r}?" if hint else ""
-        return f"unknown key {key!r}{fix} (allowed: {', '.join(allowed)})"
+        return f"unknown key {quote(key)}{fix} (allowed: {', '.join(allowed)})"
     if kind == "missing":
-        return f"missing required key {loc[-1]!r}"
+        return f"missing required key {quote(loc[-1])}"
     if kind in _TYPE_NAMES:
         raw = doc.scalar_text.get(loc)
         msg = f"expected {_TYPE_NAMES[kind]}, got {_describe(value, raw)}"
         if kind == "string_type" and raw is not None and isinstance(value, int | float):
-            msg += f'; quote it: "{raw}"'
+            msg += f'; quote it: "{raw}"' if len(raw) <= QUOTE_LIMIT else "; quote it"
         return msg
     if kind == "literal_error":
         return f"expected one of {ctx.get('expected')}, got {_describe(value, None)}"
     if kind == "union_tag_invalid":
         return (
-            f"unknown {ctx.get('discriminator', '').strip(chr(39))} {ctx.get('tag')!r} "
+            f"unknown {ctx.get('discriminator', '').strip(chr(39))} {quote(ctx.get('tag'))} "
             f"(expected {ctx.get('expected_tags')})"
         )
     if kind == "union_tag_not_found":
         return f"missing required key {ctx.get('discriminator', '').strip(chr(39))!r}"
     if kind == "string_pattern_mismatch":
         what = _PATTERN_HELP.get(str(ctx.get("pattern")), f"pattern {ctx.get('pattern')}")
-        return f"{value!r} is not valid here ({what})"
+        return f"{quote(value)} is not valid here ({what})"
     if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
         op = {"greater_than_equal": ">=", "less_than_equal": "<=", "greater_than": ">"}
         limit = next(iter(ctx.values()))
@@ -283,7 +293,12 @@ def load_manifest(doc: YamlDocument, expected_kind: str | None = None) -> BaseMo
     api = data.get("apiVersion")
     if api != API_VERSION:
         line, col = doc.position(("apiVersion",))
-        text = "missing apiVersion" if api is None else f"unsupported apiVersion {api!r}"
+        if api is None:
+            text = "missing apiVersion"
+        elif isinstance(api, str):
+            text = f"unsupported apiVersion {quote(api)}"
+        else:
+            text = f"apiVersion is {_describe(api, doc.scalar_text.get(('apiVersion',)))}"
         problems.append(
             Problem(doc.file, f"{text}; this modelreg reads {API_VERSION}", line, col, "apiVersion")
         )
@@ -291,7 +306,12 @@ def load_manifest(doc: YamlDocument, expected_kind: str | None = None) -> BaseMo
     if not isinstance(kind, str) or kind not in KINDS:
         line, col = doc.position(("kind",))
         choices = " or ".join(KINDS)
-        shown = "missing kind" if kind is None else f"unknown kind {kind!r}"
+        if kind is None:
+            shown = "missing kind"
+        elif isinstance(kind, str):
+            shown = f"unknown kind {quote(kind)}"
+        else:
+            shown = f"kind is {_describe(kind, doc.scalar_text.get(('kind',)))}"
         problems.append(Problem(doc.file, f"{shown}; expected {choices}", line, col, "kind"))
     elif expected_kind is not None and kind != expected_kind:
         line, col = doc.position(("kind",))

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gc
 import os
+import stat
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -26,13 +27,15 @@ import yaml
 from registry.cache import ParseCache, Stamp, stamp_of
 from registry.config import CONFIG_FILE, RepoConfig, find_root, load_config
 from registry.dvcfile import PointerCheck, check_pointer
-from registry.errors import ManifestError, Problem
+from registry.errors import ManifestError, Problem, UnsafeFileError, quote
 from registry.loader import load_manifest
-from registry.schema import ModelVersion, RegisteredModel, repo_path
+from registry.safe_io import check_folder
+from registry.schema import ModelVersion, RegisteredModel, is_semver, repo_path
 from registry.yamlsrc import DEFAULT_LIMITS, YamlDocument, read_yaml
 
 MODEL_FILE: Final = "model.yaml"
 VERSIONS_DIR: Final = "versions"
+_LINK: Final = "is a symbolic link"
 # Below this many files a pool costs more to start than it saves.
 _PARALLEL_FROM: Final = 1500
 
@@ -170,7 +173,7 @@ def _parse(task: _Task, show: _Display) -> _Parsed:
     # validated pydantic models would cost more to pickle than they cost to build.
     # A version's DVC pointer is read here too, so that I/O runs in parallel as well.
     try:
-        doc = read_yaml(task.path, task.file)
+        doc = read_yaml(task.path, task.file, root=Path(show.root))
     except ManifestError as e:
         return None, e.problems, None
     artifact = _artifact_of(doc.data) if task.kind == "ModelVersion" else None
@@ -194,15 +197,28 @@ def _validate(
     return _Result(task, doc, manifest, (), pointer)
 
 
+def _linked(path: str, show: _Display) -> Problem:
+    return Problem(show(path), f"{_LINK}; links in a repository are never followed")
+
+
 def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Task]:
     tasks: list[_Task] = []
-    if not manifests.is_dir():
+    try:
+        check_folder(manifests, root=Path(show.root))
+    except UnsafeFileError as e:
+        problems.append(Problem(display_path(manifests), e.reason))
+        return tasks
+    except OSError:
         problems.append(
             Problem(display_path(manifests), "manifests folder is missing or not a folder")
         )
         return tasks
     for model_dir in sorted(os.scandir(manifests), key=lambda e: e.name):
-        if not model_dir.is_dir():
+        # A linked folder would move every manifest below it out of the repository
+        # (manifests/mlp -> /etc); a linked file would read whatever it points at.
+        if model_dir.is_symlink():
+            problems.append(_linked(model_dir.path, show))
+        elif not model_dir.is_dir(follow_symlinks=False):
             if model_dir.name.endswith((".yaml", ".yml")):
                 problems.append(
                     Problem(
@@ -211,34 +227,39 @@ def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Tas
                         "and manifests/<model>/versions/<version>.yaml",
                     )
                 )
+        elif not model_dir.name.startswith("."):
+            tasks.extend(_scan_model(model_dir, show, problems))
+    return tasks
+
+
+def _scan_model(
+    model_dir: os.DirEntry[str], show: _Display, problems: list[Problem]
+) -> list[_Task]:
+    base = model_dir.path
+    model_file = os.path.join(base, MODEL_FILE)
+    tasks = [_Task(Path(model_file), show(model_file), "RegisteredModel", model_dir.name)]
+    for entry in os.scandir(base):
+        if entry.name in (MODEL_FILE, VERSIONS_DIR) or not entry.name.endswith((".yaml", ".yml")):
             continue
-        if model_dir.name.startswith("."):
-            continue
-        base = model_dir.path
-        model_file = os.path.join(base, MODEL_FILE)
-        tasks.append(_Task(Path(model_file), show(model_file), "RegisteredModel", model_dir.name))
-        for entry in os.scandir(base):
-            if entry.name in (MODEL_FILE, VERSIONS_DIR) or not entry.name.endswith(
-                (".yaml", ".yml")
-            ):
-                continue
-            problems.append(
-                Problem(
-                    show(entry.path),
-                    f"unexpected file; the model is declared in {MODEL_FILE} "
-                    f"and its versions in {VERSIONS_DIR}/<version>.yaml",
-                )
+        problems.append(
+            Problem(
+                show(entry.path),
+                f"unexpected file; the model is declared in {MODEL_FILE} "
+                f"and its versions in {VERSIONS_DIR}/<version>.yaml",
             )
-        versions = os.path.join(base, VERSIONS_DIR)
-        if not os.path.isdir(versions):
-            continue
-        for entry in sorted(os.scandir(versions), key=lambda e: e.name):
-            if entry.name.endswith(".yml"):
-                problems.append(Problem(show(entry.path), "version files end in .yaml, not .yml"))
-            elif entry.name.endswith(".yaml"):
-                tasks.append(
-                    _Task(Path(entry.path), show(entry.path), "ModelVersion", model_dir.name)
-                )
+        )
+    versions = Path(base, VERSIONS_DIR)
+    if versions.is_symlink():
+        problems.append(_linked(str(versions), show))
+        return tasks
+    if not versions.is_dir():
+        return tasks
+    for entry in sorted(os.scandir(versions), key=lambda e: e.name):
+        if entry.name.endswith(".yml"):
+            problems.append(Problem(show(entry.path), "version files end in .yaml, not .yml"))
+        elif entry.name.endswith(".yaml"):
+            # A linked version file is a task too: read_yaml refuses it, with its name.
+            tasks.append(_Task(Path(entry.path), show(entry.path), "ModelVersion", model_dir.name))
     return tasks
 
 
@@ -265,12 +286,16 @@ def _run(
     if cache is not None:
         for i, task in enumerate(tasks):
             try:
-                stamps[i] = stamp_of(task.path.stat())
+                info = task.path.lstat()
             except OSError:
                 continue  # read_yaml reports it
+            if not stat.S_ISREG(info.st_mode):
+                continue  # a link or no file: read_yaml refuses it, never the cache
+            stamps[i] = stamp_of(info)
             data = cache.get(task.file, stamps[i])
             if data is not None:
-                parsed[i] = (YamlDocument(task.file, data, None, source=task.path), (), None)
+                doc = YamlDocument(task.file, data, None, source=task.path, root=Path(show.root))
+                parsed[i] = (doc, (), None)
         cache.keep_only({t.file for t in tasks})
     results: dict[int, _Result] = {i: _validate(tasks[i], *result) for i, result in parsed.items()}
     missing = [i for i in range(len(tasks)) if i not in parsed]
@@ -309,6 +334,32 @@ def _cache_key() -> str:
     return f"modelreg {ours}; pyyaml {yaml.__version__}; {DEFAULT_LIMITS}"
 
 
+def _named_by_version(result: _Result) -> _Result:
+    """A version file whose name is not a SemVer version is a problem, not a version.
+
+    Versions are ordered by their file names (``versions/latest.yaml`` would have no
+    place in that order), so such a file never enters ``Repository.versions``.
+    """
+    task = result.task
+    stem = task.path.name.removesuffix(".yaml")
+    if task.kind != "ModelVersion" or is_semver(stem):
+        return result
+    loc = ("metadata", "version")
+    line, col = result.doc.position(loc) if result.doc is not None else (1, 1)
+    declared = (
+        result.manifest.metadata.version if isinstance(result.manifest, ModelVersion) else None
+    )
+    fix = f"rename it {declared}.yaml" if declared else "name it <MAJOR.MINOR.PATCH>.yaml"
+    problem = Problem(
+        task.file,
+        f"file name {quote(stem)} is not a SemVer version; {fix}",
+        line,
+        col,
+        "metadata.version" if result.doc is not None else None,
+    )
+    return _Result(task, None, None, (*result.problems, problem))
+
+
 def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True) -> Repository:
     """Load the repository containing ``start``; problems are collected, not raised.
 
@@ -336,16 +387,18 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
         results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None:
         parse_cache.save()
-    for result in results:
+    for loaded in results:
+        result = _named_by_version(loaded)
         task = result.task
         repo.files.append(task.file)
+        present = os.path.lexists(task.path)  # a link is present (and refused), not missing
         if result.problems:
-            if task.path.exists():
+            if present:
                 version = None if task.kind == "RegisteredModel" else task.path.stem
                 repo.broken.add((task.model_dir, version))
             if (
                 task.kind == "RegisteredModel"
-                and not task.path.exists()
+                and not present
                 and (task.path.parent / VERSIONS_DIR).is_dir()
             ):
                 repo.problems.append(
@@ -354,7 +407,7 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
                         f"model folder {task.model_dir!r} has versions but no {MODEL_FILE}",
                     )
                 )
-            elif task.kind == "RegisteredModel" and not task.path.exists():
+            elif task.kind == "RegisteredModel" and not present:
                 repo.problems.append(
                     Problem(display_path(task.path.parent), f"model folder without {MODEL_FILE}")
                 )

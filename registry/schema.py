@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 import semver
@@ -30,6 +31,8 @@ from pydantic import (
     model_validator,
 )
 
+from registry.errors import quote
+
 API_VERSION: Final = "modelreg/v1"
 
 DNS_LABEL_RE: Final = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -41,7 +44,8 @@ _SAFE_PATH_RE: Final = re.compile(r"^[A-Za-z0-9._@+-][A-Za-z0-9._@+/-]*$")
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _is_semver(value: str) -> bool:
+def is_semver(value: str) -> bool:
+    """Whether ``value`` is a SemVer version (``1.0.0``, ``2.1.0-rc.1``)."""
     # Memoized: a large repository validates the same version strings many times
     # (metadata.version, parents, channels).
     try:
@@ -52,9 +56,9 @@ def _is_semver(value: str) -> bool:
 
 
 def _semver(value: str) -> str:
-    if not _is_semver(value):
+    if not is_semver(value):
         raise ValueError(
-            f"{value!r} is not a SemVer version (expected MAJOR.MINOR.PATCH, e.g. 1.0.0)"
+            f"{quote(value)} is not a SemVer version (expected MAJOR.MINOR.PATCH, e.g. 1.0.0)"
         )
     return value
 
@@ -72,7 +76,7 @@ def repo_path(value: str) -> str:
         or any(p in ("", ".", "..") for p in parts)
     ):
         raise ValueError(
-            f"{value!r} is not a clean repository-relative path "
+            f"{quote(value)} is not a clean repository-relative path "
             "(use forward slashes, no '..', no leading '/')"
         )
     return value
@@ -95,7 +99,10 @@ DType = Literal[
     "bool", "string",
 ]  # fmt: skip
 
-Dim = Annotated[int, Field(ge=0)] | Symbol | None
+MAX_DIM: Final = (1 << 63) - 1
+"""The largest dimension ONNX can state (an int64)."""
+
+Dim = Annotated[int, Field(ge=0, le=MAX_DIM)] | Symbol | None
 """A tensor dimension: a size, a symbolic name shared across tensors, or null (unknown)."""
 
 
@@ -117,7 +124,7 @@ def _unique_names(tensors: list[TensorSpec], what: str) -> list[TensorSpec]:
     seen: set[str] = set()
     for tensor in tensors:
         if tensor.name in seen:
-            raise ValueError(f"duplicate {what} name {tensor.name!r}")
+            raise ValueError(f"duplicate {what} name {quote(tensor.name)}")
         seen.add(tensor.name)
     return tensors
 
@@ -240,15 +247,60 @@ class Source(Strict):
     datasets: Annotated[list[ShortText], Field(max_length=256)] = []
 
 
+@dataclass(frozen=True, slots=True)
+class InlineTensorLimits:
+    """Bounds on a golden tensor written inline in a manifest.
+
+    Attributes:
+        max_elements: most values in one tensor (``data``), and the largest size any
+            dimension may have: an empty tensor (a 0 in its shape) with a dimension of
+            10**23 states nothing useful, and numpy cannot even shape it.
+        max_rank: most dimensions.
+    """
+
+    max_elements: int = 65_536
+    max_rank: int = 16
+
+
+INLINE_LIMITS: Final = InlineTensorLimits()
+
+
+def inline_shape_problem(
+    shape: list[int], limits: InlineTensorLimits = INLINE_LIMITS
+) -> str | None:
+    """Why an inline tensor of ``shape`` is refused, or None (pure).
+
+    Args:
+        shape: the declared shape (non-negative sizes).
+        limits: the caps.
+    """
+    for i, dim in enumerate(shape):
+        if dim > limits.max_elements:
+            return (
+                f"dimension {i} is {dim}; inline tensors hold at most {limits.max_elements} "
+                "values (use an .npz file)"
+            )
+    count = math.prod(shape)
+    if count > limits.max_elements:
+        return (
+            f"shape holds {count} values; inline tensors hold at most {limits.max_elements} "
+            "(use an .npz file)"
+        )
+    return None
+
+
 class Tensor(Strict):
     """An inline tensor: flat row-major ``data`` of ``shape``."""
 
     dtype: DType
-    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=16)]
-    data: Annotated[list[float | int | bool | str], Field(max_length=65_536)]
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=INLINE_LIMITS.max_rank)]
+    data: Annotated[list[float | int | bool | str], Field(max_length=INLINE_LIMITS.max_elements)]
 
     @model_validator(mode="after")
     def _size_matches(self) -> Tensor:
+        refused = inline_shape_problem(self.shape)
+        if refused is not None:
+            raise ValueError(refused)
         expected = math.prod(self.shape)
         if expected != len(self.data):
             raise ValueError(
@@ -322,7 +374,10 @@ class ModelVersionSpec(Strict):
     signature: Signature | None = None
     source: Source | None = None
     metrics: Annotated[
-        dict[Annotated[str, StringConstraints(min_length=1, max_length=128)], float],
+        dict[
+            Annotated[str, StringConstraints(min_length=1, max_length=128)],
+            Annotated[float, Field(allow_inf_nan=False)],
+        ],
         Field(max_length=256),
     ] = {}
     goldens: Goldens | None = None

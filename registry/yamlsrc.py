@@ -12,7 +12,6 @@ Stable API: ``Limits``, ``YamlDocument``, ``parse_yaml``, ``read_yaml``.
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,14 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from registry.errors import ManifestError
+from registry.errors import (
+    QUOTE_LIMIT,
+    FileTooLargeError,
+    ManifestError,
+    UnsafeFileError,
+    quote,
+)
+from registry.safe_io import read_regular
 
 Loc = tuple[str | int, ...]
 """Path of a value inside a document: mapping keys and sequence indices."""
@@ -55,6 +61,9 @@ DEFAULT_LIMITS: Final = Limits()
 _SCAN_IF_BRACKETS_OVER: Final = 256
 _SCAN_IF_BYTES_OVER: Final = 64 * 1024
 
+# Tags are shown whole up to this length: "tag:yaml.org,2002:python/object:os.system"
+# should read as what it is.
+_TAG_SHOWN: Final = 64
 _TAG = "tag:yaml.org,2002:"
 _STR = _TAG + "str"
 _MAP = _TAG + "map"
@@ -84,7 +93,7 @@ class YamlDocument:
         data: plain Python data (dict, list, str, int, float, bool, None).
     """
 
-    __slots__ = ("_marks", "_source", "_text", "data", "file", "limits")
+    __slots__ = ("_marks", "_root", "_source", "_text", "data", "file", "limits")
 
     def __init__(
         self,
@@ -93,6 +102,8 @@ class YamlDocument:
         text: str | None,
         limits: Limits = DEFAULT_LIMITS,
         source: Path | None = None,
+        *,
+        root: Path | None = None,
     ) -> None:
         if text is None and source is None:
             raise ValueError("YamlDocument needs its text or the file it came from")
@@ -101,6 +112,7 @@ class YamlDocument:
         self.limits = limits
         self._text = text
         self._source = source
+        self._root = root
         self._marks: _Builder | None = None
 
     def __repr__(self) -> str:
@@ -110,18 +122,19 @@ class YamlDocument:
         # Sent between processes without its text when the file can be read again:
         # the text is needed only for positions, which valid files never ask for.
         text = self._text if self._source is None else None
-        return (self.file, self.data, text, self.limits, self._source)
+        return (self.file, self.data, text, self.limits, self._source, self._root)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self.file, self.data, self._text, self.limits, self._source = state
+        self.file, self.data, self._text, self.limits, self._source, self._root = state
         self._marks = None
 
     def _positions(self) -> _Builder:
         if self._marks is None:
             if self._text is None:
                 assert self._source is not None  # noqa: S101 - checked in __init__
-                raw = self._source.read_bytes().decode("utf-8", errors="replace")
-                self._text = raw.removeprefix("\ufeff")
+                # The same refusals as the first read: no link, no unbounded read.
+                raw = _read(self._source, self.file, self.limits, self._root)
+                self._text = raw.decode("utf-8", errors="replace").removeprefix("\ufeff")
             builder = _Builder(self.limits, _Lines(self._text))
             node = _compose(self._text)
             if node is not None:  # an empty document has no positions but (1, 1)
@@ -215,7 +228,8 @@ class _Builder:
             construct = _SCALARS.get(node.tag)
             if construct is None:
                 raise _FailError(
-                    *self.lines.of(node), f"YAML tag {node.tag!r} is not allowed in manifests"
+                    *self.lines.of(node),
+                    f"YAML tag {quote(node.tag, _TAG_SHOWN)} is not allowed in manifests",
                 )
             self.scalar_text[loc] = node.value
             try:
@@ -223,18 +237,20 @@ class _Builder:
             except (ValueError, KeyError, IndexError, TypeError):
                 shown = node.tag.replace(_TAG, "!!")
                 raise _FailError(
-                    *self.lines.of(node), f"invalid {shown} value {node.value!r}"
+                    *self.lines.of(node), f"invalid {shown} value {quote(node.value)}"
                 ) from None
         if isinstance(node, SequenceNode):
             if node.tag != _TAG + "seq":
                 raise _FailError(
-                    *self.lines.of(node), f"YAML tag {node.tag!r} is not allowed in manifests"
+                    *self.lines.of(node),
+                    f"YAML tag {quote(node.tag, _TAG_SHOWN)} is not allowed in manifests",
                 )
             return [self.build(child, (*loc, i), depth + 1) for i, child in enumerate(node.value)]
         if isinstance(node, MappingNode):
             if node.tag != _TAG + "map":
                 raise _FailError(
-                    *self.lines.of(node), f"YAML tag {node.tag!r} is not allowed in manifests"
+                    *self.lines.of(node),
+                    f"YAML tag {quote(node.tag, _TAG_SHOWN)} is not allowed in manifests",
                 )
             return self._mapping(node, loc, depth)
         raise _FailError(*self.lines.of(node), "unsupported YAML node")  # pragma: no cover
@@ -249,14 +265,14 @@ class _Builder:
             if not isinstance(key_node, ScalarNode) or key_node.tag != _TAG + "str":
                 shown = key_node.value if isinstance(key_node, ScalarNode) else "a collection"
                 raise _FailError(
-                    *self.lines.of(key_node), f"mapping keys must be strings, got {shown!r}"
+                    *self.lines.of(key_node), f"mapping keys must be strings, got {quote(shown)}"
                 )
             key = key_node.value
             if key in out:
                 first = next(self.lines.of(k)[0] for k, _ in node.value if k.value == key)
                 raise _FailError(
                     *self.lines.of(key_node),
-                    f"duplicate key {key!r} (first defined on line {first})",
+                    f"duplicate key {quote(key)} (first defined on line {first})",
                 )
             self.key_marks[(*loc, key)] = self.lines.of(key_node)
             out[key] = self.build(value_node, (*loc, key), depth + 1)
@@ -275,12 +291,14 @@ def _scan_events(text: str, limits: Limits) -> None:
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, yaml.AliasEvent):
             raise _FailError(
-                *lines.of(event), f"aliases ('*{event.anchor}') are not allowed in manifests"
+                *lines.of(event),
+                f"aliases ('*{str(event.anchor)[:QUOTE_LIMIT]}') are not allowed in manifests",
             )
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             raise _FailError(
-                *lines.of(event), f"anchors ('&{anchor}') are not allowed in manifests"
+                *lines.of(event),
+                f"anchors ('&{anchor[:QUOTE_LIMIT]}') are not allowed in manifests",
             )
         if isinstance(event, yaml.CollectionStartEvent):
             depth += 1
@@ -465,30 +483,41 @@ def parse_yaml(raw: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDo
     return YamlDocument(file, data, text, limits)
 
 
-def read_yaml(path: Path, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDocument:
-    """Read and parse ``path``, refusing oversized files before reading them.
+def read_yaml(
+    path: Path, file: str, limits: Limits = DEFAULT_LIMITS, *, root: Path | None = None
+) -> YamlDocument:
+    """Read and parse ``path``, refusing links and oversized files before reading them.
 
     Args:
         path: file to read.
         file: name shown in error messages.
         limits: bounds on size, depth and node count.
+        root: the repository root: no folder between it and ``path`` may be a link
+            either (see ``registry.safe_io``).
 
     Returns:
         The parsed document.
 
     Raises:
-        ManifestError: unreadable, not a file, too large, or invalid YAML.
+        ManifestError: a link, not a regular file, unreadable, too large, or invalid YAML.
     """
+    raw = _read(path, file, limits, root)
+    doc = parse_yaml(raw, file, limits)
+    doc._source = path  # lets positions re-read the file instead of keeping its text
+    doc._root = root
+    return doc
+
+
+def _read(path: Path, file: str, limits: Limits, root: Path | None) -> bytes:
     try:
-        with path.open("rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > limits.max_bytes:
-                raise ManifestError.single(
-                    file,
-                    f"file is {size} bytes; manifests are limited to {limits.max_bytes}",
-                    line=1,
-                )
-            raw = fh.read(limits.max_bytes + 1)
+        return read_regular(path, root=root, max_bytes=limits.max_bytes)
+    except FileTooLargeError as e:
+        raise ManifestError.single(
+            file, f"file is {e.size} bytes; manifests are limited to {e.limit}", line=1
+        ) from None
+    except UnsafeFileError as e:
+        # Refused before reading: the message says why and holds none of the content.
+        raise ManifestError.single(file, e.reason) from None
     except IsADirectoryError:
         raise ManifestError.single(file, "is a directory; expected a YAML file") from None
     except FileNotFoundError:
@@ -496,7 +525,4 @@ def read_yaml(path: Path, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDoc
     except PermissionError:
         raise ManifestError.single(file, "cannot read: permission denied") from None
     except OSError as e:
-        raise ManifestError.single(file, f"cannot read: {e.strerror or e}") from None
-    doc = parse_yaml(raw, file, limits)
-    doc._source = path  # lets positions re-read the file instead of keeping its text
-    return doc
+        raise ManifestError.single(file, f"cannot read: {e.strerror or 'I/O error'}") from None

@@ -224,6 +224,14 @@ def test_mutated_manifests_load_or_fail_cleanly(
         pytest.param(
             "version", "precision: fp16", "precision: \u20280", id="line-separator-at-eof"
         ),
+        pytest.param(
+            "version",
+            "shape: [1, 2]",
+            "shape: [0, 100000000000000000000000]",
+            id="inline-shape-1e23",
+        ),
+        pytest.param("version", "accuracy: 0.93", "accuracy: .nan", id="nan-metric"),
+        pytest.param("version", "accuracy: 0.93", "accuracy: -.inf", id="inf-metric"),
     ],
 )
 def test_found_inputs_load_or_fail_cleanly(base: str, find: str, replace: str) -> None:
@@ -341,3 +349,74 @@ def test_set_channel_refuses_percents_the_schema_cannot_hold(percent: float) -> 
     # 1e-05 once came back from YAML as the string '1e-05'; such shares are refused up front.
     with pytest.raises(ValueError, match="percent"):
         set_channel(MODEL_YAML, MODEL_FILE, "canary", "1.2.0", percent)
+
+
+# --- caps and value quoting (issue 8) ------------------------------------------------------
+
+
+def _version_problems(find: str, replace: str) -> list[str]:
+    assert find in VERSION_YAML
+    with pytest.raises(ManifestError) as info:
+        load_manifest(parse_yaml(VERSION_YAML.replace(find, replace).encode(), VERSION_FILE))
+    return [str(p) for p in info.value.problems]
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", ".NaN"])
+def test_metrics_must_be_finite(value: str) -> None:
+    assert _version_problems("accuracy: 0.93", f"accuracy: {value}") == [
+        f"{VERSION_FILE}:17:15: spec.metrics.accuracy: must be a finite number"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "message"),
+    [
+        ("[0, 100000000000000000000000]", "[]",
+         "dimension 1 is 100000000000000000000000; inline tensors hold at most 65536 values"),
+        ("[0, 65537]", "[]", "dimension 1 is 65537; inline tensors hold at most 65536 values"),
+        ("[300, 300]", "[]", "shape holds 90000 values; inline tensors hold at most 65536"),
+    ],
+)  # fmt: skip
+def test_inline_golden_shapes_are_capped(shape: str, data: str, message: str) -> None:
+    (problem,) = _version_problems("shape: [1, 2]\n            data: [0.5, 1.0]",
+                                   f"shape: {shape}\n            data: {data}")  # fmt: skip
+    assert problem.startswith(f"{VERSION_FILE}:24:13: spec.goldens.cases[0].inputs.input: ")
+    assert message in problem
+
+
+def test_inline_shape_problem_is_pure_and_uses_its_limits() -> None:
+    from registry.schema import INLINE_LIMITS, InlineTensorLimits, inline_shape_problem
+
+    assert inline_shape_problem([0, INLINE_LIMITS.max_elements]) is None
+    assert inline_shape_problem([2, 32_768]) is None
+    assert inline_shape_problem([2, 32_769]) is not None
+    small = InlineTensorLimits(max_elements=4)
+    assert inline_shape_problem([2, 2], small) is None
+    assert inline_shape_problem([0, 5], small) == (
+        "dimension 1 is 5; inline tensors hold at most 4 values (use an .npz file)"
+    )
+
+
+def test_a_long_bad_value_is_quoted_as_a_short_prefix() -> None:
+    """A file that is not a manifest (a key, a token) is named, its content is not echoed."""
+    secret = "-----BEGIN PRIVATE KEY----- " + "SECRET-CANARY-1234 " * 20
+    with pytest.raises(ManifestError) as info:
+        load_manifest(parse_yaml(secret.encode(), MODEL_FILE), "RegisteredModel")
+    (problem,) = info.value.problems
+    assert "SECRET-CANARY-1234" not in str(problem)
+    assert str(problem).startswith(f"{MODEL_FILE}:1:1: expected a mapping")
+    assert f"({len(secret.strip())} characters)" in str(problem)
+
+
+@pytest.mark.parametrize(
+    ("find", "replace"),
+    [
+        ("version: 1.1.0", "version: 1.1.0." + "x" * 40 + "SECRET-CANARY-1234"),
+        ("path: models/mlp/1.1.0.onnx", "path: /x/" + "y" * 40 + "SECRET-CANARY-1234"),
+        ("kind: ModelVersion", "kind: Model" + "y" * 40 + "SECRET-CANARY-1234"),
+        ("  parent: 1.0.0", "  " + "k" * 40 + "SECRET-CANARY-1234: 1"),
+    ],
+)
+def test_no_message_echoes_more_than_a_prefix(find: str, replace: str) -> None:
+    for line in _version_problems(find, replace):
+        assert "SECRET-CANARY-1234" not in line, line

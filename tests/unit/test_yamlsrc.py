@@ -110,3 +110,92 @@ def test_paths_that_are_not_files(tmp_path: Path) -> None:
         with pytest.raises(ManifestError) as info:
             read_yaml(tmp_path / name, name)
         assert str(info.value) == message
+
+
+# --- no reading through links (registry.safe_io, issue 8) ------------------------------------
+
+LINKED = "is a symbolic link; links in a repository are never followed"
+
+
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    path = tmp_path / "outside" / "token"
+    path.parent.mkdir()
+    path.write_text("SECRET-CANARY-1234: x\n")
+    return path
+
+
+def test_read_yaml_refuses_a_linked_file(tmp_path: Path, secret: Path) -> None:
+    link = tmp_path / "repo" / "model.yaml"
+    link.parent.mkdir()
+    link.symlink_to(secret)
+    for root in (None, tmp_path / "repo"):
+        with pytest.raises(ManifestError) as info:
+            read_yaml(link, "model.yaml", root=root)
+        assert [str(p) for p in info.value.problems] == [f"model.yaml: {LINKED}"]
+
+
+def test_read_yaml_refuses_a_linked_folder_below_the_root(tmp_path: Path, secret: Path) -> None:
+    root = tmp_path / "repo"
+    (root / "manifests").mkdir(parents=True)
+    (root / "manifests" / "mlp").symlink_to(secret.parent)
+    with pytest.raises(ManifestError) as info:
+        read_yaml(root / "manifests/mlp/token", "manifests/mlp/token", root=root)
+    assert [str(p) for p in info.value.problems] == [
+        f"manifests/mlp/token: folder manifests/mlp {LINKED}"
+    ]
+
+
+def test_a_link_above_the_root_is_not_the_repositorys_doing(tmp_path: Path) -> None:
+    real = tmp_path / "real"
+    (real / "repo").mkdir(parents=True)
+    (real / "repo" / "a.yaml").write_text("a: 1\n")
+    (tmp_path / "alias").symlink_to(real)
+    root = tmp_path / "alias" / "repo"
+    assert read_yaml(root / "a.yaml", "a.yaml", root=root).data == {"a": 1}
+
+
+def test_read_yaml_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "model.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ManifestError) as info:
+        read_yaml(fifo, "model.yaml", root=tmp_path)
+    assert [str(p) for p in info.value.problems] == ["model.yaml: is not a regular file"]
+
+
+def test_safe_io_refuses_paths_outside_the_root(tmp_path: Path, secret: Path) -> None:
+    from registry.errors import UnsafeFileError
+    from registry.safe_io import read_regular
+
+    with pytest.raises(UnsafeFileError, match="outside the repository"):
+        read_regular(secret, root=tmp_path / "repo", max_bytes=100)
+    with pytest.raises(UnsafeFileError, match="outside the repository"):
+        read_regular(tmp_path / "repo/../outside/token", root=tmp_path / "repo", max_bytes=100)
+
+
+def test_safe_io_caps_are_checked_before_reading(tmp_path: Path) -> None:
+    from registry.errors import FileTooLargeError
+    from registry.safe_io import read_regular
+
+    big = tmp_path / "big"
+    with big.open("wb") as fh:
+        fh.truncate(1 << 30)  # sparse: reading it would take a GiB
+    with pytest.raises(FileTooLargeError) as info:
+        read_regular(big, root=tmp_path, max_bytes=1024)
+    assert (info.value.size, info.value.limit) == (1 << 30, 1024)
+    (tmp_path / "small").write_bytes(b"x" * 1024)
+    assert read_regular(tmp_path / "small", root=tmp_path, max_bytes=1024) == b"x" * 1024
+
+
+def test_positions_reread_the_file_without_following_a_link(tmp_path: Path, secret: Path) -> None:
+    """A document's positions come from a second read: swapped for a link, it is refused."""
+    path = tmp_path / "a.yaml"
+    path.write_text("a: 1\n")
+    doc = read_yaml(path, "a.yaml", root=tmp_path)
+    doc._text = None  # as after a trip through a worker process
+    path.unlink()
+    path.symlink_to(secret)
+    with pytest.raises(ManifestError, match="symbolic link"):
+        _ = doc.key_marks

@@ -1,0 +1,187 @@
+"""Open files of a work tree that arrived with a pull request: never through a link,
+never unbounded (stable API).
+
+A pull request can commit a symbolic link anywhere: a manifest that points at
+``.modelreg/keys/targets.key``, a ``.dvc`` pointer that points at a token file, an
+artifact that points at ``/etc/passwd``, or a folder (``manifests/mlp -> /etc``) that
+moves every file below it.  Following one would print, hash or sign a file the
+pull request does not own.  So every read of the work tree goes through here:
+
+* below the repository root, every folder is opened with ``O_NOFOLLOW`` relative to
+  its parent's descriptor (``openat``), and the file itself with ``O_NOFOLLOW``: a link
+  anywhere inside the repository is refused, a link above the root (the runner's own
+  ``/tmp`` -> ``/private/tmp``) is not the pull request's doing and is allowed;
+* only a regular file is read (a FIFO would block, a device would never end): the
+  check is ``fstat`` on the opened descriptor, so nothing can change in between;
+* a size cap is checked on that descriptor before reading, and the read stops at
+  the cap whatever the size said.
+
+Refusals are :class:`~registry.errors.UnsafeFileError`: one short reason, no content.
+
+Stable API: ``open_regular``, ``read_regular``, ``check_regular``, ``check_folder``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO, Final
+
+from registry.errors import FileTooLargeError, UnsafeFileError
+
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever;
+# regular files ignore the flag.
+_FILE_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_LINK_REASON: Final = "is a symbolic link; links in a repository are never followed"
+
+
+def _parts(path: Path, root: Path | None) -> tuple[str, tuple[str, ...]]:
+    """(where the walk starts, the components to open below it).
+
+    Raises:
+        UnsafeFileError: ``path`` is not below ``root`` or holds ``..``.
+    """
+    absolute = os.path.abspath(path)  # noqa: PTH100 - no resolve(): links must stay visible
+    if root is None:
+        head, name = os.path.split(absolute)
+        return head, (name,)
+    base = os.path.abspath(root)  # noqa: PTH100
+    rel = os.path.relpath(absolute, base)
+    parts = Path(rel).parts
+    if rel == "." or parts[0] == ".." or os.path.isabs(rel):  # noqa: PTH117
+        raise UnsafeFileError(str(path), "is outside the repository")
+    return base, parts
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def _open_folder(start: str, folders: tuple[str, ...], shown: str) -> int:
+    """A descriptor of ``start/folders...``, no component of ``folders`` a link.
+
+    Raises:
+        UnsafeFileError: a component is a link.
+        OSError: a component is missing or not a folder.
+    """
+    fd = os.open(start, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    try:
+        for i, part in enumerate(folders):
+            try:
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(part, fd):
+                    where = "/".join(folders[: i + 1])
+                    raise UnsafeFileError(shown, f"folder {where} {_LINK_REASON}") from None
+                raise
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(path: Path, *, root: Path | None = None, max_bytes: int | None = None) -> BinaryIO:
+    """Open ``path`` for reading; refuse links, anything but a regular file, and size.
+
+    Args:
+        path: the file.
+        root: the repository root; every folder between it and ``path`` must be a real
+            folder too.  Without it only ``path`` itself is checked (a file the user
+            named outside any repository).
+        max_bytes: refuse a larger file (checked on the open descriptor).
+
+    Returns:
+        The open file (binary, unbuffered reads are the caller's choice); close it.
+
+    Raises:
+        UnsafeFileError: ``path`` or a folder below ``root`` is a link, ``path`` is
+            not a regular file, or it is outside ``root``.
+        FileTooLargeError: larger than ``max_bytes``.
+        FileNotFoundError: it or a folder on the way does not exist.
+        IsADirectoryError: it is a folder.
+        OSError: it cannot be opened for another reason (permissions).
+    """
+    shown = str(path)
+    start, parts = _parts(path, root)
+    dir_fd = _open_folder(start, parts[:-1], shown)
+    try:
+        try:
+            fd = os.open(parts[-1], _FILE_FLAGS, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP or (e.errno == errno.ENOTDIR and _is_link(parts[-1], dir_fd)):
+                raise UnsafeFileError(shown, _LINK_REASON) from None
+            raise
+    finally:
+        os.close(dir_fd)
+    try:
+        _check_opened(fd, shown, max_bytes)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _check_opened(fd: int, shown: str, max_bytes: int | None) -> None:
+    # On the descriptor itself: what is checked is what will be read.
+    info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), shown)
+    if not stat.S_ISREG(info.st_mode):
+        raise UnsafeFileError(shown, "is not a regular file")
+    if max_bytes is not None and info.st_size > max_bytes:
+        raise FileTooLargeError(shown, info.st_size, max_bytes)
+    os.set_blocking(fd, True)
+
+
+def read_regular(path: Path, *, root: Path | None = None, max_bytes: int) -> bytes:
+    """The content of ``path``, opened as :func:`open_regular` does, at most ``max_bytes``.
+
+    Raises:
+        UnsafeFileError: see :func:`open_regular`.
+        FileTooLargeError: larger than ``max_bytes`` (also when it grew while read).
+        FileNotFoundError: it or a folder on the way does not exist.
+        IsADirectoryError: it is a folder.
+        OSError: it cannot be read.
+    """
+    with open_regular(path, root=root, max_bytes=max_bytes) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise FileTooLargeError(str(path), len(data), max_bytes)
+    return data
+
+
+def check_regular(path: Path, *, root: Path | None = None) -> None:
+    """Check that ``path`` is a regular file reached through no link (opens and closes it).
+
+    Raises:
+        UnsafeFileError: see :func:`open_regular`.
+        FileNotFoundError: it or a folder on the way does not exist.
+        IsADirectoryError: it is a folder.
+        OSError: it cannot be opened.
+    """
+    open_regular(path, root=root).close()
+
+
+def check_folder(path: Path, *, root: Path) -> None:
+    """Check that ``path`` is a folder below ``root`` reached through no link.
+
+    Raises:
+        UnsafeFileError: it, or a folder on the way, is a link; or it is outside ``root``.
+        FileNotFoundError: it does not exist.
+        NotADirectoryError: it is not a folder.
+        OSError: it cannot be opened.
+    """
+    start, parts = _parts(path, root)
+    os.close(_open_folder(start, parts, str(path)))
+
+
+__all__ = ["check_folder", "check_regular", "open_regular", "read_regular"]
