@@ -43,7 +43,6 @@ from registry.repository import (
     load_repository,
 )
 from registry.yamlsrc import Loc, YamlDocument
-from signing.hashing import sha256_file
 
 Stage = Literal["manifest", "fetch", "check", "signature", "load", "goldens", "engines"]
 STAGES: Final[tuple[Stage, ...]] = ("fetch", "check", "signature", "load", "goldens", "engines")
@@ -299,7 +298,7 @@ class _VersionBuild:
         fetched = fetch_artifact(self.repo.root, self.spec.artifact.path, self.display)
         record = self.record
         record.md5, record.fetched = fetched.pointer.md5, fetched.fetched
-        record.sha256, record.size = sha256_file(fetched.path), fetched.path.stat().st_size
+        record.sha256, record.size = fetched.sha256, fetched.size
         return fetched.path
 
     def _signature(self, model: Any) -> None:

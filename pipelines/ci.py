@@ -44,6 +44,7 @@ from registry.redact import redact
 from registry.repository import Repository, load_repository
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
+from signing.tuf_repo import TrustRepo
 from signing.workspace import release_state, release_states
 
 if TYPE_CHECKING:
@@ -78,26 +79,46 @@ class PullRequest:
             ValueError: no base given and no pull-request event to read it from.
             RegistryError: ``GITHUB_EVENT_PATH`` names a file that is not JSON.
         """
-        event: dict[str, Any] = {}
+        event: object = {}
         path = env.get("GITHUB_EVENT_PATH")
         if path and Path(path).is_file():
             try:
-                event = json.loads(Path(path).read_text(encoding="utf-8"))
-            except (OSError, ValueError) as e:
+                with Path(path).open("rb") as fh:
+                    raw = fh.read(_MAX_EVENT + 1)
+                event = json.loads(raw) if len(raw) <= _MAX_EVENT else None
+            except (OSError, ValueError, RecursionError) as e:
                 raise RegistryError(f"{path}: not a readable GitHub event ({e})") from None
-        pr = event.get("pull_request") or {}
-        found = base or (pr.get("base") or {}).get("sha")
+            if event is None:
+                raise RegistryError(f"{path}: larger than {_MAX_EVENT} bytes; not a GitHub event")
+        if not isinstance(event, dict):
+            raise RegistryError(f"{path}: not a GitHub event (a JSON object)")
+        pr = _obj(event, "pull_request")
+        found = base or _text(_obj(pr, "base"), "sha")
         if not found:
             raise UsageError("no base to compare against: pass --base REF or run on a pull_request")
-        branch = (pr.get("base") or {}).get("ref") or env.get("GITHUB_BASE_REF")
+        branch = _text(_obj(pr, "base"), "ref") or env.get("GITHUB_BASE_REF")
         number = pr.get("number")
         return cls(
             found,
             branch,
-            number if isinstance(number, int) else None,
-            (pr.get("head") or {}).get("sha"),
-            (pr.get("user") or {}).get("login"),
+            number if isinstance(number, int) and not isinstance(number, bool) else None,
+            _text(_obj(pr, "head"), "sha"),
+            _text(_obj(pr, "user"), "login"),
         )
+
+
+_MAX_EVENT: Final = 64 << 20
+"""Largest GitHub event file read (GitHub caps webhook payloads at 25 MB)."""
+
+
+def _obj(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _text(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) and value else None
 
 
 @dataclass
@@ -294,7 +315,6 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
     """
     from pipelines.ci_base import trust_at
     from pipelines.publish import released_changes
-    from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
     head_paths = trust_paths(repo.root, repo.config)
@@ -306,15 +326,26 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
         git(repo.root, "ls-files", "--others", "--exclude-standard", "--", head_rel).stdout
     )  # fmt: skip
     where = repo.display(head_paths.metadata)
-    with trust_at(repo.root, pr.base, base_config) as base:
-        if base is None:
-            return []  # nothing was released before this pull request
-        problems = released_changes(repo, base)
-        if changed:
-            try:
-                TrustRepo.load(head_paths.metadata, expiry=head_paths.expiry).check_follows(base)
-            except RegistryError as e:
+    problems: list[Problem] = []
+    head: TrustRepo | None = None
+    if (head_paths.metadata / "1.root.json").is_file():
+        try:
+            head = TrustRepo.load(head_paths.metadata, expiry=head_paths.expiry)
+        except RegistryError as e:
+            if changed:  # else the base is broken too, and not this pull request's doing
                 problems.append(Problem(where, str(e).removeprefix(f"{where}: ")))
+    with trust_at(repo.root, pr.base, base_config) as base:
+        if base is not None:
+            problems += released_changes(repo, base)
+            if changed and head is None and not problems:
+                problems.append(Problem(where, "the pull request removes the trust metadata"))
+            if changed and head is not None:
+                try:
+                    head.check_follows(base)
+                except RegistryError as e:
+                    problems.append(Problem(where, str(e)))
+    if head is not None:  # a release published locally and not committed yet counts too
+        problems += [p for p in released_changes(repo, head) if p not in problems]
     return problems
 
 
@@ -463,7 +494,6 @@ def _check_history(repo: Repository) -> None:
     """
     from pipelines.ci_base import history_problems
     from signing.errors import RollbackError
-    from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
     paths = trust_paths(repo.root, repo.config)
@@ -605,7 +635,6 @@ def _mirror_extras(
     from pipelines.diff_report import summary, to_markdown
     from pipelines.publish import RELEASE_DIR, TargetStore
     from pipelines.register import ReleaseExtras, mlflow_versions
-    from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
     extras: dict[tuple[str, str], ReleaseExtras] = {}

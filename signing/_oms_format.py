@@ -44,9 +44,21 @@ _FACT_KEYS: Final = ("model", "version", "git_commit", "ci_run", "parent", "targ
 class OmsLimits:
     """Bounds on untrusted bundles, checked before the data is used.
 
+    A real bundle is one large string (the base64 statement) in a dozen small fields,
+    so the bundle caps bound what the JSON parser is asked to build before it starts:
+    its size (checked on the open file, before reading) and its values (counted from
+    the separators, before parsing; a 64 MiB ``[{},{},...]`` made ``json.loads`` build
+    21 million objects, 1.8 GB).  Nesting needs no cap of its own: it is bounded by the
+    value count, and CPython's parser refuses depth past its recursion limit cheaply.
+    The statement is parsed only once its signature has verified.
+
     Attributes:
-        max_bundle_bytes: size of a bundle file.
-        max_payload_bytes: size of the decoded statement.
+        max_bundle_bytes: size of a bundle file.  32 MiB holds the statement of
+            ``max_resources`` files with names of about 60 characters.
+        max_bundle_values: JSON values in a bundle, counted before parsing as one
+            plus its ``{``, ``[`` and ``,`` characters (a real bundle has about 20;
+            the payload, being base64, holds none of them).
+        max_payload_bytes: size of the decoded statement (3/4 of the bundle cap).
         max_signatures: DSSE signatures tried.
         max_signature_bytes: size of one decoded signature (P-256 DER: at most 72).
         max_resources: files in a signed model.
@@ -56,8 +68,9 @@ class OmsLimits:
         max_targets: entries of ``ModelFacts.targets``.
     """
 
-    max_bundle_bytes: int = 64 << 20
-    max_payload_bytes: int = 48 << 20
+    max_bundle_bytes: int = 32 << 20
+    max_bundle_values: int = 1_024
+    max_payload_bytes: int = 24 << 20
     max_signatures: int = 8
     max_signature_bytes: int = 1_024
     max_resources: int = 100_000
@@ -469,6 +482,26 @@ def _b64(value: Any, what: str, limit: int, subject: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise VerificationError(f"{what} is not valid base64", subject) from None
+
+
+def check_bundle_values(data: bytes, limits: OmsLimits, subject: str) -> None:
+    """Refuse a bundle that holds more JSON values than ``limits`` allow, before parsing.
+
+    Every value after the first in a container follows a ``,`` and every container
+    starts with ``{`` or ``[``, so one plus their count bounds the values the parser
+    would build; characters inside strings are counted too, which can only overcount.
+    Counting is a C-speed pass per character, with no object built.
+
+    Raises:
+        VerificationError: more than ``limits.max_bundle_values`` values.
+    """
+    values = 1 + sum(data.count(c) for c in (b"{", b"[", b","))
+    if values > limits.max_bundle_values:
+        raise VerificationError(
+            f"bundle has about {values} JSON values, over the {limits.max_bundle_values} "
+            "allowed (a bundle is a few small fields and one base64 payload)",
+            subject,
+        )
 
 
 def _strict_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -27,10 +27,11 @@ Our signed facts go in an extra predicate field, ``"modelreg"``: OMS v1.0 verifi
 ignore predicate fields other than ``serialization`` and ``resources`` (the reference
 verifier reads the payload with ``json.loads`` and indexes only those two).
 
-Verification checks, in order and without I/O (:func:`open_bundle`): bundle shape,
-key hint, the signature, the statement; then with I/O (:func:`verify_model`): the file
-set on disk, then every file's digest.  Limits on untrusted input are in
-:class:`OmsLimits`.
+Verification checks, in order: reading the bundle file (:func:`read_bundle`): a
+regular file reached through no link, its size and its count of JSON values, all
+before parsing; then without I/O (:func:`open_bundle`): bundle shape, key hint, the
+signature, the statement; then with I/O (:func:`verify_model`): the file set on disk,
+then every file's digest.  Limits on untrusted input are in :class:`OmsLimits`.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from securesystemslib.signer import SSlibKey
 
 from registry.atomic import write_atomic
-from registry.errors import UsageError
+from registry.errors import FileTooLargeError, UnsafeFileError, UsageError
+from registry.safe_io import read_regular
 from signing import keys
 from signing._oms_format import (
     BUNDLE_MEDIA_TYPE,
@@ -63,6 +65,7 @@ from signing._oms_format import (
     SignedManifest,
     build_bundle,
     build_statement,
+    check_bundle_values,
     check_digests,
     check_file_set,
     check_p256,
@@ -197,16 +200,29 @@ def write_bundle(bundle: Mapping[str, Any], dest: Path) -> None:
 
 
 def read_bundle(path: Path, limits: OmsLimits = DEFAULT_LIMITS) -> dict[str, Any]:
-    """Read a bundle file, refusing oversized or invalid JSON.
+    """Read a bundle file, refusing what would cost more than ``limits`` before parsing.
+
+    The file is opened without following a link and must be a regular file (a FIFO
+    would block, a device never end); its size is checked on the open descriptor
+    before any byte is read, and its JSON values are counted before it is parsed.
 
     Raises:
-        VerificationError: over ``limits.max_bundle_bytes``, not JSON, not an object.
+        VerificationError: a link or not a regular file, over
+            ``limits.max_bundle_bytes`` or ``limits.max_bundle_values``, not JSON, not
+            an object.
+        FileNotFoundError: the file does not exist.
+        IsADirectoryError: ``path`` is a folder.
         OSError: the file cannot be read.
     """
-    with path.open("rb") as fh:
-        data = fh.read(limits.max_bundle_bytes + 1)
-    if len(data) > limits.max_bundle_bytes:
-        raise VerificationError(f"bundle is over {limits.max_bundle_bytes} bytes", str(path))
+    try:
+        data = read_regular(path, max_bytes=limits.max_bundle_bytes)
+    except FileTooLargeError as e:
+        raise VerificationError(
+            f"bundle is {e.size} bytes, over the {e.limit} allowed", str(path)
+        ) from None
+    except UnsafeFileError as e:
+        raise VerificationError(f"bundle {e.reason}", str(path)) from None
+    check_bundle_values(data, limits, str(path))
     value = loads_strict(data, str(path))
     if not isinstance(value, dict):
         raise VerificationError("bundle must be a JSON object", str(path))
@@ -265,8 +281,8 @@ def verify_model(
     Raises:
         KeyMaterialError: ``public_key`` cannot be loaded or is not P-256.
         SignatureError: the bundle is not signed by ``public_key``.
-        VerificationError: the bundle is malformed, oversized or unsupported, or the
-            model holds a symlink or special file.
+        VerificationError: the bundle is malformed, over ``limits``, unsupported, a
+            link or not a regular file, or the model holds a symlink or special file.
         FileSetError: files are missing or extra.
         DigestMismatchError: a file's content differs from what was signed.
         ValueError: an ignore path outside the model.
@@ -304,6 +320,7 @@ __all__ = [
     "VerifiedModel",
     "build_bundle",
     "build_statement",
+    "check_bundle_values",
     "check_digests",
     "check_file_set",
     "default_workers",

@@ -233,3 +233,92 @@ def test_empty_model_is_not_signed(key_pair: Keys, tmp_path: Path) -> None:
     (tmp_path / "empty" / ".git").mkdir(parents=True)
     with pytest.raises(SigningError, match="no files"):
         oms.sign_model(tmp_path / "empty", key_pair.private)
+
+
+# --- bounded work on an untrusted bundle file (issue 8, point 7) ---------------------
+
+
+def test_bundle_values_are_counted_before_parsing() -> None:
+    limits = oms.OmsLimits(max_bundle_values=5)
+    oms.check_bundle_values(b'{"a": [1, 2], "b": "x"}', limits, "b.json")  # 1 + 2 + 2 = 5
+    with pytest.raises(VerificationError, match=r"b\.json: bundle has about 6 JSON values"):
+        oms.check_bundle_values(b'{"a": [1, 2, 3], "b": "x"}', limits, "b.json")
+    # Characters inside strings count too: a real bundle's strings (base64, hex) hold none.
+    with pytest.raises(VerificationError, match="about 7 JSON values"):
+        oms.check_bundle_values(b'"{[,{[,"', limits, "b.json")
+
+
+def test_a_real_bundle_is_far_below_the_value_cap(
+    key_pair: Keys, tmp_path: Path, example_models: Path
+) -> None:
+    bundle = tmp_path / "ours.sig"
+    oms.write_bundle(oms.sign_model(make_model_dir(tmp_path, example_models), key_pair.private),
+                     bundle)  # fmt: skip
+    data = bundle.read_bytes()
+    values = 1 + sum(data.count(c) for c in (b"{", b"[", b","))
+    assert values < 32 < oms.DEFAULT_LIMITS.max_bundle_values
+    oms.check_bundle_values(data, oms.OmsLimits(max_bundle_values=values), "ours.sig")
+
+
+def test_read_bundle_refuses_many_values_without_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "many.sig"
+    bundle.write_bytes(b"[" + b"{}," * 10_000 + b"{}]")
+    parsed: list[bytes] = []
+    monkeypatch.setattr(oms, "loads_strict", lambda data, subject: parsed.append(data))
+    with pytest.raises(VerificationError, match="about 20003 JSON values, over the 1024 allowed"):
+        oms.read_bundle(bundle)
+    assert parsed == []
+
+
+def test_read_bundle_refuses_size_before_reading(tmp_path: Path) -> None:
+    bundle = tmp_path / "huge.sig"
+    with bundle.open("wb") as fh:  # sparse: 1 GiB that costs nothing on disk
+        fh.truncate(1 << 30)
+    limit = oms.DEFAULT_LIMITS.max_bundle_bytes
+    # The whole size, which only the open descriptor's fstat knows: a read stops at the
+    # cap, so a refusal after reading would report limit + 1.
+    with pytest.raises(VerificationError, match=f"bundle is {1 << 30} bytes, over the {limit}"):
+        oms.read_bundle(bundle)
+
+
+def test_read_bundle_refuses_links_and_special_files(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    real = tmp_path / "real.sig"
+    oms.write_bundle({"mediaType": "x"}, real)
+    assert oms.read_bundle(real) == {"mediaType": "x"}
+    (tmp_path / "link.sig").symlink_to(real)
+    with pytest.raises(VerificationError, match=r"link\.sig: bundle is a symbolic link"):
+        oms.read_bundle(tmp_path / "link.sig")
+    os.mkfifo(tmp_path / "fifo.sig")
+    errors: list[BaseException] = []
+
+    def read_fifo() -> None:
+        try:
+            oms.read_bundle(tmp_path / "fifo.sig")
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            errors.append(e)
+
+    reader = threading.Thread(target=read_fifo, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # unblock the reader: a FIFO open waits for a writer
+        os.close(os.open(tmp_path / "fifo.sig", os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading a FIFO bundle blocked")
+    assert len(errors) == 1
+    assert isinstance(errors[0], VerificationError)
+    assert "fifo.sig: bundle is not a regular file" in str(errors[0])
+
+
+def test_deep_nesting_is_one_verification_error(tmp_path: Path) -> None:
+    bundle = tmp_path / "deep.sig"
+    bundle.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(VerificationError, match="JSON values"):
+        oms.read_bundle(bundle)
+    # Below the value cap, the parser's own depth guard refuses it cheaply.
+    with pytest.raises(VerificationError, match="not valid JSON"):
+        oms.read_bundle(bundle, oms.OmsLimits(max_bundle_values=200_000))

@@ -1,0 +1,340 @@
+"""Slow retrieval: the time limits of every device download (issue 8, point 7).
+
+The decisions (:class:`edge_sync.trust._TransferBudget`) are checked with a fake clock;
+the fetcher is checked against a real HTTP server on 127.0.0.1 that trickles, stalls
+or redirects (:class:`TrickleServer`, shared with ``tests/adversarial``).  The device
+end to end (``DeviceTrust.refresh`` / ``fetch``) is in
+``tests/adversarial/test_bounded_reads.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from tuf.api import exceptions as tuf_errors
+
+from edge_sync.trust import LocalFetcher, TrustLimits, _TransferBudget
+
+
+@dataclass(frozen=True)
+class Trickle:
+    """How the server sends one response slowly.
+
+    Attributes:
+        interval_s: wait before each piece.
+        piece: bytes per piece.
+        headers: trickle the status line and headers too (else they go at once).
+        give_up_s: close the connection after this long, so that a device without
+            time limits fails its test instead of hanging it.
+    """
+
+    interval_s: float = 5.0
+    piece: int = 1
+    headers: bool = False
+    give_up_s: float = 10.0
+
+
+class TrickleServer:
+    """A real HTTP server on 127.0.0.1 serving ``root``; some paths slowly.
+
+    ``slow`` maps a suffix of the request path to a :class:`Trickle`; ``redirects``
+    maps a path to a ``Location``; ``files`` maps a path to a body served at once.
+    Use as a context manager: on exit every trickling handler stops at its next wait.
+    """
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root
+        self.slow: dict[str, Trickle] = {}
+        self.redirects: dict[str, str] = {}
+        self.files: dict[str, bytes] = {}
+        self.requests: list[str] = []
+        self._stop = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    def url(self, path: str = "") -> str:
+        """The URL of ``path`` on this server."""
+        return f"http://127.0.0.1:{self._server.server_address[1]}/{path}"
+
+    def __enter__(self) -> TrickleServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def _body(self, path: str) -> bytes | None:
+        if path in self.files:
+            return self.files[path]
+        if self.root is None:
+            return None
+        target = (self.root / path.lstrip("/")).resolve()
+        return (
+            target.read_bytes() if target.is_relative_to(self.root) and target.is_file() else None
+        )
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                server.requests.append(path)
+                if path in server.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", server.redirects[path])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = server._body(path)
+                if body is None:
+                    self.send_error(404)
+                    return
+                slow = next((t for s, t in server.slow.items() if path.endswith(s)), None)
+                head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                try:
+                    if slow is None:
+                        self.wfile.write(head + body)
+                    elif slow.headers:
+                        self._trickle(head + body, slow)
+                    else:
+                        self.wfile.write(head)
+                        self._trickle(body, slow)
+                except (BrokenPipeError, ConnectionResetError):
+                    return  # the device gave up: what the tests want
+
+            def _trickle(self, data: bytes, slow: Trickle) -> None:
+                give_up = time.monotonic() + slow.give_up_s
+                for start in range(0, len(data), slow.piece):
+                    wait = min(slow.interval_s, give_up - time.monotonic())
+                    if server._stop.wait(max(wait, 0)) or time.monotonic() >= give_up:
+                        return
+                    self.wfile.write(data[start : start + slow.piece])
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        return Handler
+
+
+@pytest.fixture
+def server() -> Iterator[TrickleServer]:
+    with TrickleServer() as s:
+        yield s
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+LIMITS = TrustLimits(
+    read_timeout_s=5.0, min_bytes_per_s=100, rate_grace_s=2.0, download_deadline_s=60.0
+)
+"""For the decisions: round numbers."""
+
+FAST = TrustLimits(
+    read_timeout_s=1.0, min_bytes_per_s=1000, rate_grace_s=0.3, download_deadline_s=1.5
+)
+"""For the real server: every limit is passed within 1.5 s."""
+
+
+# --- the decisions --------------------------------------------------------------------
+
+
+def test_the_rate_is_judged_only_after_the_grace_period() -> None:
+    clock = Clock()
+    budget = _TransferBudget(LIMITS, clock)
+    clock.now += 1.9
+    budget.add(1)  # 1 byte in 1.9 s: slow, but still within the grace period
+    assert budget.violation() is None
+    clock.now += 0.2
+    assert budget.violation() == "slower than 100 bytes/s (1 bytes in 2.1 s)"
+    with pytest.raises(tuf_errors.SlowRetrievalError, match="slower than 100 bytes/s"):
+        budget.add(1)
+
+
+def test_a_fast_enough_average_passes_and_the_deadline_still_ends_it() -> None:
+    clock = Clock()
+    budget = _TransferBudget(LIMITS, clock)
+    for _ in range(59):
+        clock.now += 1.0
+        budget.add(100)  # exactly the minimum rate: never below it
+    clock.now += 1.5
+    with pytest.raises(tuf_errors.SlowRetrievalError, match=r"not done after 60 s \(6000 bytes\)"):
+        budget.add(100)
+
+
+def test_a_read_may_block_only_until_the_first_limit() -> None:
+    clock = Clock()
+    budget = _TransferBudget(LIMITS, clock)
+    # Nothing received yet: the rate breaks when the grace period ends.
+    assert budget.wait_s() == pytest.approx(2.0)
+    clock.now += 1.0
+    budget.add(1000)  # enough for 10 s at 100 bytes/s: the read timeout comes first
+    assert budget.wait_s() == pytest.approx(5.0)
+    clock.now += 5.0
+    assert budget.wait_s() == pytest.approx(4.0)  # at 10 s, 1000 bytes fall below 100/s
+    clock.now += 4.0 + 49.0
+    budget.add(10_000)  # well above the rate: the deadline (60 s) is next, 1 s away
+    assert budget.wait_s() == pytest.approx(1.0)
+    clock.now += 1.5
+    with pytest.raises(tuf_errors.SlowRetrievalError, match="not done after 60 s"):
+        budget.wait_s()
+
+
+def test_a_read_that_waited_its_whole_time_says_why() -> None:
+    clock = Clock()
+    budget = _TransferBudget(LIMITS, clock)
+    budget.add(10_000)
+    clock.now += 5.0  # the read timeout, no other limit passed
+    assert str(budget.stalled()) == "no data for 5 s"
+    clock.now += 100.0
+    assert str(budget.stalled()).startswith("not done after 60 s")
+
+
+def test_no_minimum_rate_leaves_the_read_timeout_and_the_deadline() -> None:
+    limits = TrustLimits(min_bytes_per_s=0, read_timeout_s=5.0, download_deadline_s=8.0)
+    clock = Clock()
+    budget = _TransferBudget(limits, clock)
+    clock.now += 7.0
+    assert budget.violation() is None
+    assert budget.wait_s() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"read_timeout_s": 0},
+        {"download_deadline_s": -1},
+        {"download_deadline_s": float("nan")},
+        {"read_timeout_s": float("inf")},
+        {"min_bytes_per_s": -1},
+        {"rate_grace_s": -0.5},
+        {"chunk_size": 0},
+    ],
+)
+def test_limits_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="TrustLimits"):
+        TrustLimits(**bad)  # type: ignore[arg-type]
+
+
+# --- the fetcher against a real server --------------------------------------------------
+
+
+def _download(url: str, limits: TrustLimits = FAST, max_length: int = 1 << 20) -> bytes:
+    """What the Updater does for every file: stream ``url`` up to ``max_length``."""
+    return LocalFetcher([], limits=limits).download_bytes(url, max_length)
+
+
+def _timed_refusal(url: str, match: str, limits: TrustLimits = FAST) -> float:
+    start = time.monotonic()
+    with pytest.raises(tuf_errors.SlowRetrievalError, match=match):
+        _download(url, limits)
+    return time.monotonic() - start
+
+
+def test_a_normal_download_over_http(server: TrickleServer) -> None:
+    body = os.urandom(300_000)
+    server.files["/f"] = body
+    assert _download(server.url("f")) == body
+
+
+def test_a_body_trickled_one_byte_every_5_s_ends_after_the_grace_period(
+    server: TrickleServer,
+) -> None:
+    server.files["/f"] = b"x" * 100
+    server.slow["/f"] = Trickle(interval_s=5.0)
+    # Cut off when the rate is judged (0.3 s), without waiting for the next byte.
+    assert _timed_refusal(server.url("f"), r"slower than 1000 bytes/s \(\d+ bytes in 0\.3 s\)") < 1
+
+
+def test_trickled_status_line_and_headers_are_cut_off_too(server: TrickleServer) -> None:
+    server.files["/f"] = b"x" * 100
+    server.slow["/f"] = Trickle(interval_s=0.05, headers=True)  # 20 bytes/s, under 1000
+    assert _timed_refusal(server.url("f"), "slower than 1000 bytes/s") < 1.5
+
+
+def test_a_stalled_body_ends_at_the_read_timeout(server: TrickleServer) -> None:
+    server.files["/f"] = b"x" * 100
+    server.slow["/f"] = Trickle(interval_s=60.0)
+    limits = TrustLimits(min_bytes_per_s=0, read_timeout_s=0.5, download_deadline_s=30)
+    assert _timed_refusal(server.url("f"), r"no data for 0\.5 s", limits) < 1.5
+
+
+def test_a_steady_download_that_takes_too_long_ends_at_the_deadline(
+    server: TrickleServer,
+) -> None:
+    server.files["/f"] = b"x" * 200_000
+    server.slow["/f"] = Trickle(interval_s=0.02, piece=500)  # ~25 kB/s: rate is fine
+    elapsed = _timed_refusal(server.url("f"), r"not done after 1\.5 s")
+    assert 1.4 < elapsed < 2.5
+
+
+def test_errors_keep_their_status_and_other_schemes_are_not_followed(
+    server: TrickleServer,
+) -> None:
+    with pytest.raises(tuf_errors.DownloadHTTPError, match="HTTP error 404") as e:
+        _download(server.url("missing"))
+    assert e.value.status_code == 404  # the Updater stops its root lookup on 404
+    server.redirects["/ftp"] = "ftp://127.0.0.1:1/secret"
+    with pytest.raises(tuf_errors.DownloadError, match="Failed to download") as d:
+        _download(server.url("ftp"))
+    assert "unknown url type: ftp" in str(d.value.__cause__)
+
+
+# --- local files ------------------------------------------------------------------------
+
+
+def test_a_fifo_planted_on_the_remote_is_not_opened(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "engine.onnx")
+    outcome: list[BaseException] = []
+    reader = LocalFetcher([tmp_path])
+    thread = threading.Thread(
+        target=lambda: outcome.append(_catch(reader, tmp_path / "engine.onnx")), daemon=True
+    )
+    thread.start()
+    thread.join(5)
+    if thread.is_alive():  # unblock it: opening a FIFO for reading waits for a writer
+        os.close(os.open(tmp_path / "engine.onnx", os.O_WRONLY | os.O_NONBLOCK))
+        thread.join(5)
+        pytest.fail("fetching a FIFO blocked")
+    (error,) = outcome
+    assert isinstance(error, tuf_errors.DownloadHTTPError)
+    assert error.status_code == 404
+    assert "not a regular file" in str(error)
+
+
+def _catch(fetcher: LocalFetcher, path: Path) -> BaseException:
+    try:
+        fetcher.download_bytes(path.as_uri(), 1 << 20)
+    except BaseException as e:  # noqa: BLE001 - returned to the test
+        return e
+    return AssertionError("fetched a FIFO")
+
+
+def test_local_reads_run_under_the_deadline_too(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x" * 10)
+    limits = TrustLimits(download_deadline_s=0.2, chunk_size=1)
+    chunks = LocalFetcher([tmp_path], limits=limits).fetch((tmp_path / "f").as_uri())
+    assert next(chunks) == b"x"
+    time.sleep(0.3)  # the consumer (or the disk) is slow: the file is not done in time
+    with pytest.raises(tuf_errors.SlowRetrievalError, match=r"not done after 0\.2 s"):
+        next(chunks)
