@@ -20,13 +20,10 @@ other ``RepositoryError`` (malformed, missing)     ``VerificationError``
 ``DownloadError``, ``OSError``                     ``TrustFetchError``
 =================================================  ===========================
 
-Every download (metadata and targets, over HTTP or from a folder) runs under a
-:class:`_TransferBudget` built from :class:`TrustLimits`: an overall deadline per file,
-a minimum average rate after a grace period, and a longest wait for any one read.
-Over HTTP the budget sets the socket timeout before each read of the connection
-(status line and headers included), so a server that trickles one byte every few
-seconds is cut off when a limit is passed, not when it stops.  Nothing is written
-where the device looks until a whole file has verified.
+Every download runs under the time limits of :class:`TrustLimits` (an overall
+deadline per file, a minimum average rate, a longest wait for any one read), enforced
+by the fetchers in ``edge_sync._fetch``.  Nothing is written where the device looks
+until a whole file has verified.
 
 State, under the device's state dir::
 
@@ -39,33 +36,24 @@ This module imports neither MLflow, DVC nor ``pipelines`` (a device has none of 
 
 from __future__ import annotations
 
-import functools
-import http.client
-import io
-import math
 import os
 import shutil
-import socket
-import ssl
-import stat
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from tuf.api import exceptions as tuf_errors
 from tuf.api.metadata import Metadata, Root, TargetFile
-from tuf.ngclient.config import UpdaterConfig
 from tuf.ngclient.fetcher import FetcherInterface
 from tuf.ngclient.updater import Updater
 
+from edge_sync._fetch import LocalFetcher
+from edge_sync.limits import TrustLimits
 from registry.atomic import fsync_dir, write_atomic
 from registry.errors import UsageError
 from signing.errors import (
@@ -83,70 +71,10 @@ from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, TargetKin
 from signing.tuf_roles import HASH_ALGORITHM, METADATA_DIR, ONLINE_ROLES, TARGETS_DIR
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+    pass
 
 TRUST_DIR: Final = "trust"
 ANCHOR_FILE: Final = "anchor.root.json"
-
-
-@dataclass(frozen=True)
-class TrustLimits:
-    """Caps on untrusted input, in bytes unless named otherwise.
-
-    Metadata whose length is signed (snapshot and targets, listed with length and hash)
-    is capped by that length; these caps apply where nothing signed says how long a
-    file is (root, timestamp) and to the channels document, which is read into memory.
-
-    Time is capped per file downloaded (each metadata file, each target), counted from
-    the request, so that a remote cannot hold the device forever (slow retrieval):
-
-    Attributes:
-        read_timeout_s: longest wait for a connection or for any data at all
-            (python-tuf's own default).
-        min_bytes_per_s: lowest average rate since the request, judged once
-            ``rate_grace_s`` has passed; 0 judges no rate.  A trickle of one byte
-            every 5 s is cut off at the end of the grace period.
-        rate_grace_s: time allowed for connecting and a slow start.
-        download_deadline_s: longest any one file may take, however fast it flows
-            (an engine of 300 MB needs about 85 kB/s to make it).
-    """
-
-    root_max_length: int = 512_000
-    timestamp_max_length: int = 16_384
-    snapshot_max_length: int = 2_000_000
-    targets_max_length: int = 5_000_000
-    channels_max_length: int = 1_000_000
-    max_root_rotations: int = 256
-    chunk_size: int = 64 * 1024
-    read_timeout_s: float = 30.0
-    min_bytes_per_s: int = 1024
-    rate_grace_s: float = 10.0
-    download_deadline_s: float = 3600.0
-
-    def __post_init__(self) -> None:
-        """Refuse limits that cannot work.
-
-        Raises:
-            ValueError: a time limit that is not positive, a negative rate or grace.
-        """
-        for name in ("read_timeout_s", "download_deadline_s"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise UsageError(f"TrustLimits.{name} must be a positive number, got {value!r}")
-        if not self.min_bytes_per_s >= 0 or not self.rate_grace_s >= 0:
-            raise UsageError("TrustLimits.min_bytes_per_s and rate_grace_s must be >= 0")
-        if self.chunk_size < 1:
-            raise UsageError(f"TrustLimits.chunk_size must be >= 1, got {self.chunk_size}")
-
-    def updater_config(self) -> UpdaterConfig:
-        """python-tuf's configuration with these caps."""
-        return UpdaterConfig(
-            max_root_rotations=self.max_root_rotations,
-            root_max_length=self.root_max_length,
-            timestamp_max_length=self.timestamp_max_length,
-            snapshot_max_length=self.snapshot_max_length,
-            targets_max_length=self.targets_max_length,
-        )
 
 
 @dataclass(frozen=True)
@@ -165,245 +93,6 @@ class RoleState:
 
     version: int
     expires: datetime
-
-
-class _TransferBudget:
-    """The time one download may still take: the slow-retrieval decisions, no I/O.
-
-    The clock starts at construction (before connecting).  Readers call :meth:`wait_s`
-    before a read that may block, :meth:`add` after it, and :meth:`stalled` when the
-    wait ran out; each raises ``SlowRetrievalError`` once a limit is passed.
-    """
-
-    def __init__(self, limits: TrustLimits, clock: Callable[[], float] = time.monotonic) -> None:
-        """Start the clock of one download under ``limits`` (``clock`` in seconds)."""
-        self._limits = limits
-        self._clock = clock
-        self._start = clock()
-        self.received = 0
-
-    def violation(self) -> str | None:
-        """Why the download must stop now, or None while it is within its limits."""
-        limits, elapsed = self._limits, self._clock() - self._start
-        if elapsed > limits.download_deadline_s:
-            return f"not done after {limits.download_deadline_s:g} s ({self.received} bytes)"
-        if elapsed > limits.rate_grace_s and self.received < limits.min_bytes_per_s * elapsed:
-            return (
-                f"slower than {limits.min_bytes_per_s} bytes/s "
-                f"({self.received} bytes in {elapsed:.1f} s)"
-            )
-        return None
-
-    def wait_s(self) -> float:
-        """How long the next read may block: until the first limit it would reach.
-
-        That is the read timeout, the deadline, or the moment the average rate falls
-        below the minimum if no byte arrives, whichever comes first.
-
-        Raises:
-            SlowRetrievalError: a limit is already passed.
-        """
-        self.check()
-        limits, elapsed = self._limits, self._clock() - self._start
-        rate_until = math.inf
-        if limits.min_bytes_per_s > 0:
-            rate_until = max(limits.rate_grace_s, self.received / limits.min_bytes_per_s)
-        ends = min(limits.download_deadline_s, rate_until) - elapsed
-        # A zero timeout would make the socket non-blocking; the floor only rounds up.
-        return max(min(limits.read_timeout_s, ends), 0.001)
-
-    def add(self, n: int) -> None:
-        """Count ``n`` bytes received.
-
-        Raises:
-            SlowRetrievalError: a limit is passed.
-        """
-        self.received += n
-        self.check()
-
-    def check(self) -> None:
-        """Raise when a limit is passed.
-
-        Raises:
-            SlowRetrievalError: a limit is passed.
-        """
-        if (why := self.violation()) is not None:
-            raise tuf_errors.SlowRetrievalError(why)
-
-    def stalled(self) -> tuf_errors.SlowRetrievalError:
-        """The error for a read whose wait (:meth:`wait_s`) ran out."""
-        why = self.violation() or f"no data for {self._limits.read_timeout_s:g} s"
-        return tuf_errors.SlowRetrievalError(why)
-
-
-class _GuardedReader(io.RawIOBase):
-    """The socket under an HTTP response: no read blocks longer than the budget allows."""
-
-    def __init__(self, sock: socket.socket, budget: _TransferBudget) -> None:
-        super().__init__()
-        self._sock = sock
-        # A SocketIO, as http.client's own makefile: it keeps the descriptor open after
-        # urllib closes the connection object, until the response is closed.
-        self._raw = sock.makefile("rb", buffering=0)
-        self._budget = budget
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer, /) -> int:
-        self._sock.settimeout(self._budget.wait_s())
-        try:
-            n = self._raw.readinto(buffer) or 0
-        except TimeoutError:
-            raise self._budget.stalled() from None
-        self._budget.add(n)
-        return n
-
-    def close(self) -> None:
-        if not self.closed:
-            self._raw.close()
-        super().close()
-
-
-def _guarded_response(budget: _TransferBudget) -> type[http.client.HTTPResponse]:
-    class _Response(http.client.HTTPResponse):
-        def __init__(self, sock: socket.socket, *args: Any, **kwargs: Any) -> None:
-            super().__init__(sock, *args, **kwargs)
-            self.fp.close()
-            self.fp = io.BufferedReader(_GuardedReader(sock, budget))
-
-    return _Response
-
-
-class _GuardedHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, host: str, *, budget: _TransferBudget, **kwargs: Any) -> None:
-        super().__init__(host, **kwargs)
-        self.response_class = _guarded_response(budget)
-
-
-class _GuardedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, host: str, *, budget: _TransferBudget, **kwargs: Any) -> None:
-        super().__init__(host, **kwargs)
-        self.response_class = _guarded_response(budget)
-
-
-class _GuardedHTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, budget: _TransferBudget) -> None:
-        super().__init__()
-        self._budget = budget
-
-    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        return self.do_open(functools.partial(_GuardedHTTPConnection, budget=self._budget), req)
-
-
-class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, budget: _TransferBudget) -> None:
-        self._ssl = ssl.create_default_context()
-        super().__init__(context=self._ssl)
-        self._budget = budget
-
-    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        connection = functools.partial(_GuardedHTTPSConnection, budget=self._budget)
-        return self.do_open(connection, req, context=self._ssl)
-
-
-def _fetch_http(url: str, limits: TrustLimits, chunk_size: int) -> Iterator[bytes]:
-    """Open ``url`` (proxies from the environment, redirects followed) under a budget.
-
-    Only HTTP(S) handlers are installed: a redirect to ``ftp:`` or ``file:`` fails.
-
-    Raises:
-        DownloadHTTPError: the server answered with an error status.
-        SlowRetrievalError: a time limit was passed before the body started.
-        URLError, HTTPException, OSError: no connection (``fetch()`` wraps them).
-    """
-    budget = _TransferBudget(limits)
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.ProxyHandler(),
-        _GuardedHTTPHandler(budget),
-        _GuardedHTTPSHandler(budget),
-        urllib.request.HTTPRedirectHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        urllib.request.HTTPErrorProcessor(),
-        urllib.request.UnknownHandler(),
-    ):
-        opener.add_handler(handler)
-    try:
-        response = opener.open(url, timeout=limits.read_timeout_s)
-    except urllib.error.HTTPError as e:
-        e.close()
-        # Without the URL: a remote's URL may hold credentials.
-        raise tuf_errors.DownloadHTTPError(f"HTTP error {e.code}", e.code) from None
-    return _http_chunks(response, chunk_size)
-
-
-def _http_chunks(response: BinaryIO, chunk_size: int) -> Iterator[bytes]:
-    with response:
-        try:
-            while chunk := response.read(chunk_size):
-                yield chunk
-        except (OSError, http.client.HTTPException) as e:
-            # Raised inside the Updater's loop, where fetch() no longer wraps errors.
-            raise tuf_errors.DownloadError(f"connection failed: {e!r}") from e
-
-
-class LocalFetcher(FetcherInterface):
-    """Serves ``file://`` URLs inside given folders, and ``http(s)://`` URLs.
-
-    Files are streamed in chunks, so the Updater stops reading as soon as a file
-    exceeds the length it allows (endless data), and every download runs under the
-    time limits of :class:`TrustLimits` (slow retrieval).  A missing file is an HTTP
-    404, which the Updater needs to know that the newest root has been reached.
-    """
-
-    def __init__(
-        self,
-        roots: Sequence[Path],
-        *,
-        limits: TrustLimits | None = None,
-        chunk_size: int | None = None,
-    ) -> None:
-        """Serve files under ``roots`` only (symlinks resolved) under ``limits``.
-
-        Args:
-            roots: the folders ``file://`` URLs may name.
-            limits: time limits and chunk size (default :class:`TrustLimits`).
-            chunk_size: bytes per chunk, instead of ``limits.chunk_size``.
-        """
-        self._roots = tuple(root.resolve() for root in roots)
-        self._limits = limits or TrustLimits()
-        self._chunk_size = chunk_size or self._limits.chunk_size
-
-    def _fetch(self, url: str) -> Iterator[bytes]:
-        parsed = urlparse(url)
-        if parsed.scheme in {"http", "https"}:
-            return _fetch_http(url, self._limits, self._chunk_size)
-        if parsed.scheme != "file" or parsed.netloc not in {"", "localhost"}:
-            raise tuf_errors.DownloadError(f"{url}: unsupported URL")
-        budget = _TransferBudget(self._limits)
-        path = Path(url2pathname(parsed.path)).resolve()
-        # Checks happen here, not in the generator, so that they raise at fetch time.
-        if not any(path.is_relative_to(root) for root in self._roots):
-            raise tuf_errors.DownloadHTTPError(f"{url}: outside the served folders", 403)
-        # O_NONBLOCK: a FIFO planted on the remote would block the open forever; the
-        # type is checked on the opened descriptor, so it cannot change in between.
-        flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-        try:
-            fd = os.open(path, flags)
-        except (FileNotFoundError, NotADirectoryError):
-            raise tuf_errors.DownloadHTTPError(f"{url}: not found", 404) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise tuf_errors.DownloadHTTPError(f"{url}: not found (not a regular file)", 404)
-        os.set_blocking(fd, True)
-        return self._chunks(os.fdopen(fd, "rb"), budget)
-
-    def _chunks(self, fh: BinaryIO, budget: _TransferBudget) -> Iterator[bytes]:
-        with fh:
-            while chunk := fh.read(self._chunk_size):
-                budget.add(len(chunk))
-                yield chunk
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from signing.errors import TrustFetchError
 from signing.tuf_roles import METADATA_DIR
 from tests.adversarial.conftest import ARTIFACT, Fleet
 from tests.conftest import REPO_ROOT
-from tests.unit.test_device_fetch_limits import Trickle, TrickleServer
+from tests.http_sim import Trickle, TrickleServer
 
 pytestmark = pytest.mark.integration
 
