@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 import time
 from collections.abc import Mapping
@@ -41,6 +40,7 @@ from registry.gitinfo import git
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
 from registry.redact import redact
+from registry.render import md_code, md_code_block
 from registry.repository import Repository, load_repository
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
@@ -468,20 +468,12 @@ def _ci_pr(
         report.data["diff"] = base_json(diffs)
         report.sections.append(base_markdown(diffs))
     verdict = "✅ ready for review" if report.ok else "❌ changes needed"
-    head = ["## modelreg", "", f"**{verdict}** (against `{pr.base[:12]}`)", "", *checks]
+    head = ["## modelreg", "", f"**{verdict}** (against {md_code(pr.base[:12])})", "", *checks]
     if report.problems:
-        head += ["", *_fenced(report.problems)]
+        head += ["", md_code_block("\n".join(report.problems))]
     report.sections.insert(0, "\n".join(head))
     _write_outputs(repo.root, report, env)
     return report
-
-
-def _fenced(lines: list[str]) -> list[str]:
-    """``lines`` as a code block no line can close: the fence is longer than any run of
-    backticks in them (a file name or a value may hold some)."""
-    longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence, *lines, fence]
 
 
 def _check_history(repo: Repository) -> None:
@@ -691,7 +683,7 @@ def _failed(start: Path, kind: str, error: RegistryError, env: Mapping[str, str]
         report.problems.extend(str(p) for p in error.problems)
     else:
         report.problems.append(str(error))
-    lines = ["## modelreg", "", "**❌ failed**", "", *_fenced(report.problems)]
+    lines = ["## modelreg", "", "**❌ failed**", "", md_code_block("\n".join(report.problems))]
     report.sections.append("\n".join(lines))
     _write_outputs(find_root(start), report, env)
     return report

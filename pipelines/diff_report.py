@@ -4,6 +4,11 @@ Output is deterministic: the same diff always renders to the same text, rows in 
 order, and every number of a kind formatted the same way (sizes in binary units,
 measurements with 3 significant digits, metrics with 4, percentages with 2 decimals),
 so golden files and PR comments only change when the models do.
+
+Every value that comes from a model or a manifest (names, producer, doc strings, opset
+domains, versions, tool messages) is data, not markup: it reaches the markdown only
+through :func:`registry.render.md_text` or :func:`registry.render.md_code`, so a model
+cannot write headings, links, images, HTML or a fake approval into the PR comment.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import Any, Final
 from pipelines.diff_drift import GoldenDrift
 from pipelines.diff_types import BaseDiff, ModelDiff, TensorInfo, WeightsDiff
 from pipelines.errors import PipelineError
+from registry.redact import redact
+from registry.render import md_code, md_text
 
 JSON_FORMAT: Final = "modelreg.diff/v1"
 STEP_SUMMARY_ENV: Final = "GITHUB_STEP_SUMMARY"
@@ -76,16 +83,6 @@ def _percent(x: float | None, *, signed: bool = False) -> str:
     return f"{x * 100:+.2f} %" if signed else f"{x * 100:.2f} %"
 
 
-def _cell(text: str) -> str:
-    # Names come from the model file: keep each in its cell and on one line.
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def _code(text: str) -> str:
-    text = _cell(text)
-    return f"`` {text} ``" if "`" in text else f"`{text}`"
-
-
 def _type(t: TensorInfo) -> str:
     # The notation of the I/O signature table, so one reads both the same way.
     return f"{t.dtype}[{','.join(str(d) for d in t.shape)}]"
@@ -99,6 +96,11 @@ def _table(header: Sequence[str], align: str, rows: Sequence[Sequence[str]], lim
         more = [f"… and {len(rows) - limit} more", *[""] * (len(header) - 1)]
         lines.append("| " + " | ".join(more) + " |")
     return "\n".join(lines)
+
+
+def _labels(diff: ModelDiff) -> tuple[str, str]:
+    # Version labels come from manifests: as column headers too, they are data.
+    return md_text(diff.old_label), md_text(diff.new_label)
 
 
 def _plural(n: int, word: str) -> str:
@@ -128,7 +130,7 @@ def _graph_phrase(diff: ModelDiff) -> str:
         if items
     ]
     parts.extend(layout)
-    parts.extend(f"opset {o.domain} {o.old or '-'} → {o.new or '-'}" for o in diff.opsets)
+    parts.extend(f"opset {md_text(o.domain)} {o.old or '-'} → {o.new or '-'}" for o in diff.opsets)
     if diff.old.ir_version != diff.new.ir_version:
         parts.append(f"IR version {diff.old.ir_version} → {diff.new.ir_version}")
     return ", ".join(parts)
@@ -150,7 +152,7 @@ def summary(diff: ModelDiff) -> str:
     head = f"**{verdict[0].upper()}{verdict[1:]}**"
     if verdict in ("breaking I/O change", "compatible I/O change"):
         changes = [c for c in diff.signature if c.breaking] or list(diff.signature)
-        shown = "; ".join(f"{c.side} {_code(c.tensor)} {c.detail}" for c in changes[:3])
+        shown = "; ".join(f"{c.side} {md_code(c.tensor)} {md_text(c.detail)}" for c in changes[:3])
         more = f" (+{len(changes) - 3} more)" if len(changes) > 3 else ""
         return f"{head}: {shown}{more}{_also(diff)}."
     if verdict == "graph change":
@@ -178,7 +180,7 @@ def _overview(diff: ModelDiff) -> str:
     for domain in sorted(before.keys() | after.keys()):
         old, new = before.get(domain), after.get(domain)
         rows.append(
-            [f"Opset {_code(domain)}", "-" if old is None else str(old),
+            [f"Opset {md_code(domain)}", "-" if old is None else str(old),
              "-" if new is None else str(new), ""]
         )  # fmt: skip
     for label, x, y in (
@@ -192,43 +194,43 @@ def _overview(diff: ModelDiff) -> str:
          _signed_size(b.weight_bytes - a.weight_bytes)]
     )  # fmt: skip
     if a.producer != b.producer:
-        rows.append(["Producer", _cell(a.producer), _cell(b.producer), ""])
-    return _table(["", diff.old_label, diff.new_label, "Change"], "lrrr", rows, len(rows))
+        rows.append(["Producer", md_text(a.producer), md_text(b.producer), ""])
+    return _table(["", *_labels(diff), "Change"], "lrrr", rows, len(rows))
 
 
 def _signature(diff: ModelDiff, limits: ReportLimits) -> str:
     if not diff.signature:
         return "No changes."
     rows = [
-        ["**breaking**" if c.breaking else "compatible", c.side, _code(c.tensor), c.kind,
-         "-" if c.old is None else _code(c.old), "-" if c.new is None else _code(c.new),
-         _cell(c.detail)]
+        ["**breaking**" if c.breaking else "compatible", c.side, md_code(c.tensor), c.kind,
+         "-" if c.old is None else md_code(c.old), "-" if c.new is None else md_code(c.new),
+         md_text(c.detail)]
         for c in diff.signature
     ]  # fmt: skip
-    header = ["Impact", "Side", "Tensor", "Change", diff.old_label, diff.new_label, "Detail"]
+    header = ["Impact", "Side", "Tensor", "Change", *_labels(diff), "Detail"]
     return _table(header, "lllllll", rows, limits.rows)
 
 
 def _graph(diff: ModelDiff, limits: ReportLimits) -> str:
     g = diff.graph
     if not g.changed:
-        ops = ", ".join(f"{_cell(o.op_type)} {o.new}" for o in g.ops)
+        ops = ", ".join(f"{md_text(o.op_type)} {o.new}" for o in g.ops)
         return f"No node changes ({_plural(diff.new.nodes, 'node')}: {ops})."
     rows = [
-        [_code(o.op_type), _count(o.old), _count(o.new), _signed_count(o.new - o.old),
+        [md_code(o.op_type), _count(o.old), _count(o.new), _signed_count(o.new - o.old),
          _count(o.added), _count(o.removed), _count(o.changed)]
         for o in g.ops
     ]  # fmt: skip
-    header = ["Op type", diff.old_label, diff.new_label, "Change", "Added", "Removed", "Changed"]
+    header = ["Op type", *_labels(diff), "Change", "Added", "Removed", "Changed"]
     counts = _table(header, "lrrrrrr", rows, len(rows))
-    nodes = [[n.kind, _code(n.node), _code(n.op_type), _cell(n.detail)] for n in g.nodes]
+    nodes = [[n.kind, md_code(n.node), md_code(n.op_type), md_text(n.detail)] for n in g.nodes]
     return (
         counts + "\n\n" + _table(["Node", "Name", "Op type", "Detail"], "llll", nodes, limits.rows)
     )
 
 
 def _tensor_row(kind: str, t: TensorInfo, *cells: str) -> list[str]:
-    return [_code(t.name), kind, _code(_type(t)), _size(t.nbytes), *cells]
+    return [md_code(t.name), kind, md_code(_type(t)), _size(t.nbytes), *cells]
 
 
 def _weights(diff: ModelDiff, limits: ReportLimits) -> str:
@@ -249,8 +251,8 @@ def _weights(diff: ModelDiff, limits: ReportLimits) -> str:
     rows = [_tensor_row("changed", c.tensor, _measure(c.max_abs), _measure(c.rel_l2))
             for c in changed]  # fmt: skip
     rows.extend(
-        [_code(r.new.name), "reshaped",
-         f"{_code(_type(r.old))} → {_code(_type(r.new))}",
+        [md_code(r.new.name), "reshaped",
+         f"{md_code(_type(r.old))} → {md_code(_type(r.new))}",
          f"{_size(r.old.nbytes)} → {_size(r.new.nbytes)}", "", ""]
         for r in w.reshaped
     )  # fmt: skip
@@ -264,16 +266,16 @@ def _metrics(diff: ModelDiff, limits: ReportLimits) -> str:
     if not diff.metrics:
         return "No metrics declared."
     rows = [
-        [_code(m.name), _metric(m.old), _metric(m.new), _metric(m.delta, signed=True),
+        [md_code(m.name), _metric(m.old), _metric(m.new), _metric(m.delta, signed=True),
          _percent(m.relative, signed=True)]
         for m in diff.metrics
     ]  # fmt: skip
-    header = ["Metric", diff.old_label, diff.new_label, "Δ", "Δ %"]
+    header = ["Metric", *_labels(diff), "Δ", "Δ %"]
     return _table(header, "lrrrr", rows, limits.rows)
 
 
 def _drift(diff: ModelDiff, drift: GoldenDrift, limits: ReportLimits) -> str:
-    a, b = diff.old_label, diff.new_label
+    a, b = _labels(diff)
     intro = (
         f"Both models run on the {b} golden inputs. Rel. Δ is the max abs Δ over the "
         f"largest {a} output; within tolerance means {a} still meets the goldens' rtol/atol."
@@ -282,8 +284,8 @@ def _drift(diff: ModelDiff, drift: GoldenDrift, limits: ReportLimits) -> str:
     if drift.outputs:
         notes = any(o.note for o in drift.outputs)
         rows = [
-            [_code(o.case), _code(o.output), _measure(o.max_abs), _measure(o.relative),
-             "yes" if o.within_tolerance else "**no**", *([_cell(o.note)] if notes else [])]
+            [md_code(o.case), md_code(o.output), _measure(o.max_abs), _measure(o.relative),
+             "yes" if o.within_tolerance else "**no**", *([md_text(o.note)] if notes else [])]
             for o in drift.outputs
         ]  # fmt: skip
         header = ["Case", "Output", "Max abs Δ", "Rel. Δ", "Within tolerance"]
@@ -293,7 +295,7 @@ def _drift(diff: ModelDiff, drift: GoldenDrift, limits: ReportLimits) -> str:
     for skipped in drift.skipped:
         reasons.setdefault(skipped.reason, []).append(skipped.case)
     parts.extend(
-        f"Not measured for {', '.join(_code(c) for c in cases)}: {_cell(reason)}."
+        f"Not measured for {', '.join(md_code(c) for c in cases)}: {md_text(reason)}."
         for reason, cases in reasons.items()
     )
     return "\n\n".join(parts)
@@ -321,7 +323,7 @@ def to_markdown(
     ]
     if diff.drift is not None:
         sections.append(("Golden output drift", _drift(diff, diff.drift, limits)))
-    out = [f"### {_cell(heading)}", "", summary(diff)]
+    out = [f"### {md_text(heading)}", "", summary(diff)]
     for section, body in sections:
         out.append("")
         if section is not None:
@@ -332,11 +334,12 @@ def to_markdown(
 
 def base_markdown(result: BaseDiff, *, limits: ReportLimits | None = None) -> str:
     """The PR comment for every version changed against a base ref."""
-    out = [f"## Model diffs against `{_cell(result.base)}`", ""]
+    out = [f"## Model diffs against {md_code(result.base)}", ""]
     if not result.diffs and not result.without_parent:
         out.append("No model version changed.")
     out.extend(
-        f"- {_code(name)} {version}: new model version without a parent; nothing to diff."
+        f"- {md_code(name)} {md_text(version)}: new model version without a parent; "
+        "nothing to diff."
         for name, version in result.without_parent
     )
     for diff in result.diffs:
@@ -398,6 +401,9 @@ def base_json(result: BaseDiff) -> dict[str, Any]:
 def append_step_summary(markdown: str) -> Path | None:
     """Append ``markdown`` to the GitHub Actions job summary, if running in one.
 
+    The text is redacted first (:func:`registry.redact.redact`): the summary is shown to
+    everyone who can see the run, and tool messages in it may quote credentials.
+
     Returns:
         The summary file written, or None when ``GITHUB_STEP_SUMMARY`` is not set.
 
@@ -410,7 +416,8 @@ def append_step_summary(markdown: str) -> Path | None:
     path = Path(target)
     try:
         with path.open("a", encoding="utf-8") as f:
-            f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+            text = redact(markdown)
+            f.write(text if text.endswith("\n") else text + "\n")
             f.write("\n")  # the next step's summary starts a new block
     except OSError as e:
         raise PipelineError(f"{path}: cannot append the job summary ({e.strerror or e})") from e

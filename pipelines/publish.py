@@ -30,7 +30,7 @@ from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.errors import ManifestError, PolicyError, Problem, ToolError
+from registry.errors import ManifestError, PolicyError, Problem, RegistryError, ToolError
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry, load_repository
 from signing.errors import FileSetError
@@ -256,7 +256,9 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
     hashing); for releases signed before that fact existed, the workspace file's
     SHA-256 when it is present.
     """
-    from signing.hashing import sha256_file
+    import hashlib
+
+    from registry.safe_io import open_regular
 
     problems = []
     for entry in repo.all_versions():
@@ -267,10 +269,16 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
         artifact = entry.manifest.spec.artifact.path
         if facts.dvc_md5 is not None:
             changed = _pointer_md5(repo, entry) not in (None, facts.dvc_md5)
-        elif (repo.root / artifact).is_file():
-            changed = sha256_file(repo.root / artifact) != info.hashes.get("sha256")
         else:
-            continue
+            try:
+                with open_regular(repo.root / artifact, root=repo.root) as fh:
+                    hasher = hashlib.sha256()
+                    while chunk := fh.read(1 << 20):
+                        hasher.update(chunk)
+                digest = hasher.hexdigest()
+            except (RegistryError, OSError):
+                continue  # not in the work tree (or a link, which validation reports)
+            changed = digest != info.hashes.get("sha256")
         if changed:
             line, col = entry.doc.position(("spec", "artifact"))
             problems.append(
@@ -340,19 +348,16 @@ def _built_engine(folder: Path, name: str, engine: EngineResult) -> bytes:
             SHA-256 differs from what the build recorded.
     """
     import hashlib
-    import stat
+
+    from registry.safe_io import open_regular
 
     path = folder / name
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        reason = f"engine not readable as a regular file ({e.strerror})"
+        with open_regular(path, root=folder, max_bytes=engine.size or 0) as fh:
+            data = fh.read((engine.size or 0) + 1)
+    except (RegistryError, OSError) as e:
+        reason = f"engine not readable as a regular file of the size built ({e})"
         raise ArtifactError(str(path), reason) from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
-        if not stat.S_ISREG(info.st_mode) or info.st_size != engine.size:
-            raise ArtifactError(str(path), "engine changed since it was built; not published")
-        data = fh.read(info.st_size + 1)
     if len(data) != engine.size or hashlib.sha256(data).hexdigest() != engine.sha256:
         raise ArtifactError(str(path), "engine changed since it was built; not published")
     return data

@@ -1,11 +1,29 @@
-"""Render new manifests as YAML text in the house style."""
+"""Render text in the house style: new manifests as YAML, untrusted values as markdown.
+
+Markdown: every value that comes from a model file, a manifest or a pull request
+(producer names, doc strings, graph, tensor, node and metric names, opset domains,
+versions, refs, tool messages) is data, not markup.  Before it is interpolated into a
+PR comment, a job summary or a report it goes through exactly one of
+
+- :func:`md_text`: inline text, every character that could start markup escaped;
+- :func:`md_code`: an inline code span with a backtick-safe fence;
+- :func:`md_code_block`: a fenced block that the content cannot close;
+
+so that a model cannot write headings, tables, links, images, HTML, math, mentions or
+a fake approval into what reviewers read.  All three give one line (blocks: the lines
+given), without control or invisible formatting characters (bidi overrides could
+reorder what a reviewer sees), and cut values longer than ``MarkdownLimits.value_chars``.
+"""
 
 from __future__ import annotations
 
 import io
+import re
+import unicodedata
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
@@ -101,3 +119,110 @@ def render_version(
         spec=spec,
     )
     return schema_comment(path, root, "ModelVersion") + _dump(doc)
+
+
+# --- markdown --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MarkdownLimits:
+    """Caps on untrusted values in markdown (GitHub refuses comments over 64 KiB).
+
+    Attributes:
+        value_chars: characters of one value before it is cut with an ellipsis.
+    """
+
+    value_chars: int = 200
+
+
+MARKDOWN_LIMITS: Final = MarkdownLimits()
+
+# Every ASCII character that can open or close inline markup, an entity, an HTML tag,
+# a table cell, math ($...$, which GitHub renders), or (at a line start) a heading.
+_MD_SPECIAL: Final = re.compile(r"([\\`*_\[\]<>|~#!&$])")
+# Should the value ever start a line: a list item, a thematic break ("---") or a
+# setext underline; an ordered-list marker only when a space follows ("1.0.0" is none).
+_MD_LINE_START: Final = re.compile(r"^(?:([-+=])|(\d{1,9})([.)])(?= |$))")
+# Autolinks that need no markup at all (GFM's extended autolinks): break them with an
+# escape, which renders as the same character.
+_MD_AUTOLINK: Final = re.compile(r"(://|\bwww\.)", re.IGNORECASE)
+# A zero-width space after "@" keeps "@someone" from notifying (and looking like) a user.
+_MD_MENTION: Final = "@&#8203;"
+
+
+def _printable(value: str) -> str:
+    # Control and format characters (bidi overrides, zero-width joiners) are dropped:
+    # they can hide or reorder what a reviewer reads.  Whitespace is the caller's.
+    return "".join(
+        ch
+        for ch in value
+        if ch.isspace() or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Cn")
+    )
+
+
+def _visible(value: str, limits: MarkdownLimits) -> str:
+    # One line: a newline in a value would end the table row or start a block.
+    text = " ".join(_printable(value).split())
+    if len(text) > limits.value_chars:
+        text = text[: limits.value_chars - 1].rstrip() + "…"
+    return text
+
+
+def md_text(value: str, *, limits: MarkdownLimits = MARKDOWN_LIMITS) -> str:
+    """``value`` as inline markdown text that renders as exactly these characters.
+
+    Use it for every untrusted value written as text (a table cell, a sentence); names
+    that read better as code go through :func:`md_code` instead.
+
+    Args:
+        value: any string from a model, a manifest or a tool.
+        limits: the length cap.
+
+    Returns:
+        One line, markup characters backslash-escaped, mentions and bare links broken.
+    """
+    text = _MD_SPECIAL.sub(r"\\\1", _visible(value, limits))
+    text = _MD_LINE_START.sub(
+        lambda m: "\\" + m.group(1) if m.group(1) else f"{m.group(2)}\\{m.group(3)}", text
+    )
+    text = _MD_AUTOLINK.sub(lambda m: m.group(1).replace("/", "\\/").replace(".", "\\."), text)
+    return text.replace("@", _MD_MENTION)
+
+
+def md_code(value: str, *, limits: MarkdownLimits = MARKDOWN_LIMITS) -> str:
+    """``value`` as an inline code span that no character of it can end or leave.
+
+    The fence is one backtick longer than the longest backtick run inside; ``|`` is
+    escaped because GFM splits table cells before it finds code spans.
+
+    Args:
+        value: any string from a model, a manifest or a tool.
+        limits: the length cap.
+
+    Returns:
+        One code span on one line.
+    """
+    text = _visible(value, limits).replace("|", "\\|")
+    if not text:
+        return "` `"  # an empty span is no span: two backticks could pair with later ones
+    runs = [len(r) for r in re.findall(r"`+", text)]
+    if not runs:
+        return f"`{text}`"
+    fence = "`" * (max(runs) + 1)
+    return f"{fence} {text} {fence}"
+
+
+def md_code_block(text: str, *, info: str = "") -> str:
+    """``text`` as a fenced code block that no line of it can close.
+
+    Args:
+        text: lines of untrusted text (problems, tool output).
+        info: the info string (language), trusted.
+
+    Returns:
+        The block, from the opening fence to the closing one, without a final newline.
+    """
+    body = "\n".join(line.rstrip() for line in _printable(text).splitlines())
+    runs = [len(r) for r in re.findall(r"`+", body)]
+    fence = "`" * max(3, max(runs, default=0) + 1)
+    return f"{fence}{info}\n{body}\n{fence}"

@@ -10,11 +10,14 @@ appears in our metadata and in any TUF tool.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -27,6 +30,10 @@ from signing.errors import KeyMaterialError
 ROLES: Final = ("root", "targets", "snapshot", "timestamp")
 SCHEME: Final = "ecdsa-sha2-nistp256"
 PEM_HEADER: Final = "-----BEGIN"
+# Linux's limits on a path and on one of its names: a longer value is no path, and
+# asking the OS about it fails with ENAMETOOLONG, an error that carries the value.
+_PATH_MAX: Final = 4096
+_NAME_MAX: Final = 255
 
 
 def env_var(role: str) -> str:
@@ -109,6 +116,60 @@ def _load_private(data: bytes, origin: str, passphrase: bytes | None) -> ec.Elli
     return key
 
 
+def _looks_like_base64_pem(value: str) -> bool:
+    compact = "".join(value.split())
+    head = compact[:64]
+    head = head[: len(head) - len(head) % 4]
+    for alphabet in (b"+/", b"-_"):
+        try:
+            decoded = base64.b64decode(head, altchars=alphabet, validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if decoded.lstrip().startswith(PEM_HEADER.encode()):
+            return True
+    return False
+
+
+def key_value_kind(var: str, value: str) -> Literal["pem", "path"]:
+    """Whether the value of the key variable ``var`` is PEM or a path to a PEM file.
+
+    A pure decision on the text: the OS is not asked, so no OS error can carry the
+    value into a message.  Refusals name the variable, never the value (a secret).
+
+    Raises:
+        KeyMaterialError: the value is base64-encoded PEM (CI secrets must hold the PEM
+            itself or a path), or is neither PEM nor something that can be a path.
+    """
+    if value.lstrip().startswith(PEM_HEADER):
+        return "pem"
+    if _looks_like_base64_pem(value):
+        raise KeyMaterialError(
+            f"${var}: holds base64-encoded PEM; store the PEM itself (or a path to it) "
+            "in the secret"
+        )
+    parts = value.split("/")
+    if (
+        not value.strip()
+        or len(value) >= _PATH_MAX
+        or any(ch in value for ch in "\0\n\r")
+        or any(len(part.encode("utf-8", "surrogateescape")) > _NAME_MAX for part in parts)
+    ):
+        raise KeyMaterialError(f"${var}: neither a PEM private key nor a path to a key file")
+    return "path"
+
+
+def _read_key_file(var: str, value: str) -> bytes:
+    # The path is part of the secret's value: OS errors (which carry it) are dropped.
+    unreadable = KeyMaterialError(f"${var}: neither a PEM private key nor a readable key file")
+    path = Path(value)
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise unreadable
+        return path.read_bytes()
+    except OSError:
+        raise unreadable from None
+
+
 def load_private_key(
     source: str | Path, passphrase: bytes | None = None
 ) -> ec.EllipticCurvePrivateKey:
@@ -144,29 +205,22 @@ def private_key_from_env(
 ) -> ec.EllipticCurvePrivateKey:
     """The private key for ``role``: from ``MODELREG_<ROLE>_KEY`` or ``key_dir/<role>.key``.
 
-    The variable holds the PEM itself (how CI secrets usually arrive) or a path to it;
-    ``MODELREG_<ROLE>_KEY_PASSPHRASE`` unlocks an encrypted key.  The key material is
-    never logged or included in error messages.
+    The variable holds the PEM itself (how CI secrets usually arrive) or a path to it
+    (:func:`key_value_kind` decides which); ``MODELREG_<ROLE>_KEY_PASSPHRASE`` unlocks
+    an encrypted key.  Neither the value nor the key material is ever logged or
+    included in error messages.
 
     Raises:
-        KeyMaterialError: no key configured, or it cannot be loaded.
+        KeyMaterialError: no key configured, it is base64-encoded, or it cannot be loaded.
     """
     env = os.environ if env is None else env
     var = env_var(role)
     value = env.get(var, "")
     secret = env.get(f"{var}_PASSPHRASE")
     passphrase = secret.encode() if secret else None
-    if value.lstrip().startswith(PEM_HEADER):
-        key = _load_private(value.encode(), f"${var}", passphrase)
-    elif value:
-        # A path, unless it cannot be one: the value is a secret, so it is never echoed.
-        path = Path(value) if len(value) < 4096 and "\n" not in value else None
-        if path is None or not path.is_file():
-            raise KeyMaterialError(f"${var}: neither a PEM private key nor a readable key file")
-        try:
-            data = path.read_bytes()
-        except OSError:
-            raise KeyMaterialError(f"${var}: the key file it names cannot be read") from None
+    if value:
+        kind = key_value_kind(var, value)
+        data = value.encode() if kind == "pem" else _read_key_file(var, value)
         key = _load_private(data, f"${var}", passphrase)
     elif key_dir is not None and (key_dir / f"{role}.key").is_file():
         key = load_private_key(key_dir / f"{role}.key", passphrase)

@@ -1,4 +1,10 @@
-"""How the CLI talks: results to stdout, problems to stderr, JSON when asked."""
+"""How the CLI talks: results to stdout, problems to stderr, JSON when asked.
+
+Everything these functions print is redacted first (:func:`registry.redact.redact`):
+CI logs are public, and messages from DVC, MLflow, git or the OS quote URLs with
+credentials and secret values verbatim.  Commands print through here, never with a
+bare ``print``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ from typing import Any
 import click
 
 from registry.errors import Problem
+from registry.redact import redact
 
 
 def is_tty(stream: Any = None) -> bool:
@@ -19,8 +26,8 @@ def is_tty(stream: Any = None) -> bool:
 
 
 def emit_json(data: Any) -> None:
-    """Print ``data`` as indented JSON on stdout."""
-    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+    """Print ``data`` as indented JSON on stdout (redacted; it stays valid JSON)."""
+    click.echo(redact(json.dumps(data, indent=2, sort_keys=False, default=str)))
 
 
 def problem_json(problem: Problem) -> dict[str, Any]:
@@ -36,12 +43,17 @@ def problem_json(problem: Problem) -> dict[str, Any]:
 
 
 def error_lines(lines: Iterable[str]) -> None:
-    """One line per problem on stderr, red on a terminal."""
+    """One line per problem on stderr, red on a terminal; secrets redacted."""
     color = is_tty(sys.stderr)
     for line in lines:
-        click.secho(line, fg="red" if color else None, err=True)
+        click.secho(redact(line), fg="red" if color else None, err=True)
 
 
 def ok(message: str) -> None:
-    """A success line on stdout."""
-    click.secho(message, fg="green" if is_tty() else None)
+    """A success line on stdout; secrets redacted."""
+    click.secho(redact(message), fg="green" if is_tty() else None)
+
+
+def error_text(text: str) -> None:
+    """Text written to stderr as it is (usage help, a traceback), secrets redacted."""
+    click.echo(redact(text), err=True, nl=False)

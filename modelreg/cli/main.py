@@ -3,10 +3,15 @@
 Exit codes: 0 success, 1 a domain failure (invalid manifest, failed verification,
 policy violation, tool failure) with one line per problem, 2 a usage error.  No
 traceback is printed unless ``--traceback`` (or ``MODELREG_TRACEBACK=1``) is given.
+
+Every error, click's usage errors and tracebacks included, is rendered here through
+``_output`` and so redacted (:mod:`registry.redact`): no secret from the environment,
+a URL or a key reaches stderr.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import traceback
@@ -16,7 +21,7 @@ from typing import Any, NoReturn
 import click
 
 from modelreg import __version__
-from modelreg.cli._output import error_lines
+from modelreg.cli._output import error_lines, error_text
 from registry.errors import ManifestError, RegistryError, UsageError
 
 _TRACEBACK_ENV = "MODELREG_TRACEBACK"
@@ -72,7 +77,7 @@ _register()
 
 def _fail(lines: Iterable[str], code: int, show_tb: bool) -> NoReturn:
     if show_tb:
-        traceback.print_exc()
+        error_text(traceback.format_exc())
     error_lines(lines)
     sys.exit(code)
 
@@ -88,7 +93,10 @@ def main(argv: list[str] | None = None) -> Any:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.ClickException as e:
-        e.show()
+        # click quotes the offending argument, which may be a secret pasted by mistake.
+        shown = io.StringIO()
+        e.show(file=shown)
+        error_text(shown.getvalue())
         sys.exit(e.exit_code)
     except ManifestError as e:
         _fail((str(p) for p in e.problems), 1, show_tb)

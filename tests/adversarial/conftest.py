@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +30,7 @@ ARTIFACT = "models/mlp/1.0.0.onnx"
 
 
 @pytest.fixture(scope="session")
-def _released_template(
-    tmp_path_factory: pytest.TempPathFactory, example_models: Path
-) -> Iterator[Path]:
+def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
     """mlp 1.0.0 (with goldens and an ORT target) released once by ``ci release``."""
     from modelreg.cli.main import main
 
@@ -51,7 +48,13 @@ def _released_template(
         mp.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
         mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
         mp.setenv("DVC_NO_ANALYTICS", "1")
-        for var in ("MLFLOW_TRACKING_URI", "GITHUB_EVENT_PATH", "GITHUB_REF", "GITHUB_OUTPUT", "GITHUB_STEP_SUMMARY"):
+        for var in (
+            "MLFLOW_TRACKING_URI",
+            "GITHUB_EVENT_PATH",
+            "GITHUB_REF",
+            "GITHUB_OUTPUT",
+            "GITHUB_STEP_SUMMARY",
+        ):
             mp.delenv(var, raising=False)
 
         def run(*args: str, cwd: Path) -> None:
@@ -59,7 +62,8 @@ def _released_template(
             try:
                 main(list(args))
             except SystemExit as e:
-                assert e.code in (0, None), f"modelreg {' '.join(args)} failed"
+                if e.code not in (0, None):
+                    raise AssertionError(f"modelreg {' '.join(args)} failed") from None
 
         run("init", str(root), cwd=base)
         run("model", "add", "mlp", "--channel-order", "canary,production", cwd=root)
@@ -75,7 +79,7 @@ def _released_template(
         shutil.rmtree(root / ".modelreg/ci", ignore_errors=True)
     finally:
         mp.undo()
-    yield root
+    return root
 
 
 @dataclass

@@ -243,12 +243,3 @@ def test_dvc_configuration_from_a_pull_request_is_never_used(fleet: Fleet) -> No
     assert pr.code == 1
     assert "cannot also change model versions" in pr.err
     assert not outside.exists()
-
-
-def test_problems_cannot_close_the_code_block_of_the_comment() -> None:
-    from pipelines.ci import _fenced
-
-    lines = ["a.yaml:1:1: name ```` is odd", "b"]
-    fenced = _fenced(lines)
-    assert fenced[0] == fenced[-1] == "`````"
-    assert _fenced(["plain"])[0] == "```"

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from modelreg.examples import model_bytes
@@ -24,8 +26,10 @@ from pipelines.diff_report import (
     to_json,
     to_markdown,
 )
+from pipelines.diff_types import MetricDelta
 from pipelines.errors import ArtifactError, PipelineError
 from registry.errors import ManifestError
+from registry.render import md_code, md_code_block, md_text
 from registry.schema import Goldens, ModelVersion, TensorSpec
 from tests.conftest import REPO_ROOT, assert_golden
 
@@ -528,3 +532,163 @@ def test_report_helpers_handle_onnx_without_names() -> None:
     # unnamed: matched by structure, so another op is another node
     assert "| removed | `Relu → y` | `Relu` |  |" in text
     assert "| added | `Sigmoid → y` | `Sigmoid` |  |" in text
+
+
+# --- untrusted values are data, not markup -----------------------------------------------
+
+HOSTILE = "\n## ✅ approved by @admin\n![x](https://evil) <img src=x> **ok** | `c` $x$ &amp; [l](u)"
+"""A doc string / name a pull request's model may carry (issue 8, point 9)."""
+
+
+def _markdown() -> Any:
+    from markdown_it import MarkdownIt  # CommonMark + GFM tables, as GitHub renders them
+
+    return MarkdownIt("commonmark").enable("table").enable("strikethrough")
+
+
+def _inline(tokens: list[Any]) -> list[Any]:
+    return [c for t in tokens if t.type == "inline" for c in t.children or []]
+
+
+def _normalized(value: str) -> str:
+    return " ".join(value.split())
+
+
+PLAIN_OR_MARKUP = st.lists(
+    st.sampled_from([*"ab19 .:/@\\`*_[]()<>|~#!&$-+=\"'\n\té", "www.", "://", "&amp;", "<b>"]),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(PLAIN_OR_MARKUP)
+def test_md_text_renders_as_exactly_its_characters(value: str) -> None:
+    md = _markdown()
+    expected = _normalized(value).replace("@", "@\u200b")
+    for source, shown in (
+        (f"x {md_text(value)}", f"x {expected}".rstrip()),
+        (f"| h |\n|--|\n| {md_text(value)} |", f"h{expected}"),
+    ):
+        tokens = md.parse(source)
+        assert [t.type for t in tokens].count("paragraph_open") <= 1
+        children = _inline(tokens)
+        assert {c.type for c in children} <= {"text"}, (value, source)
+        assert "".join(c.content for c in children) == shown, (value, source)
+    # first on a line it is no block either (list, heading, quote, rule, setext)
+    tokens = md.parse(md_text(value) + "\n")
+    assert [t.type for t in tokens] in ([], ["paragraph_open", "inline", "paragraph_close"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(PLAIN_OR_MARKUP)
+def test_md_code_is_one_code_span_that_nothing_leaves(value: str) -> None:
+    md = _markdown()
+    expected = _normalized(value)
+    children = _inline(md.parse(f"| h |\n|--|\n| {md_code(value)} |"))
+    assert [c.type for c in children[1:]] == ["code_inline"], (value, md_code(value))
+    assert children[1].content == (expected or " ")
+    children = _inline(md.parse(f"x {md_code(value)} y"))
+    assert [c.type for c in children] == ["text", "code_inline", "text"]
+    assert children[1].content == (expected or " ").replace("|", "\\|")
+
+
+def test_md_code_block_cannot_be_closed_from_inside() -> None:
+    text = "line one\n```\n## heading?\n````\n<b>x</b>"
+    block = md_code_block(text)
+    tokens = _markdown().parse(block + "\n\nafter")
+    assert [t.type for t in tokens][:1] == ["fence"]
+    assert tokens[0].content == text + "\n"
+    assert md_code_block("plain").startswith("```\n")
+
+
+def test_md_text_cuts_long_values_and_drops_invisible_characters() -> None:
+    assert md_text("a" * 500) == "a" * 199 + "…"
+    assert md_code("\u202egnp.exe\u200b") == "`gnp.exe`"  # a bidi override could reorder it
+    assert md_text("1.0.0") == "1.0.0"
+    assert md_text("1. item") == "1\\. item"
+    assert md_text("---") == "\\---"
+
+
+def _hostile_model(producer: str, *, hostile: bool) -> bytes:
+    name = (lambda s: f"{s}{HOSTILE}") if hostile else (lambda s: s)
+    weight = helper.make_tensor(name("w"), TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", name("w")], [name("y")], name("add")),
+         helper.make_node(name("Op"), [name("y")], [name("z")], name("n"), domain=name("dom"))],
+        name("graph"),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+        [helper.make_tensor_value_info(name("z"), TensorProto.FLOAT, ["N", 3])],
+        [weight],
+        doc_string=HOSTILE,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph,
+        producer_name=producer,
+        opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(name("dom"), 1)],
+        doc_string=HOSTILE,
+    )
+    data: bytes = model.SerializeToString()
+    return data
+
+
+def _rendered(inline: Any) -> str:
+    return "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
+
+
+def _table_rows(tokens: list[Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for i, t in enumerate(tokens):
+        if t.type == "tr_open":
+            rows.append([])
+        elif t.type in ("td_open", "th_open"):
+            rows[-1].append(_rendered(tokens[i + 1]))
+    return rows
+
+
+def test_a_model_cannot_write_markup_into_the_report() -> None:
+    old = _hostile_model("exporter", hostile=False)
+    new = _hostile_model("exporter" + HOSTILE, hostile=True)
+    diff = replace(
+        diff_models(old, new),
+        name="mlp",
+        old_label="1.0.0",
+        new_label="1.1.0" + HOSTILE,
+        metrics=(MetricDelta("acc" + HOSTILE, 0.5, 0.6),),
+    )
+    text = to_markdown(diff)
+    tokens = _markdown().parse(text)
+    shown = _normalized(HOSTILE).replace("@", "@\u200b")
+    headings = [_rendered(tokens[i + 1]) for i, t in enumerate(tokens) if t.type == "heading_open"]
+    assert headings == [
+        f"Model diff: mlp 1.0.0 → 1.1.0 {shown}",
+        "I/O signature",
+        "Graph",
+        "Weights",
+        "Metrics",
+    ]
+    children = _inline(tokens)
+    kinds = {c.type for c in children}
+    assert not kinds & {"link_open", "image", "html_inline", "s_open", "em_open"}, kinds
+    assert not any(t.type == "html_block" for t in tokens)
+    strong = [children[i + 1].content for i, c in enumerate(children) if c.type == "strong_open"]
+    assert set(strong) == {"Breaking I/O change", "breaking"}, strong
+    # no mention outside code; the hostile text is still there for a reviewer to read
+    assert not any("@admin" in c.content for c in children if c.type == "text")
+    rows = _table_rows(tokens)
+    # each value stays whole in its cell ("|" did not split it), headers included
+    assert rows[0] == ["", "1.0.0", f"1.1.0 {shown}", "Change"]
+    assert ["Producer", "exporter", f"exporter {shown}", ""] in rows
+    assert [f"Opset {_normalized('dom' + HOSTILE)}", "-", "1", ""] in rows
+    assert [_normalized("add" + HOSTILE), "Add"] in [r[1:3] for r in rows if r[0] == "added"]
+    assert [_normalized("acc" + HOSTILE), "0.5", "0.6", "+0.1", "+20.00 %"] in rows
+    assert [_normalized("w" + HOSTILE), "added", "float32[3]", "12 B", "", ""] in rows
+
+
+def test_step_summary_is_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-in-the-environment")
+    append_step_summary(
+        "pull from https://TOKEN123456@127.0.0.1:9/x failed (tok-in-the-environment)"
+    )
+    assert target.read_text() == "pull from https://***@127.0.0.1:9/x failed (***)\n\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import stat
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from signing.errors import KeyMaterialError
 from signing.keys import (
+    key_value_kind,
     load_private_key,
     load_public_key,
     private_pem,
@@ -76,13 +78,66 @@ def test_wrong_key_types_are_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["SUPERSECRETVALUE123", "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0t" * 3]
+    "value",
+    [
+        "SUPERSECRETVALUE123",  # a relative path that does not exist
+        "/nonexistent/SUPERSECRETVALUE123",
+        "/",  # exists, not a file
+    ],
 )
 def test_a_value_that_is_neither_pem_nor_a_file_is_not_echoed(value: str) -> None:
     with pytest.raises(KeyMaterialError) as info:
         signer_from_env("targets", {"MODELREG_TARGETS_KEY": value})
-    assert value not in str(info.value)
+    assert str(info.value) == (
+        "$MODELREG_TARGETS_KEY: neither a PEM private key nor a readable key file"
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "S" * 300,  # one name longer than NAME_MAX: the OS would say ENAMETOOLONG
+        "/tmp/" + "SUPERSECRET/" * 400,  # longer than PATH_MAX
+        "SUPERSECRET\nVALUE",
+        "SUPERSECRET\0VALUE",
+        "   ",
+    ],
+)
+def test_a_value_that_cannot_be_a_path_is_refused_without_asking_the_os(value: str) -> None:
+    with pytest.raises(KeyMaterialError) as info:
+        key_value_kind("MODELREG_TARGETS_KEY", value)
     assert (
         str(info.value)
-        == "$MODELREG_TARGETS_KEY: neither a PEM private key nor a readable key file"
+        == "$MODELREG_TARGETS_KEY: neither a PEM private key nor a path to a key file"
     )
+    with pytest.raises(KeyMaterialError) as again:
+        signer_from_env("targets", {"MODELREG_TARGETS_KEY": value})
+    assert str(again.value) == str(info.value)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("alphabet", ["standard", "urlsafe"])
+def test_a_base64_pem_in_the_variable_is_refused_by_name(
+    tmp_path: Path, wrap: bool, alphabet: str
+) -> None:
+    # The reported attack: a base64 PEM (one line, ~320 characters) was taken for a
+    # path, and the OS error "File name too long" printed it whole.
+    pem = write_keypair(tmp_path, "timestamp").private.read_bytes()
+    encode = base64.b64encode if alphabet == "standard" else base64.urlsafe_b64encode
+    value = encode(pem).decode()
+    if wrap:  # how `base64` wraps its output at 76 columns
+        value = "\n".join(value[i : i + 76] for i in range(0, len(value), 76))
+    assert key_value_kind("MODELREG_TIMESTAMP_KEY", pem.decode()) == "pem"
+    with pytest.raises(KeyMaterialError) as info:
+        signer_from_env("timestamp", {"MODELREG_TIMESTAMP_KEY": value})
+    assert str(info.value) == (
+        "$MODELREG_TIMESTAMP_KEY: holds base64-encoded PEM; store the PEM itself "
+        "(or a path to it) in the secret"
+    )
+    assert value[:12] not in str(info.value)
+
+
+def test_a_path_value_is_a_path_and_a_pem_value_is_pem(tmp_path: Path) -> None:
+    assert key_value_kind("V", str(tmp_path / "timestamp.key")) == "path"
+    assert key_value_kind("V", "relative/timestamp.key") == "path"
+    assert key_value_kind("V", "\n  -----BEGIN PRIVATE KEY-----\n") == "pem"
