@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from pipelines._mirror_plan import (
     TAG_MANAGED,
@@ -56,13 +56,11 @@ class RegistryMirrorError(PipelineError):
 
 
 def redact(uri: str) -> str:
-    """``uri`` without a password, for messages."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """``uri`` without credentials (user, password, token, secret query values), for
+    messages; the one redaction rule, ``registry.redact``, applied to a URI."""
+    from registry.redact import redact as redact_text
+
+    return redact_text(uri)
 
 
 def is_local(uri: str) -> bool:

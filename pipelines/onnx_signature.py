@@ -6,7 +6,10 @@ import re
 from pathlib import Path
 from typing import Any, Final
 
+from pydantic import ValidationError
+
 from pipelines.errors import ArtifactError
+from registry.errors import quote
 from registry.schema import Signature, TensorSpec
 
 # TensorProto.DataType values (stable in the ONNX spec) -> manifest dtype names.
@@ -38,21 +41,37 @@ def signature_from_model(model: object, display: str) -> Signature:
     initializers = {init.name for init in graph.initializer}
     sides: dict[str, list[TensorSpec]] = {"inputs": [], "outputs": []}
     for side, values in (("inputs", graph.input), ("outputs", graph.output)):
+        kind = side[:-1]
         for value in values:
             if value.name in initializers:
                 continue  # IR < 4 lists initializers among the inputs
             if not value.type.HasField("tensor_type"):
-                raise ArtifactError(display, f"{side[:-1]} {value.name!r} is not a dense tensor")
+                raise ArtifactError(
+                    display, f"{side[:-1]} {quote(value.name)} is not a dense tensor"
+                )
             tensor = value.type.tensor_type
             dtype = _DTYPES.get(tensor.elem_type)
             if dtype is None:
                 raise ArtifactError(
                     display,
-                    f"{side[:-1]} {value.name!r} has unsupported element type {tensor.elem_type}",
+                    f"{kind} {quote(value.name)} has unsupported element type {tensor.elem_type}",
                 )
             shape = [_dim(d) for d in tensor.shape.dim] if tensor.HasField("shape") else []
-            sides[side].append(TensorSpec(name=value.name, dtype=dtype, shape=shape))  # type: ignore[arg-type]
-    return Signature(inputs=sides["inputs"], outputs=sides["outputs"])
+            try:
+                spec = TensorSpec(name=value.name, dtype=dtype, shape=shape)  # type: ignore[arg-type]
+            except ValidationError as e:
+                # A name or symbolic dimension the manifests could not declare.
+                reason = e.errors()[0]["msg"]
+                raise ArtifactError(
+                    display, f"{kind} {quote(value.name)} cannot be declared: {reason}"
+                ) from None
+            sides[side].append(spec)
+    try:
+        return Signature(inputs=sides["inputs"], outputs=sides["outputs"])
+    except ValidationError as e:
+        raise ArtifactError(
+            display, f"its signature cannot be declared: {e.errors()[0]['msg']}"
+        ) from None
 
 
 def load_onnx(source: Path | bytes, display: str, *, external_data: bool = True) -> Any:

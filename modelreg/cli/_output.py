@@ -54,6 +54,11 @@ def ok(message: str) -> None:
     click.secho(redact(message), fg="green" if is_tty() else None)
 
 
+def detail(message: str) -> None:
+    """A plain line on stdout (details under a result), secrets redacted."""
+    click.echo(redact(message))
+
+
 def error_text(text: str) -> None:
     """Text written to stderr as it is (usage help, a traceback), secrets redacted."""
     click.echo(redact(text), err=True, nl=False)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from modelreg.cli._output import emit_json, error_lines, ok
+from modelreg.cli._output import detail, emit_json, error_lines, ok
 
 if TYPE_CHECKING:
     from pipelines.register import ReleaseExtras
@@ -111,9 +111,9 @@ def register(
         emit_json(report.to_json())
     else:
         for change in report.changes:
-            click.echo(str(change))
+            detail(str(change))
         for model, version in report.unreleased:
-            click.echo(f"{model} {version}: skipped, manifest not committed")
+            detail(f"{model} {version}: skipped, manifest not committed")
         if report.drifts:
             error_lines(str(d) for d in report.drifts)
         else:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from modelreg.cli._output import emit_json, ok
+from modelreg.cli._output import detail, emit_json, ok
 from registry.repository import display_path
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -84,7 +84,7 @@ def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_js
         )
         return
     ok(f"initialized modelreg repository in {result.root}")
-    click.echo(f"  DVC remote: {result.remote}")
+    detail(f"  DVC remote: {result.remote}")
     if result.keys:
         keys_dir = display_path(result.keys[0].parent)
         click.echo(f"  trust root: trust/metadata/1.root.json; keys in {keys_dir}/")

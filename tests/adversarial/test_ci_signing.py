@@ -243,3 +243,21 @@ def test_dvc_configuration_from_a_pull_request_is_never_used(fleet: Fleet) -> No
     assert pr.code == 1
     assert "cannot also change model versions" in pr.err
     assert not outside.exists()
+
+
+def test_the_commit_judged_is_the_head_the_approvals_count_for(fleet: Fleet) -> None:
+    """Approvals are counted on the event's head: a checkout of another commit (a later
+    push, the merge ref) would have them vouch for code they never saw."""
+    base = fleet.branch("later")
+    reviewed = fleet.commit("reviewed")
+    (fleet.root / "README.extra").write_text("pushed after the review\n")
+    head = fleet.commit("unreviewed")
+    fleet.github_env(base=base, head=reviewed)
+    r = fleet.cli("ci", "pr", cwd=fleet.root)
+    assert r.code == 1
+    assert r.err.strip() == (
+        f"HEAD: the checkout is at {head[:12]}, not the pull request's head {reviewed[:12]}; "
+        "check out the head commit (approvals count for it)"
+    )
+    fleet.github_env(base=base, head=head)
+    assert fleet.cli("ci", "pr", cwd=fleet.root).code == 0

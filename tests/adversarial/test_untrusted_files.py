@@ -402,3 +402,32 @@ def test_read_npz_caps_the_file_size_before_reading(tmp_path: Path) -> None:
     np.savez(tmp_path / "g.npz", x=np.zeros(1000))
     with pytest.raises(ArtifactError, match=r"golden files are limited to 100$"):
         read_npz(tmp_path / "g.npz", "g.npz", limits=NpzLimits(max_file_bytes=100))
+
+
+def test_a_graph_whose_signature_cannot_be_declared_is_one_problem(
+    fleet: Fleet, cli: Any
+) -> None:
+    """A symbolic dimension longer than a manifest symbol may be made ``version add``
+    crash with an internal error; it is one line about the artifact."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from pipelines.errors import ArtifactError
+    from pipelines.onnx_signature import signature_from_model
+
+    long = "b" * 300
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [long, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [long, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ArtifactError, match=r"input 'x' cannot be declared: "):
+        signature_from_model(model, "odd.onnx")
+    path = fleet.tmp / "odd.onnx"
+    onnx.save(model, path)
+    r = cli("model", "add", "odd", cwd=fleet.root)
+    assert r.code == 0, r.err
+    r = cli("version", "add", "odd", "1.0.0", "--artifact", str(path), cwd=fleet.root)
+    assert r.code == 1
+    assert "internal error" not in r.err
+    assert len(r.err.strip().splitlines()) == 1
+    assert "cannot be declared" in r.err

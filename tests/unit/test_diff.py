@@ -426,10 +426,10 @@ def test_inline_goldens_and_missing_files(example_models: Path) -> None:
     assert measured.case == "inline"
     assert measured.within_tolerance  # loose tolerances
     skipped = {s.case: s.reason for s in diff.drift.skipped}
-    assert skipped["gone"] == "mlp/absent.npz is missing"
+    assert skipped["gone"] == "mlp/absent.npz: does not exist"
     assert skipped["wrong"] == "the old model takes ['input'], the goldens hold ['image']"
     text = to_markdown(diff)
-    assert "Not measured for `gone`: mlp/absent.npz is missing." in text
+    assert "Not measured for `gone`: mlp/absent.npz: does not exist." in text
 
 
 # --- the workspace ---------------------------------------------------------------------
