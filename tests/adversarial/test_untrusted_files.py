@@ -404,9 +404,7 @@ def test_read_npz_caps_the_file_size_before_reading(tmp_path: Path) -> None:
         read_npz(tmp_path / "g.npz", "g.npz", limits=NpzLimits(max_file_bytes=100))
 
 
-def test_a_graph_whose_signature_cannot_be_declared_is_one_problem(
-    fleet: Fleet, cli: Any
-) -> None:
+def test_a_graph_whose_signature_cannot_be_declared_is_one_problem(fleet: Fleet, cli: Any) -> None:
     """A symbolic dimension longer than a manifest symbol may be made ``version add``
     crash with an internal error; it is one line about the artifact."""
     import onnx
