@@ -148,8 +148,12 @@ def secret_values(env: Mapping[str, str], limits: RedactLimits = LIMITS) -> list
     return sorted(found, key=lambda v: (-len(v), v))
 
 
-def _decodes_to_pem(run: str) -> bool:
-    compact = re.sub(r"\r?\n|\\n", "", run).rstrip("=")
+def decodes_to_pem(run: str) -> bool:
+    """Whether ``run`` is base64 (either alphabet, wrapped or not) of PEM text.
+
+    Used here and by ``signing.keys``, which refuses such a key variable by name.
+    """
+    compact = re.sub(r"\s|\\n", "", run).rstrip("=")
     # The first 64 characters decode to 48 bytes: enough to see past leading
     # whitespace to the PEM header, without decoding a long run whole.
     head = compact[:64]
@@ -170,7 +174,7 @@ def _mask_base64_pem(match: re.Match[str]) -> str:
     # a folder ("/tmp/LS0t..." in an OS error), so each start after one is tried too.
     starts = [0, *(i + 1 for i, ch in enumerate(run) if ch in "/-_")]
     for start in starts[: LIMITS.max_base64_starts]:
-        if len(run) - start >= LIMITS.min_base64_chars and _decodes_to_pem(run[start:]):
+        if len(run) - start >= LIMITS.min_base64_chars and decodes_to_pem(run[start:]):
             return run[:start] + MASK
     return run
 

@@ -10,8 +10,6 @@ appears in our metadata and in any TUF tool.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
 import stat
 from collections.abc import Mapping
@@ -25,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from registry.atomic import write_atomic
+from registry.redact import decodes_to_pem
 from signing.errors import KeyMaterialError
 
 ROLES: Final = ("root", "targets", "snapshot", "timestamp")
@@ -116,20 +115,6 @@ def _load_private(data: bytes, origin: str, passphrase: bytes | None) -> ec.Elli
     return key
 
 
-def _looks_like_base64_pem(value: str) -> bool:
-    compact = "".join(value.split())
-    head = compact[:64]
-    head = head[: len(head) - len(head) % 4]
-    for alphabet in (b"+/", b"-_"):
-        try:
-            decoded = base64.b64decode(head, altchars=alphabet, validate=True)
-        except (binascii.Error, ValueError):
-            continue
-        if decoded.lstrip().startswith(PEM_HEADER.encode()):
-            return True
-    return False
-
-
 def key_value_kind(var: str, value: str) -> Literal["pem", "path"]:
     """Whether the value of the key variable ``var`` is PEM or a path to a PEM file.
 
@@ -142,7 +127,7 @@ def key_value_kind(var: str, value: str) -> Literal["pem", "path"]:
     """
     if value.lstrip().startswith(PEM_HEADER):
         return "pem"
-    if _looks_like_base64_pem(value):
+    if decodes_to_pem(value):
         raise KeyMaterialError(
             f"${var}: holds base64-encoded PEM; store the PEM itself (or a path to it) "
             "in the secret"
