@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from pipelines.errors import ArtifactError
-from pipelines.onnx_signature import signature_from_model
+from pipelines.onnx_signature import load_onnx, signature_from_model
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc
 
@@ -48,34 +48,29 @@ def check_onnx(path: Path, display: str) -> Any:
     """Run the ONNX checker (full check) and strict shape inference on ``path``.
 
     Args:
-        path: the ONNX file (external data, if any, beside it).
+        path: the ONNX file; a tensor stored in another file is refused before the
+            checker looks at it (see ``onnx_signature.refuse_external_data``).
         display: its name in messages.
 
     Returns:
-        The ``onnx.ModelProto`` with inferred shapes (weights not loaded).
+        The ``onnx.ModelProto`` with inferred shapes.
 
     Raises:
-        ArtifactError: not ONNX, or the checker or shape inference rejects it.
+        ArtifactError: not ONNX, external data, or the checker or shape inference
+            rejects it.
     """
     import onnx
-    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+    model = load_onnx(path, display)
     try:
-        # A path, not a proto: the checker then also handles models over 2 GB.
+        # A path: the checker reads the file rather than a re-serialized copy.
         onnx.checker.check_model(str(path), full_check=True)
+        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
     except onnx.checker.ValidationError as e:
         raise ArtifactError(display, f"ONNX checker: {one_line(str(e))}") from None
     except onnx.shape_inference.InferenceError as e:
         raise ArtifactError(display, f"ONNX shape inference: {one_line(str(e))}") from None
-    except (DecodeError, OSError, ValueError) as e:
-        raise ArtifactError(display, f"not an ONNX model ({one_line(str(e))})") from None
-    try:
-        # Shape inference needs no weights: leaving external data out keeps this cheap.
-        model = onnx.load(str(path), load_external_data=False)
-        return onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
-    except onnx.shape_inference.InferenceError as e:
-        raise ArtifactError(display, f"ONNX shape inference: {one_line(str(e))}") from None
-    except (DecodeError, OSError, ValueError) as e:
+    except (OSError, ValueError) as e:
         raise ArtifactError(display, f"not an ONNX model ({one_line(str(e))})") from None
 
 

@@ -41,7 +41,7 @@ from registry.loader import load_manifest
 from registry.policy import promotion_violations
 from registry.redact import redact
 from registry.render import md_code, md_code_block
-from registry.repository import Repository, load_repository
+from registry.repository import ModelEntry, Repository, load_repository
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
 from signing.tuf_repo import TrustRepo
@@ -136,17 +136,35 @@ class CiReport:
         return not self.problems
 
 
-def _base_models(root: Path, config: RepoConfig, base: str) -> dict[str, RegisteredModel]:
-    """Every model as it stood on the base commit (where the base's config puts them).
+@dataclass(frozen=True)
+class _BaseModels:
+    """The models as they stood on the base commit.
 
-    A model whose manifest was broken on the base is left out: today's validation
-    speaks for the head.
+    Attributes:
+        models: each model whose manifest loaded there, by name.
+        broken: the folders whose ``model.yaml`` did not load there: their policy is
+            unknown, so a change to them is held to the strictest policy.
     """
+
+    models: dict[str, RegisteredModel]
+    broken: frozenset[str]
+
+    @property
+    def strictest(self) -> int:
+        """The most approvals any base policy asks for; one when none loaded or some
+        did not (an unreadable policy must not lower the bar)."""
+        bar = max((m.spec.promotion.approvals for m in self.models.values()), default=1)
+        return max(bar, 1) if self.broken else bar
+
+
+def _base_models(root: Path, config: RepoConfig, base: str) -> _BaseModels:
+    """Every model as it stood on the base commit (where the base's config puts them)."""
     from pipelines.ci_base import show
 
     folder = config.manifests
     listed = git(root, "ls-tree", "-z", "--name-only", base, "--", f"{folder}/").stdout
     models: dict[str, RegisteredModel] = {}
+    broken: set[str] = set()
     for path in filter(None, listed.split("\x00")):
         name = path.rstrip("/").rpartition("/")[2]
         data = show(root, base, f"{folder}/{name}/model.yaml")
@@ -155,10 +173,13 @@ def _base_models(root: Path, config: RepoConfig, base: str) -> dict[str, Registe
         try:
             manifest = load_manifest(parse_yaml(data, f"{base[:12]}:{folder}/{name}/model.yaml"))
         except ManifestError:
+            broken.add(name)
             continue
         if isinstance(manifest, RegisteredModel):
             models[manifest.metadata.name] = manifest
-    return models
+        else:
+            broken.add(name)
+    return _BaseModels(models, frozenset(broken - set(models)))
 
 
 @dataclass(frozen=True)
@@ -182,7 +203,7 @@ class _Promotion:
 
 
 def _promotions(
-    repo: Repository, pr: PullRequest, base_models: Mapping[str, RegisteredModel]
+    repo: Repository, pr: PullRequest, on_base: _BaseModels
 ) -> tuple[list[Problem], list[_Promotion]]:
     """Promotions in this pull request that break their model's policy, and every model
     whose channels or promotion policy it changes.
@@ -191,10 +212,13 @@ def _promotions(
     a channel that changed must follow the promotion order (the version served the
     channel before it), and the pull request must target the promotion branch.
     Changing ``spec.promotion`` itself, removing a channel or removing a model that
-    had channels counts as a promotion.
+    had channels counts as a promotion.  A model whose manifest did not load on the
+    base has no policy to read: any channel it declares, or a change of its
+    ``model.yaml``, needs the strictest base policy's approvals (at least one).
     """
     problems: list[Problem] = []
     promotions: list[_Promotion] = []
+    base_models = on_base.models
     for name in sorted(set(base_models) - set(repo.models)):
         gone = base_models[name]
         if gone.spec.channels:
@@ -207,6 +231,9 @@ def _promotions(
     for name, entry in sorted(repo.models.items()):
         head = entry.manifest
         base = base_models.get(name)
+        if base is None and name in on_base.broken:
+            promotions += _unknown_policy(repo, pr, entry, on_base.strictest)
+            continue
         policy = (base or head).spec.promotion
         before = base.spec.channels if base is not None else {}
         declared = set(repo.versions.get(name, {}))
@@ -242,6 +269,28 @@ def _promotions(
                 for at in changes
             )  # fmt: skip
     return problems, promotions
+
+
+def _unknown_policy(
+    repo: Repository, pr: PullRequest, entry: ModelEntry, strictest: int
+) -> list[_Promotion]:
+    """The promotion of a model whose base manifest did not load, if it makes one."""
+    head = entry.manifest
+    changed = git(repo.root, "diff", "--quiet", pr.base, "--", str(entry.path), check=False)
+    if not head.spec.channels and not changed.returncode:
+        return []
+    key = ("spec", "channels") if head.spec.channels else ("spec",)
+    line, col = entry.doc.position(key)
+    where = Problem(entry.file, "", line, col, ".".join(key))
+    needed = max(strictest, head.spec.promotion.approvals)
+    return [
+        _Promotion(
+            f"promoting {head.metadata.name!r} (its model.yaml does not load on the base, "
+            "so the strictest policy applies)",
+            needed,
+            where,
+        )
+    ]
 
 
 def approval_problems(
@@ -353,12 +402,12 @@ def _config_changes(
     repo: Repository,
     pr: PullRequest,
     base_config: RepoConfig,
-    base_models: Mapping[str, RegisteredModel],
+    on_base: _BaseModels,
     dvc_changed: list[str],
 ) -> list[_Promotion]:
     """Changes of the repository's configuration, trust metadata or DVC setup: each
-    needs the approvals of the strictest policy on the base (one when it has none)."""
-    bar = max((m.spec.promotion.approvals for m in base_models.values()), default=1)
+    needs the approvals of the strictest policy on the base (see ``_BaseModels``)."""
+    bar = on_base.strictest
     changed: list[tuple[str, str]] = []
     if git(repo.root, "diff", "--quiet", pr.base, "--", CONFIG_FILE, check=False).returncode:
         changed.append(("changing the repository configuration", CONFIG_FILE))
@@ -434,9 +483,9 @@ def _ci_pr(
     approvals = "not checked (invalid manifests)"
     if not problems:
         base_config = config_at(repo.root, pr.base) or repo.config
-        base_models = _base_models(repo.root, base_config, pr.base)
-        problems, promotions = _promotions(repo, pr, base_models)
-        promotions += _config_changes(repo, pr, base_config, base_models, dvc_changed)
+        on_base = _base_models(repo.root, base_config, pr.base)
+        problems, promotions = _promotions(repo, pr, on_base)
+        promotions += _config_changes(repo, pr, base_config, on_base, dvc_changed)
         problems += _trust_problems(repo, pr, base_config)
         waiting, approvals = approval_problems(promotions, pr, env)
     built_versions = changed_versions(repo, pr.base) if not problems else set()
@@ -480,12 +529,13 @@ def _check_history(repo: Repository) -> None:
     """Refuse to sign on top of trust metadata that goes back on the branch's history.
 
     Raises:
-        ManifestError: a root was rewritten or removed, or a role is below a version
-            the branch already released.
-        VerificationError: the metadata does not verify under its newest root.
+        ManifestError: a root was rewritten or removed, a role is below a version the
+            branch already released, or the metadata does not continue the branch's
+            before the last merge (its first parent).
+        VerificationError: the metadata (or its first parent's) does not verify.
     """
     from pipelines.ci_base import history_problems
-    from signing.errors import RollbackError
+    from signing.errors import HistoryError, RollbackError
     from signing.workspace import trust_paths
 
     paths = trust_paths(repo.root, repo.config)
@@ -498,12 +548,33 @@ def _check_history(repo: Repository) -> None:
             )
         return
     trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    where = repo.display(paths.metadata)
     try:
         regressions = history_problems(repo.root, repo.config, trust)
-    except RollbackError as e:
-        raise ManifestError.single(repo.display(paths.metadata), str(e)) from None
+        _check_follows_parent(repo, trust)
+    except (RollbackError, HistoryError) as e:
+        raise ManifestError.single(where, str(e).removeprefix(f"{where}: ")) from None
     if regressions:
         raise ManifestError(regressions)
+
+
+def _check_follows_parent(repo: Repository, trust: TrustRepo) -> None:
+    """Check that the checkout's metadata continues its first parent's (the branch as it
+    stood before a merge), wherever that commit's config put it.
+
+    Raises:
+        RollbackError, HistoryError: it goes back on what the parent released.
+        VerificationError: the parent's metadata does not verify.
+    """
+    from pipelines.ci_base import config_at, trust_at
+
+    parent = git(repo.root, "rev-parse", "-q", "--verify", "HEAD^1^{commit}", check=False)
+    config = config_at(repo.root, parent.stdout.strip()) if not parent.returncode else None
+    if config is None:
+        return
+    with trust_at(repo.root, parent.stdout.strip(), config) as previous:
+        if previous is not None:
+            trust.check_follows(previous)
 
 
 def _commit_metadata(repo: Repository, targets: int) -> str | None:

@@ -249,9 +249,12 @@ def history_problems(root: Path, config: RepoConfig, trust: TrustRepo) -> list[P
         VerificationError: the checkout's own root files do not verify.
     """
     folder = config.trust.metadata
+    # Every commit, merges against each parent: git's default history simplification
+    # follows one parent of a merge whose tree matches it, so a ``merge -s ours`` of
+    # the released branch into an old one would hide every release made since.
     log = git(
-        root, "log", "--format=%x00%H", "--name-status", "--no-renames", "--relative", "--",
-        folder,
+        root, "log", "--full-history", "--diff-merges=separate", "--format=%x00%H",
+        "--name-status", "--no-renames", "--relative", "--", folder,
     ).stdout  # fmt: skip
     names: list[tuple[str, str]] = []
     commit = ""

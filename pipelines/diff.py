@@ -63,7 +63,6 @@ def _load(source: ModelInput, shown: str) -> tuple[onnx.ModelProto, bytes]:
         raw = source.read_bytes() if isinstance(source, Path) else source
     except OSError as e:
         raise ArtifactError(shown, f"cannot read: {e.strerror or e}") from None
-    # From a file, onnx.load also resolves external data files beside the model.
     model: onnx.ModelProto = load_onnx(source, shown)
     return model, raw
 

@@ -74,26 +74,26 @@ def signature_from_model(model: object, display: str) -> Signature:
         ) from None
 
 
-def load_onnx(source: Path | bytes, display: str, *, external_data: bool = True) -> Any:
-    """Parse an ONNX model from a file or bytes, refusing what is not one.
+def load_onnx(source: Path | bytes, display: str) -> Any:
+    """Parse an ONNX model from a file or bytes, refusing what is not one, and one
+    whose tensors live in other files (:func:`refuse_external_data`).
 
     Args:
         source: the model file, or its bytes.
         display: its name in error messages.
-        external_data: also load tensors stored in files beside the model.
 
     Returns:
         The ``onnx.ModelProto``.
 
     Raises:
-        ArtifactError: unreadable, not protobuf, or no graph.
+        ArtifactError: unreadable, not protobuf, no graph, or external data.
     """
     import onnx
     from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
     try:
         if isinstance(source, Path):
-            model = onnx.load(str(source), load_external_data=external_data)
+            model = onnx.load(str(source), load_external_data=False)
         else:
             model = onnx.load_from_string(source)
     except (DecodeError, ValueError, RuntimeError) as e:
@@ -102,14 +102,70 @@ def load_onnx(source: Path | bytes, display: str, *, external_data: bool = True)
         raise ArtifactError(display, f"cannot read: {e.strerror or e}") from None
     if not model.graph.node and not model.graph.output:
         raise ArtifactError(display, "not an ONNX model (no graph)")
+    refuse_external_data(model, display)
     return model
 
 
+def refuse_external_data(model: Any, display: str) -> None:
+    """Refuse a model with a tensor stored outside the file (ONNX external data).
+
+    A version's artifact is one file, hashed, signed and fetched as one target; a
+    tensor whose bytes live in another file would be neither verified nor delivered,
+    and its ``location`` can name any file beside the model (a pull request once had
+    the build read the checkout's ``.git/config`` into a weight and print it back
+    through the goldens).  Initializers, sparse initializers and tensor attributes of
+    every node are checked, in subgraphs and functions too.
+
+    Raises:
+        ArtifactError: some tensor's data location is external.
+    """
+    from onnx import AttributeProto, TensorProto
+
+    def tensors(graph: Any) -> Any:
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        for node in graph.node:
+            yield from node_tensors(node)
+
+    def node_tensors(node: Any) -> Any:
+        for attr in node.attribute:
+            if attr.type == AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == AttributeProto.TENSORS:
+                yield from attr.tensors
+            elif attr.type == AttributeProto.SPARSE_TENSOR:
+                yield attr.sparse_tensor.values
+                yield attr.sparse_tensor.indices
+            elif attr.type == AttributeProto.GRAPH:
+                yield from tensors(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from tensors(sub)
+
+    def every_tensor() -> Any:
+        yield from tensors(model.graph)
+        for function in model.functions:
+            for node in function.node:
+                yield from node_tensors(node)
+
+    for tensor in every_tensor():
+        if tensor.data_location == TensorProto.EXTERNAL:
+            where = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            raise ArtifactError(
+                display,
+                f"tensor {quote(tensor.name)} is stored in another file "
+                f"({quote(where)}); a version's artifact is one self-contained ONNX file: "
+                "save it without external data (onnx.save(..., save_as_external_data=False))",
+            )
+
+
 def read_signature(path: Path, display: str | None = None) -> Signature:
-    """Load ``path`` as ONNX (without external data) and return its signature.
+    """Load ``path`` as ONNX (refusing external data) and return its signature.
 
     Raises:
         ArtifactError: not a readable ONNX model.
     """
     shown = display or str(path)
-    return signature_from_model(load_onnx(path, shown, external_data=False), shown)
+    return signature_from_model(load_onnx(path, shown), shown)

@@ -261,3 +261,66 @@ def test_the_commit_judged_is_the_head_the_approvals_count_for(fleet: Fleet) -> 
     )
     fleet.github_env(base=base, head=head)
     assert fleet.cli("ci", "pr", cwd=fleet.root).code == 0
+
+
+def test_a_merge_that_keeps_an_old_tree_cannot_hide_releases(fleet: Fleet) -> None:
+    """``git merge -s ours`` of main into an old branch keeps the old metadata and makes
+    every later release invisible to a simplified ``git log``: the release sees them."""
+    metadata = fleet.root / "trust/metadata"
+    fleet.branch("stale")  # forked while timestamp version 1 was current
+    git(fleet.root, "checkout", "-q", "main")
+    r = fleet.cli("freshness", "refresh", cwd=fleet.root)
+    assert r.code == 0, r.err
+    fleet.commit("freshness [skip ci]")
+    released = (metadata / "timestamp.json").read_bytes()
+    git(fleet.root, "checkout", "-q", "stale")
+    git(fleet.root, "merge", "-q", "-s", "ours", "-m", "sync with main", "main")
+    assert json.loads((metadata / "timestamp.json").read_text())["signed"]["version"] == 1
+    fleet.merge("stale")
+    release = fleet.release()
+    assert release.code == 1
+    assert "timestamp: version 1 is below 2" in _problems(release)
+    assert git(fleet.root, "status", "--porcelain", "--", "trust").strip() == ""
+    git(fleet.root, "checkout", "-q", "HEAD^1", "--", "trust")
+    assert (metadata / "timestamp.json").read_bytes() == released
+
+
+def test_the_release_continues_the_branch_it_was_merged_into(fleet: Fleet) -> None:
+    """The second line of defence, on its own: whatever git history shows, the metadata
+    must follow the first parent's (the branch before the merge)."""
+    from pipelines.ci import _check_follows_parent
+    from registry.repository import load_repository
+    from signing.errors import RollbackError
+    from signing.tuf_repo import TrustRepo
+
+    fleet.branch("old")
+    git(fleet.root, "checkout", "-q", "main")
+    r = fleet.cli("freshness", "refresh", cwd=fleet.root)
+    assert r.code == 0, r.err
+    fleet.commit("freshness [skip ci]")
+    repo = load_repository(fleet.root, cache=False)
+    _check_follows_parent(repo, TrustRepo.load(fleet.root / "trust/metadata"))  # it follows
+    git(fleet.root, "checkout", "-q", "old")
+    git(fleet.root, "merge", "-q", "-s", "ours", "-m", "sync", "main")
+    fleet.merge("old")
+    with pytest.raises(RollbackError, match="below the base's 2"):
+        _check_follows_parent(repo, TrustRepo.load(fleet.root / "trust/metadata"))
+
+
+def test_a_policy_broken_on_the_base_is_not_replaced_by_the_pull_requests(fleet: Fleet) -> None:
+    """A model.yaml that does not load on the base has no policy to read; the pull
+    request that repairs it must not bring its own (``approvals: 0``) and promote."""
+    model = fleet.root / "manifests/mlp/model.yaml"
+    git(fleet.root, "checkout", "-q", "main")
+    good = model.read_text()
+    model.write_text(good.replace("promotion:\n", "promotion:\n    approvals: two\n"))
+    fleet.commit("typo on main")  # a careless operator, straight to main
+    base = fleet.branch("repair")
+    text = good.replace("promotion:\n", "promotion:\n    approvals: 0\n")
+    model.write_text(text.replace("canary: 1.0.0", "canary: 1.0.0\n    production: 1.0.0"))
+    fleet.commit("repair, and promote")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    (line,) = [line for line in pr.err.splitlines() if "cannot count the approvals" in line]
+    assert line.startswith("manifests/mlp/model.yaml:")
+    assert "spec.channels: cannot count the approvals this promotion needs" in line

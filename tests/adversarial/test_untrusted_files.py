@@ -429,3 +429,37 @@ def test_a_graph_whose_signature_cannot_be_declared_is_one_problem(fleet: Fleet,
     assert "internal error" not in r.err
     assert len(r.err.strip().splitlines()) == 1
     assert "cannot be declared" in r.err
+
+
+# --- ONNX external data: an artifact is one file ---------------------------------------
+
+
+def test_ci_pr_refuses_external_data_that_points_at_the_checkout(fleet: Fleet) -> None:
+    """A weight whose bytes ``live`` in ``../../.git/config`` made the build load the
+    checkout's git config (where actions/checkout keeps the token) into the model and
+    print it back through the golden comparison."""
+    import subprocess
+    import sys
+
+    import onnx
+
+    with (fleet.root / ".git/config").open("a") as fh:
+        fh.write(f"# {CANARY}\n")
+    base = fleet.branch("external")
+    r = fleet.cli("version", "add", "mlp", "1.1.0", "--artifact",
+                  str(fleet.models / "mlp/1.1.0.onnx"), cwd=fleet.root)  # fmt: skip
+    assert r.code == 0, r.err
+    artifact = fleet.root / "models/mlp/1.1.0.onnx"
+    model = onnx.load(str(artifact))
+    weight = model.graph.initializer[0]
+    weight.ClearField("raw_data")
+    del weight.float_data[:]
+    weight.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", "../../.git/config"), ("offset", "0"), ("length", "64")):
+        weight.external_data.add(key=key, value=value)
+    artifact.write_bytes(model.SerializeToString())
+    subprocess.run([sys.executable, "-m", "dvc", "add", "-q", str(artifact)], cwd=fleet.root,
+                   check=True)  # fmt: skip
+    (line,) = _refused_pr(fleet, base, "is stored in another file")
+    assert line.startswith("models/mlp/1.1.0.onnx: ") or "models/mlp/1.1.0.onnx" in line, line
+    assert f"tensor {weight.name!r} is stored in another file ('../../.git/config')" in line
