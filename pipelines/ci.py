@@ -40,8 +40,8 @@ from registry.gitinfo import git
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
 from registry.redact import redact
-from registry.render import md_code, md_code_block
-from registry.repository import ModelEntry, Repository, load_repository
+from registry.render import md_code, md_code_block, md_cut
+from registry.repository import ModelEntry, Repository, load_repository, untrusted_checkout
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
 from signing.tuf_repo import TrustRepo
@@ -386,6 +386,8 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
     with trust_at(repo.root, pr.base, base_config) as base:
         if base is not None:
             problems += released_changes(repo, base)
+            if head_rel != base_config.trust.metadata:
+                problems.append(Problem(CONFIG_FILE, _moved(base_config, repo.config)))
             if changed and head is None and not problems:
                 problems.append(Problem(where, "the pull request removes the trust metadata"))
             if changed and head is not None:
@@ -424,11 +426,14 @@ def _write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path
     Every channel is redacted here, the one place a run's text leaves it: an error
     from DVC, MLflow or a key loader may quote a URL with credentials or a key.
     """
-    folder = root / CI_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _output_folder(root)
     comment = folder / f"{report.kind}-comment.md"
     text = redact("\n\n".join(report.sections) + "\n", env)
-    write_atomic(comment, text.encode())
+    note = (
+        "*The comment stops here (GitHub's size limit); the whole report is in the job "
+        f"summary and in {md_code(f'{CI_DIR}/{report.kind}-report.json')}.*"
+    )
+    write_atomic(comment, md_cut(text, note).encode())
     payload = {"ok": report.ok, "problems": report.problems, **report.data}
     data = redact(json.dumps(payload, indent=2, default=str) + "\n", env)
     write_atomic(folder / f"{report.kind}-report.json", data.encode())
@@ -438,6 +443,24 @@ def _write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path
         with Path(output).open("a", encoding="utf-8") as fh:
             fh.write(f"comment={comment}\nok={'true' if report.ok else 'false'}\n")
     return comment
+
+
+def _output_folder(root: Path) -> Path:
+    """``.modelreg/ci``, a real folder: a link there (committed by a pull request, to a
+    folder on the runner) is removed, never written through.
+
+    Raises:
+        UnsafeFileError: it still is not a folder reached through no link.
+    """
+    from registry.safe_io import check_folder
+
+    folder = root / CI_DIR
+    for path in (folder.parent, folder):
+        if path.is_symlink():
+            path.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    check_folder(folder, root=root)
+    return folder
 
 
 def _ci_pr(
@@ -458,8 +481,8 @@ def _ci_pr(
     from pipelines.ci_base import change_problems, config_at, dvc_config_changed, pr_changes
 
     env = os.environ if env is None else env
-    # No parse cache: .modelreg/ in a pull request's checkout is the pull request's.
-    repo = load_repository(start, cache=False)
+    # No parse cache (see ci_pr): .modelreg/ in a pull request's checkout is its own.
+    repo = load_repository(start)
     pr = PullRequest.from_env(env, base)
     if git(
         repo.root, "rev-parse", "--verify", "--quiet", f"{pr.base}^{{commit}}", check=False
@@ -558,23 +581,49 @@ def _check_history(repo: Repository) -> None:
         raise ManifestError(regressions)
 
 
+def _moved(before: RepoConfig, now: RepoConfig) -> str:
+    return (
+        f"trust.metadata: the released metadata is in {before.trust.metadata}, where "
+        f"devices read it; it cannot move to {now.trust.metadata}"
+    )
+
+
 def _check_follows_parent(repo: Repository, trust: TrustRepo) -> None:
-    """Check that the checkout's metadata continues its first parent's (the branch as it
-    stood before a merge), wherever that commit's config put it.
+    """Check that the checkout's metadata continues the branch's before the last merge:
+    that of the nearest first-parent ancestor whose metadata verifies (a revert of a bad
+    merge follows the commit before it), wherever that commit's config put it.
 
     Raises:
-        RollbackError, HistoryError: it goes back on what the parent released.
-        VerificationError: the parent's metadata does not verify.
+        RollbackError, HistoryError: it goes back on what that ancestor released.
+        ManifestError: the configuration moved the released metadata to another folder
+            (devices read it where it was).
     """
     from pipelines.ci_base import config_at, trust_at
+    from signing.errors import VerificationError
 
-    parent = git(repo.root, "rev-parse", "-q", "--verify", "HEAD^1^{commit}", check=False)
-    config = config_at(repo.root, parent.stdout.strip()) if not parent.returncode else None
-    if config is None:
+    listed = git(
+        repo.root, "rev-list", "--first-parent", f"--max-count={_ANCESTORS}", "HEAD^1", "--",
+        check=False,
+    )  # fmt: skip
+    for commit in listed.stdout.split() if not listed.returncode else []:
+        try:
+            config = config_at(repo.root, commit)
+            if config is None:
+                return  # before the repository was set up: nothing released to follow
+            with trust_at(repo.root, commit, config) as previous:
+                pass  # its state is kept in memory
+        except (VerificationError, ManifestError):
+            continue  # a broken commit (the merge being reverted): look further back
+        if previous is None:
+            continue  # nothing released there, or all removed (history_problems' case)
+        if config.trust.metadata != repo.config.trust.metadata:
+            raise ManifestError.single(CONFIG_FILE, _moved(config, repo.config))
+        trust.check_follows(previous)
         return
-    with trust_at(repo.root, parent.stdout.strip(), config) as previous:
-        if previous is not None:
-            trust.check_follows(previous)
+
+
+_ANCESTORS: Final = 64
+"""First-parent ancestors searched for metadata that verifies."""
 
 
 def _commit_metadata(repo: Repository, targets: int) -> str | None:
@@ -622,9 +671,9 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
 
     env = os.environ if env is None else env
     clock = _Stopwatch()
-    # No parse cache, and no local state from the checkout: a merged pull request may
-    # have committed some (build records, keys, caches) for the signer to trust.
-    repo = load_repository(start, cache=False)
+    # No local state from the checkout (no parse cache: see ci_release): a merged pull
+    # request may have committed some (build records, keys, caches) for the signer.
+    repo = load_repository(start)
     problems = validate_paths(repo) + tracked_local_state(repo.root)
     if problems:
         raise ManifestError(problems)
@@ -774,7 +823,8 @@ def ci_pr(
     """
     env = os.environ if env is None else env
     try:
-        return _ci_pr(start, base=base, env=env)
+        with untrusted_checkout():
+            return _ci_pr(start, base=base, env=env)
     except RegistryError as e:
         return _failed(start, "pr", e, env)
 
@@ -790,6 +840,7 @@ def ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport
     """
     env = os.environ if env is None else env
     try:
-        return _ci_release(start, env=env)
+        with untrusted_checkout():
+            return _ci_release(start, env=env)
     except RegistryError as e:
         return _failed(start, "release", e, env)

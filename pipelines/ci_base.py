@@ -190,6 +190,7 @@ def trust_at(root: Path, commit: str, config: RepoConfig) -> Iterator[TrustRepo 
         VerificationError: the metadata at ``commit`` does not verify.
         ToolError: git fails.
     """
+    from signing.errors import VerificationError
     from signing.tuf_repo import TrustRepo
     from signing.workspace import trust_paths
 
@@ -209,13 +210,19 @@ def trust_at(root: Path, commit: str, config: RepoConfig) -> Iterator[TrustRepo 
     with tempfile.TemporaryDirectory(prefix="modelreg-base-") as tmp:
         for name, sha in entries.items():
             (Path(tmp) / name).write_bytes(blobs[sha])
-        yield TrustRepo.load(Path(tmp), expiry=trust_paths(root, config).expiry)
+        try:
+            loaded = TrustRepo.load(Path(tmp), expiry=trust_paths(root, config).expiry)
+        except VerificationError as e:  # named as the commit holds it, not the copy
+            shown = f"{commit[:12]}:{folder}"
+            message = str(e).removeprefix(f"{e.subject}: ")
+            raise type(e)(message, e.subject.replace(tmp, shown)) from None
+        yield loaded
 
 
 def tracked_local_state(root: Path) -> list[Problem]:
     """modelreg's and DVC's local state committed to the checkout (``ci release``
     refuses to run on it: a merged pull request could have planted build records,
-    keys or caches there).
+    keys, caches, or links to the runner's files there).
 
     Raises:
         ToolError: git fails.
@@ -225,7 +232,7 @@ def tracked_local_state(root: Path) -> list[Problem]:
     for item in filter(None, listed.split("\x00")):
         meta, _, path = item.partition("\t")
         changes.append(Change(path, "A", meta.split()[0]))
-    return [p for p in change_problems(changes) if not p.message.startswith("is a ")]
+    return change_problems(changes)  # links and submodules there too
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,12 +283,11 @@ def history_problems(root: Path, config: RepoConfig, trust: TrustRepo) -> list[P
 def _current_roots(trust: TrustRepo) -> list[Metadata[Root]]:
     from signing.tuf_roles import verify_root_chain
 
+    # The bytes the load verified, not the folder again (read once, through no link).
     folder = trust.metadata_dir
-    count = trust.version("root")
     return verify_root_chain(
-        [(str(folder / f"{n}.root.json"), (folder / f"{n}.root.json").read_bytes())
-         for n in range(1, count + 1)]
-    )  # fmt: skip
+        [(str(folder / f"{n}.root.json"), data) for n, data in enumerate(trust.state.roots, 1)]
+    )
 
 
 def released_floor(
@@ -339,10 +345,32 @@ def _blobs(root: Path, shas: Iterable[str]) -> dict[str, bytes]:
 
 def _blobs_at(root: Path, names: list[str]) -> list[bytes]:
     """The contents of git objects ``names`` (``<sha>`` or ``<commit>:<path>``), in order;
-    empty bytes for one that is missing or over the size cap."""
+    empty bytes for one that is missing, not a file, or over the size cap.
+
+    Sizes are asked first (``--batch-check``): an object over the cap is never read,
+    so a pull request that committed a gigabyte as ``timestamp.json`` costs nothing.
+    """
     if not names:
         return []
-    argv = ["git", "-C", str(root), "cat-file", "--batch"]
+    sized = _cat_file(root, "--batch-check", names).split(b"\n")
+    wanted: list[str | None] = []
+    for line in sized[: len(names)]:
+        parts = line.split()
+        ok = len(parts) == 3 and parts[1] == b"blob" and int(parts[2]) <= _MAX_BLOB
+        wanted.append(parts[0].decode() if ok else None)
+    shas = [sha for sha in dict.fromkeys(wanted) if sha is not None]
+    out, pos, found = _cat_file(root, "--batch", shas) if shas else b"", 0, {}
+    for sha in shas:
+        end = out.index(b"\n", pos)
+        size = int(out[pos:end].split()[2])
+        pos = end + 1
+        found[sha] = out[pos : pos + size]
+        pos += size + 1
+    return [found[sha] if sha is not None else b"" for sha in wanted]
+
+
+def _cat_file(root: Path, mode: str, names: list[str]) -> bytes:
+    argv = ["git", "-C", str(root), "cat-file", mode]
     try:
         proc = subprocess.run(
             argv, input="".join(f"{n}\n" for n in names).encode(), capture_output=True, check=False
@@ -351,18 +379,7 @@ def _blobs_at(root: Path, names: list[str]) -> list[bytes]:
         raise ToolError("git is not installed or not on PATH", argv) from None
     if proc.returncode:
         raise ToolError(f"git cat-file failed: {proc.stderr.decode(errors='replace')[-200:]}")
-    out, pos, result = proc.stdout, 0, []
-    for _ in names:
-        end = out.index(b"\n", pos)
-        header = out[pos:end].split()
-        pos = end + 1
-        if len(header) != 3 or not header[2].isdigit():
-            result.append(b"")  # "<name> missing"
-            continue
-        size = int(header[2])
-        result.append(out[pos : pos + size] if size <= _MAX_BLOB else b"")
-        pos += size + 1
-    return result
+    return proc.stdout
 
 
 def load_error(error: RegistryError, where: str) -> list[Problem]:

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 _NPY: Final = ".npy"
+_KINDS: Final = "biufU"
+"""numpy dtype kinds a golden array may have: what ONNX tensors hold.  Structured and
+sub-array dtypes (``V``), complex numbers, dates, raw bytes and zero-width types are
+refused: ONNX Runtime cannot take them, and a zero-width type makes any shape free."""
 _MiB: Final = 1 << 20
 _SHOWN_ERROR: Final = 120
 
@@ -135,6 +139,11 @@ def array_problem(name: str, header: NpyHeader, data_bytes: int, limits: NpzLimi
     where = f"array {quote(name)}"
     if header.dtype.hasobject:
         return f"{where} holds Python objects; golden files hold plain numbers and strings"
+    if header.dtype.kind not in _KINDS or header.dtype.itemsize == 0:
+        return (
+            f"{where} has dtype {quote(header.dtype.str)}; golden files hold booleans, "
+            "integers, floats and strings"
+        )
     if any(d < 0 for d in header.shape):
         return f"{where} declares a negative dimension"
     if header.nbytes > limits.max_array_bytes:
@@ -240,6 +249,8 @@ def _read_member(
             raise ArtifactError(display, f"array {quote(name)} is truncated")
         done += got
     array = np.frombuffer(buffer, dtype=header.dtype, count=header.count)
+    if not header.dtype.isnative:  # ONNX Runtime reads tensors in the machine's order
+        array = array.astype(header.dtype.newbyteorder("="))
     if header.fortran_order:
         return array.reshape(header.shape[::-1]).transpose()
     return array.reshape(header.shape)

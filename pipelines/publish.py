@@ -451,7 +451,8 @@ def publish(
         ToolError: DVC or git fails.
         VerificationError: the trust metadata in the repository does not verify.
     """
-    repo = load_repository(start)
+    # The signer parses every manifest itself: no parse cache from the checkout.
+    repo = load_repository(start, cache=False)
     problems = validate_paths(repo)
     if problems:
         raise ManifestError(problems)

@@ -60,8 +60,11 @@ class RedactLimits:
     """What counts as a secret worth redacting.
 
     Attributes:
-        min_value_chars: shorter environment values are left alone, so that a variable
-            holding ``1`` or ``main`` does not blank out every such word of a message.
+        min_value_chars: environment values at least this long are removed wherever
+            they occur.
+        min_word_chars: shorter values (down to this length) are removed only where
+            they stand as a word of their own, so that a variable holding ``main``
+            does not blank out "maintainer"; values shorter still are left alone.
         min_base64_chars: base64 runs shorter than this are not decoded (hashes and
             ids are shorter than any PEM, and decoding every word would cost time).
         max_base64_starts: places in one run where decoding is tried (after each "/",
@@ -69,6 +72,7 @@ class RedactLimits:
     """
 
     min_value_chars: int = 8
+    min_word_chars: int = 4
     min_base64_chars: int = 40
     max_base64_starts: int = 32
 
@@ -79,6 +83,11 @@ LIMITS: Final = RedactLimits()
 # (a raw "@" in a password is invalid but seen), never across a quote or whitespace.
 _URL_USERINFO: Final = re.compile(
     r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s\"'<>`@]+(?:@[^/?#\s\"'<>`@]+)*)@"
+)
+# user:password@ where the password holds a raw "/", "?" or "#" (invalid, but a
+# password is what it is): from the "user:" to the last "@" of the word.
+_URL_PASSWORD: Final = re.compile(
+    r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/?#\s\"'<>`@:]*:[^\s\"'<>`]*)@"
 )
 # ?name=value / &name=value where the name looks like it carries a credential.
 _QUERY_SECRET: Final = re.compile(
@@ -136,7 +145,8 @@ def secret_values(env: Mapping[str, str], limits: RedactLimits = LIMITS) -> list
     """The strings to remove from messages for the secrets in ``env``, longest first.
 
     Longest first, so that a value is removed whole before a shorter value that it
-    contains could leave pieces of it behind.
+    contains could leave pieces of it behind.  Values shorter than
+    ``limits.min_value_chars`` are not here (see :func:`secret_words`).
     """
     found: set[str] = set()
     for name, value in env.items():
@@ -145,6 +155,19 @@ def secret_values(env: Mapping[str, str], limits: RedactLimits = LIMITS) -> list
         for candidate in (value, value.strip()):
             if len(candidate) >= limits.min_value_chars:
                 found.update(f for f in _forms(candidate) if len(f) >= limits.min_value_chars)
+    return sorted(found, key=lambda v: (-len(v), v))
+
+
+def secret_words(env: Mapping[str, str], limits: RedactLimits = LIMITS) -> list[str]:
+    """Short secret values (``min_word_chars`` up to ``min_value_chars``), removed only
+    where they stand alone, longest first."""
+    found = {
+        candidate
+        for name, value in env.items()
+        if is_secret_name(name)
+        for candidate in (value, value.strip())
+        if limits.min_word_chars <= len(candidate) < limits.min_value_chars
+    }
     return sorted(found, key=lambda v: (-len(v), v))
 
 
@@ -198,9 +221,13 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     for value in secret_values(env):
         if value in text:
             text = text.replace(value, MASK)
+    for word in secret_words(env):
+        if word in text:
+            text = re.sub(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9_])", MASK, text)
     text = _PEM.sub(MASK, text)
     text = _BASE64_RUN.sub(_mask_base64_pem, text)
-    text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    for url in (_URL_USERINFO, _URL_PASSWORD):
+        text = url.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
     for pattern in (_QUERY_SECRET, _AUTH_HEADER, _BEARER):
         text = pattern.sub(
             lambda m: m.group("name") + (m.group("value") if m.group("value") == MASK else MASK),
@@ -209,4 +236,12 @@ def redact(text: str, env: Mapping[str, str] | None = None) -> str:
     return _GITHUB_TOKEN.sub(MASK, text)
 
 
-__all__ = ["LIMITS", "MASK", "RedactLimits", "is_secret_name", "redact", "secret_values"]
+__all__ = [
+    "LIMITS",
+    "MASK",
+    "RedactLimits",
+    "is_secret_name",
+    "redact",
+    "secret_values",
+    "secret_words",
+]

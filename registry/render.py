@@ -130,9 +130,12 @@ class MarkdownLimits:
 
     Attributes:
         value_chars: characters of one value before it is cut with an ellipsis.
+        comment_chars: characters of a whole comment (GitHub refuses one over 65,536,
+            and the review would then get none).
     """
 
     value_chars: int = 200
+    comment_chars: int = 65_000
 
 
 MARKDOWN_LIMITS: Final = MarkdownLimits()
@@ -148,6 +151,10 @@ _MD_LINE_START: Final = re.compile(r"^(?:([-+=])|(\d{1,9})([.)])(?= |$))")
 _MD_AUTOLINK: Final = re.compile(r"(://|\bwww\.)", re.IGNORECASE)
 # A zero-width space after "@" keeps "@someone" from notifying (and looking like) a user.
 _MD_MENTION: Final = "@&#8203;"
+# An emoji shortcode (":white_check_mark:" renders as a check mark): its first colon
+# escaped, so it shows as typed.
+_MD_SHORTCODE: Final = re.compile(r":(?=(?:[A-Za-z0-9+\-]|\\_)+:)")  # "_" is escaped by then
+_FENCE: Final = re.compile(r"^(`{3,}|~{3,})")
 
 
 def _printable(value: str) -> str:
@@ -186,6 +193,7 @@ def md_text(value: str, *, limits: MarkdownLimits = MARKDOWN_LIMITS) -> str:
         lambda m: "\\" + m.group(1) if m.group(1) else f"{m.group(2)}\\{m.group(3)}", text
     )
     text = _MD_AUTOLINK.sub(lambda m: m.group(1).replace("/", "\\/").replace(".", "\\."), text)
+    text = _MD_SHORTCODE.sub(r"\\:", text)
     return text.replace("@", _MD_MENTION)
 
 
@@ -226,3 +234,36 @@ def md_code_block(text: str, *, info: str = "") -> str:
     runs = [len(r) for r in re.findall(r"`+", body)]
     fence = "`" * max(3, max(runs, default=0) + 1)
     return f"{fence}{info}\n{body}\n{fence}"
+
+
+def md_cut(text: str, note: str, *, limits: MarkdownLimits = MARKDOWN_LIMITS) -> str:
+    """``text`` cut at a line so that, with ``note`` added, it has at most
+    ``limits.comment_chars`` characters; a code block left open is closed first.
+
+    Args:
+        text: a whole markdown document (a comment).
+        note: trusted markdown said where it was cut (where to read the rest).
+        limits: the length cap.
+
+    Returns:
+        ``text`` itself when it fits, else its head and ``note``.
+    """
+    if len(text) <= limits.comment_chars:
+        return text
+    budget = limits.comment_chars - len(note) - 16  # room for a closing fence
+    kept: list[str] = []
+    size = 0
+    fence = ""
+    for line in text.splitlines():
+        if size + len(line) + 1 > budget:
+            break
+        kept.append(line)
+        size += len(line) + 1
+        opened = _FENCE.match(line)
+        if opened and not fence:
+            fence = opened.group(1)
+        elif fence and line.strip() == fence:  # only its own fence closes a block
+            fence = ""
+    if fence:
+        kept.append(fence)
+    return "\n".join([*kept, "", note]) + "\n"

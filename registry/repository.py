@@ -16,6 +16,7 @@ import os
 import stat
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -360,6 +361,24 @@ def _named_by_version(result: _Result) -> _Result:
     return _Result(task, None, None, (*result.problems, problem))
 
 
+_UNTRUSTED_CHECKOUT: ContextVar[bool] = ContextVar("modelreg_untrusted_checkout", default=False)
+
+
+@contextlib.contextmanager
+def untrusted_checkout() -> Iterator[None]:
+    """Within this block no load reads or writes the parse cache (``.modelreg/cache``).
+
+    CI wraps whole runs in it: the checkout's local state is the pull request's (or a
+    previous job's on a reused runner), and what is built, signed and mirrored must be
+    parsed from the manifests themselves, whichever function loads them.
+    """
+    token = _UNTRUSTED_CHECKOUT.set(True)
+    try:
+        yield
+    finally:
+        _UNTRUSTED_CHECKOUT.reset(token)
+
+
 def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True) -> Repository:
     """Load the repository containing ``start``; problems are collected, not raised.
 
@@ -367,7 +386,8 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
         start: the repository root or any folder inside it.
         jobs: worker processes for parsing (default: one per core; 1 disables the pool).
         cache: reuse parsed data of files unchanged since the last load
-            (``.modelreg/cache/``); results are the same either way.
+            (``.modelreg/cache/``); results are the same either way.  Ignored (no
+            cache) inside :func:`untrusted_checkout`.
 
     Returns:
         The repository with every manifest that loaded and every problem found.  Cross-
@@ -382,7 +402,8 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
     repo = Repository(root=root, config=config)
     repo.show = _Display(root)
     tasks = _scan(root / config.manifests, repo.show, repo.problems)
-    parse_cache = ParseCache(root, _cache_key()) if cache else None
+    use_cache = cache and not _UNTRUSTED_CHECKOUT.get()
+    parse_cache = ParseCache(root, _cache_key()) if use_cache else None
     with _no_gc():
         results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None:

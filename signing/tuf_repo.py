@@ -65,7 +65,8 @@ from tuf.api.metadata import (
 )
 
 from registry.atomic import fsync_dir, write_atomic
-from registry.errors import UsageError
+from registry.errors import FileTooLargeError, UnsafeFileError, UsageError
+from registry.safe_io import read_regular
 from signing.errors import DigestMismatchError, FileSetError, HistoryError
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
 from signing.tuf_history import VERSIONED_ROLES, TrustState, check_versioned_files
@@ -123,11 +124,24 @@ def _utc(now: datetime | None) -> datetime:
     return now.astimezone(UTC)
 
 
-def _read(path: Path) -> bytes:
+MAX_METADATA_BYTES: Final = 64 << 20
+"""Largest metadata file read (a targets file of tens of thousands of versions is
+megabytes; devices cap what they fetch lower, see ``edge_sync.limits``)."""
+
+
+def _read(path: Path, max_bytes: int = MAX_METADATA_BYTES) -> bytes:
+    """``path``'s bytes: a regular file, not a link (the metadata folder is a git
+    checkout a pull request wrote to), at most ``max_bytes``."""
     try:
-        return path.read_bytes()
+        return read_regular(path, max_bytes=max_bytes)
     except FileNotFoundError:
         raise FileSetError("missing: the metadata that lists it points to it", str(path)) from None
+    except FileTooLargeError as e:
+        raise DigestMismatchError(
+            f"is {e.size} bytes, more than the {e.limit} allowed", str(path)
+        ) from None
+    except UnsafeFileError as e:
+        raise FileSetError(e.reason, str(path)) from None
 
 
 class TrustRepo:
@@ -226,7 +240,7 @@ class TrustRepo:
         # Each file is checked (listed length/hash, version, signature) before the
         # next one is read, in the order a device reads them.
         ts_path = metadata_dir / "timestamp.json"
-        if ts_path.exists():
+        if os.path.lexists(ts_path):  # a link is refused by _read, not taken for absent
             ts = verify_listed(_read(ts_path), Timestamp, roots, str(ts_path))
             meta = ts.signed.snapshot_meta
             snap_path = metadata_dir / f"{meta.version}.snapshot.json"
@@ -374,7 +388,7 @@ class TrustRepo:
         info = self.published(path)
         if info is None:
             raise FileSetError("not published", path)
-        data = _read(remote_dir / TARGETS_DIR / stored_name(info))
+        data = _read(remote_dir / TARGETS_DIR / stored_name(info), max_bytes=info.length)
         try:
             info.verify_length_and_hashes(data)
         except LengthOrHashMismatchError as e:

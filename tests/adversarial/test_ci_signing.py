@@ -324,3 +324,47 @@ def test_a_policy_broken_on_the_base_is_not_replaced_by_the_pull_requests(fleet:
     (line,) = [line for line in pr.err.splitlines() if "cannot count the approvals" in line]
     assert line.startswith("manifests/mlp/model.yaml:")
     assert "spec.channels: cannot count the approvals this promotion needs" in line
+
+
+def test_the_released_metadata_cannot_move_to_another_folder(fleet: Fleet) -> None:
+    """Devices read the metadata where it was released; a release written elsewhere
+    would leave them on the old one until it expires (a freeze)."""
+    base = fleet.branch("move-trust")
+    shutil.copytree(fleet.root / "trust/metadata", fleet.root / "signed")
+    config = fleet.root / "modelreg.yaml"
+    config.write_text(config.read_text().replace("metadata: trust/metadata", "metadata: signed"))
+    fleet.commit("tidy")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    moved = ("modelreg.yaml: trust.metadata: the released metadata is in trust/metadata, "
+             "where devices read it; it cannot move to signed")  # fmt: skip
+    assert moved in pr.err.splitlines()
+    fleet.merge("move-trust")
+    release = fleet.release()
+    assert release.code == 1
+    assert _problems(release) == moved
+    assert not list((fleet.root / "signed").glob("2.*"))
+
+
+def test_the_release_never_reads_the_checkouts_parse_cache(fleet: Fleet) -> None:
+    """The parse cache is the checkout's local state: what is built and signed is parsed
+    from the manifests themselves."""
+    import registry.repository
+    from registry.cache import ParseCache
+
+    r = fleet.cli("version", "add", "mlp", "1.1.0", "--artifact",
+                  str(fleet.models / "mlp/1.1.0.onnx"), cwd=fleet.root)  # fmt: skip
+    assert r.code == 0, r.err
+    fleet.commit("mlp 1.1.0")
+    opened: list[Path] = []
+    real = ParseCache
+
+    def spy(root: Path, key: str) -> object:
+        opened.append(root)
+        return real(root, key)
+
+    fleet.monkeypatch.setattr(registry.repository, "ParseCache", spy)
+    release = fleet.release()
+    assert release.code == 0, release.err
+    assert "models/mlp/1.1.0.onnx" in _published(fleet)
+    assert opened == []

@@ -180,3 +180,44 @@ def test_a_deleted_timestamp_does_not_restart_the_release_history(fleet: Fleet) 
     device = fleet.device("device")
     assert {role: s.version for role, s in device.trusted().items()} == versions
     assert _metadata(fleet) == before
+
+
+def test_metadata_reached_through_a_link_is_never_loaded(fleet: Fleet) -> None:
+    """A merged pull request replaced ``timestamp.json`` with a link (to a copy it
+    controls, or a file on the runner): CI reads no metadata through a link."""
+    from signing.errors import FileSetError
+
+    folder = fleet.root / "trust/metadata"
+    elsewhere = fleet.tmp / "timestamp.json"
+    elsewhere.write_bytes((folder / "timestamp.json").read_bytes())
+    (folder / "timestamp.json").unlink()
+    (folder / "timestamp.json").symlink_to(elsewhere)
+    with pytest.raises(FileSetError, match="is a symbolic link"):
+        TrustRepo.load(folder)
+    (folder / "timestamp.json").unlink()
+    (folder / "timestamp.json").symlink_to(fleet.tmp / "absent.json")  # dangling
+    with pytest.raises(FileSetError, match="is a symbolic link"):
+        TrustRepo.load(folder)
+
+
+def test_an_oversized_metadata_file_is_refused_before_it_is_read(fleet: Fleet) -> None:
+    from signing.errors import DigestMismatchError
+    from signing.tuf_repo import MAX_METADATA_BYTES
+
+    timestamp = fleet.root / "trust/metadata/timestamp.json"
+    with timestamp.open("r+b") as fh:  # sparse: refused by its size, never read
+        fh.truncate(MAX_METADATA_BYTES + 1)
+    with pytest.raises(DigestMismatchError, match=r"more than the 67108864 allowed"):
+        TrustRepo.load(timestamp.parent)
+
+
+def test_release_refuses_a_tracked_link_in_local_state(fleet: Fleet) -> None:
+    schemas = fleet.root / ".modelreg/schemas"
+    (schemas / "extra.json").symlink_to(fleet.root / ".git/config")
+    fleet.commit("editor support", ".modelreg/schemas/extra.json", force=True)
+    release = fleet.release()
+    assert release.code == 1
+    assert (
+        ".modelreg/schemas/extra.json: is a symbolic link; modelreg reads no file through a "
+        "link: commit the file itself" in release.err + release.out
+    )

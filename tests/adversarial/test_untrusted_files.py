@@ -463,3 +463,85 @@ def test_ci_pr_refuses_external_data_that_points_at_the_checkout(fleet: Fleet) -
     (line,) = _refused_pr(fleet, base, "is stored in another file")
     assert line.startswith("models/mlp/1.1.0.onnx: ") or "models/mlp/1.1.0.onnx" in line, line
     assert f"tensor {weight.name!r} is stored in another file ('../../.git/config')" in line
+
+
+def _npz_of(shape: tuple[int, ...], descr: object, data: bytes) -> bytes:
+    """One array with a hand-written header: ``descr`` as numpy's header literal."""
+    text = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+    text += " " * ((64 - (10 + len(text) + 1) % 64) % 64) + "\n"
+    header = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("input.npy", header + data)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("shape", "descr", "data"),
+    [
+        ((1 << 40,), "<U0", b""),  # zero-width: any shape is free, 0 bytes of data
+        ((4,), "<c16", bytes(64)),  # complex: ORT cannot take it
+        ((2,), "<M8[s]", bytes(16)),  # dates
+        ((2,), "|V8", bytes(16)),  # raw void
+        ((2,), "|S4", bytes(8)),  # raw bytes
+        ((2,), [("a", "<f4"), ("b", "<i4")], bytes(16)),  # structured
+        ((1,), [("a", "<f4", (2, 2))], bytes(16)),  # a sub-array field
+    ],
+)
+def test_read_npz_refuses_dtypes_that_are_not_tensors(
+    tmp_path: Path, shape: tuple[int, ...], descr: object, data: bytes
+) -> None:
+    from pipelines.errors import ArtifactError
+    from pipelines.goldens import read_npz
+
+    (tmp_path / "g.npz").write_bytes(_npz_of(shape, descr, data))
+    with pytest.raises(ArtifactError) as info:
+        read_npz(tmp_path / "g.npz", "g.npz", root=tmp_path)
+    assert "golden files hold booleans, integers, floats and strings" in str(info.value)
+
+
+def test_read_npz_gives_big_endian_arrays_in_the_machines_order(tmp_path: Path) -> None:
+    from pipelines.goldens import read_npz
+
+    values = np.arange(6, dtype=">f4").reshape(2, 3)
+    np.savez(tmp_path / "g.npz", x=values)
+    found = read_npz(tmp_path / "g.npz", "g.npz", root=tmp_path)["x"]
+    assert found.dtype == np.dtype("=f4")
+    np.testing.assert_array_equal(found, values)
+
+
+def test_ci_pr_reports_a_golden_of_complex_numbers_as_a_problem(fleet: Fleet) -> None:
+    base = fleet.branch("npz-complex")
+    inputs = fleet.root / "manifests/mlp/goldens/1.0.0/inputs.npz"
+    with np.load(inputs) as held:
+        name = held.files[0]
+        shape = held[name].shape
+    arrays: dict[str, Any] = {name: np.ones(shape, np.complex64)}
+    np.savez(inputs, allow_pickle=False, **arrays)
+    (line,) = _refused_pr(fleet, base, "has dtype '<c8'")
+    assert POSITIONED.match(line), line
+    assert line.startswith(f"{VERSION}:")
+
+
+def test_golden_outputs_of_strings_for_a_numeric_output_are_a_mismatch() -> None:
+    from pipelines.build_goldens import compare_output
+
+    found = compare_output(np.array(["a", "b"]), np.array([1.0, 2.0], np.float32), 0.0, 0.0)
+    assert not found.ok
+    assert found.reason == "dtype is float32, expected <U1"
+
+
+def test_ci_pr_never_writes_its_report_through_a_committed_link(fleet: Fleet) -> None:
+    base = fleet.branch("ci-link")
+    outside = fleet.tmp / "runner-folder"
+    outside.mkdir()
+    _link(fleet, ".modelreg/ci", outside)
+    fleet.commit("attack", ".modelreg/ci", force=True)
+    result = fleet.ci_pr(base)
+    assert result.code == 1
+    assert ".modelreg/ci: is a symbolic link" in result.err
+    assert list(outside.iterdir()) == []
+    folder = fleet.root / ".modelreg/ci"
+    assert folder.is_dir()
+    assert not folder.is_symlink()
+    assert ".modelreg/ci: is a symbolic link" in fleet.comment()

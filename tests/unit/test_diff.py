@@ -609,6 +609,33 @@ def test_md_text_cuts_long_values_and_drops_invisible_characters() -> None:
     assert md_text("---") == "\\---"
 
 
+def test_md_text_shows_emoji_shortcodes_as_typed() -> None:
+    """``:white_check_mark:`` would render as a check mark beside a reviewer's name."""
+    value = ":white_check_mark: approved :+1: at 10:30"
+    source = md_text(value)
+    assert source.startswith("\\:white\\_check\\_mark:")
+    assert "\\:+1:" in source
+    children = _inline(_markdown().parse(source))
+    assert "".join(c.content for c in children) == value
+
+
+def test_md_cut_keeps_a_comment_within_githubs_limit() -> None:
+    from registry.render import MarkdownLimits, md_cut
+
+    limits = MarkdownLimits(comment_chars=200)
+    assert md_cut("short\n", "*cut*", limits=limits) == "short\n"
+    long = "## head\n\n" + md_code_block("\n".join(f"problem {i}" for i in range(100)))
+    cut = md_cut(long, "*cut here*", limits=limits)
+    assert len(cut) <= 200
+    assert cut.endswith("\n*cut here*\n")
+    tokens = _markdown().parse(cut)
+    fences = [t for t in tokens if t.type == "fence"]
+    assert len(fences) == 1
+    assert fences[0].content.startswith("problem 0\n")
+    assert tokens[-2].type == "inline"
+    assert tokens[-2].content == "*cut here*"
+
+
 def _hostile_model(producer: str, *, hostile: bool) -> bytes:
     name = (lambda s: f"{s}{HOSTILE}") if hostile else (lambda s: s)
     weight = helper.make_tensor(name("w"), TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])

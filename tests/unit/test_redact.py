@@ -38,6 +38,10 @@ NO_ENV: dict[str, str] = {}
         ("s3://u:p@ss@bucket/key", "s3://***@bucket/key"),
         ("git+ssh://git@github.com/acme/fleet.git", "git+ssh://***@github.com/acme/fleet.git"),
         ("'https://x-access-token:ghs_abc@github.com/a/b'", "'https://***@github.com/a/b'"),
+        # a raw "/", "?" or "#" in a password (invalid, but a password is what it is)
+        ("https://user:pa/ss@host/x failed", "https://***@host/x failed"),
+        ("https://u:p#w?d@h.example/a", "https://***@h.example/a"),
+        ('{"uri": "http://u:a/b@h:5000/"}', '{"uri": "http://***@h:5000/"}'),
     ],
 )
 def test_url_credentials_are_removed(text: str, expected: str) -> None:
@@ -149,13 +153,21 @@ def test_a_multiline_secret_value_is_removed_as_repr_shows_it() -> None:
 
 
 def test_short_values_and_other_variables_are_left_alone() -> None:
-    env = {"GITHUB_TOKEN": "main", "MODELREG_TRACEBACK": "1", "GITHUB_REF": "refs/heads/main"}
-    text = "on refs/heads/main: main is protected"
+    env = {"GITHUB_TOKEN": "mai", "MODELREG_TRACEBACK": "1", "GITHUB_REF": "refs/heads/main"}
+    text = "on refs/heads/main: mai is protected"
     assert redact(text, env) == text
     assert secret_values(env) == []
     assert is_secret_name("modelreg_targets_key")
     assert not is_secret_name("GITHUB_REF")
     assert not is_secret_name("MODELREG_KEYS_DIR")
+
+
+def test_a_short_secret_is_removed_where_it_stands_alone() -> None:
+    """A 7-character password is still a password; as part of a longer word it is
+    left, so that it does not blank out ordinary words."""
+    env = {"DB_PASSWORD": "hunter2", "GH_TOKEN": "main"}
+    text = "login hunter2 failed; user:hunter2@db; hunter22 and maintainer are words"
+    assert redact(text, env) == "login *** failed; user:***@db; hunter22 and maintainer are words"
 
 
 def test_the_default_environment_is_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import pytest
 from tuf.api.metadata import Metadata, Root
 
 from pipelines.ci_base import Committed, released_floor
@@ -67,3 +68,32 @@ def test_a_rewritten_or_lost_root_is_a_problem(tmp_path: Path) -> None:
     (sim.metadata_dir / "2.root.json").write_bytes(genuine_v2)
     chain = [*current, Metadata[Root].from_bytes(genuine_v2)]
     assert released_floor(chain, [Committed("2.root.json", genuine_v2)])[1] == []
+
+
+def test_blobs_over_the_cap_are_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """History is read in batches; an object over the cap is sized, not read."""
+    from pipelines import ci_base
+    from tests.conftest import git
+
+    git(tmp_path, "init", "-q")
+    (tmp_path / "small.json").write_bytes(b"{}")
+    (tmp_path / "big.json").write_bytes(b"x" * 4096)
+    git(tmp_path, "add", ".")
+    git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t.invalid", "commit", "-qm", "c")
+    head = git(tmp_path, "rev-parse", "HEAD").strip()
+    big_sha = git(tmp_path, "rev-parse", f"{head}:big.json").strip()
+    monkeypatch.setattr(ci_base, "_MAX_BLOB", 1024)
+    asked: list[tuple[str, list[str]]] = []
+    real = ci_base._cat_file
+
+    def spy(root: Path, mode: str, names: list[str]) -> bytes:
+        asked.append((mode, list(names)))
+        return real(root, mode, names)
+
+    monkeypatch.setattr(ci_base, "_cat_file", spy)
+    names = [f"{head}:./small.json", f"{head}:./big.json", f"{head}:./gone.json", head,
+             f"{head}:./small.json"]  # fmt: skip
+    assert ci_base._blobs_at(tmp_path, names) == [b"{}", b"", b"", b"", b"{}"]
+    (batch,) = [shas for mode, shas in asked if mode == "--batch"]
+    assert big_sha not in batch
+    assert len(batch) == 1  # the small file once; a commit is not a file

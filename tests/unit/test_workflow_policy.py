@@ -23,6 +23,7 @@ printf '%s\\n' "$*" >> "$GH_LOG"
 case "$1 $2" in
   "pr list") printf '%s' "$FAKE_HEADS" ;;
   "run list") printf '%s' "$FAKE_RUN" ;;
+  "api --paginate") printf '%s' "$FAKE_REVIEWS" ;;
 esac
 """
 
@@ -34,8 +35,14 @@ def recheck_script() -> str:
     return str(step["run"])
 
 
-def recheck(tmp_path: Path, head: str, *, heads: str = "", run: str = "") -> tuple[int, list[str]]:
-    """Run the job's script; its exit code and the ``gh`` commands it ran."""
+def recheck(
+    tmp_path: Path, head: str, *, heads: str = "", run: str = "", reviews: str = "MEMBER\n"
+) -> tuple[int, list[str]]:
+    """Run the job's script; its exit code and the ``gh`` commands it ran.
+
+    ``heads`` is what ``gh pr list`` answers (``NUMBER HEAD`` lines), ``reviews`` the
+    author associations of the reviews of ``head``, ``run`` the check's run id.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     (bin_dir / "gh").write_text(FAKE_GH)
@@ -52,6 +59,7 @@ def recheck(tmp_path: Path, head: str, *, heads: str = "", run: str = "") -> tup
         "HEAD_SHA": head,
         "FAKE_HEADS": heads,
         "FAKE_RUN": run,
+        "FAKE_REVIEWS": reviews,
     }
     proc = subprocess.run(
         [bash, "-e", "-c", recheck_script()],
@@ -62,10 +70,11 @@ def recheck(tmp_path: Path, head: str, *, heads: str = "", run: str = "") -> tup
 
 
 def test_the_check_of_the_reviewed_head_is_run_again(tmp_path: Path) -> None:
-    code, calls = recheck(tmp_path, HEAD, heads=f"{HEAD}\n", run="4242")
+    code, calls = recheck(tmp_path, HEAD, heads=f"7 {HEAD}\n", run="4242")
     assert code == 0
     assert calls[-2:] == ["run watch 4242", "run rerun 4242"]
-    listed = calls[1].split()
+    assert calls[1].startswith("api --paginate repos/acme/fleet/pulls/7/reviews")
+    listed = calls[2].split()
     assert listed[:2] == ["run", "list"]
     # only the judge of this very commit, as pull_request_target ran it
     assert "pull_request_target" in listed
@@ -82,19 +91,42 @@ def test_a_review_found_by_no_search_still_rechecks(tmp_path: Path) -> None:
 def test_a_review_of_an_old_commit_reruns_nothing(tmp_path: Path) -> None:
     """Its approval counts for nothing, and re-running the old check would cancel the
     check of the new head (same concurrency group)."""
-    code, calls = recheck(tmp_path, HEAD, heads=f"{NEWER}\n", run="4242")
+    code, calls = recheck(tmp_path, HEAD, heads=f"7 {NEWER}\n", run="4242")
     assert code == 0
     assert [c.split()[:2] for c in calls] == [["pr", "list"]]
 
 
 def test_no_check_to_run_again(tmp_path: Path) -> None:
-    code, calls = recheck(tmp_path, HEAD, heads=f"{HEAD}\n", run="")
+    code, calls = recheck(tmp_path, HEAD, heads=f"7 {HEAD}\n", run="")
     assert code == 0
     assert not any(c.startswith("run rerun") for c in calls)
 
 
 @pytest.mark.parametrize("head", ["", "HEAD", "a" * 39, "A" * 40, f"{HEAD}; rm -rf /", "-x"])
 def test_anything_but_a_commit_id_is_refused(tmp_path: Path, head: str) -> None:
-    code, calls = recheck(tmp_path, head, heads=f"{HEAD}\n", run="4242")
+    code, calls = recheck(tmp_path, head, heads=f"7 {HEAD}\n", run="4242")
     assert code == 1
     assert calls == []
+
+
+@pytest.mark.parametrize("reviews", ["", "NONE\n", "CONTRIBUTOR\nFIRST_TIME_CONTRIBUTOR\n"])
+def test_reviews_by_outsiders_rerun_nothing(tmp_path: Path, reviews: str) -> None:
+    """Anyone can review a public pull request; only the repository's people count, so
+    only their reviews cost a re-run."""
+    code, calls = recheck(tmp_path, HEAD, heads=f"7 {HEAD}\n", run="4242", reviews=reviews)
+    assert code == 0
+    assert [c.split()[:2] for c in calls] == [["pr", "list"], ["api", "--paginate"]]
+
+
+def test_a_collaborators_review_among_outsiders_reruns_once(tmp_path: Path) -> None:
+    reviews = "NONE\nCOLLABORATOR\nNONE\n"
+    code, calls = recheck(tmp_path, HEAD, heads=f"7 {HEAD}\n", run="4242", reviews=reviews)
+    assert code == 0
+    assert calls.count("run rerun 4242") == 1
+
+
+def test_a_burst_of_reviews_queues_one_recheck_per_commit() -> None:
+    pr = yaml.safe_load((REPO_ROOT / "pipelines/templates/workflows/pr.yml").read_text())
+    concurrency = pr["jobs"]["recheck"]["concurrency"]
+    assert concurrency["group"].endswith("${{ github.event.workflow_run.head_sha }}")
+    assert concurrency["cancel-in-progress"] is False  # a dismissal is never cancelled
