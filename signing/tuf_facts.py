@@ -26,7 +26,7 @@ CUSTOM_KEY: Final = "modelreg"
 CHANNELS_PATH: Final = "channels.json"
 """Target path of the channels document."""
 
-TargetKind = Literal["artifact", "delta", "engine", "bundle", "channels"]
+TargetKind = Literal["artifact", "delta", "engine", "bundle", "channels", "version", "golden"]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{7,64}$")]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=256)]
@@ -38,8 +38,9 @@ class TargetFacts(Strict):
 
     Attributes:
         kind: what the file is: a full ONNX ``artifact``, a ``delta`` from ``base``,
-            a prebuilt ``engine`` for ``target``, an OMS signature ``bundle``, or the
-            ``channels`` document.
+            a prebuilt ``engine`` for ``target``, an OMS signature ``bundle``, the
+            ``channels`` document, a version's device-facing description
+            (``version``, see ``signing.version_doc``) or a ``golden`` case's arrays.
         model, version: the model version the file belongs to (all kinds but channels).
         git_commit, ci_run: where the release was built.
         parent: the version's declared parent.

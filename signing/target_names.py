@@ -1,0 +1,110 @@
+"""Where each release file lives among the signed targets (stable API).
+
+One module names every TUF target path, for CI (``pipelines.publish``, ``pipelines.ci``,
+``signing.workspace``) and for devices (``edge_sync``), so that the two sides cannot
+drift apart.  Paths are POSIX, relative to the targets root, and made only of names the
+manifests already validated (DNS-label model and target names, SemVer versions, golden
+case names); every function here refuses anything else rather than build a path that
+could climb out of its folder.
+
+=====================  ============================================  =================
+kind                   path                                          written
+=====================  ============================================  =================
+``artifact``           ``models/<model>/<version>.onnx``             once per version
+``bundle``             ``bundles/<model>/<version>.sigstore.json``   once per version
+``delta``              ``deltas/<model>/<version>.from-<base>.delta``  once per pair
+``engine``             ``engines/<model>/<version>/<target>.<ext>``  once per target
+``version``            ``versions/<model>/<version>.json``           once per version
+``golden``             ``goldens/<model>/<version>/<case>.<side>.npz``  once per case
+``channels``           ``channels.json``                             every change
+=====================  ============================================  =================
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal
+
+from registry.errors import UsageError
+from registry.schema import DNS_LABEL_RE, SYMBOL_RE, is_semver
+from signing.tuf_facts import CHANNELS_PATH
+
+__all__ = [
+    "CHANNELS_PATH",
+    "ENGINE_SUFFIXES",
+    "GoldenSide",
+    "artifact_path",
+    "bundle_path",
+    "delta_path",
+    "engine_file_name",
+    "engine_path",
+    "golden_path",
+    "version_path",
+]
+
+ENGINE_SUFFIXES: Final = {"onnxruntime": "ort.onnx", "tensorrt": "plan"}
+"""File suffix of a prebuilt engine, by engine kind."""
+
+GoldenSide = Literal["inputs", "outputs"]
+
+_NAME: Final = re.compile(DNS_LABEL_RE)
+_CASE: Final = re.compile(SYMBOL_RE.replace("_]", "_.-]"))
+
+
+def _name(value: str, what: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise UsageError(f"{what} {value!r} is not a DNS label")
+    return value
+
+
+def _version(value: str) -> str:
+    if not is_semver(value):
+        raise UsageError(f"version {value!r} is not SemVer")
+    return value
+
+
+def artifact_path(model: str, version: str) -> str:
+    """The full ONNX file of a version."""
+    return f"models/{_name(model, 'model')}/{_version(version)}.onnx"
+
+
+def bundle_path(model: str, version: str) -> str:
+    """The OpenSSF Model Signing bundle of a version."""
+    return f"bundles/{_name(model, 'model')}/{_version(version)}.sigstore.json"
+
+
+def delta_path(model: str, version: str, base: str) -> str:
+    """The delta that turns ``base``'s artifact into ``version``'s."""
+    return f"deltas/{_name(model, 'model')}/{_version(version)}.from-{_version(base)}.delta"
+
+
+def engine_file_name(target: str, engine: str | None) -> str:
+    """The file name of a prebuilt engine for device target ``target``.
+
+    Raises:
+        ValueError: ``target`` is not a target name, or ``engine`` makes no file.
+    """
+    suffix = ENGINE_SUFFIXES.get(engine or "")
+    if suffix is None:
+        raise UsageError(f"engine {engine!r} makes no prebuilt file")
+    return f"{_name(target, 'target')}.{suffix}"
+
+
+def engine_path(model: str, version: str, target: str, engine: str | None) -> str:
+    """The prebuilt engine of a version for one device target."""
+    name = engine_file_name(target, engine)
+    return f"engines/{_name(model, 'model')}/{_version(version)}/{name}"
+
+
+def version_path(model: str, version: str) -> str:
+    """The device-facing description of a version (``signing.version_doc.VersionDoc``)."""
+    return f"versions/{_name(model, 'model')}/{_version(version)}.json"
+
+
+def golden_path(model: str, version: str, case: str, side: GoldenSide) -> str:
+    """One side of one golden case of a version, as an ``.npz`` file."""
+    if not _CASE.fullmatch(case) or case.startswith("."):
+        raise UsageError(f"golden case {case!r} is not a case name")
+    if side not in ("inputs", "outputs"):
+        raise UsageError(f"golden side {side!r} is neither inputs nor outputs")
+    return f"goldens/{_name(model, 'model')}/{_version(version)}/{case}.{side}.npz"
