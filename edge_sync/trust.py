@@ -118,6 +118,19 @@ def _translated(subject: str) -> Iterator[None]:
         raise TrustFetchError(f"{subject}: {detail}") from e
 
 
+class _Counting(FetcherInterface):
+    """A fetcher that counts the bytes another one yields (what a device downloaded)."""
+
+    def __init__(self, inner: FetcherInterface) -> None:
+        self._inner = inner
+        self.received = 0
+
+    def _fetch(self, url: str) -> Iterator[bytes]:
+        for chunk in self._inner._fetch(url):
+            self.received += len(chunk)
+            yield chunk
+
+
 def _parse_root(data: bytes, where: str) -> Metadata[Root]:
     with _translated(where):
         md = Metadata[Root].from_bytes(data)
@@ -188,8 +201,13 @@ class DeviceTrust:
         remote_url, remote_dir = _base_url(remote)
         self._targets_url = f"{remote_url}{TARGETS_DIR}/"
         roots = [d for d in (metadata_dir, remote_dir and remote_dir / TARGETS_DIR) if d]
-        self._fetcher = fetcher or LocalFetcher(roots, limits=self._limits)
+        self._fetcher = _Counting(fetcher or LocalFetcher(roots, limits=self._limits))
         self._updater: Updater | None = None
+
+    @property
+    def bytes_downloaded(self) -> int:
+        """Bytes received from the transports (metadata and targets) by this object."""
+        return self._fetcher.received
 
     @staticmethod
     def provision(state_dir: Path, root_json: bytes, *, replace: bool = False) -> None:

@@ -49,6 +49,7 @@ def _register() -> None:
         check_cmds,
         ci_cmds,
         diff_cmd,
+        edge_cmds,
         register_cmd,
         repo_cmds,
         trust_cmds,
@@ -70,6 +71,7 @@ def _register() -> None:
     cli.add_command(diff_cmd.diff)
     cli.add_command(ci_cmds.ci)
     cli.add_command(register_cmd.register)
+    cli.add_command(edge_cmds.edge)
 
 
 _register()

@@ -1,0 +1,241 @@
+"""``edge.yaml``: what one device follows, trusts, and serves (stable API).
+
+Strict like the manifests: unknown keys and bad values are refused, each with
+``edge.yaml:line:col`` (the same loader and error type, ``registry.errors.ManifestError``).
+Durations are written ``500ms``, ``30s``, ``5m``, ``1h`` (a bare number is seconds);
+sizes ``512MiB``, ``2GiB``, ``100MB`` (a bare number is bytes).  Paths, and URLs that
+are plain paths, are relative to the config file's folder.  See SPEC section 7::
+
+    apiVersion: modelreg/v1
+    kind: EdgeConfig
+    device: {id: cam-0042, labels: {arch: x86_64}}
+    repository: {url: git://127.0.0.1/fleet.git, branch: main, poll_interval: 60s}
+    trust: {root: /etc/modelreg/1.root.json}
+    artifacts: {url: file:///srv/models/modelreg}
+    models: [{name: mlp, channel: production}]
+    state_dir: /var/lib/modelreg
+    serve: {listen: 127.0.0.1:8000, memory_budget: 2GiB}
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+from urllib.parse import urlparse
+
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, model_validator
+
+from registry.errors import ManifestError
+from registry.loader import validate_document
+from registry.schema import Labels, Name, Strict
+from registry.yamlsrc import read_yaml
+
+__all__ = [
+    "ArtifactsConfig",
+    "DeviceConfig",
+    "EdgeConfig",
+    "RepositoryConfig",
+    "ServeConfig",
+    "Subscription",
+    "TrustConfig",
+    "load_edge_config",
+    "parse_duration",
+    "parse_size",
+]
+
+_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS: Final = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}  # fmt: skip
+_SCHEMES: Final = ("file", "git", "http", "https", "ssh")
+_ARTIFACT_SCHEMES: Final = ("file", "http", "https", "s3")
+_LOCAL_URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``500ms``, ``30s``, ``5m``, ``1h`` or a number of seconds.
+
+    Raises:
+        ValueError: anything else, or a negative duration.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 500ms, 30s, 5m or 1h")  # noqa: TRY004
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value) if isinstance(value, str) else None
+        if match is None:
+            raise ValueError("expected a duration such as 500ms, 30s, 5m or 1h")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not 0 <= seconds < 10**9:
+        raise ValueError("a duration is between 0 and 10^9 seconds")
+    return seconds
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``512MiB``, ``2GiB``, ``100MB``, ``4096`` ...
+
+    Raises:
+        ValueError: anything else.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 512MiB or 2GiB")  # noqa: TRY004
+    if isinstance(value, int):
+        size = value
+    else:
+        match = _SIZE.match(value) if isinstance(value, str) else None
+        if match is None:
+            raise ValueError("expected a size such as 512MiB or 2GiB")
+        size = int(float(match.group(1)) * _SIZE_UNITS[(match.group(2) or "b").lower()])
+    if size <= 0:
+        raise ValueError("a size must be positive")
+    return size
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Size = Annotated[int, BeforeValidator(parse_size)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+DeviceId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
+
+
+def _url(schemes: tuple[str, ...]) -> Any:
+    def check(value: str) -> str:
+        if _LOCAL_URL.match(value):
+            scheme = urlparse(value).scheme.lower()
+            if scheme not in schemes:
+                shown = ", ".join(f"{s}://" for s in schemes)
+                raise ValueError(f"unsupported URL scheme {scheme!r}: use a path or {shown}")
+        return value
+
+    return AfterValidator(check)
+
+
+def _listen(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError("expected host:port, e.g. 127.0.0.1:8000 (port 0 picks a free one)")
+    return value
+
+
+class DeviceConfig(Strict):
+    """Who the device is: its id (rollout cohorts hash it) and its labels (matched by
+    the selectors of a version's targets)."""
+
+    id: DeviceId
+    labels: Labels = Field(default_factory=dict)
+
+
+class RepositoryConfig(Strict):
+    """The git repository the device follows for signed metadata."""
+
+    url: Annotated[Text, _url(_SCHEMES)]
+    branch: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/-]{1,255}$")] = "main"
+    poll_interval: Annotated[Duration, Field(gt=0)] = 60.0
+    jitter: Annotated[float, Field(ge=0, lt=1)] = 0.2
+    max_backoff: Annotated[Duration, Field(gt=0)] = 900.0
+
+    @model_validator(mode="after")
+    def _branch_is_a_ref(self) -> RepositoryConfig:
+        if ".." in self.branch or self.branch.startswith(("-", "/")) or self.branch.endswith("/"):
+            raise ValueError(f"branch {self.branch!r} is not a branch name")
+        return self
+
+
+class TrustConfig(Strict):
+    """The provisioned trust anchor (the repository's ``1.root.json``)."""
+
+    root: Text
+
+
+class ArtifactsConfig(Strict):
+    """The artifact remote: ``<DVC remote>/modelreg``."""
+
+    url: Annotated[Text, _url(_ARTIFACT_SCHEMES)]
+
+
+class Subscription(Strict):
+    """One model the device runs, and the channel it follows."""
+
+    name: Name
+    channel: Name
+
+
+class ServeConfig(Strict):
+    """The inference server (Open Inference Protocol v2)."""
+
+    listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:8000"
+    memory_budget: Size | None = None
+
+
+def _unique_models(subscriptions: list[Subscription]) -> list[Subscription]:
+    names = [s.name for s in subscriptions]
+    for name in names:
+        if names.count(name) > 1:
+            raise ValueError(f"model {name!r} is subscribed twice (one channel per model)")
+    return subscriptions
+
+
+class EdgeConfig(Strict):
+    """``edge.yaml``: the whole configuration of one device's daemon."""
+
+    api_version: Literal["modelreg/v1"] = Field(alias="apiVersion")
+    kind: Literal["EdgeConfig"]
+    device: DeviceConfig
+    repository: RepositoryConfig
+    trust: TrustConfig
+    artifacts: ArtifactsConfig
+    models: Annotated[list[Subscription], Field(max_length=64), AfterValidator(_unique_models)] = (
+        Field(default_factory=list)
+    )
+    state_dir: Text
+    serve: ServeConfig = ServeConfig()
+
+    @property
+    def state_path(self) -> Path:
+        """The state dir (absolute once loaded by :func:`load_edge_config`)."""
+        return Path(self.state_dir)
+
+    @property
+    def root_path(self) -> Path:
+        """The provisioned root file."""
+        return Path(self.trust.root)
+
+
+def _resolve(value: str, base: Path) -> str:
+    """A path (or a URL that is a plain path) made absolute against ``base``."""
+    if _LOCAL_URL.match(value):
+        return value
+    path = Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path))
+
+
+def load_edge_config(path: Path) -> EdgeConfig:
+    """Read and validate ``edge.yaml``; relative paths resolved against its folder.
+
+    Raises:
+        ManifestError: unreadable, invalid YAML, or invalid content (file:line:col).
+    """
+    doc = read_yaml(path, str(path))
+    config = validate_document(doc, EdgeConfig)
+    base = path.resolve().parent
+    try:
+        return config.model_copy(
+            update={
+                "state_dir": _resolve(config.state_dir, base),
+                "trust": config.trust.model_copy(
+                    update={"root": _resolve(config.trust.root, base)}
+                ),
+                "repository": config.repository.model_copy(
+                    update={"url": _resolve(config.repository.url, base)}
+                ),
+                "artifacts": config.artifacts.model_copy(
+                    update={"url": _resolve(config.artifacts.url, base)}
+                ),
+            }
+        )
+    except ValueError as e:  # pragma: no cover - model_copy does not validate
+        raise ManifestError.single(str(path), str(e)) from None

@@ -1,0 +1,209 @@
+"""``modelreg edge run``: the device's loop, and ``modelreg edge status``.
+
+The daemon takes the state dir's lock, serves what the state file names (no network
+needed), syncs once, then every poll interval with jitter; SIGHUP syncs at once, SIGTERM
+(or SIGINT) stops it cleanly (exit 0).  After a failed sync the next try comes after
+min(poll_interval, 5 s), doubling up to ``max_backoff``; a rejected version is no failure.
+With systemd it reports readiness and status through ``NOTIFY_SOCKET`` (``Type=notify``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+from edge_sync.config import EdgeConfig
+from edge_sync.engine import EngineHost, InProcessHost
+from edge_sync.limits import TrustLimits
+from edge_sync.state import DaemonInfo, StateDir, now_iso
+from edge_sync.trust import TRUST_DIR, DeviceTrust
+from edge_sync.updater import SyncReport, Updater
+
+__all__ = ["Daemon", "backoff_delay", "next_delay", "status_document"]
+
+FIRST_RETRY_S: Final = 5.0
+
+
+def next_delay(poll_s: float, jitter: float, rng: random.Random) -> float:
+    """The wait before the next regular poll: ``poll_s * (1 +- jitter)``."""
+    return float(poll_s * (1 + rng.uniform(-jitter, jitter)))
+
+
+def backoff_delay(failures: int, poll_s: float, max_backoff_s: float) -> float:
+    """The wait after ``failures`` failed syncs in a row (``failures >= 1``)."""
+    first = min(poll_s, FIRST_RETRY_S)
+    return float(min(first * 2.0 ** (failures - 1), max(max_backoff_s, first)))
+
+
+def _notify(message: str) -> None:
+    """Tell systemd (``NOTIFY_SOCKET``) something; a no-op without it."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(message.encode())
+
+
+@dataclass
+class Daemon:
+    """The device's loop over one config."""
+
+    config: EdgeConfig
+    host: EngineHost = field(default_factory=InProcessHost)
+    limits: TrustLimits | None = None
+    on_sync: Callable[[SyncReport], None] | None = None
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def request_sync(self) -> None:
+        """Sync now (what SIGHUP does)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Stop after the current stage (what SIGTERM does)."""
+        self._stop.set()
+        self._wake.set()
+
+    def _signals(self) -> None:
+        def on_hup(_sig: int, _frame: FrameType | None) -> None:
+            self.request_sync()
+
+        def on_term(_sig: int, _frame: FrameType | None) -> None:
+            self.stop()
+
+        signal.signal(signal.SIGHUP, on_hup)
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+
+    def run(self, *, install_signals: bool = True, listen: str | None = None) -> int:
+        """Run until stopped; the exit code (0 on a clean stop).
+
+        Raises:
+            LockedError: another daemon holds the state dir.
+            KeyMaterialError: the trust root cannot be provisioned.
+        """
+        state = StateDir(self.config.state_path)
+        state.lock()
+        try:
+            if install_signals:
+                self._signals()
+            _provision(self.config, state)
+            state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
+            updater = Updater(self.config, state, self.host, limits=self.limits)
+            updater.resume()
+            _notify("READY=1\nSTATUS=serving what the state names; syncing")
+            rng = random.Random()  # noqa: S311 - jitter, not secrecy
+            failures = 0
+            repo = self.config.repository
+            while not self._stop.is_set():
+                self._wake.clear()
+                report = updater.sync()
+                if self.on_sync is not None:
+                    self.on_sync(report)
+                if report.result == "failed":
+                    failures += 1
+                    delay = backoff_delay(failures, repo.poll_interval, repo.max_backoff)
+                else:
+                    failures = 0
+                    delay = next_delay(repo.poll_interval, repo.jitter, rng)
+                _notify(f"STATUS=last sync: {report.result}")
+                self._wake.wait(delay)
+            _notify("STOPPING=1")
+            return 0
+        finally:
+            state.unlock()
+
+
+def _provision(config: EdgeConfig, state: StateDir) -> None:
+    """Install the configured trust root on first run (a no-op once it is there).
+
+    Raises:
+        KeyMaterialError: the root file cannot be read.
+        VerificationError: it is not a root signed by its own keys.
+        ValueError: the device already trusts another root.
+    """
+    from signing.errors import KeyMaterialError
+
+    try:
+        data = config.root_path.read_bytes()
+    except OSError as e:
+        raise KeyMaterialError(
+            f"{config.root_path}: cannot read the trust root ({e.strerror})"
+        ) from None
+    DeviceTrust.provision(state.root, data)
+
+
+def _role_expiry(state_root: Path, role: str) -> tuple[int | None, str | None]:
+    path = state_root / TRUST_DIR / "metadata" / f"{role}.json"
+    try:
+        signed = json.loads(path.read_bytes())["signed"]
+        return int(signed["version"]), str(signed["expires"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, None
+
+
+def status_document(config: EdgeConfig) -> dict[str, Any]:
+    """``edge status --json`` (SPEC section 7): read from the state dir, whether the
+    daemon runs or not.
+
+    Raises:
+        StateError: the state file is corrupt.
+    """
+    state_dir = StateDir(config.state_path)
+    running = state_dir.locked_by_other()
+    info = state_dir.daemon_info() if running else None
+    state = state_dir.load()
+    version, expires = _role_expiry(state_dir.root, "timestamp")
+    stale = None
+    if expires is not None:
+        with contextlib.suppress(ValueError):
+            stale = datetime.fromisoformat(expires.replace("Z", "+00:00")) <= datetime.now(UTC)
+    models: dict[str, Any] = {}
+    for sub in config.models:
+        model = state.models.get(sub.name)
+
+        def brief(installed: Any) -> dict[str, Any] | None:
+            return None if installed is None else {
+                "version": installed.version, "sha256": installed.sha256,
+                "target": installed.target, "kind": installed.kind,
+            }  # fmt: skip
+
+        models[sub.name] = {
+            "channel": sub.channel,
+            "serving": brief(model.serving) if model else None,
+            "previous": brief(model.previous) if model else None,
+            "last_known_good": brief(model.last_known_good) if model else None,
+            "last_update": model.last_update.model_dump(mode="json")
+            if model and model.last_update
+            else None,
+            "rejected": [
+                {"version": r.version, "sha256": r.sha256, "reason": r.reason, "at": r.at}
+                for r in (model.rejected if model else [])
+            ],
+        }
+    return {
+        "device": config.device.id,
+        "daemon": {
+            "running": running,
+            "pid": info.pid if info else None,
+            "listen": info.listen if info else None,
+            "started": info.started if info else None,
+        },
+        "trust": {"timestamp_version": version, "timestamp_expires": expires, "stale": stale},
+        "sync": state.sync.model_dump(mode="json"),
+        "models": models,
+    }

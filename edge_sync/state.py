@@ -1,0 +1,366 @@
+"""The device's state dir: one atomically replaced state file, content-addressed blobs,
+a lock, and the daemon's announcement (stable API).
+
+Layout (SPEC section 7)::
+
+    <state_dir>/
+      lock                  held (flock) by the running daemon; a second one is refused
+      state.json            what is installed and why: replaced atomically, never edited
+      daemon.json           the running daemon's pid, listen address, start time
+      blobs/sha256/<hex>    verified files by SHA-256 (artifacts, engines, goldens)
+      tmp/                  downloads and delta outputs in progress (never used as is)
+      checkout/             the sparse git checkout (untrusted: only metadata is read)
+      trust/                the TUF client's trusted metadata (``edge_sync.trust``)
+
+Crash safety rests on two rules: a blob appears under its digest only once its bytes
+verified (written in ``tmp/``, fsynced, renamed), and ``state.json`` names only blobs
+that exist.  So after a SIGKILL at any point the state file is the old one or the new
+one, every blob it names is whole, and what is left in ``tmp/`` is discarded (or
+resumed, for a download) at the next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from registry.atomic import fsync_dir, write_atomic
+from registry.errors import RegistryError
+
+__all__ = [
+    "BLOBS_DIR",
+    "STATE_FILE",
+    "BlobStore",
+    "DaemonInfo",
+    "DeviceState",
+    "Installed",
+    "LockedError",
+    "ModelState",
+    "Rejected",
+    "StateDir",
+    "StateError",
+    "SyncInfo",
+    "UpdateRecord",
+    "now_iso",
+]
+
+STATE_FILE: Final = "state.json"
+DAEMON_FILE: Final = "daemon.json"
+LOCK_FILE: Final = "lock"
+BLOBS_DIR: Final = "blobs/sha256"
+TMP_DIR: Final = "tmp"
+CHECKOUT_DIR: Final = "checkout"
+FORMAT: Final = 1
+MAX_STATE_BYTES: Final = 16 << 20
+MAX_REJECTED: Final = 32
+"""Rejected digests kept per model (the oldest are forgotten first)."""
+_HASH_CHUNK: Final = 1 << 20
+
+
+class StateError(RegistryError):
+    """The state dir cannot be used: a corrupt state file, a foreign format."""
+
+
+class LockedError(RegistryError):
+    """Another daemon holds the state dir."""
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 with seconds and ``Z``."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Installed(_Model):
+    """One installed version: the verified file served, and how it came.
+
+    Attributes:
+        version: the model version.
+        sha256: digest of the file the engine loads (the artifact, or a prebuilt engine).
+        artifact_sha256: digest of the version's artifact when the device holds it (the
+            base of a later delta), else None.
+        target: the device target whose settings run it.
+        kind: ``artifact`` (an ONNX file run by ONNX Runtime) or ``engine`` (a
+            prebuilt engine file).
+    """
+
+    version: str
+    sha256: str
+    artifact_sha256: str | None = None
+    target: str | None = None
+    kind: Literal["artifact", "engine"] = "artifact"
+
+
+class Rejected(_Model):
+    """A version that verified but failed its self-test (or could not be installed for
+    a reason that another try would not change); not tried again while ``signed`` (the
+    digest of its signed description and artifact) is the same."""
+
+    version: str
+    sha256: str
+    signed: str
+    reason: str
+    at: str
+
+
+class UpdateRecord(_Model):
+    """The last sync that installed, failed or rejected something for one model."""
+
+    result: Literal["installed", "failed", "rejected"]
+    version: str | None = None
+    method: Literal["delta", "full", "cached", "engine"] | None = None
+    bytes_fetched: int = 0
+    reason: str | None = None
+    finished: str
+    stages_ms: dict[str, float] = Field(default_factory=dict)
+
+
+class ModelState(_Model):
+    """What one subscribed model runs, ran, and refused."""
+
+    channel: str
+    serving: Installed | None = None
+    previous: Installed | None = None
+    last_known_good: Installed | None = None
+    last_update: UpdateRecord | None = None
+    rejected: list[Rejected] = Field(default_factory=list)
+
+
+class SyncInfo(_Model):
+    """The last sync as a whole (device-wide failures land here)."""
+
+    last_checked: str | None = None
+    result: Literal["current", "failed", "updated"] | None = None
+    reason: str | None = None
+    commit: str | None = None
+
+
+class DeviceState(_Model):
+    """``state.json``."""
+
+    format: Annotated[int, Field(ge=1)] = FORMAT
+    device: str = ""
+    channels: dict[str, Any] | None = None
+    """The last accepted signed channels document (its sequences are high-water marks)."""
+    models: dict[str, ModelState] = Field(default_factory=dict)
+    sync: SyncInfo = SyncInfo()
+
+    def with_model(self, name: str, model: ModelState) -> DeviceState:
+        """A copy with ``name``'s state replaced."""
+        return self.model_copy(update={"models": {**self.models, name: model}})
+
+    def referenced_blobs(self) -> set[str]:
+        """Every blob digest the state names (serving, previous, last known good)."""
+        found: set[str] = set()
+        for model in self.models.values():
+            for installed in (model.serving, model.previous, model.last_known_good):
+                if installed is not None:
+                    found.add(installed.sha256)
+                    if installed.artifact_sha256:
+                        found.add(installed.artifact_sha256)
+        return found
+
+
+class DaemonInfo(_Model):
+    """``daemon.json``: written by the running daemon for ``edge status``."""
+
+    pid: int
+    listen: str | None = None
+    started: str
+
+
+class BlobStore:
+    """Verified files by SHA-256 under ``blobs/sha256/``."""
+
+    def __init__(self, folder: Path, tmp: Path) -> None:
+        """Use ``folder`` for blobs and ``tmp`` for files in progress (same filesystem)."""
+        self.folder = folder
+        self.tmp = tmp
+
+    def path(self, sha256: str) -> Path:
+        """Where blob ``sha256`` lives (whether or not it exists)."""
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise StateError(f"not a SHA-256 digest: {sha256[:80]!r}")
+        return self.folder / sha256
+
+    def has(self, sha256: str) -> bool:
+        """Whether the blob exists (its content is trusted: it verified when added)."""
+        return self.path(sha256).is_file()
+
+    def verify(self, sha256: str) -> bool:
+        """Whether the blob exists and still hashes to its name (a disk may rot)."""
+        try:
+            with self.path(sha256).open("rb") as fh:
+                hasher = hashlib.sha256()
+                while chunk := fh.read(_HASH_CHUNK):
+                    hasher.update(chunk)
+        except FileNotFoundError:
+            return False
+        return hasher.hexdigest() == sha256
+
+    def adopt(self, verified: Path, sha256: str) -> Path:
+        """Move a file whose content verified as ``sha256`` into the store.
+
+        The caller verified it; it must be on the same filesystem (``tmp/``).
+        """
+        dest = self.path(sha256)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with verified.open("rb") as fh:
+            os.fsync(fh.fileno())
+        verified.chmod(0o444)
+        verified.replace(dest)
+        fsync_dir(self.folder)
+        return dest
+
+    def collect(self, keep: set[str]) -> list[str]:
+        """Remove every blob not in ``keep``; returns the digests removed."""
+        removed: list[str] = []
+        if not self.folder.is_dir():
+            return removed
+        for path in self.folder.iterdir():
+            if path.name not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                removed.append(path.name)
+        if removed:
+            fsync_dir(self.folder)
+        return removed
+
+    def clear_tmp(self, keep: frozenset[str] = frozenset()) -> None:
+        """Remove files in progress left by a crash, but those named in ``keep``."""
+        if not self.tmp.is_dir():
+            return
+        for path in self.tmp.iterdir():
+            if path.name not in keep and path.is_file():
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
+
+class StateDir:
+    """One device's state dir: the lock, the state file, the blobs."""
+
+    def __init__(self, root: Path) -> None:
+        """Use ``root`` (created when first locked)."""
+        self.root = root
+        self.blobs = BlobStore(root / BLOBS_DIR, root / TMP_DIR)
+        self._lock_fd: int | None = None
+
+    @property
+    def checkout(self) -> Path:
+        """The git checkout folder."""
+        return self.root / CHECKOUT_DIR
+
+    # --- the lock --------------------------------------------------------------------
+
+    def lock(self) -> None:
+        """Take the state dir for this process (until :meth:`unlock` or exit).
+
+        Raises:
+            LockedError: another live process holds it.
+            OSError: the state dir cannot be created.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                info = self.daemon_info()
+                who = f" (pid {info.pid})" if info else ""
+                raise LockedError(
+                    f"{self.root}: another modelreg edge daemon{who} uses this state dir"
+                ) from None
+            raise
+        self._lock_fd = fd
+        for folder in (self.blobs.folder, self.blobs.tmp):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def unlock(self) -> None:
+        """Release the lock (and forget the daemon announcement)."""
+        if self._lock_fd is None:
+            return
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / DAEMON_FILE).unlink()
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+    def locked_by_other(self) -> bool:
+        """Whether a live process (not this one) holds the lock."""
+        path = self.root / LOCK_FILE
+        if self._lock_fd is not None or not path.exists():
+            return False
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock we may have taken
+        return False
+
+    # --- the files -------------------------------------------------------------------
+
+    def load(self) -> DeviceState:
+        """The committed state (a fresh one before the first commit).
+
+        Raises:
+            StateError: the state file is corrupt or of a newer format.
+        """
+        path = self.root / STATE_FILE
+        try:
+            with path.open("rb") as fh:
+                raw = fh.read(MAX_STATE_BYTES + 1)
+        except FileNotFoundError:
+            return DeviceState()
+        if len(raw) > MAX_STATE_BYTES:
+            raise StateError(f"{path}: larger than {MAX_STATE_BYTES} bytes; not a state file")
+        try:
+            state = DeviceState.model_validate_json(raw)
+        except ValidationError as e:
+            detail = e.errors()[0]
+            where = ".".join(str(p) for p in detail["loc"]) or "document"
+            raise StateError(f"{path}: corrupt state file ({where}: {detail['msg']})") from None
+        if state.format > FORMAT:
+            raise StateError(f"{path}: format {state.format} is newer than this modelreg's")
+        return state
+
+    def commit(self, state: DeviceState) -> None:
+        """Replace the state file atomically and durably."""
+        data = json.dumps(state.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+        self.root.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.root / STATE_FILE, data.encode(), mode=0o644)
+
+    def announce(self, info: DaemonInfo) -> None:
+        """Write ``daemon.json`` for ``edge status``."""
+        data = json.dumps(info.model_dump(mode="json"), indent=1) + "\n"
+        write_atomic(self.root / DAEMON_FILE, data.encode(), mode=0o644)
+
+    def daemon_info(self) -> DaemonInfo | None:
+        """The running daemon's announcement, if any (may be stale: check the lock)."""
+        try:
+            return DaemonInfo.model_validate_json((self.root / DAEMON_FILE).read_bytes())
+        except (OSError, ValidationError):
+            return None
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[StateDir]:
+        """``with state_dir.locked():`` hold the lock for the block."""
+        self.lock()
+        try:
+            yield self
+        finally:
+            self.unlock()

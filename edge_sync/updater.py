@@ -1,0 +1,547 @@
+"""One sync of the device: detect, verify, plan, fetch, verify bytes, apply, build,
+self-test, swap, commit (SPEC section 7, "Loop").
+
+:class:`Updater` is what the daemon calls once per poll.  Every file it acts on is a
+TUF target verified by :class:`~edge_sync.trust.DeviceTrust`; the git checkout carries
+only the metadata.  A failure at any stage keeps what the device serves and is recorded
+(``state.json``: ``sync`` for device-wide failures, the model's ``last_update``
+otherwise).  A version that verified and then failed its self-test, or cannot run on
+this device, is *rejected*: recorded with its reason and not tried again until its
+signed description or artifact changes.
+
+The plan picks the cheapest verified way to the version's bytes: a blob already held
+(``cached``); a chain of signed deltas from a version held locally when their total is
+smaller than the full file (``delta``); else the full artifact (``full``), or the
+prebuilt engine for the chosen target when its engine is not one the device builds
+itself (``engine``; TensorRT plans).  ONNX Runtime targets always take the artifact,
+which later deltas apply to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
+
+from edge_sync.config import EdgeConfig
+from edge_sync.engine import (
+    EngineError,
+    EngineHost,
+    GoldenCase,
+    LoadRequest,
+    SelfTestError,
+    self_test,
+)
+from edge_sync.limits import TrustLimits
+from edge_sync.state import (
+    DeviceState,
+    Installed,
+    ModelState,
+    Rejected,
+    StateDir,
+    SyncInfo,
+    UpdateRecord,
+    now_iso,
+)
+from edge_sync.trust import DeviceTrust, SignedTarget
+from edge_sync.watcher import GitError, GitWatcher
+from registry.errors import RegistryError
+from signing.errors import FileSetError, SigningError, VerificationError
+from signing.target_names import artifact_path, delta_path, engine_path, golden_path, version_path
+from signing.tuf_facts import ChannelsDoc, TargetKind, check_channels_successor
+from signing.version_doc import VersionDoc
+
+if TYPE_CHECKING:
+    from registry.schema import Target
+
+__all__ = ["STAGES", "SyncReport", "Updater", "in_cohort"]
+
+STAGES: Final = (
+    "detect", "verify_metadata", "plan", "fetch", "verify_bytes", "apply_delta", "build",
+    "self_test", "swap", "commit",
+)  # fmt: skip
+DESCRIPTIONS_DIR: Final = "descriptions"
+"""Signed descriptions of installed versions, kept to rebuild engines offline."""
+MAX_DELTA_CHAIN: Final = 16
+"""Most deltas applied in a row (each is a full decode of the model)."""
+
+
+def in_cohort(device_id: str, model: str, version: str, percent: float | None) -> bool:
+    """Whether a device takes ``version`` of ``model`` under a rollout of ``percent``.
+
+    A stable hash of (device id, model, version) mapped to [0, 100): the same device
+    gets the same answer across restarts, and about ``percent`` of all devices are in.
+    """
+    if percent is None or percent >= 100:
+        return True
+    if percent <= 0:
+        return False
+    digest = hashlib.sha256(f"{device_id}\0{model}\0{version}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 * 100 < percent
+
+
+class _Stages:
+    """Milliseconds per stage of one update."""
+
+    def __init__(self, start: Mapping[str, float] | None = None) -> None:
+        self.ms: dict[str, float] = dict(start or {})
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[stage] = round(self.ms.get(stage, 0.0) + (time.perf_counter() - t0) * 1000, 3)
+
+
+class _RejectedError(Exception):
+    """The version cannot be installed on this device: reject it (no backoff)."""
+
+
+@dataclass
+class SyncReport:
+    """What one sync did.
+
+    Attributes:
+        result: ``current`` (nothing new), ``updated`` (something installed) or
+            ``failed`` (a device-wide or a model's failure: back off).
+        reason: why it failed (device-wide failures).
+        updates: the update record of each model that changed this sync.
+    """
+
+    result: Literal["current", "updated", "failed"]
+    reason: str | None = None
+    updates: dict[str, UpdateRecord] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    method: Literal["cached", "delta", "full", "engine"]
+    kind: Literal["artifact", "engine"]
+    sha256: str
+    target_path: str
+    chain: tuple[tuple[str, str, SignedTarget], ...] = ()  # (version, from, delta info), base first
+    base_sha256: str | None = None
+
+
+class Updater:
+    """Brings one device's models to what their channels assign, safely."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        state: StateDir,
+        host: EngineHost,
+        *,
+        limits: TrustLimits | None = None,
+        watcher: GitWatcher | None = None,
+    ) -> None:
+        """Update the models of ``config`` in ``state``, serving through ``host``.
+
+        The caller holds the state dir's lock.
+        """
+        self.config = config
+        self.state = state
+        self.host = host
+        self.limits = limits or TrustLimits()
+        self.watcher = watcher or GitWatcher(
+            config.repository.url, config.repository.branch, state.checkout
+        )
+
+    # --- start-up ------------------------------------------------------------------------
+
+    def resume(self) -> dict[str, str]:
+        """Serve what the state file names, with no network: each model's current
+        version, else its previous or last known good one whose blob still verifies.
+
+        Returns:
+            What could not be resumed, by model (a corrupt blob, an engine that fails).
+        """
+        state = self.state.load()
+        self.state.blobs.clear_tmp()
+        problems: dict[str, str] = {}
+        changed = False
+        for name, held in state.models.items():
+            model = held
+            for installed in (held.serving, held.previous, held.last_known_good):
+                if installed is None:
+                    continue
+                if not self.state.blobs.verify(installed.sha256):
+                    problems[name] = f"blob of {installed.version} is missing or corrupt"
+                    continue
+                try:
+                    engine = self.host.build(self._request(name, installed))
+                except EngineError as e:
+                    problems[name] = str(e)
+                    continue
+                old = self.host.swap(name, engine)
+                if old is not None:
+                    self.host.retire(old)
+                if installed is not model.serving:
+                    model = model.model_copy(update={"serving": installed})
+                    state = state.with_model(name, model)
+                    changed = True
+                problems.pop(name, None)
+                break
+        if changed:
+            self.state.commit(state)
+        return problems
+
+    def _request(self, name: str, installed: Installed) -> LoadRequest:
+        target = None
+        # The target's settings are in the signed description, kept beside the blob.
+        desc = self.state.root / DESCRIPTIONS_DIR / f"{name}-{installed.version}.json"
+        if installed.target and desc.is_file():
+            try:
+                doc = VersionDoc.from_bytes(desc.read_bytes())
+                target = next((t for t in doc.targets if t.name == installed.target), None)
+            except ValueError:
+                target = None
+        return LoadRequest(
+            name, installed.version, self.state.blobs.path(installed.sha256), installed.sha256,
+            installed.kind, target,
+        )  # fmt: skip
+
+    # --- one sync ------------------------------------------------------------------------
+
+    def sync(self) -> SyncReport:
+        """Run one sync (see the module doc); never raises for a remote's failures."""
+        state = self.state.load()
+        stages = _Stages()
+        try:
+            with stages("detect"):
+                head = self.watcher.sync()
+        except GitError as e:
+            return self._device_failure(state, f"repository: {e}")
+        pending = any(
+            (m.last_update is not None and m.last_update.result == "failed")
+            for m in state.models.values()
+        )
+        if (
+            not head.changed
+            and state.sync.commit == head.commit
+            and state.sync.result in ("current", "updated")
+            and not pending
+            and set(state.models) >= {s.name for s in self.config.models}
+        ):
+            state = state.model_copy(update={"sync": SyncInfo(
+                last_checked=now_iso(), result="current", commit=head.commit)})  # fmt: skip
+            self.state.commit(state)
+            return SyncReport("current")
+        try:
+            with stages("verify_metadata"):
+                trust = DeviceTrust(
+                    self.state.root,
+                    self.state.checkout,
+                    self.config.artifacts.url,
+                    limits=self.limits,
+                )
+                trust.refresh()
+                channels = trust.channels()
+                if state.channels is not None:
+                    check_channels_successor(ChannelsDoc.model_validate(state.channels), channels)
+        except (SigningError, ValueError) as e:
+            return self._device_failure(state, f"trust metadata: {e}", commit=head.commit)
+        report = SyncReport("current")
+        failed: str | None = None
+        for sub in self.config.models:
+            model = state.models.get(sub.name) or ModelState(channel=sub.channel)
+            if model.channel != sub.channel:
+                model = model.model_copy(update={"channel": sub.channel})
+            record, model = self._update(trust, channels, sub.name, sub.channel, model, stages)
+            state = state.with_model(sub.name, model)
+            if record is not None:
+                report.updates[sub.name] = record
+                if record.result == "installed":
+                    report.result = "updated" if report.result != "failed" else "failed"
+                elif record.result == "failed":
+                    report.result = "failed"
+                    failed = failed or f"{sub.name}: {record.reason}"
+        state = state.model_copy(
+            update={
+                "device": self.config.device.id,
+                "channels": channels.model_dump(mode="json"),
+                "sync": SyncInfo(
+                    last_checked=now_iso(),
+                    result=report.result,
+                    reason=failed,
+                    commit=head.commit,
+                ),
+            }
+        )
+        self.state.commit(state)
+        self.state.blobs.collect(state.referenced_blobs())
+        report.reason = failed
+        return report
+
+    def _device_failure(
+        self, state: DeviceState, reason: str, commit: str | None = None
+    ) -> SyncReport:
+        state = state.model_copy(update={"sync": SyncInfo(
+            last_checked=now_iso(), result="failed", reason=reason,
+            commit=commit or state.sync.commit)})  # fmt: skip
+        self.state.commit(state)
+        return SyncReport("failed", reason)
+
+    def _update(  # noqa: PLR0917 - one private call site
+        self,
+        trust: DeviceTrust,
+        channels: ChannelsDoc,
+        name: str,
+        channel: str,
+        model: ModelState,
+        sync_stages: _Stages,
+    ) -> tuple[UpdateRecord | None, ModelState]:
+        """Bring one model to its channel's version; (the update record, new state)."""
+        entry = channels.models.get(name, {}).get(channel)
+        if entry is None:
+            return None, model  # nothing assigned: keep serving what we serve
+        version = entry.version
+        if not in_cohort(self.config.device.id, name, version, entry.percent):
+            return None, model
+        if model.serving is not None and model.serving.version == version:
+            return None, model
+        stages = _Stages(sync_stages.ms)
+        fetched_before = trust.bytes_downloaded
+        plan: _Plan | None = None
+        signed_key = ""
+        try:
+            with stages("plan"):
+                art = trust.target_info(artifact_path(name, version))
+                doc, doc_sha = self._description(trust, name, version)
+                signed_key = hashlib.sha256(f"{art.sha256}:{doc_sha}".encode()).hexdigest()
+                if any(r.version == version and r.signed == signed_key for r in model.rejected):
+                    return None, model  # rejected before, and nothing signed changed since
+                target = self._target(doc)
+                plan = self._plan(trust, name, version, art, model, target)
+            path = self._obtain(trust, name, version, plan, stages)
+            installed = Installed(
+                version=version,
+                sha256=plan.sha256,
+                artifact_sha256=art.sha256 if plan.kind == "artifact" else None,
+                target=target.name if target is not None else None,
+                kind=plan.kind,
+            )
+            self._keep_description(name, version, doc)
+            with stages("build"):
+                engine = self.host.build(
+                    LoadRequest(name, version, path, plan.sha256, plan.kind, target)
+                )
+            try:
+                with stages("self_test"):
+                    cases = self._goldens(trust, name, version, doc)
+                    self_test(engine, cases)
+            except SelfTestError:
+                engine.close()
+                raise
+            with stages("swap"):
+                old = self.host.swap(name, engine)
+            with stages("commit"):
+                model = model.model_copy(
+                    update={
+                        "serving": installed,
+                        "previous": model.serving or model.previous,
+                        "last_known_good": installed,
+                    }
+                )
+            if old is not None:
+                self.host.retire(old)
+            record = UpdateRecord(
+                result="installed", version=version, method=plan.method,
+                bytes_fetched=trust.bytes_downloaded - fetched_before, finished=now_iso(),
+                stages_ms=stages.ms,
+            )  # fmt: skip
+        except (_RejectedError, EngineError) as e:
+            reason = str(e)
+            rejected = [*model.rejected, Rejected(
+                version=version, sha256=plan.sha256 if plan else "", signed=signed_key,
+                reason=reason, at=now_iso())][-32:]  # fmt: skip
+            model = model.model_copy(update={"rejected": rejected})
+            record = UpdateRecord(
+                result="rejected", version=version, method=plan.method if plan else None,
+                bytes_fetched=trust.bytes_downloaded - fetched_before, reason=reason,
+                finished=now_iso(), stages_ms=stages.ms,
+            )  # fmt: skip
+        except (RegistryError, OSError) as e:
+            record = UpdateRecord(
+                result="failed", version=version, method=plan.method if plan else None,
+                bytes_fetched=trust.bytes_downloaded - fetched_before, reason=_one_line(e),
+                finished=now_iso(), stages_ms=stages.ms,
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(self._work(name), ignore_errors=True)
+        return record, model.model_copy(update={"last_update": record})
+
+    # --- the stages ----------------------------------------------------------------------
+
+    def _description(
+        self, trust: DeviceTrust, name: str, version: str
+    ) -> tuple[VersionDoc | None, str]:
+        """The signed description of a version (None for releases made before
+        descriptions were published), and its digest ("" when absent)."""
+        path = version_path(name, version)
+        try:
+            info = trust.target_info(path)
+        except FileSetError:
+            return None, ""
+        fetched = trust.fetch(path, self._work(name), model=name, version=version, kind="version")
+        try:
+            return VersionDoc.from_bytes(fetched.read_bytes()), info.sha256
+        except ValueError as e:
+            raise _RejectedError(f"{path}: not a version description ({_one_line(e)})") from None
+
+    def _target(self, doc: VersionDoc | None) -> Target | None:
+        if doc is None or not doc.targets:
+            return None
+        target = doc.target_for(dict(self.config.device.labels))
+        if target is None:
+            labels = ", ".join(f"{k}={v}" for k, v in sorted(self.config.device.labels.items()))
+            raise _RejectedError(
+                f"no target of {doc.model} {doc.version} matches this device's labels "
+                f"({labels or 'none'})"
+            )
+        return target
+
+    def _plan(  # noqa: PLR0917 - one private call site
+        self,
+        trust: DeviceTrust,
+        name: str,
+        version: str,
+        art: SignedTarget,
+        model: ModelState,
+        target: Target | None,
+    ) -> _Plan:
+        """The cheapest verified way to the version's bytes (see the module doc)."""
+        blobs = self.state.blobs
+        apath = artifact_path(name, version)
+        if getattr(target, "engine", "onnxruntime") != "onnxruntime" and target is not None:
+            epath = engine_path(name, version, target.name, target.engine)
+            try:
+                engine = trust.target_info(epath)
+            except FileSetError:
+                raise _RejectedError(
+                    f"target {target.name!r} needs a prebuilt {target.engine} engine and none "
+                    "is published"
+                ) from None
+            method: Literal["cached", "engine"] = "cached" if blobs.has(engine.sha256) else "engine"
+            return _Plan(method, "engine", engine.sha256, epath)
+        if blobs.has(art.sha256):
+            return _Plan("cached", "artifact", art.sha256, apath)
+        held = {
+            i.version: i.artifact_sha256
+            for i in (model.serving, model.previous, model.last_known_good)
+            if i is not None and i.artifact_sha256 and blobs.has(i.artifact_sha256)
+        }
+        chain: list[tuple[str, str, SignedTarget]] = []
+        current, total = version, 0
+        while current not in held and len(chain) < MAX_DELTA_CHAIN:
+            parent = trust.target_info(artifact_path(name, current)).facts.parent
+            if parent is None:
+                break
+            try:
+                delta = trust.target_info(delta_path(name, current, parent))
+            except FileSetError:
+                break
+            chain.append((current, parent, delta))
+            total += delta.length
+            current = parent
+        base = held.get(current)
+        if chain and base is not None and total < art.length:
+            return _Plan("delta", "artifact", art.sha256, apath, tuple(reversed(chain)), base)
+        return _Plan("full", "artifact", art.sha256, apath)
+
+    def _work(self, name: str) -> Path:
+        return self.state.blobs.tmp / f"update-{name}"
+
+    def _obtain(
+        self, trust: DeviceTrust, name: str, version: str, plan: _Plan, stages: _Stages
+    ) -> Path:
+        """The plan's file in the blob store, verified."""
+        blobs = self.state.blobs
+        if plan.method == "cached":
+            return blobs.path(plan.sha256)
+        work = self._work(name)
+        work.mkdir(parents=True, exist_ok=True)
+        if plan.method == "delta":
+            try:
+                return self._apply_chain(trust, name, plan, stages)
+            except (VerificationError, RegistryError, OSError):
+                # A bad delta (or a remote serving garbage for it): the full file decides.
+                plan = _Plan("full", "artifact", plan.sha256, plan.target_path)
+        kind: TargetKind = "engine" if plan.kind == "engine" else "artifact"
+        with stages("fetch"):
+            # DeviceTrust verifies length and SHA-256 while fetching (verify_bytes is
+            # folded in: the bytes are hashed as they arrive).
+            fetched = trust.fetch(plan.target_path, work, model=name, version=version, kind=kind)
+        with stages("verify_bytes"):
+            return blobs.adopt(fetched, plan.sha256)
+
+    def _apply_chain(self, trust: DeviceTrust, name: str, plan: _Plan, stages: _Stages) -> Path:
+        from registry.delta import decode
+
+        blobs = self.state.blobs
+        assert plan.base_sha256 is not None  # noqa: S101 - a delta plan has a base
+        base = blobs.path(plan.base_sha256)
+        work = self._work(name)
+        result = base
+        for version, parent, delta in plan.chain:
+            with stages("fetch"):
+                fetched = trust.fetch(delta.path, work, model=name, version=version, kind="delta")
+            if delta.facts.base != parent:
+                raise VerificationError(f"signed as a delta from {delta.facts.base}", delta.path)
+            want = trust.target_info(artifact_path(name, version)).sha256
+            out = work / f"{want}.onnx"
+            with stages("apply_delta"):
+                decode(result, fetched, out, expected_sha256=want)
+            with stages("verify_bytes"):
+                result = blobs.adopt(out, want)
+        return result
+
+    def _keep_description(self, name: str, version: str, doc: VersionDoc | None) -> None:
+        if doc is None:
+            return
+        folder = self.state.root / DESCRIPTIONS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        from registry.atomic import write_atomic
+
+        write_atomic(folder / f"{name}-{version}.json", doc.to_bytes(), mode=0o644)
+
+    def _goldens(
+        self, trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
+    ) -> list[GoldenCase]:
+        """The signed golden cases of a version, read within caps."""
+        if doc is None or not doc.goldens:
+            return []
+        from registry.goldens import read_npz
+
+        cases = []
+        work = self._work(name)
+        for case in doc.goldens:
+            arrays = {}
+            for side in ("inputs", "outputs"):
+                path = getattr(case, side)
+                expected = golden_path(name, version, case.name, side)
+                if path != expected:
+                    raise _RejectedError(
+                        f"golden case {case.name!r}: {side} at {path}, not {expected}"
+                    )
+                fetched = trust.fetch(path, work, model=name, version=version, kind="golden")
+                try:
+                    arrays[side] = read_npz(fetched, path)
+                except RegistryError as e:
+                    raise _RejectedError(f"golden case {case.name!r}: {e}") from None
+            cases.append(
+                GoldenCase(case.name, arrays["inputs"], arrays["outputs"], case.rtol, case.atol)
+            )
+        return cases
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:500]

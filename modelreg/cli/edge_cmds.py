@@ -1,0 +1,81 @@
+"""``modelreg edge run`` and ``modelreg edge status``: the device daemon."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from modelreg.cli._output import detail, emit_json, ok
+
+_CONFIG = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="EDGE_YAML",
+    help="The device's edge.yaml.",
+)
+
+
+@click.group()
+def edge() -> None:
+    """Run the device daemon, or read its status."""
+
+
+@edge.command("run")
+@_CONFIG
+def edge_run(config_path: Path) -> None:
+    """Follow the repository, verify and install what the channels assign, and serve.
+
+    Serves what the state dir names at once (no network needed), syncs now and every
+    poll interval; SIGHUP syncs at once, SIGTERM stops cleanly.
+    """
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import Daemon
+
+    config = load_edge_config(config_path)
+
+    def said(report: Any) -> None:
+        for model, update in report.updates.items():
+            detail(f"{model}: {update.result} {update.version or ''} "
+                   f"({update.method or '-'}, {update.bytes_fetched} bytes)"
+                   + (f": {update.reason}" if update.reason else ""))  # fmt: skip
+        if report.result == "failed" and report.reason and not report.updates:
+            detail(f"sync failed: {report.reason}")
+
+    sys.exit(Daemon(config, on_sync=said).run())
+
+
+@edge.command("status")
+@_CONFIG
+@click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")
+def edge_status(config_path: Path, as_json: bool) -> None:
+    """What the device serves, what it last did and why (works while the daemon runs)."""
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import status_document
+
+    doc = status_document(load_edge_config(config_path))
+    if as_json:
+        emit_json(doc)
+        return
+    daemon = doc["daemon"]
+    running = f"running (pid {daemon['pid']})" if daemon["running"] else "not running"
+    ok(f"device {doc['device']}: daemon {running}")
+    sync = doc["sync"]
+    if sync.get("last_checked"):
+        detail(f"last sync {sync['last_checked']}: {sync['result']}"
+               + (f" ({sync['reason']})" if sync.get("reason") else ""))  # fmt: skip
+    for name, model in doc["models"].items():
+        serving = model["serving"]
+        shown = f"{serving['version']} ({serving['sha256'][:12]})" if serving else "nothing"
+        detail(f"{name}@{model['channel']}: serving {shown}")
+        update = model["last_update"]
+        if update:
+            detail(f"  last update: {update['result']} {update.get('version') or ''} "
+                   f"via {update.get('method') or '-'}, {update['bytes_fetched']} bytes"
+                   + (f": {update['reason']}" if update.get("reason") else ""))  # fmt: skip
+        for rejected in model["rejected"]:
+            detail(f"  rejected {rejected['version']}: {rejected['reason']}")
