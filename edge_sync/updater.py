@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from edge_sync.config import EdgeConfig
 from edge_sync.engine import (
+    Engine,
     EngineError,
     EngineHost,
     GoldenCase,
     LoadRequest,
-    SelfTestError,
     self_test,
 )
 from edge_sync.limits import TrustLimits
@@ -85,19 +85,30 @@ def in_cohort(device_id: str, model: str, version: str, percent: float | None) -
     return int.from_bytes(digest[:8], "big") / 2**64 * 100 < percent
 
 
+Observer = Callable[[str, str], None]
+"""Called with (stage, "start" | "end") around every stage (metrics, crash tests)."""
+
+
 class _Stages:
     """Milliseconds per stage of one update."""
 
-    def __init__(self, start: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self, start: Mapping[str, float] | None = None, observer: Observer | None = None
+    ) -> None:
         self.ms: dict[str, float] = dict(start or {})
+        self.observer = observer
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
+        if self.observer is not None:
+            self.observer(stage, "start")
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self.ms[stage] = round(self.ms.get(stage, 0.0) + (time.perf_counter() - t0) * 1000, 3)
+        if self.observer is not None:
+            self.observer(stage, "end")
 
 
 class _RejectedError(Exception):
@@ -141,11 +152,14 @@ class Updater:
         *,
         limits: TrustLimits | None = None,
         watcher: GitWatcher | None = None,
+        observer: Observer | None = None,
     ) -> None:
         """Update the models of ``config`` in ``state``, serving through ``host``.
 
-        The caller holds the state dir's lock.
+        The caller holds the state dir's lock.  ``observer`` hears every stage start
+        and end.
         """
+        self.observer = observer
         self.config = config
         self.state = state
         self.host = host
@@ -213,7 +227,7 @@ class Updater:
     def sync(self) -> SyncReport:
         """Run one sync (see the module doc); never raises for a remote's failures."""
         state = self.state.load()
-        stages = _Stages()
+        stages = _Stages(observer=self.observer)
         try:
             with stages("detect"):
                 head = self.watcher.sync()
@@ -250,11 +264,20 @@ class Updater:
             return self._device_failure(state, f"trust metadata: {e}", commit=head.commit)
         report = SyncReport("current")
         failed: str | None = None
+        accepted = channels.model_dump(mode="json")
         for sub in self.config.models:
             model = state.models.get(sub.name) or ModelState(channel=sub.channel)
             if model.channel != sub.channel:
                 model = model.model_copy(update={"channel": sub.channel})
-            record, model = self._update(trust, channels, sub.name, sub.channel, model, stages)
+
+            def commit(installed: ModelState, name: str = sub.name) -> None:
+                nonlocal state
+                state = state.with_model(name, installed).model_copy(update={"channels": accepted})
+                self.state.commit(state)
+
+            record, model = self._update(
+                trust, channels, sub.name, sub.channel, model, stages, commit
+            )
             state = state.with_model(sub.name, model)
             if record is not None:
                 report.updates[sub.name] = record
@@ -266,7 +289,7 @@ class Updater:
         state = state.model_copy(
             update={
                 "device": self.config.device.id,
-                "channels": channels.model_dump(mode="json"),
+                "channels": accepted,
                 "sync": SyncInfo(
                     last_checked=now_iso(),
                     result=report.result,
@@ -277,6 +300,7 @@ class Updater:
         )
         self.state.commit(state)
         self.state.blobs.collect(state.referenced_blobs())
+        self.state.blobs.clear_tmp()
         report.reason = failed
         return report
 
@@ -297,6 +321,7 @@ class Updater:
         channel: str,
         model: ModelState,
         sync_stages: _Stages,
+        commit: Callable[[ModelState], None],
     ) -> tuple[UpdateRecord | None, ModelState]:
         """Bring one model to its channel's version; (the update record, new state)."""
         entry = channels.models.get(name, {}).get(channel)
@@ -307,7 +332,7 @@ class Updater:
             return None, model
         if model.serving is not None and model.serving.version == version:
             return None, model
-        stages = _Stages(sync_stages.ms)
+        stages = _Stages(sync_stages.ms, self.observer)
         fetched_before = trust.bytes_downloaded
         plan: _Plan | None = None
         signed_key = ""
@@ -320,7 +345,8 @@ class Updater:
                     return None, model  # rejected before, and nothing signed changed since
                 target = self._target(doc)
                 plan = self._plan(trust, name, version, art, model, target)
-            path = self._obtain(trust, name, version, plan, stages)
+            path, method = self._obtain(trust, name, version, plan, stages)
+            plan = _Plan(method, plan.kind, plan.sha256, plan.target_path)
             installed = Installed(
                 version=version,
                 sha256=plan.sha256,
@@ -329,34 +355,31 @@ class Updater:
                 kind=plan.kind,
             )
             self._keep_description(name, version, doc)
-            with stages("build"):
-                engine = self.host.build(
-                    LoadRequest(name, version, path, plan.sha256, plan.kind, target)
-                )
-            try:
-                with stages("self_test"):
-                    cases = self._goldens(trust, name, version, doc)
-                    self_test(engine, cases)
-            except SelfTestError:
-                engine.close()
-                raise
+            request = LoadRequest(name, version, path, plan.sha256, plan.kind, target)
+            engine = self._build_and_test(trust, request, doc, stages)
             with stages("swap"):
                 old = self.host.swap(name, engine)
+
+            def installed_record() -> UpdateRecord:
+                return UpdateRecord(
+                    result="installed", version=version, method=plan.method,
+                    bytes_fetched=trust.bytes_downloaded - fetched_before, finished=now_iso(),
+                    stages_ms=stages.ms,
+                )  # fmt: skip
+
             with stages("commit"):
                 model = model.model_copy(
                     update={
                         "serving": installed,
                         "previous": model.serving or model.previous,
                         "last_known_good": installed,
+                        "last_update": installed_record(),
                     }
                 )
+                commit(model)  # from here a restart serves the new version
             if old is not None:
                 self.host.retire(old)
-            record = UpdateRecord(
-                result="installed", version=version, method=plan.method,
-                bytes_fetched=trust.bytes_downloaded - fetched_before, finished=now_iso(),
-                stages_ms=stages.ms,
-            )  # fmt: skip
+            record = installed_record()
         except (_RejectedError, EngineError) as e:
             reason = str(e)
             rejected = [*model.rejected, Rejected(
@@ -379,6 +402,25 @@ class Updater:
         return record, model.model_copy(update={"last_update": record})
 
     # --- the stages ----------------------------------------------------------------------
+
+    def _build_and_test(
+        self, trust: DeviceTrust, request: LoadRequest, doc: VersionDoc | None, stages: _Stages
+    ) -> Engine:
+        """An engine for ``request`` that passed its self-test (not yet serving).
+
+        Raises:
+            EngineError: it cannot be built here, or it failed its self-test.
+        """
+        with stages("build"):
+            engine = self.host.build(request)
+        try:
+            with stages("self_test"):
+                cases = self._goldens(trust, request.model, request.version, doc)
+                self_test(engine, cases)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
 
     def _description(
         self, trust: DeviceTrust, name: str, version: str
@@ -461,16 +503,17 @@ class Updater:
 
     def _obtain(
         self, trust: DeviceTrust, name: str, version: str, plan: _Plan, stages: _Stages
-    ) -> Path:
-        """The plan's file in the blob store, verified."""
+    ) -> tuple[Path, Literal["cached", "delta", "full", "engine"]]:
+        """The plan's file in the blob store, verified; and the method that made it (a
+        failed delta falls back to the full file)."""
         blobs = self.state.blobs
         if plan.method == "cached":
-            return blobs.path(plan.sha256)
+            return blobs.path(plan.sha256), "cached"
         work = self._work(name)
         work.mkdir(parents=True, exist_ok=True)
         if plan.method == "delta":
             try:
-                return self._apply_chain(trust, name, plan, stages)
+                return self._apply_chain(trust, name, plan, stages), "delta"
             except (VerificationError, RegistryError, OSError):
                 # A bad delta (or a remote serving garbage for it): the full file decides.
                 plan = _Plan("full", "artifact", plan.sha256, plan.target_path)
@@ -480,7 +523,7 @@ class Updater:
             # folded in: the bytes are hashed as they arrive).
             fetched = trust.fetch(plan.target_path, work, model=name, version=version, kind=kind)
         with stages("verify_bytes"):
-            return blobs.adopt(fetched, plan.sha256)
+            return blobs.adopt(fetched, plan.sha256), plan.method
 
     def _apply_chain(self, trust: DeviceTrust, name: str, plan: _Plan, stages: _Stages) -> Path:
         from registry.delta import decode

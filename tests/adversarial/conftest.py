@@ -29,59 +29,6 @@ ARTIFACT = "models/mlp/1.0.0.onnx"
 """The released artifact's TUF target path."""
 
 
-@pytest.fixture(scope="session")
-def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
-    """mlp 1.0.0 (with goldens and an ORT target) released once by ``ci release``."""
-    from modelreg.cli.main import main
-
-    base = tmp_path_factory.mktemp("released")
-    root = base / "fleet"
-    mp = pytest.MonkeyPatch()
-    try:
-        home = base / "home"
-        home.mkdir()
-        (home / ".gitconfig").write_text(
-            "[user]\n\tname = modelreg tests\n\temail = tests@modelreg.invalid\n"
-            "[init]\n\tdefaultBranch = main\n[commit]\n\tgpgsign = false\n"
-        )
-        mp.setenv("HOME", str(home))
-        mp.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
-        mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
-        mp.setenv("DVC_NO_ANALYTICS", "1")
-        for var in (
-            "MLFLOW_TRACKING_URI",
-            "GITHUB_EVENT_PATH",
-            "GITHUB_REF",
-            "GITHUB_OUTPUT",
-            "GITHUB_STEP_SUMMARY",
-        ):
-            mp.delenv(var, raising=False)
-
-        def run(*args: str, cwd: Path) -> None:
-            mp.chdir(cwd)
-            try:
-                main(list(args))
-            except SystemExit as e:
-                if e.code not in (0, None):
-                    raise AssertionError(f"modelreg {' '.join(args)} failed") from None
-
-        run("init", str(root), cwd=base)
-        run("model", "add", "mlp", "--channel-order", "canary,production", cwd=root)
-        run("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
-            "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"),
-            "--target", "cpu=onnxruntime", cwd=root)  # fmt: skip
-        run("promote", "mlp", "1.0.0", "-c", "canary", cwd=root)
-        git(root, "add", "-A")
-        git(root, "commit", "-qm", "mlp 1.0.0")
-        run("ci", "release", cwd=root)
-        # The runner's local state is not part of what a fresh CI checkout has.
-        shutil.rmtree(root / ".modelreg/build", ignore_errors=True)
-        shutil.rmtree(root / ".modelreg/ci", ignore_errors=True)
-    finally:
-        mp.undo()
-    return root
-
-
 @dataclass
 class Fleet:
     """One test's copy of the released repository, and the commands a fleet runs on it.

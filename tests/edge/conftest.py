@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from tests.adversarial.conftest import _released_template  # noqa: F401 - a fixture
 from tests.conftest import git
 
 pytestmark = pytest.mark.integration
@@ -47,7 +46,12 @@ class EdgeRig:
         return result
 
     def release_version(
-        self, version: str, parent: str | None, *, channel: str = "canary", source: str | None = None
+        self,
+        version: str,
+        parent: str | None,
+        *,
+        channel: str = "canary",
+        source: str | None = None,
     ) -> None:
         """Add ``mlp`` ``version`` (from the example models), promote it, release it."""
         args = ["version", "add", "mlp", version, "--artifact",
@@ -78,16 +82,20 @@ class EdgeRig:
             "apiVersion": "modelreg/v1",
             "kind": "EdgeConfig",
             "device": {"id": f"{name}-0001", "labels": {"arch": "x86_64"}},
-            "repository": {"url": str(self.root), "branch": "main", "poll_interval": "1s",
-                           "jitter": 0.1, "max_backoff": "4s"},  # fmt: skip
+            "repository": {
+                "url": str(self.root),
+                "branch": "main",
+                "poll_interval": "1s",
+                "jitter": 0.1,
+                "max_backoff": "4s",
+            },
             "trust": {"root": "1.root.json"},
             "artifacts": {"url": str(self.remote)},
             "models": [{"name": "mlp", "channel": "canary"}],
             "state_dir": "state",
             "serve": {"listen": "127.0.0.1:0"},
         }
-        for key, value in overrides.items():
-            doc[key] = value
+        doc.update(overrides)
         path = folder / "edge.yaml"
         path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
         return path
@@ -121,9 +129,7 @@ class EdgeRig:
 
 
 @pytest.fixture
-def rig(
-    _released_template: Path, tmp_path: Path, cli: Any, example_models: Path
-) -> EdgeRig:
+def rig(_released_template: Path, tmp_path: Path, cli: Any, example_models: Path) -> EdgeRig:
     """A fresh copy of the released fleet repository (mlp 1.0.0 on canary)."""
     root = tmp_path / "fleet"
     shutil.copytree(_released_template, root, symlinks=True)

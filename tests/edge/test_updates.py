@@ -3,6 +3,8 @@ device by the cheapest verified path, with every stage timed."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.edge.conftest import EdgeRig
@@ -17,8 +19,17 @@ def test_v1_full_then_v2_by_delta(rig: EdgeRig) -> None:
     assert (update.result, update.version, update.method) == ("installed", "1.0.0", "full")
     artifact = (rig.root / "models/mlp/1.0.0.onnx").stat().st_size
     assert artifact <= update.bytes_fetched < artifact * 1.2  # the file, and metadata
-    assert set(update.stages_ms) >= {"detect", "verify_metadata", "plan", "fetch",
-                                     "verify_bytes", "build", "self_test", "swap", "commit"}
+    assert set(update.stages_ms) >= {
+        "detect",
+        "verify_metadata",
+        "plan",
+        "fetch",
+        "verify_bytes",
+        "build",
+        "self_test",
+        "swap",
+        "commit",
+    }
     state = rig.state()
     assert state.models["mlp"].serving.version == "1.0.0"
     assert rig.sync().result == "current"  # nothing new: one ls-remote
@@ -33,3 +44,86 @@ def test_v1_full_then_v2_by_delta(rig: EdgeRig) -> None:
     assert state.models["mlp"].serving.version == "1.1.0"
     assert state.models["mlp"].previous.version == "1.0.0"
     assert rig.hosts["device"].current("mlp").version == "1.1.0"
+
+
+def _delta_size(rig: EdgeRig, version: str, base: str) -> int:
+    (delta,) = (rig.remote / "targets").rglob(f"*.{version}.from-{base}.delta")
+    return delta.stat().st_size
+
+
+def test_v3_from_v1_through_a_chain_of_deltas(rig: EdgeRig) -> None:
+    assert rig.sync().updates["mlp"].version == "1.0.0"
+    rig.release_version("1.1.0", "1.0.0")  # released while the device was away
+    rig.release_version("2.0.0", "1.1.0")
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version, update.method) == ("installed", "2.0.0", "delta")
+    chain = _delta_size(rig, "1.1.0", "1.0.0") + _delta_size(rig, "2.0.0", "1.1.0")
+    assert chain <= update.bytes_fetched < chain + 64 * 1024
+    model = rig.state().models["mlp"]
+    assert (model.serving.version, model.previous.version) == ("2.0.0", "1.0.0")
+    # the intermediate 1.1.0 was only a step: nothing references it, so it is gone
+    held = {p.name for p in (rig.tmp / "device/state/blobs/sha256").iterdir()}
+    assert held == {model.serving.sha256, model.previous.sha256}
+
+
+def test_going_back_to_a_held_version_fetches_nothing(rig: EdgeRig) -> None:
+    rig.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    rig.sync()
+    rig.promote("1.0.0")  # a rollback is a new channels document that points back
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version, update.method) == ("installed", "1.0.0", "cached")
+    assert update.bytes_fetched < 16 * 1024  # metadata only
+
+
+def test_a_full_file_is_fetched_when_the_delta_is_not_smaller(rig: EdgeRig) -> None:
+    rig.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    from edge_sync import updater
+
+    original = updater.MAX_DELTA_CHAIN
+    try:
+        updater.MAX_DELTA_CHAIN = 0  # no chain allowed: the plan must take the full file
+        update = rig.sync().updates["mlp"]
+    finally:
+        updater.MAX_DELTA_CHAIN = original
+    assert (update.result, update.method) == ("installed", "full")
+
+
+def test_a_corrupt_delta_falls_back_to_the_full_file(rig: EdgeRig) -> None:
+    rig.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    (delta,) = (rig.remote / "targets").rglob("*.1.1.0.from-1.0.0.delta")
+    data = bytearray(delta.read_bytes())
+    data[200] ^= 0xFF
+    delta.write_bytes(bytes(data))  # the remote serves garbage for it
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version, update.method) == ("installed", "1.1.0", "full")
+    full = (rig.root / "models/mlp/1.1.0.onnx").stat().st_size
+    assert update.bytes_fetched >= full + len(data)  # both count
+
+
+def test_a_target_that_matches_no_label_is_rejected_once(rig: EdgeRig) -> None:
+    rig.sync()
+    rig.run("version", "add", "mlp", "1.1.0", "--artifact", str(rig.models / "mlp/1.1.0.onnx"),
+            "--parent", "1.0.0", "--target", "gpu=onnxruntime")  # fmt: skip
+    version = rig.root / "manifests/mlp/versions/1.1.0.yaml"
+    text = version.read_text()
+    assert "name: gpu" in text
+    indent = re.search(r"\n( *)- name: gpu", text)
+    assert indent is not None, text
+    pad = indent.group(1) + "  "
+    version.write_text(
+        text.replace("- name: gpu", f"- name: gpu\n{pad}selector: {{accelerator: cuda}}")
+    )
+    rig.promote("1.1.0")
+    report = rig.sync()
+    update = report.updates["mlp"]
+    assert update.result == "rejected"
+    assert "matches this device's labels (arch=x86_64)" in (update.reason or "")
+    assert report.result == "current"  # a rejection is not a failure: no backoff
+    again = rig.sync()
+    assert "mlp" not in again.updates  # not tried again: nothing signed changed
+    model = rig.state().models["mlp"]
+    assert model.serving.version == "1.0.0"
+    assert [r.version for r in model.rejected] == ["1.1.0"]
