@@ -225,6 +225,11 @@ class BlobStore:
         fsync_dir(self.folder)
         return dest
 
+    def discard(self, sha256: str) -> None:
+        """Remove a blob (one that no longer hashes to its name)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path(sha256).unlink()
+
     def collect(self, keep: set[str]) -> list[str]:
         """Remove every blob not in ``keep``; returns the digests removed."""
         removed: list[str] = []
@@ -337,6 +342,26 @@ class StateDir:
         if state.format > FORMAT:
             raise StateError(f"{path}: format {state.format} is newer than this modelreg's")
         return state
+
+    def load_or_recover(self) -> DeviceState:
+        """The committed state; a corrupt state file is moved aside (``state.json.
+        corrupt``) and a fresh state begins, which says so in ``sync.reason`` (the
+        blobs stay: what is reinstalled from them is verified again).
+
+        Raises:
+            StateError: the state file is of a newer format (not ours to replace).
+        """
+        try:
+            return self.load()
+        except StateError as e:
+            if "is newer than" in str(e):
+                raise
+            path = self.root / STATE_FILE
+            with contextlib.suppress(FileNotFoundError):
+                path.replace(self.root / f"{STATE_FILE}.corrupt")
+            fresh = DeviceState(sync=SyncInfo(result="failed", reason=f"{e}; started afresh"))
+            self.commit(fresh)
+            return fresh
 
     def commit(self, state: DeviceState) -> None:
         """Replace the state file atomically and durably."""

@@ -177,7 +177,7 @@ class Updater:
         Returns:
             What could not be resumed, by model (a corrupt blob, an engine that fails).
         """
-        state = self.state.load()
+        state = self.state.load_or_recover()
         self.state.blobs.clear_tmp()
         problems: dict[str, str] = {}
         changed = False
@@ -187,6 +187,8 @@ class Updater:
                 if installed is None:
                     continue
                 if not self.state.blobs.verify(installed.sha256):
+                    # A rotten file is never served, nor taken as a cached copy later.
+                    self.state.blobs.discard(installed.sha256)
                     problems[name] = f"blob of {installed.version} is missing or corrupt"
                     continue
                 try:
@@ -226,7 +228,7 @@ class Updater:
 
     def sync(self) -> SyncReport:
         """Run one sync (see the module doc); never raises for a remote's failures."""
-        state = self.state.load()
+        state = self.state.load_or_recover()
         stages = _Stages(observer=self.observer)
         try:
             with stages("detect"):
@@ -243,11 +245,15 @@ class Updater:
             and state.sync.result in ("current", "updated")
             and not pending
             and set(state.models) >= {s.name for s in self.config.models}
+            and all(
+                m.serving is None or self.state.blobs.has(m.serving.sha256)
+                for m in state.models.values()
+            )
         ):
             state = state.model_copy(update={"sync": SyncInfo(
                 last_checked=now_iso(), result="current", commit=head.commit)})  # fmt: skip
-            self.state.commit(state)
-            return SyncReport("current")
+            unsaved = self._commit_quietly(state)
+            return SyncReport("failed", unsaved) if unsaved else SyncReport("current")
         try:
             with stages("verify_metadata"):
                 trust = DeviceTrust(
@@ -298,9 +304,11 @@ class Updater:
                 ),
             }
         )
-        self.state.commit(state)
-        self.state.blobs.collect(state.referenced_blobs())
+        unsaved = self._commit_quietly(state)
+        self.state.blobs.collect(self.state.load_or_recover().referenced_blobs())
         self.state.blobs.clear_tmp()
+        if unsaved is not None:
+            report.result, failed = "failed", failed or unsaved
         report.reason = failed
         return report
 
@@ -310,8 +318,17 @@ class Updater:
         state = state.model_copy(update={"sync": SyncInfo(
             last_checked=now_iso(), result="failed", reason=reason,
             commit=commit or state.sync.commit)})  # fmt: skip
-        self.state.commit(state)
+        self._commit_quietly(state)
         return SyncReport("failed", reason)
+
+    def _commit_quietly(self, state: DeviceState) -> str | None:
+        """Commit ``state``; why not, when the disk refuses (the old state stays, and
+        the device keeps serving: a full disk is a failed sync, not a crash)."""
+        try:
+            self.state.commit(state)
+        except OSError as e:
+            return f"state not saved: {e.strerror or e}"
+        return None
 
     def _update(  # noqa: PLR0917 - one private call site
         self,
@@ -330,7 +347,11 @@ class Updater:
         version = entry.version
         if not in_cohort(self.config.device.id, name, version, entry.percent):
             return None, model
-        if model.serving is not None and model.serving.version == version:
+        if (
+            model.serving is not None
+            and model.serving.version == version
+            and self.state.blobs.has(model.serving.sha256)
+        ):
             return None, model
         stages = _Stages(sync_stages.ms, self.observer)
         fetched_before = trust.bytes_downloaded

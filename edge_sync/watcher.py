@@ -104,7 +104,9 @@ class GitWatcher:
     def _init(self) -> None:
         self.checkout.mkdir(parents=True, exist_ok=True)
         if (self.checkout / ".git").is_dir():
-            self._git("remote", "set-url", "origin", self.url, cwd=self.checkout)
+            known = self._git("config", "--get", "remote.origin.url", cwd=self.checkout).strip()
+            if known != self.url:
+                self._git("remote", "set-url", "origin", self.url, cwd=self.checkout)
             return
         self._git("init", "-q", str(self.checkout))
         for key, value in (
