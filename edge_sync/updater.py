@@ -267,7 +267,8 @@ class Updater:
                 if state.channels is not None:
                     check_channels_successor(ChannelsDoc.model_validate(state.channels), channels)
         except (SigningError, ValueError) as e:
-            return self._device_failure(state, f"trust metadata: {e}", commit=head.commit)
+            said = str(e) if str(e).startswith("trust metadata") else f"trust metadata: {e}"
+            return self._device_failure(state, said, commit=head.commit)
         report = SyncReport("current")
         failed: str | None = None
         accepted = channels.model_dump(mode="json")
