@@ -29,8 +29,9 @@ from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, now_iso
 from edge_sync.trust import TRUST_DIR, DeviceTrust
 from edge_sync.updater import SyncReport, Updater
+from registry.errors import UsageError
 
-__all__ = ["Daemon", "backoff_delay", "next_delay", "status_document"]
+__all__ = ["Daemon", "backoff_delay", "next_delay", "status_document", "systemd_unit"]
 
 FIRST_RETRY_S: Final = 5.0
 
@@ -207,3 +208,19 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
         "sync": state.sync.model_dump(mode="json"),
         "models": models,
     }
+
+
+def systemd_unit(config: Path, executable: str) -> str:
+    """The systemd unit that runs ``executable edge run --config config`` (``Type=notify``,
+    restart on failure, sandboxed; see ``edge_sync/systemd/modelreg-edge.service``).
+
+    Raises:
+        ValueError: a path holds a character systemd would split or expand.
+    """
+    from importlib.resources import files
+
+    for value, spaces in ((str(config), False), (executable, True)):
+        if any((c.isspace() and not spaces) or c in "%$\\\"'\n" for c in value):
+            raise UsageError(f"{value!r}: a unit file takes it only without quoting or expansion")
+    text = files("edge_sync").joinpath("systemd", "modelreg-edge.service").read_text("utf-8")
+    return text.replace("@EXEC@", executable).replace("@CONFIG@", str(config))

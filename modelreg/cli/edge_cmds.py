@@ -79,3 +79,28 @@ def edge_status(config_path: Path, as_json: bool) -> None:
                    + (f": {update['reason']}" if update.get("reason") else ""))  # fmt: skip
         for rejected in model["rejected"]:
             detail(f"  rejected {rejected['version']}: {rejected['reason']}")
+
+
+@edge.command("unit")
+@click.option(
+    "--config",
+    "config_path",
+    default="/etc/modelreg/edge.yaml",
+    show_default=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The edge.yaml the service runs with.",
+)
+@click.option(
+    "--exec",
+    "executable",
+    default=None,
+    help="The modelreg executable (default: the one running now).",
+)
+def edge_unit(config_path: Path, executable: str | None) -> None:
+    """Print a systemd unit for the daemon (Type=notify, restart, sandboxing)."""
+    import shutil
+
+    from edge_sync.daemon import systemd_unit
+
+    exe = executable or shutil.which("modelreg") or f"{sys.executable} -m modelreg"
+    click.echo(systemd_unit(config_path.absolute(), exe), nl=False)

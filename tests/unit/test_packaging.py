@@ -29,7 +29,9 @@ def test_edge_extra_excludes_registry_side_tools() -> None:
 def test_device_side_code_imports_no_registry_side_tool() -> None:
     # The CLI and the trust verifier load without MLflow, DVC, ONNX or pipelines.
     code = (
-        "import sys, modelreg.cli.main, edge_sync.trust, signing.oms, registry.checks;"
+        "import sys, modelreg.cli.main, modelreg.cli.edge_cmds, edge_sync.trust, "
+        "edge_sync.daemon, edge_sync.updater, edge_sync.engine, edge_sync.watcher, "
+        "signing.oms, signing.version_doc, signing.target_names, registry.checks;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
         "{'mlflow', 'dvc', 'onnx', 'pipelines', 'git'});"
         "print(','.join(bad))"
