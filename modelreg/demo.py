@@ -12,9 +12,11 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from modelreg.examples import write_examples
@@ -158,6 +160,7 @@ class Demo:
         self.run("git", "branch", "-qD", "hotfix")
         self.device()
         self.trust()
+        self.edge()
 
     def mlflow(self) -> None:
         """A data scientist loads the production model with MLflow's own API."""
@@ -214,6 +217,67 @@ class Demo:
         self.run("git", "add", "trust")
         self.run("git", "commit", "-qm", "rotate the timestamp key")
         self.run("git", "ls-files", "trust")
+
+    def edge(self) -> None:
+        """A device running the edge daemon: production installed in full, then 1.1.0
+        promoted and installed by delta, each update's stage timeline printed."""
+        from edge_sync.config import load_edge_config
+        from edge_sync.daemon import status_document
+
+        self.step("A device: the edge daemon follows production (modelreg edge run)")
+        device = self.work / "device-cam-0042"
+        device.mkdir()
+        shutil.copy(self.repo / "trust/metadata/1.root.json", device / "1.root.json")
+        config = device / "edge.yaml"
+        config.write_text(
+            "apiVersion: modelreg/v1\n"
+            "kind: EdgeConfig\n"
+            "device: {id: cam-0042, labels: {arch: x86_64, accelerator: none}}\n"
+            f"repository: {{url: {self.repo}, branch: main, poll_interval: 1h}}\n"
+            "trust: {root: 1.root.json}\n"
+            f"artifacts: {{url: {self.repo / '.modelreg/remote/modelreg'}}}\n"
+            "models: [{name: mlp, channel: production}]\n"
+            "state_dir: state\n"
+            "serve: {listen: 127.0.0.1:0}\n",
+            encoding="utf-8",
+        )
+        print("  " + config.read_text(encoding="utf-8").strip().replace("\n", "\n  "))
+        edge = load_edge_config(config)
+
+        def serving() -> str | None:
+            model = status_document(edge)["models"]["mlp"]["serving"]
+            return model and model["version"]
+
+        def wait_for(version: str) -> None:
+            deadline = time.monotonic() + 120
+            while serving() != version:
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    log = (device / "daemon.log").read_text(encoding="utf-8")
+                    raise SystemExit(f"demo failed: the daemon did not install {version}\n{log}")
+                time.sleep(0.2)
+
+        print(f"$ modelreg edge run --config {config.name} &")
+        with (device / "daemon.log").open("w") as log:
+            daemon = subprocess.Popen(
+                [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+                cwd=device, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            wait_for("1.0.0")
+            self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
+            self.step("v2 reaches production; SIGHUP syncs at once; installed by delta")
+            self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "production")
+            self.run("git", "commit", "-qam", "promote mlp 1.1.0 to production")
+            self.run("modelreg", "ci", "release")
+            print("$ kill -HUP <daemon>")
+            daemon.send_signal(signal.SIGHUP)
+            wait_for("1.1.0")
+            self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
+        finally:
+            print("$ kill -TERM <daemon>")
+            daemon.send_signal(signal.SIGTERM)
+            code = daemon.wait(timeout=60)
+            print(f"  the daemon exited {code}")
 
 
 def main(argv: list[str] | None = None) -> None:

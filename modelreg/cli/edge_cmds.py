@@ -56,6 +56,7 @@ def edge_status(config_path: Path, as_json: bool) -> None:
     """What the device serves, what it last did and why (works while the daemon runs)."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import status_document
+    from edge_sync.updater import STAGES
 
     doc = status_document(load_edge_config(config_path))
     if as_json:
@@ -77,6 +78,11 @@ def edge_status(config_path: Path, as_json: bool) -> None:
             detail(f"  last update: {update['result']} {update.get('version') or ''} "
                    f"via {update.get('method') or '-'}, {update['bytes_fetched']} bytes"
                    + (f": {update['reason']}" if update.get("reason") else ""))  # fmt: skip
+            timed = update["stages_ms"]
+            order = [s for s in STAGES if s in timed] + sorted(set(timed) - set(STAGES))
+            stages = ", ".join(f"{s} {timed[s]:.1f}" for s in order)
+            if stages:
+                detail(f"  stages (ms): {stages}")
         for rejected in model["rejected"]:
             detail(f"  rejected {rejected['version']}: {rejected['reason']}")
 
