@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -88,10 +88,8 @@ class _CountingProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def reset(self) -> None:
         with self._lock:
@@ -259,8 +257,12 @@ def run(quick: bool) -> dict[str, Any]:
     goals = [
         _goal("full update / floor", f_s / floor_s, 1.3, quick=quick_flag),
         _goal("delta update / full update", d_s / f_s, 0.15, quick=quick_flag),
-        _goal("delta bytes fetched / signed delta", fetched / delta_file.stat().st_size, 1.05,
-              quick=quick_flag),  # fmt: skip
+        _goal(
+            "delta bytes fetched / signed delta",
+            fetched / delta_file.stat().st_size,
+            1.05,
+            quick=quick_flag,
+        ),
         _goal("idle poll round trips", idle["connections"], 1, quick=quick_flag),
         _goal("idle poll KB on the git host", idle["bytes"] / 1024, 2.0, quick=quick_flag),
     ]
@@ -271,20 +273,25 @@ def run(quick: bool) -> dict[str, Any]:
         "params": {"size": size, "runs": runs},
         "measurements": {},
         "latency_s": {"full": round(f_s, 4), "delta": round(d_s, 4), "floor": round(floor_s, 4)},
-        "stages_ms": {"full": full[len(full) // 2]["stages_ms"],
-                      "delta": delta[len(delta) // 2]["stages_ms"]},  # fmt: skip
-        "bytes": {"delta_fetched": fetched, "delta_signed": delta_file.stat().st_size,
-                  "full_fetched": statistics.median(r["bytes_fetched"] for r in full)},  # fmt: skip
+        "stages_ms": {
+            "full": full[len(full) // 2]["stages_ms"],
+            "delta": delta[len(delta) // 2]["stages_ms"],
+        },
+        "bytes": {
+            "delta_fetched": fetched,
+            "delta_signed": delta_file.stat().st_size,
+            "full_fetched": statistics.median(r["bytes_fetched"] for r in full),
+        },
         "idle_poll": idle,
         "ratios": {"full / floor": f_s / floor_s, "full / delta": f_s / d_s},
         "notes": [
             f"full {f_s:.3f} s, delta {d_s:.3f} s, floor {floor_s:.3f} s (medians of {runs})",
-            "full stages (ms): " + ", ".join(
-                f"{k} {v:.1f}" for k, v in full[len(full) // 2]["stages_ms"].items()),
-            "delta stages (ms): " + ", ".join(
-                f"{k} {v:.1f}" for k, v in delta[len(delta) // 2]["stages_ms"].items()),
+            "full stages (ms): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in full[len(full) // 2]["stages_ms"].items()),
+            "delta stages (ms): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in delta[len(delta) // 2]["stages_ms"].items()),
             f"idle poll: {idle['connections']} connection(s), {idle['bytes']} bytes",
-        ],  # fmt: skip
+        ],
         "goals": goals,
         "environment": machine_info(),
     }
