@@ -1,8 +1,10 @@
 """``modelreg publish``: upload artifacts with DVC and release them as signed TUF targets.
 
-For every declared version the ONNX artifact and an OMS signature bundle become TUF
-targets (with the model facts as custom data), and the channels of every model become
-the signed ``channels.json``.  Target files are copied to the artifact remote *before*
+For every declared version the ONNX artifact, an OMS signature bundle, the delta from
+its parent, the engines this run built, and the device-facing description with its
+golden files (:mod:`pipelines.publish_description`) become TUF targets (with the model
+facts as custom data), and the channels of every model become the signed
+``channels.json``.  Target files are copied to the artifact remote *before*
 the metadata that names them is written, so an interrupted publish leaves nothing a
 device could fetch half-way, and re-running it finishes the job.  Released files are
 immutable: a version already published is never re-signed, so a second run with
@@ -28,6 +30,7 @@ from pipelines.build import BuildRecord, BuildReport
 from pipelines.build_engines import BUILT, EngineResult
 from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
+from pipelines.publish_description import stage_description
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.errors import (
@@ -240,6 +243,8 @@ def _stage_version(
         delta_target = delta_path(entry.name, entry.version, parent)
         if trust.published(delta_target) is None:
             added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
+    # Last: the description names the engines staged above.
+    added.extend(stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx)))
     return added
 
 
@@ -457,7 +462,9 @@ def publish(
     release`` passes it); without it no engine is published.
 
     Raises:
-        ManifestError: the manifests are invalid (nothing is published).
+        ManifestError: the manifests are invalid, or a golden case of a version
+            whose description is not released yet cannot be read (nothing is
+            published).
         ArtifactError: an engine of ``built`` changed since it was built, or an
             artifact is in neither the work tree nor DVC's cache or
             remote, or differs from its pointer.
