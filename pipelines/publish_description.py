@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from registry.errors import GoldenError, ManifestError, quote
+from registry.errors import GoldenError, ManifestError, UsageError, quote
 from registry.goldens import npz_bytes, tensor_set
 from registry.loader import format_loc
 from registry.repository import Repository, VersionEntry
@@ -104,16 +104,15 @@ def _case(
         ("outputs", case.outputs),
     )
     for side, value in sides:
-        path = golden_path(entry.name, entry.version, case.name, side)
+        try:
+            path = golden_path(entry.name, entry.version, case.name, side)
+        except UsageError:  # the manifest schema allows '..' or '.x'; a file name may not
+            reason = "a case name may not start with '.' (it names the case's golden files)"
+            raise _problem(entry, index, case.name, "name", reason) from None
         try:
             files[path] = npz_bytes(tensor_set(value, repo.root))
         except GoldenError as e:
-            loc = ("spec", "goldens", "cases", index, side)
-            line, col = entry.doc.position(loc)
-            message = f"golden case {quote(case.name)} cannot be published: {e}"
-            raise ManifestError.single(
-                entry.file, message, line=line, col=col, field=format_loc(loc)
-            ) from None
+            raise _problem(entry, index, case.name, side, str(e)) from None
         paths[side] = path
     return GoldenCaseDoc(
         name=case.name,
@@ -122,6 +121,14 @@ def _case(
         rtol=goldens.rtol if case.rtol is None else case.rtol,
         atol=goldens.atol if case.atol is None else case.atol,
     )
+
+
+def _problem(entry: VersionEntry, index: int, case: str, field: str, reason: str) -> ManifestError:
+    """Case ``index`` (named ``case``) of ``entry`` cannot be published, at ``field``."""
+    loc = ("spec", "goldens", "cases", index, field)
+    line, col = entry.doc.position(loc)
+    message = f"golden case {quote(case)} cannot be published: {reason}"
+    return ManifestError.single(entry.file, message, line=line, col=col, field=format_loc(loc))
 
 
 def stage_description(

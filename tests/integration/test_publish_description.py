@@ -246,3 +246,19 @@ def test_a_golden_file_that_cannot_be_read_stops_the_publish_in_one_line(
         "readable .npz file (File is not a zip file)"
     )
     assert _files(repo / "trust/metadata") == before
+
+
+def test_a_case_name_that_cannot_name_a_file_stops_the_publish_in_one_line(
+    repo: Path, cli: Any
+) -> None:
+    manifest = repo / "manifests/mlp/versions/1.0.0.yaml"
+    manifest.write_text(manifest.read_text().replace("name: default", "name: .."))
+    git(repo, "commit", "-qam", "a case named '..'")
+    assert cli("validate", cwd=repo).code == 0  # the schema allows it
+    r = cli("publish", cwd=repo)
+    assert r.code == 1
+    assert r.err.strip() == (
+        "manifests/mlp/versions/1.0.0.yaml:22:15: spec.goldens.cases[0].name: golden case '..' "
+        "cannot be published: a case name may not start with '.' (it names the case's golden "
+        "files)"
+    )
