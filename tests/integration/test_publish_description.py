@@ -232,33 +232,43 @@ def test_a_version_released_before_descriptions_gets_one_and_nothing_released_ch
     assert device.target_info(V1_DOC).sha256 == after_targets[V1_DOC]["hashes"]["sha256"]
 
 
-def test_a_golden_file_that_cannot_be_read_stops_the_publish_in_one_line(
-    repo: Path, cli: Any
-) -> None:
-    before = _files(repo / "trust/metadata")
+def _break_file(repo: Path) -> None:
     (repo / "manifests/mlp/goldens/1.0.0/outputs.npz").write_bytes(b"not a zip")
-    git(repo, "commit", "-qam", "a broken golden file")
-    r = cli("publish", cwd=repo)
-    assert r.code == 1
-    assert r.err.strip() == (
-        "manifests/mlp/versions/1.0.0.yaml:24:18: spec.goldens.cases[0].outputs: golden case "
-        "'default' cannot be published: manifests/mlp/goldens/1.0.0/outputs.npz: not a "
-        "readable .npz file (File is not a zip file)"
-    )
-    assert _files(repo / "trust/metadata") == before
 
 
-def test_a_case_name_that_cannot_name_a_file_stops_the_publish_in_one_line(
-    repo: Path, cli: Any
-) -> None:
+def _dot_name(repo: Path) -> None:
     manifest = repo / "manifests/mlp/versions/1.0.0.yaml"
     manifest.write_text(manifest.read_text().replace("name: default", "name: .."))
-    git(repo, "commit", "-qam", "a case named '..'")
-    assert cli("validate", cwd=repo).code == 0  # the schema allows it
+
+
+@pytest.mark.parametrize(
+    ("attack", "problem"),
+    [
+        (
+            _break_file,
+            (
+                "24:18: spec.goldens.cases[0].outputs: golden case 'default' cannot be published: "
+                "manifests/mlp/goldens/1.0.0/outputs.npz: not a readable .npz file (File is not a "
+                "zip file)"
+            ),
+        ),
+        (
+            _dot_name,  # the manifest schema allows it
+            (
+                "22:15: spec.goldens.cases[0].name: golden case '..' cannot be published: a case "
+                "name may not start with '.' (it names the case's golden files)"
+            ),
+        ),
+    ],
+)
+def test_a_golden_case_that_cannot_be_published_stops_the_publish_in_one_line(
+    repo: Path, cli: Any, attack: Any, problem: str
+) -> None:
+    before = _files(repo / "trust/metadata")
+    attack(repo)
+    git(repo, "commit", "-qam", "a golden case that cannot be published")
+    assert cli("validate", cwd=repo).code == 0
     r = cli("publish", cwd=repo)
     assert r.code == 1
-    assert r.err.strip() == (
-        "manifests/mlp/versions/1.0.0.yaml:22:15: spec.goldens.cases[0].name: golden case '..' "
-        "cannot be published: a case name may not start with '.' (it names the case's golden "
-        "files)"
-    )
+    assert r.err.strip() == f"manifests/mlp/versions/1.0.0.yaml:{problem}"
+    assert _files(repo / "trust/metadata") == before
