@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from modelreg.examples import write_examples
 
@@ -61,6 +61,7 @@ class Demo:
         """What a device verifies (the edge daemon builds on this)."""
         from edge_sync.trust import DeviceTrust
         from signing.errors import VerificationError
+        from signing.target_names import artifact_path
 
         print("$ # on a device provisioned with trust/metadata/1.root.json")
         state = self.work / "device"
@@ -69,12 +70,13 @@ class Demo:
         trust = DeviceTrust(state, self.repo, remote)
         trust.refresh()
         production = trust.channels().models["mlp"]["production"]
-        path = f"models/mlp/{production.version}.onnx"
+        path = artifact_path("mlp", production.version)
         got = trust.fetch(path, state / "artifacts", model="mlp", version=production.version)
         facts = trust.target_info(path).facts
         print(f"  production is mlp {production.version} (sequence {production.sequence})")
         print(f"  fetched {got.name}: signed by CI at commit {facts.git_commit}, verified")
-        stored = next((remote / "targets/models/mlp").glob(f"*.{production.version}.onnx"))
+        where = PurePosixPath(path)
+        stored = next((remote / "targets" / where.parent).glob(f"*.{where.name}"))
         original = stored.read_bytes()
         stored.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
         got.unlink()

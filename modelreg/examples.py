@@ -17,10 +17,6 @@ Everything is seeded, so the same arguments always serialize to the same bytes.
 
 from __future__ import annotations
 
-import io
-import os
-import tempfile
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +28,9 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from registry.atomic import write_atomic
 from registry.errors import UsageError
+from registry.goldens import npz_bytes
 
 __all__ = [
     "EXAMPLE_SIZES",
@@ -74,7 +72,6 @@ _CNN_CLASSES = 10
 _CNN_CHANNELS = (8, 32)
 _CNN_SIDE = {"1.0.0": 28, "1.1.0": 28, "2.0.0": 32}
 _FINE_TUNE_NOISE = 0.05  # relative to each tensor's init scale
-_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 FloatArray = npt.NDArray[np.float32]
 
@@ -333,31 +330,6 @@ def run_onnxruntime(
     return dict(zip(names, results, strict=True))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _npz_bytes(arrays: Mapping[str, npt.NDArray[Any]]) -> bytes:
-    """An ``.npz`` archive (as ``np.savez`` writes) with fixed zip timestamps."""
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
-        for name in sorted(arrays):
-            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_EPOCH)
-            with zf.open(info, "w", force_zip64=True) as fh:
-                np.lib.format.write_array(fh, np.asarray(arrays[name]), allow_pickle=False)
-    return buf.getvalue()
-
-
 def write_examples(
     out_dir: Path,
     size: str = "small",
@@ -394,14 +366,15 @@ def write_examples(
         for version in EXAMPLE_VERSIONS[name]:
             data = model_bytes(name, version, size)
             path = Path(out_dir) / name / f"{version}.onnx"
-            _atomic_write(path, data)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, data)
             inputs_path = outputs_path = None
             if goldens:
                 inputs = golden_inputs(name, version)
                 outputs = run_onnxruntime(data, inputs)
                 inputs_path = path.with_name(f"{version}.inputs.npz")
                 outputs_path = path.with_name(f"{version}.outputs.npz")
-                _atomic_write(inputs_path, _npz_bytes(inputs))
-                _atomic_write(outputs_path, _npz_bytes(outputs))
+                write_atomic(inputs_path, npz_bytes(inputs))
+                write_atomic(outputs_path, npz_bytes(outputs))
             written.append(ExampleFile(name, version, size, path, inputs_path, outputs_path))
     return written

@@ -8,27 +8,15 @@ and turn their errors into ``ArtifactError``s of one line.
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from pipelines.errors import ArtifactError
 from pipelines.onnx_signature import load_onnx, signature_from_model
+from registry.errors import one_line
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc
-
-_MAX_MESSAGE: Final = 400
-_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def one_line(text: str, limit: int = _MAX_MESSAGE) -> str:
-    """``text`` with its whitespace collapsed, cut to ``limit`` characters.
-
-    ONNX's checker writes multi-line messages with context blocks; a problem is one line.
-    """
-    flat = " ".join(_ANSI.sub("", text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 @functools.cache

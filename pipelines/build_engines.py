@@ -17,17 +17,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pipelines.build_checks import load_session, one_line, ort_errors
+from pipelines.build_checks import load_session, ort_errors
 from pipelines.errors import ArtifactError
-from registry.atomic import fsync_dir
+from registry.atomic import replace_file, write_atomic
+from registry.errors import one_line
 from registry.schema import OnnxRuntimeTarget, Target, TensorRTTarget
 from signing.hashing import sha256_file
+from signing.target_names import engine_file_name
 
 EngineStatus = Literal["built", "built on device", "failed"]
 BUILT: Final = "built"
@@ -105,10 +106,12 @@ def build_engines(
     results: list[EngineResult] = []
     for target in targets:
         start = time.perf_counter_ns()
+        # The name publish reads the engine back under (and devices fetch it by).
+        out = out_dir / engine_file_name(target.name, target.engine)
         if isinstance(target, OnnxRuntimeTarget):
-            result = _onnxruntime(model, display, target, out_dir / f"{target.name}.ort.onnx")
+            result = _onnxruntime(model, display, target, out)
         else:
-            result = _tensorrt(model, target, out_dir / f"{target.name}.plan")
+            result = _tensorrt(model, target, out)
         path = result.path
         if path is not None:
             with contextlib.suppress(ValueError):
@@ -148,7 +151,7 @@ def _onnxruntime(model: Path, display: str, target: OnnxRuntimeTarget, out: Path
     options.optimized_model_filepath = str(tmp)
     try:
         ort.InferenceSession(str(model), sess_options=options, providers=list(target.providers))
-        _commit(tmp, out)
+        replace_file(tmp, out)  # ORT wrote it; durable before it takes the final name
         # Verify before pointing at it: the saved graph must load on its own.
         load_session(out, display, list(target.providers))
     except ort_errors() as e:
@@ -156,14 +159,6 @@ def _onnxruntime(model: Path, display: str, target: OnnxRuntimeTarget, out: Path
     except ArtifactError as e:
         return _failed(target, detail, f"the optimized model does not load: {e}", out)
     return _done(target, detail, out)
-
-
-def _commit(tmp: Path, out: Path) -> None:
-    # ORT writes the file itself; make it durable before it takes the final name.
-    with tmp.open("rb") as fh:
-        os.fsync(fh.fileno())
-    tmp.replace(out)
-    fsync_dir(out.parent)
 
 
 def _failed(target: Target, detail: dict[str, Any], reason: str, leftover: Path) -> EngineResult:
@@ -193,9 +188,7 @@ def _tensorrt(model: Path, target: TensorRTTarget, out: Path) -> EngineResult:
         plan = _trt_plan(trt, builder, logger, model, target)
     except _TrtError as e:
         return _failed(target, detail, f"TensorRT: {e}", out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(plan)
-    _commit(tmp, out)
+    write_atomic(out, plan)
     detail["tensorrt"] = str(trt.__version__)
     return _done(target, detail, out)
 

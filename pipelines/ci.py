@@ -747,6 +747,7 @@ def _mirror_extras(
     from pipelines.diff_report import summary, to_markdown
     from pipelines.publish import RELEASE_DIR, TargetStore
     from pipelines.register import ReleaseExtras, mlflow_versions
+    from signing.target_names import bundle_path
     from signing.workspace import trust_paths
 
     extras: dict[tuple[str, str], ReleaseExtras] = {}
@@ -769,7 +770,7 @@ def _mirror_extras(
     for entry in missing:
         key = (entry.name, entry.version)
         # The released bundle, as devices get it (a local copy may be from another run).
-        target = f"bundles/{entry.name}/{entry.version}.sigstore.json"
+        target = bundle_path(entry.name, entry.version)
         bundle: Path | None = None
         try:
             data = store.read(trust, target)

@@ -16,8 +16,8 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from pipelines.errors import ArtifactError
-from pipelines.goldens import read_npz
+from registry.errors import GoldenError
+from registry.goldens import compare, inline_array, read_npz
 from registry.schema import Goldens, Tensor, TensorSet
 
 Array = npt.NDArray[Any]
@@ -75,13 +75,12 @@ class _Skip(Exception):  # noqa: N818 - control flow inside this module, never e
     """A case cannot be measured; the message says why."""
 
 
-def _inline(tensor: Tensor) -> Array:
+def _inline(name: str, tensor: Tensor) -> Array:
     if tensor.dtype == "bfloat16":
         raise _Skip("inline bfloat16 tensors have no numpy dtype")
-    dtype: Any = object if tensor.dtype == "string" else np.dtype(tensor.dtype)
     try:
-        return np.asarray(tensor.data, dtype=dtype).reshape(tensor.shape)
-    except (ValueError, TypeError, OverflowError):
+        return inline_array(name, tensor)
+    except GoldenError:
         raise _Skip(f"inline data does not fit {tensor.dtype} {list(tensor.shape)}") from None
 
 
@@ -92,13 +91,13 @@ def _tensor_set(spec: TensorSet, root: Path | None) -> dict[str, Array]:
         _Skip: the file is missing or unreadable, or a tensor cannot be built.
     """
     if not isinstance(spec, str):
-        return {name: _inline(t) for name, t in spec.items()}
+        return {name: _inline(name, t) for name, t in spec.items()}
     if root is None:
         raise _Skip(f"{spec}: .npz goldens need the repository root")
     # The one bounded reader: golden files come with pull requests (links, bombs).
     try:
         return read_npz(root / spec, spec, root=root)
-    except ArtifactError as e:
+    except GoldenError as e:
         raise _Skip(str(e)) from None
 
 
@@ -138,23 +137,24 @@ def _run(session: Any, inputs: Mapping[str, Array], which: str) -> dict[str, Arr
 def compare_output(
     case: str, output: str, old: Array, new: Array, *, rtol: float, atol: float
 ) -> OutputDrift:
-    """Drift of one output (pure; exposed for tests)."""
+    """Drift of one output (pure; exposed for tests).
+
+    Whether it is within tolerance is :func:`registry.goldens.compare` with the old
+    output as the expected value: the golden test's own rule.
+    """
     if old.shape != new.shape:
         note = f"shape {list(old.shape)} → {list(new.shape)}"
         return OutputDrift(case, output, None, None, within_tolerance=False, note=note)
-    if old.dtype.kind not in "biuf" or new.dtype.kind not in "biuf":
-        if (old.dtype.kind == "U") != (new.dtype.kind == "U"):
-            note = f"dtype {old.dtype} → {new.dtype}"
-            return OutputDrift(case, output, None, None, within_tolerance=False, note=note)
-        same = bool(np.array_equal(old, new))
-        return OutputDrift(case, output, None, None, same, "" if same else "values differ")
-    a = old.astype(np.float64)
-    b = new.astype(np.float64)
-    max_abs = float(np.max(np.abs(b - a))) if a.size else 0.0
-    scale = float(np.max(np.abs(a))) if a.size else 0.0
+    found = compare(old, new, rtol, atol)
+    if found.reason is not None:
+        note = f"dtype {old.dtype} → {new.dtype}"
+        return OutputDrift(case, output, None, None, within_tolerance=False, note=note)
+    if found.max_abs_error is None:  # booleans and strings: equal or not
+        return OutputDrift(case, output, None, None, found.ok, "" if found.ok else "values differ")
+    scale = float(np.max(np.abs(old.astype(np.float64)))) if old.size else 0.0
+    max_abs = found.max_abs_error
     relative = max_abs / scale if scale > 0 else (0.0 if max_abs == 0 else None)
-    within = bool(np.allclose(b, a, rtol=rtol, atol=atol))
-    return OutputDrift(case, output, max_abs, relative, within)
+    return OutputDrift(case, output, max_abs, relative, found.ok)
 
 
 def golden_drift(

@@ -1,8 +1,10 @@
 """``modelreg publish``: upload artifacts with DVC and release them as signed TUF targets.
 
-For every declared version the ONNX artifact and an OMS signature bundle become TUF
-targets (with the model facts as custom data), and the channels of every model become
-the signed ``channels.json``.  Target files are copied to the artifact remote *before*
+For every declared version the ONNX artifact, an OMS signature bundle, the delta from
+its parent, the engines this run built, and the device-facing description with its
+golden files (:mod:`pipelines.publish_description`) become TUF targets (with the model
+facts as custom data), and the channels of every model become the signed
+``channels.json``.  Target files are copied to the artifact remote *before*
 the metadata that names them is written, so an interrupted publish leaves nothing a
 device could fetch half-way, and re-running it finishes the job.  Released files are
 immutable: a version already published is never re-signed, so a second run with
@@ -28,14 +30,24 @@ from pipelines.build import BuildRecord, BuildReport
 from pipelines.build_engines import BUILT, EngineResult
 from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
+from pipelines.publish_description import stage_description
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
-from registry.errors import ManifestError, PolicyError, Problem, RegistryError, ToolError
+from registry.errors import (
+    ManifestError,
+    PolicyError,
+    Problem,
+    RegistryError,
+    ToolError,
+    UsageError,
+)
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry, load_repository
+from signing import target_names
 from signing.errors import FileSetError
 from signing.keys import private_key_from_env
 from signing.oms import ModelFacts, sign_model
+from signing.target_names import artifact_path, bundle_path, delta_path, engine_path
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import TARGETS_DIR, stored_name
@@ -198,8 +210,8 @@ def _stage_version(
 ) -> list[str]:
     added: list[str] = []
     artifact = repo.root / entry.manifest.spec.artifact.path
-    target = f"models/{entry.name}/{entry.version}.onnx"
-    bundle_target = f"bundles/{entry.name}/{entry.version}.sigstore.json"
+    target = artifact_path(entry.name, entry.version)
+    bundle_target = bundle_path(entry.name, entry.version)
     if trust.published(target) is None or trust.published(bundle_target) is None:
         _fetch(repo, entry)
     if trust.published(target) is None:
@@ -226,9 +238,13 @@ def _stage_version(
         write_atomic(local, data)
         added.append(bundle_target)
     added.extend(_stage_engines(trust, entry, ctx, record))
-    delta_target = f"deltas/{entry.name}/{entry.version}.from-{entry.manifest.spec.parent}.delta"
-    if entry.manifest.spec.parent is not None and trust.published(delta_target) is None:
-        added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
+    parent = entry.manifest.spec.parent
+    if parent is not None:
+        delta_target = delta_path(entry.name, entry.version, parent)
+        if trust.published(delta_target) is None:
+            added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
+    # Last: the description names the engines staged above.
+    added.extend(stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx)))
     return added
 
 
@@ -262,7 +278,7 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
 
     problems = []
     for entry in repo.all_versions():
-        info = trust.published(f"models/{entry.name}/{entry.version}.onnx")
+        info = trust.published(artifact_path(entry.name, entry.version))
         if info is None:
             continue
         facts = TargetFacts.from_custom(info.custom)
@@ -319,7 +335,7 @@ def _stage_engines(
         if engine.status != BUILT:
             continue
         name = engine_file_name(engine.target, declared.get(engine.target))
-        target = f"engines/{entry.name}/{entry.version}/{name}"
+        target = engine_path(entry.name, entry.version, engine.target, declared[engine.target])
         if trust.published(target) is not None:
             continue
         data = _built_engine(record.record_path.parent, name, engine)
@@ -329,15 +345,18 @@ def _stage_engines(
 
 
 def engine_file_name(target: str, engine: str | None) -> str:
-    """The file a build writes for a declared target (``<target>.ort.onnx`` or ``.plan``).
+    """The file a build writes for a declared target (``<target>.ort.onnx`` or ``.plan``,
+    :func:`signing.target_names.engine_file_name`).
 
     Raises:
         ArtifactError: the target is not declared, or its engine makes no file here.
     """
-    suffix = {"onnxruntime": "ort.onnx", "tensorrt": "plan"}.get(engine or "")
-    if suffix is None or "/" in target or target in (".", ".."):
-        raise ArtifactError(target, "not a target this version declares; no engine published")
-    return f"{target}.{suffix}"
+    try:
+        return target_names.engine_file_name(target, engine)
+    except UsageError:
+        raise ArtifactError(
+            target, "not a target this version declares; no engine published"
+        ) from None
 
 
 def _built_engine(folder: Path, name: str, engine: EngineResult) -> bytes:
@@ -443,7 +462,9 @@ def publish(
     release`` passes it); without it no engine is published.
 
     Raises:
-        ManifestError: the manifests are invalid (nothing is published).
+        ManifestError: the manifests are invalid, or a golden case of a version
+            whose description is not released yet cannot be read (nothing is
+            published).
         ArtifactError: an engine of ``built`` changed since it was built, or an
             artifact is in neither the work tree nor DVC's cache or
             remote, or differs from its pointer.

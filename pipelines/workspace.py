@@ -14,7 +14,7 @@ import semver
 
 from pipelines import dvc
 from pipelines.onnx_signature import read_signature
-from registry.atomic import write_atomic
+from registry.atomic import AtomicFile, write_atomic
 from registry.checks import declared
 from registry.config import CONFIG_FILE
 from registry.edit import set_signature
@@ -431,9 +431,8 @@ def add_version(
     try:
         if dest.resolve() != artifact.resolve():
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.tmp")
-            shutil.copyfile(artifact, tmp)
-            tmp.replace(dest)
+            with AtomicFile(dest) as out, artifact.open("rb") as src:
+                shutil.copyfileobj(src, out.file, 1 << 20)
             written.append(dest)
         goldens_spec, golden_files = _goldens(repo, name, version, dest, golden_inputs)
         written.extend(golden_files)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from registry._delta_format import (
     HEADER_SIZE,
@@ -30,7 +29,7 @@ from registry._delta_format import (
     unpack_header,
     unpack_instructions,
 )
-from registry.atomic import fsync_dir, replacement_mode
+from registry.atomic import AtomicFile
 from registry.delta import BaseMismatchError, CorruptDeltaError, DeltaLimits
 
 if TYPE_CHECKING:
@@ -123,25 +122,22 @@ def _section(source: _Source, start: int, end: int) -> io.BufferedReader:
 class _Output:
     """Where the new file goes, hashed as it is written.
 
-    With ``out``, a temporary file beside it that :meth:`commit` renames into place;
-    without, memory.
+    With ``out``, a temporary file beside it (:class:`registry.atomic.AtomicFile`) that
+    :meth:`commit` puts in place; without, memory.
     """
 
     def __init__(self, out: Path | None) -> None:
         self.digest = hashlib.sha256()
         self.written = 0
         self._memory = io.BytesIO()
-        self._file: tuple[BinaryIO, Path, Path] | None = None  # (handle, temporary, out)
-        if out is not None:
-            fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-            self._file = (os.fdopen(fd, "wb", buffering=1 << 20), Path(tmp), out)
+        self._file = AtomicFile(out, buffering=1 << 20) if out is not None else None
 
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         self.digest.update(view)
         self.written += view.nbytes
         if self._file is not None:
-            self._file[0].write(view)
+            self._file.write(view)
         else:
             self._memory.write(view)
 
@@ -149,22 +145,13 @@ class _Output:
         """Put the verified file in place (or return the bytes)."""
         if self._file is None:
             return self._memory.getvalue()
-        fh, tmp, out = self._file
-        fh.flush()
-        os.fchmod(fh.fileno(), replacement_mode(out))
-        os.fsync(fh.fileno())
-        fh.close()
-        tmp.replace(out)
-        self._file = None
-        fsync_dir(out.parent)
-        return out
+        out, self._file = self._file, None
+        return out.commit()
 
     def abort(self) -> None:
         """Drop the partial output (nothing to do once committed)."""
         if self._file is not None:
-            fh, tmp, _ = self._file
-            fh.close()
-            tmp.unlink(missing_ok=True)
+            self._file.abort()
             self._file = None
 
 

@@ -9,6 +9,8 @@
     ├── UnsafeFileError      a work-tree file that must not be read: a link, not a
     │   │                    regular file, outside the repository
     │   └── FileTooLargeError  over the size cap, refused before reading
+    ├── GoldenError          a golden file or inline tensor that cannot be read or
+    │                        converted (``registry.goldens``)
     └── ToolError            git or DVC missing or failing (environment, not data)
 
     ValueError
@@ -21,6 +23,7 @@ Misuse of the API (a bad argument from a caller) raises :class:`UsageError`, a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -28,6 +31,20 @@ from typing import Final
 _ONE_LINE = str.maketrans(
     {"\n": "\\n", "\r": "\\r", "\x85": "\\x85", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )
+
+
+_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+MESSAGE_LIMIT: Final = 400
+"""The most characters of a third-party message (ONNX, zipfile, numpy) a problem shows."""
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``text`` with its whitespace collapsed and colours removed, cut to ``limit`` characters.
+
+    ONNX's checker writes multi-line messages with context blocks; a problem is one line.
+    """
+    flat = " ".join(_ANSI.sub("", text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 QUOTE_LIMIT: Final = 32
@@ -149,6 +166,22 @@ class FileTooLargeError(UnsafeFileError):
         self.size = size
         self.limit = limit
         super().__init__(path, f"is {size} bytes; the limit is {limit}")
+
+
+class GoldenError(RegistryError):
+    """A golden ``.npz`` file or inline tensor that cannot be read or converted.
+
+    The message is one line and never holds the file's content.
+
+    Attributes:
+        path: the file (or ``inline tensor 'x'``), as shown to the user.
+        reason: why, one short line.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
 
 
 class ToolError(RegistryError):

@@ -37,11 +37,9 @@ command again; the key folder is only changed once the metadata is written.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -64,7 +62,7 @@ from tuf.api.metadata import (
     Timestamp,
 )
 
-from registry.atomic import fsync_dir, write_atomic
+from registry.atomic import AtomicFile, write_atomic
 from registry.errors import FileTooLargeError, UnsafeFileError, UsageError
 from registry.safe_io import read_regular
 from signing.errors import DigestMismatchError, FileSetError, HistoryError
@@ -681,21 +679,12 @@ def _holds(path: Path, info: TargetFile) -> bool:
 
 
 def _copy_verified(source: Path, dest: Path, info: TargetFile) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w+b") as out, source.open("rb") as src:
-            shutil.copyfileobj(src, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-            out.seek(0)
-            try:
-                info.verify_length_and_hashes(out)
-            except LengthOrHashMismatchError as e:
-                raise DigestMismatchError(f"changed since it was staged ({e})", str(source)) from e
-        os.chmod(tmp, 0o644)  # noqa: PTH101 - mkstemp creates 0600; remotes are shared
-        Path(tmp).replace(dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            Path(tmp).unlink()
-        raise
-    fsync_dir(dest.parent)
+    # Mode 0644 whatever the umask: remotes are shared.  Verified before the rename.
+    with AtomicFile(dest, mode=0o644) as out, source.open("rb") as src:
+        shutil.copyfileobj(src, out.file, 1 << 20)
+        out.file.flush()
+        out.file.seek(0)
+        try:
+            info.verify_length_and_hashes(out.file)
+        except LengthOrHashMismatchError as e:
+            raise DigestMismatchError(f"changed since it was staged ({e})", str(source)) from e

@@ -95,6 +95,13 @@ def test_release_publishes_engines_from_its_own_build_only(fleet: Fleet) -> None
     import hashlib
 
     assert hashlib.sha256(got.read_bytes()).hexdigest() == engine["sha256"]
+    # The version's signed description names the engine released with it.
+    from signing.version_doc import VersionDoc
+
+    doc = device.fetch("versions/mlp/1.1.0.json", fleet.tmp / "doc", kind="version")
+    assert VersionDoc.from_bytes(doc.read_bytes()).engines == {
+        "cpu": "engines/mlp/1.1.0/cpu.ort.onnx"
+    }
 
 
 def test_engine_checks_refuse_links_changes_and_undeclared_targets(tmp_path: Path) -> None:

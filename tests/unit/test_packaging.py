@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
+
 from tests.conftest import REPO_ROOT
 
 HEAVY = {"mlflow", "mlflow-skinny", "dvc", "gitpython", "onnx"}
@@ -26,14 +28,32 @@ def test_edge_extra_excludes_registry_side_tools() -> None:
     assert project["scripts"] == {"modelreg": "modelreg.cli.main:main"}
 
 
-def test_device_side_code_imports_no_registry_side_tool() -> None:
-    # The CLI and the trust verifier load without MLflow, DVC, ONNX or pipelines.
+REGISTRY_SIDE = {"mlflow", "dvc", "onnx", "pipelines", "git"}
+
+
+@pytest.mark.parametrize(
+    ("modules", "forbidden"),
+    [
+        # The CLI and the trust verifier load without MLflow, DVC, ONNX or pipelines.
+        ("modelreg.cli.main, edge_sync.trust, signing.oms, registry.checks", REGISTRY_SIDE),
+        # The daemon and its command: no registry-side tool either.
+        (
+            "modelreg.cli.edge_cmds, edge_sync.daemon, edge_sync.updater, edge_sync.engine, "
+            "edge_sync.watcher, edge_sync.state, edge_sync.config",
+            REGISTRY_SIDE | {"onnxruntime"},
+        ),
+        # What a device's updater and self-test import: not even ONNX Runtime up front.
+        (
+            "registry.goldens, registry.atomic, signing.target_names, signing.version_doc",
+            REGISTRY_SIDE | {"onnxruntime"},
+        ),
+    ],
+)
+def test_device_side_code_imports_no_registry_side_tool(modules: str, forbidden: set[str]) -> None:
     code = (
-        "import sys, modelreg.cli.main, modelreg.cli.edge_cmds, edge_sync.trust, "
-        "edge_sync.daemon, edge_sync.updater, edge_sync.engine, edge_sync.watcher, "
-        "signing.oms, signing.version_doc, signing.target_names, registry.checks;"
+        f"import sys, {modules};"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'mlflow', 'dvc', 'onnx', 'pipelines', 'git'});"
+        f"{sorted(forbidden)!r});"
         "print(','.join(bad))"
     )
     out = subprocess.run(
