@@ -273,8 +273,11 @@ def self_test(
     timings["goldens"] = (time.perf_counter() - start) * 1000
     start = time.perf_counter()
     sample = getattr(engine, "sample_inputs", None)
-    warm = cases[0].inputs if cases else (sample() if callable(sample) else None)
+    warm: Mapping[str, Any] | None = (
+        cases[0].inputs if cases else (sample() if callable(sample) else None)
+    )
     for _ in range(warmup_runs if warm is not None else 0):
+        assert warm is not None  # noqa: S101 - for the type checker
         try:
             engine.run(warm)
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from registry.atomic import fsync_dir, write_atomic
+from registry.atomic import fsync_dir, replace_file, write_atomic
 from registry.errors import RegistryError
 
 __all__ = [
@@ -216,14 +216,8 @@ class BlobStore:
 
         The caller verified it; it must be on the same filesystem (``tmp/``).
         """
-        dest = self.path(sha256)
         self.folder.mkdir(parents=True, exist_ok=True)
-        with verified.open("rb") as fh:
-            os.fsync(fh.fileno())
-        verified.chmod(0o444)
-        verified.replace(dest)
-        fsync_dir(self.folder)
-        return dest
+        return replace_file(verified, self.path(sha256), mode=0o444)
 
     def discard(self, sha256: str) -> None:
         """Remove a blob (one that no longer hashes to its name)."""

@@ -36,7 +36,6 @@ This module imports neither MLflow, DVC nor ``pipelines`` (a device has none of 
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -54,7 +53,7 @@ from tuf.ngclient.updater import Updater
 
 from edge_sync._fetch import LocalFetcher
 from edge_sync.limits import TrustLimits
-from registry.atomic import fsync_dir, write_atomic
+from registry.atomic import replace_file, write_atomic
 from registry.errors import UsageError
 from signing.errors import (
     DigestMismatchError,
@@ -379,12 +378,9 @@ class DeviceTrust:
                 # The Updater verifies length and digest before it writes ``partial``;
                 # the rename makes the verified file appear whole or not at all.
                 updater.download_target(info, str(partial))
-                with partial.open("rb") as fh:
-                    os.fsync(fh.fileno())
-                partial.replace(dest)
+                replace_file(partial, dest)
             finally:
                 partial.unlink(missing_ok=True)
-            fsync_dir(dest.parent)
         return dest
 
 

@@ -248,7 +248,7 @@ class Demo:
 
         def serving() -> str | None:
             model = status_document(edge)["models"]["mlp"]["serving"]
-            return model and model["version"]
+            return None if model is None else str(model["version"])
 
         def wait_for(version: str) -> None:
             deadline = time.monotonic() + 120

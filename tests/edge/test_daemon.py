@@ -69,7 +69,7 @@ def _start(config: Path) -> subprocess.Popen[str]:
 
 def _serving(status: dict[str, Any]) -> str | None:
     serving = status["models"]["mlp"]["serving"]
-    return serving and serving["version"]
+    return None if serving is None else str(serving["version"])
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:

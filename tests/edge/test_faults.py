@@ -147,8 +147,9 @@ def test_a_full_disk_fails_the_update_and_keeps_serving(rig: EdgeRig) -> None:
         assert said, report
         from edge_sync.state import StateDir
 
-        kept = StateDir(state).load()
-        assert kept.models["mlp"].serving.version == "1.0.0"
+        kept = StateDir(state).load().models["mlp"].serving
+        assert kept is not None
+        assert kept.version == "1.0.0"
         assert not [p for p in (state / "tmp").rglob("*") if p.is_file()]
         filler.unlink()
         assert rig.sync(**overrides).updates["mlp"].version == "1.1.0"

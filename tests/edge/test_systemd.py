@@ -76,7 +76,7 @@ def test_the_daemon_tells_systemd_it_is_ready_and_stopping(rig: EdgeRig) -> None
                 stdout=log, stderr=subprocess.STDOUT, env=env,
             )  # fmt: skip
         try:
-            messages = []
+            messages: list[str] = []
             deadline = time.monotonic() + 60
             while not any("STATUS=last sync" in m for m in messages):
                 assert time.monotonic() < deadline, messages

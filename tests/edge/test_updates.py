@@ -4,9 +4,11 @@ device by the cheapest verified path, with every stage timed."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
+from edge_sync.engine import Engine, InProcessHost, LoadRequest
 from tests.edge.conftest import EdgeRig
 
 pytestmark = pytest.mark.integration
@@ -76,18 +78,17 @@ def test_going_back_to_a_held_version_fetches_nothing(rig: EdgeRig) -> None:
     assert update.bytes_fetched < 16 * 1024  # metadata only
 
 
-def test_a_full_file_is_fetched_when_the_delta_is_not_smaller(rig: EdgeRig) -> None:
-    rig.sync()
-    rig.release_version("1.1.0", "1.0.0")
+def test_without_a_usable_delta_chain_the_full_file_is_fetched(
+    rig: EdgeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from edge_sync import updater
 
-    original = updater.MAX_DELTA_CHAIN
-    try:
-        updater.MAX_DELTA_CHAIN = 0  # no chain allowed: the plan must take the full file
-        update = rig.sync().updates["mlp"]
-    finally:
-        updater.MAX_DELTA_CHAIN = original
+    rig.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    monkeypatch.setattr(updater, "MAX_DELTA_CHAIN", 0)  # no delta may be applied
+    update = rig.sync().updates["mlp"]
     assert (update.result, update.method) == ("installed", "full")
+    assert update.bytes_fetched >= (rig.root / "models/mlp/1.1.0.onnx").stat().st_size
 
 
 def test_a_corrupt_delta_falls_back_to_the_full_file(rig: EdgeRig) -> None:
@@ -127,3 +128,64 @@ def test_a_target_that_matches_no_label_is_rejected_once(rig: EdgeRig) -> None:
     model = rig.state().models["mlp"]
     assert model.serving.version == "1.0.0"
     assert [r.version for r in model.rejected] == ["1.1.0"]
+
+
+class _DriftingEngine:
+    """An engine whose answers drift from the goldens (another runtime, a bad port)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.model, self.version, self.sha256 = inner.model, inner.version, inner.sha256
+        self.closed = False
+
+    def run(self, inputs: Any, outputs: Any = None) -> dict[str, Any]:
+        return {k: v + 1.0 for k, v in self.inner.run(inputs, outputs).items()}
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+
+class _DriftingHost(InProcessHost):
+    """Builds drifting engines for one version: the host protocol's other implementation."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__()
+        self.drifting = version
+        self.built: list[Any] = []
+
+    def build(self, request: LoadRequest) -> Engine:
+        engine = super().build(request)
+        if request.version == self.drifting:
+            engine = _DriftingEngine(engine)
+        self.built.append(engine)
+        return engine
+
+
+def test_a_version_that_fails_its_signed_goldens_is_rejected_and_never_served(
+    rig: EdgeRig,
+) -> None:
+    host = _DriftingHost("1.1.0")
+    rig.hosts["device"] = host
+    rig.sync()
+    rig.run("version", "add", "mlp", "1.1.0", "--artifact", str(rig.models / "mlp/1.1.0.onnx"),
+            "--parent", "1.0.0", "--golden-inputs", str(rig.models / "mlp/1.1.0.inputs.npz"))  # fmt: skip
+    rig.promote("1.1.0")
+    report = rig.sync()
+    update = report.updates["mlp"]
+    assert update.result == "rejected"
+    assert update.reason is not None
+    assert (
+        update.reason.startswith("golden case 'case-1', output") or "golden case" in update.reason
+    )
+    assert "out of tolerance" in update.reason
+    assert report.result == "current"  # not a failure: no backoff
+    assert host.current("mlp").version == "1.0.0"  # type: ignore[union-attr]
+    assert host.built[-1].closed  # the rejected engine was released
+    model = rig.state().models["mlp"]
+    assert model.serving is not None
+    assert model.serving.version == "1.0.0"
+    assert [r.version for r in model.rejected] == ["1.1.0"]
+    builds = len(host.built)
+    assert "mlp" not in rig.sync().updates  # the same signed bytes are not tried again
+    assert len(host.built) == builds

@@ -38,8 +38,10 @@ REGISTRY_SIDE = {"mlflow", "dvc", "onnx", "pipelines", "git"}
         ("modelreg.cli.main, edge_sync.trust, signing.oms, registry.checks", REGISTRY_SIDE),
         # The daemon and its command: no registry-side tool either.
         (
-            "modelreg.cli.edge_cmds, edge_sync.daemon, edge_sync.updater, edge_sync.engine, "
-            "edge_sync.watcher, edge_sync.state, edge_sync.config",
+            (
+                "modelreg.cli.edge_cmds, edge_sync.daemon, edge_sync.updater, edge_sync.engine, "
+                "edge_sync.watcher, edge_sync.state, edge_sync.config"
+            ),
             REGISTRY_SIDE | {"onnxruntime"},
         ),
         # What a device's updater and self-test import: not even ONNX Runtime up front.
