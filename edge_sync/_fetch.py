@@ -179,10 +179,14 @@ class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(connection, req, context=self._ssl)
 
 
-def _fetch_http(url: str, limits: TrustLimits, chunk_size: int) -> Iterator[bytes]:
+def _fetch_http(
+    url: str, limits: TrustLimits, chunk_size: int, offset: int = 0
+) -> tuple[int, Iterator[bytes]]:
     """Open ``url`` (proxies from the environment, redirects followed) under a budget.
 
     Only HTTP(S) handlers are installed: a redirect to ``ftp:`` or ``file:`` fails.
+    With ``offset``, asks for the rest of the file (``Range``); returns where the body
+    starts: ``offset`` when the server sent a part (206), 0 when it sent the whole file.
 
     Raises:
         DownloadHTTPError: the server answered with an error status.
@@ -201,13 +205,19 @@ def _fetch_http(url: str, limits: TrustLimits, chunk_size: int) -> Iterator[byte
         urllib.request.UnknownHandler(),
     ):
         opener.add_handler(handler)
+    request = urllib.request.Request(url)  # noqa: S310 - the scheme is checked by the caller
+    if offset:
+        request.add_header("Range", f"bytes={offset}-")
     try:
-        response = opener.open(url, timeout=limits.read_timeout_s)
+        response = opener.open(request, timeout=limits.read_timeout_s)
     except urllib.error.HTTPError as e:
         e.close()
+        if e.code == 416 and offset:  # nothing after offset: start again from 0
+            return _fetch_http(url, limits, chunk_size)
         # Without the URL: a remote's URL may hold credentials.
         raise tuf_errors.DownloadHTTPError(f"HTTP error {e.code}", e.code) from None
-    return _http_chunks(response, chunk_size)
+    start = offset if offset and response.status == 206 else 0
+    return start, _http_chunks(response, chunk_size)
 
 
 def _http_chunks(response: BinaryIO, chunk_size: int) -> Iterator[bytes]:
@@ -248,9 +258,23 @@ class LocalFetcher(FetcherInterface):
         self._chunk_size = chunk_size or self._limits.chunk_size
 
     def _fetch(self, url: str) -> Iterator[bytes]:
+        return self.fetch_from(url, 0)[1]
+
+    def fetch_from(self, url: str, offset: int) -> tuple[int, Iterator[bytes]]:
+        """The bytes of ``url`` from ``offset`` on where the transport can resume
+        (HTTP ``Range``, a seek in a file); returns where they start (0 when it cannot).
+
+        Raises:
+            DownloadError, DownloadHTTPError: as ``fetch``.
+        """
         parsed = urlparse(url)
         if parsed.scheme in {"http", "https"}:
-            return _fetch_http(url, self._limits, self._chunk_size)
+            try:
+                return _fetch_http(url, self._limits, self._chunk_size, offset)
+            except tuf_errors.DownloadError:
+                raise
+            except Exception as e:
+                raise tuf_errors.DownloadError(f"Failed to download {url}") from e
         if parsed.scheme != "file" or parsed.netloc not in {"", "localhost"}:
             raise tuf_errors.DownloadError(f"{url}: unsupported URL")
         budget = _TransferBudget(self._limits)
@@ -269,7 +293,10 @@ class LocalFetcher(FetcherInterface):
             os.close(fd)
             raise tuf_errors.DownloadHTTPError(f"{url}: not found (not a regular file)", 404)
         os.set_blocking(fd, True)
-        return self._chunks(os.fdopen(fd, "rb"), budget)
+        fh = os.fdopen(fd, "rb")
+        start = offset if 0 < offset <= os.fstat(fd).st_size else 0
+        fh.seek(start)
+        return start, self._chunks(fh, budget)
 
     def _chunks(self, fh: BinaryIO, budget: _TransferBudget) -> Iterator[bytes]:
         with fh:

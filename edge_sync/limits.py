@@ -42,7 +42,7 @@ class TrustLimits:
     targets_max_length: int = 5_000_000
     channels_max_length: int = 1_000_000
     max_root_rotations: int = 256
-    chunk_size: int = 64 * 1024
+    chunk_size: int = 1 << 20
     read_timeout_s: float = 30.0
     min_bytes_per_s: int = 1024
     rate_grace_s: float = 10.0

@@ -60,6 +60,7 @@ LOCK_FILE: Final = "lock"
 BLOBS_DIR: Final = "blobs/sha256"
 TMP_DIR: Final = "tmp"
 CHECKOUT_DIR: Final = "checkout"
+PARTIAL_DIR: Final = "partial"
 FORMAT: Final = 1
 MAX_STATE_BYTES: Final = 16 << 20
 MAX_REJECTED: Final = 32
@@ -261,6 +262,11 @@ class StateDir:
     def checkout(self) -> Path:
         """The git checkout folder."""
         return self.root / CHECKOUT_DIR
+
+    @property
+    def partials(self) -> Path:
+        """Interrupted downloads, resumed by the next try (``tmp/partial/``)."""
+        return self.blobs.tmp / PARTIAL_DIR
 
     # --- the lock --------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ This module imports neither MLflow, DVC nor ``pipelines`` (a device has none of 
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,7 +68,7 @@ from signing.errors import (
     VerificationError,
 )
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, TargetKind
-from signing.tuf_roles import HASH_ALGORITHM, METADATA_DIR, ONLINE_ROLES, TARGETS_DIR
+from signing.tuf_roles import HASH_ALGORITHM, METADATA_DIR, ONLINE_ROLES, TARGETS_DIR, stored_name
 
 if TYPE_CHECKING:
     pass
@@ -125,7 +126,18 @@ class _Counting(FetcherInterface):
         self.received = 0
 
     def _fetch(self, url: str) -> Iterator[bytes]:
-        for chunk in self._inner._fetch(url):
+        return self._count(self._inner._fetch(url))
+
+    def fetch_from(self, url: str, offset: int) -> tuple[int, Iterator[bytes]]:
+        """Resume at ``offset`` where the inner fetcher can (see ``LocalFetcher``)."""
+        resume = getattr(self._inner, "fetch_from", None)
+        if offset and callable(resume):
+            start, chunks = resume(url, offset)
+            return int(start), self._count(chunks)
+        return 0, self._count(self._inner.fetch(url))
+
+    def _count(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
             self.received += len(chunk)
             yield chunk
 
@@ -280,8 +292,12 @@ class DeviceTrust:
         model: str | None = None,
         version: str | None = None,
         kind: TargetKind | None = None,
+        partial_dir: Path | None = None,
     ) -> Path:
         """Download and verify a target into ``dest_dir`` as ``<sha256>.<name>``.
+
+        With ``partial_dir``, an interrupted download is kept there and resumed by the
+        next call (HTTP ``Range``, or a seek in a file); without it, nothing is kept.
 
         The facts signed with the file must name ``model``, ``version`` and ``kind``
         where given: a validly signed file of another model is still the wrong file.
@@ -299,7 +315,7 @@ class DeviceTrust:
         info, target = self._lookup(path)
         _expect(target, model=model, version=version, kind=kind)
         dest = dest_dir / f"{target.sha256}.{PurePosixPath(path).name}"
-        return self._download(info, dest)
+        return self._download(info, dest, partial_dir)
 
     def channels(self) -> ChannelsDoc:
         """The verified channels document.
@@ -367,21 +383,66 @@ class DeviceTrust:
             raise VerificationError(f"signed without a {HASH_ALGORITHM} digest", path)
         return info, SignedTarget(path, info.length, sha256, facts)
 
-    def _download(self, info: TargetFile, dest: Path) -> Path:
+    def _download(self, info: TargetFile, dest: Path, partial_dir: Path | None = None) -> Path:
+        """Fetch a target into ``dest``, verified in one pass (length and SHA-256 as the
+        bytes arrive), resuming a partial download kept in ``partial_dir``.
+
+        A partial file is never used as it is: whatever it holds is hashed again with
+        the rest, and the whole must match the signed digest before ``dest`` appears.
+        """
         updater = self._refreshed()
         if updater.find_cached_target(info, str(dest)) is not None:
             return dest
-        partial = dest.with_name(f".{dest.name}.partial")
+        sha256 = info.hashes[HASH_ALGORITHM]
+        folder = partial_dir or dest.parent
+        partial = folder / f".{sha256}.partial"
+        keep = partial_dir is not None
         with _translated(info.path):
+            folder.mkdir(parents=True, exist_ok=True)
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
-                # The Updater verifies length and digest before it writes ``partial``;
-                # the rename makes the verified file appear whole or not at all.
-                updater.download_target(info, str(partial))
+                self._fetch_verified(info, partial, sha256)
                 replace_file(partial, dest)
-            finally:
-                partial.unlink(missing_ok=True)
+            except DigestMismatchError:
+                partial.unlink(missing_ok=True)  # wrong bytes: never resume from them
+                raise
+            except BaseException:
+                if not keep:
+                    partial.unlink(missing_ok=True)
+                raise
         return dest
+
+    def _fetch_verified(self, info: TargetFile, partial: Path, sha256: str) -> None:
+        hasher = hashlib.sha256()
+        held = 0
+        if partial.is_file():
+            with partial.open("rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    hasher.update(chunk)
+                    held += len(chunk)
+            if held > info.length:
+                held, hasher = 0, hashlib.sha256()
+        url = f"{self._targets_url}{stored_name(info)}"
+        start, chunks = self._fetcher.fetch_from(url, held)
+        if start != held:  # the transport could not resume: start again
+            held, hasher = 0, hashlib.sha256()
+        with partial.open("r+b" if held else "wb") as out:
+            out.seek(held)
+            out.truncate()
+            for chunk in chunks:
+                held += len(chunk)
+                if held > info.length:
+                    raise DigestMismatchError(
+                        f"longer than the {info.length} bytes signed", info.path
+                    )
+                hasher.update(chunk)
+                out.write(chunk)
+        if held != info.length:
+            raise TrustFetchError(f"{info.path}: the remote sent {held} of {info.length} bytes")
+        if hasher.hexdigest() != sha256:
+            raise DigestMismatchError(
+                f"sha256 {hasher.hexdigest()} differs from the signed {sha256}", info.path
+            )
 
 
 def _expect(

@@ -308,6 +308,8 @@ class Updater:
         unsaved = self._commit_quietly(state)
         self.state.blobs.collect(self.state.load_or_recover().referenced_blobs())
         self.state.blobs.clear_tmp()
+        if report.result != "failed":  # nothing left to resume
+            shutil.rmtree(self.state.partials, ignore_errors=True)
         if unsaved is not None:
             report.result, failed = "failed", failed or unsaved
         report.reason = failed
@@ -543,7 +545,10 @@ class Updater:
         with stages("fetch"):
             # DeviceTrust verifies length and SHA-256 while fetching (verify_bytes is
             # folded in: the bytes are hashed as they arrive).
-            fetched = trust.fetch(plan.target_path, work, model=name, version=version, kind=kind)
+            fetched = trust.fetch(
+                plan.target_path, work, model=name, version=version, kind=kind,
+                partial_dir=self.state.partials,
+            )  # fmt: skip
         with stages("verify_bytes"):
             return blobs.adopt(fetched, plan.sha256), plan.method
 
@@ -557,7 +562,10 @@ class Updater:
         result = base
         for version, parent, delta in plan.chain:
             with stages("fetch"):
-                fetched = trust.fetch(delta.path, work, model=name, version=version, kind="delta")
+                fetched = trust.fetch(
+                    delta.path, work, model=name, version=version, kind="delta",
+                    partial_dir=self.state.partials,
+                )  # fmt: skip
             if delta.facts.base != parent:
                 raise VerificationError(f"signed as a delta from {delta.facts.base}", delta.path)
             want = trust.target_info(artifact_path(name, version)).sha256
