@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -112,7 +113,7 @@ class Daemon:
             repo = self.config.repository
             while not self._stop.is_set():
                 self._wake.clear()
-                report = updater.sync()
+                report = _guarded(updater)
                 if self.on_sync is not None:
                     self.on_sync(report)
                 if report.result == "failed":
@@ -127,6 +128,17 @@ class Daemon:
             return 0
         finally:
             state.unlock()
+
+
+def _guarded(updater: Updater) -> SyncReport:
+    """One sync; an unexpected error is a failed sync (with backoff), not a stopped
+    device: what it serves stays served.  The error is written to stderr for the log."""
+    try:
+        return updater.sync()
+    except Exception as e:  # noqa: BLE001 - the daemon outlives its bugs
+        reason = f"internal error: {type(e).__name__}: {e}"
+        print(f"modelreg edge: {reason}", file=sys.stderr, flush=True)
+        return SyncReport("failed", reason)
 
 
 def _provision(config: EdgeConfig, state: StateDir) -> None:

@@ -306,7 +306,9 @@ class Updater:
             }
         )
         unsaved = self._commit_quietly(state)
-        self.state.blobs.collect(self.state.load_or_recover().referenced_blobs())
+        committed = self.state.load_or_recover()
+        self.state.blobs.collect(committed.referenced_blobs())
+        self._collect_descriptions(committed)
         self.state.blobs.clear_tmp()
         if report.result != "failed":  # nothing left to resume
             shutil.rmtree(self.state.partials, ignore_errors=True)
@@ -575,6 +577,21 @@ class Updater:
             with stages("verify_bytes"):
                 result = blobs.adopt(out, want)
         return result
+
+    def _collect_descriptions(self, state: DeviceState) -> None:
+        """Remove kept descriptions of versions the state no longer names."""
+        folder = self.state.root / DESCRIPTIONS_DIR
+        if not folder.is_dir():
+            return
+        keep = {
+            f"{name}-{installed.version}.json"
+            for name, model in state.models.items()
+            for installed in (model.serving, model.previous, model.last_known_good)
+            if installed is not None
+        }
+        for path in folder.iterdir():
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
 
     def _keep_description(self, name: str, version: str, doc: VersionDoc | None) -> None:
         if doc is None:

@@ -1,0 +1,72 @@
+"""The daemon's timing rules (SPEC section 7): poll with jitter, back off on failure;
+and the channels document's sequences as high-water marks across syncs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from edge_sync.daemon import backoff_delay, next_delay
+from tests.edge.conftest import EdgeRig
+
+
+def test_polls_spread_within_the_jitter() -> None:
+    rng = random.Random(7)
+    waits = [next_delay(60.0, 0.2, rng) for _ in range(2000)]
+    assert min(waits) >= 48.0
+    assert max(waits) <= 72.0
+    assert max(waits) - min(waits) > 20.0  # spread, not a constant
+    assert next_delay(60.0, 0.0, rng) == 60.0
+
+
+def test_backoff_starts_small_doubles_and_is_capped() -> None:
+    assert [backoff_delay(n, 60.0, 900.0) for n in range(1, 9)] == [
+        5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0,
+    ]  # fmt: skip
+    assert backoff_delay(9, 60.0, 900.0) == 900.0
+    assert backoff_delay(50, 60.0, 900.0) == 900.0
+    assert backoff_delay(1, 1.0, 900.0) == 1.0  # never slower than the poll itself
+    assert backoff_delay(3, 1.0, 2.5) == 2.5
+
+
+@pytest.mark.integration
+def test_a_channels_document_that_goes_back_is_refused(rig: EdgeRig) -> None:
+    """The device keeps the last accepted channels document: a validly signed one whose
+    sequence is lower (replayed, or signed by a stolen key) is a rollback."""
+    assert rig.sync().updates["mlp"].version == "1.0.0"
+    from edge_sync.state import StateDir
+
+    state_dir = StateDir(rig.tmp / "device/state")
+    state = state_dir.load()
+    assert state.channels is not None
+    ahead = dict(state.channels, sequence=state.channels["sequence"] + 5)
+    state_dir.commit(state.model_copy(update={"channels": ahead}))
+    rig.release_version("1.1.0", "1.0.0")
+    report = rig.sync()
+    assert report.result == "failed"
+    assert "does not follow" in (report.reason or ""), report.reason
+    assert rig.state().models["mlp"].serving.version == "1.0.0"
+
+
+@pytest.mark.integration
+def test_a_file_url_repository_and_remote(rig: EdgeRig) -> None:
+    report = rig.sync(
+        repository={"url": rig.root.as_uri(), "branch": "main"},
+        artifacts={"url": rig.remote.as_uri()},
+    )
+    assert report.updates["mlp"].version == "1.0.0"
+    kept = rig.tmp / "device/state/descriptions"
+    assert [p.name for p in kept.iterdir()] == ["mlp-1.0.0.json"]
+
+
+def test_an_unexpected_error_in_a_sync_is_a_failed_sync(capsys: pytest.CaptureFixture[str]) -> None:
+    from edge_sync.daemon import _guarded
+
+    class Broken:
+        def sync(self) -> None:
+            raise KeyError("models")
+
+    report = _guarded(Broken())  # type: ignore[arg-type]
+    assert (report.result, report.reason) == ("failed", "internal error: KeyError: 'models'")
+    assert "modelreg edge: internal error: KeyError" in capsys.readouterr().err
