@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,7 +76,7 @@ def _serving(root: Path) -> Iterator[_Remote]:
 
 def test_a_download_cut_midway_resumes_where_it_stopped(rig: EdgeRig) -> None:
     with _serving(rig.remote.resolve()) as remote:
-        over_http = {"artifacts": {"url": remote.url}}
+        over_http: dict[str, Any] = {"artifacts": {"url": remote.url}}
         assert rig.sync(**over_http).updates["mlp"].version == "1.0.0"
         rig.release_version("1.1.0", "1.0.0")
         for delta in (rig.remote / "targets/deltas").rglob("*.delta"):
@@ -99,7 +100,7 @@ def test_a_download_cut_midway_resumes_where_it_stopped(rig: EdgeRig) -> None:
 
 def test_a_partial_file_with_wrong_bytes_is_never_used(rig: EdgeRig) -> None:
     with _serving(rig.remote.resolve()) as remote:
-        over_http = {"artifacts": {"url": remote.url}}
+        over_http: dict[str, Any] = {"artifacts": {"url": remote.url}}
         rig.sync(**over_http)
         rig.release_version("1.1.0", "1.0.0")
         for delta in (rig.remote / "targets/deltas").rglob("*.delta"):
