@@ -231,7 +231,7 @@ def _http_chunks(response: BinaryIO, chunk_size: int) -> Iterator[bytes]:
 
 
 class LocalFetcher(FetcherInterface):
-    """Serves ``file://`` URLs inside given folders, and ``http(s)://`` URLs.
+    """Serves ``file://`` URLs inside given folders, ``http(s)://`` and ``s3://`` URLs.
 
     Files are streamed in chunks, so the Updater stops reading as soon as a file
     exceeds the length it allows (endless data), and every download runs under the
@@ -268,6 +268,11 @@ class LocalFetcher(FetcherInterface):
             DownloadError, DownloadHTTPError: as ``fetch``.
         """
         parsed = urlparse(url)
+        if parsed.scheme == "s3":
+            from edge_sync._s3 import fetch_s3
+
+            limits = self._limits
+            return fetch_s3(url, offset, limits, self._chunk_size, lambda: _TransferBudget(limits))
         if parsed.scheme in {"http", "https"}:
             try:
                 return _fetch_http(url, self._limits, self._chunk_size, offset)

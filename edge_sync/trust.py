@@ -159,12 +159,12 @@ def _base_url(location: str | Path) -> tuple[str, Path | None]:
     """
     if isinstance(location, str):
         parsed = urlparse(location)
-        if parsed.scheme in {"http", "https"}:
+        if parsed.scheme in {"http", "https", "s3"}:
             return location.rstrip("/") + "/", None
         if parsed.scheme == "file":
             location = Path(url2pathname(parsed.path))
         elif parsed.scheme:
-            raise UsageError(f"{location}: use a path, file://, http:// or https:// URL")
+            raise UsageError(f"{location}: use a path, file://, http(s):// or s3:// URL")
     folder = Path(location).resolve()
     return folder.as_uri().rstrip("/") + "/", folder
 

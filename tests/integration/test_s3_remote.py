@@ -11,71 +11,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from edge_sync.trust import DeviceTrust
-from tests.conftest import REPO_ROOT, git, run_modelreg
+from tests.conftest import CREDENTIALS, REPO_ROOT, git, run_modelreg
 
 pytestmark = pytest.mark.integration
-
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",  # moto accepts any
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(REPO_ROOT / ".venv/bin/moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()  # noqa: S310
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto S3 server did not start") from None
-                time.sleep(0.2)
-        for key, value in CREDENTIALS.items():
-            monkeypatch.setenv(key, value)
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=url)
-        s3.create_bucket(Bucket="fleet")
-        # Devices read the TUF targets anonymously (as through a CDN); the DVC store
-        # beside them stays private.
-        public = {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
-                  "Resource": "arn:aws:s3:::fleet/store/modelreg/*"}  # fmt: skip
-        s3.put_bucket_policy(
-            Bucket="fleet", Policy=json.dumps({"Version": "2012-10-17", "Statement": [public]})
-        )
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
 
 def test_release_from_a_fresh_checkout_with_an_s3_remote(
     tmp_path: Path, cli, example_models: Path, s3_endpoint: str
