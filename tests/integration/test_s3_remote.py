@@ -23,6 +23,7 @@ from tests.conftest import CREDENTIALS, REPO_ROOT, git, run_modelreg
 
 pytestmark = pytest.mark.integration
 
+
 def test_release_from_a_fresh_checkout_with_an_s3_remote(
     tmp_path: Path, cli, example_models: Path, s3_endpoint: str
 ) -> None:
