@@ -71,7 +71,7 @@ class EdgeRig:
         git(self.root, "commit", "-qm", f"mlp {version} on {channel}")
         self.run("ci", "release")
 
-    def config(self, name: str = "device", **overrides: Any) -> Path:
+    def config(self, name: str = "device", /, **overrides: Any) -> Path:
         """Write a device's ``edge.yaml`` (mlp@canary); returns its path."""
         folder = self.tmp / name
         folder.mkdir(exist_ok=True)
@@ -101,7 +101,7 @@ class EdgeRig:
         return path
 
     @contextmanager
-    def updater(self, name: str = "device", **overrides: Any) -> Iterator[Any]:
+    def updater(self, name: str = "device", /, **overrides: Any) -> Iterator[Any]:
         """A locked state dir and an Updater for device ``name`` (its host kept)."""
         from edge_sync.config import load_edge_config
         from edge_sync.daemon import _provision
@@ -116,7 +116,7 @@ class EdgeRig:
             _provision(config, state)
             yield Updater(config, state, host)
 
-    def sync(self, name: str = "device", **overrides: Any) -> Any:
+    def sync(self, name: str = "device", /, **overrides: Any) -> Any:
         """One sync of device ``name``; its report."""
         with self.updater(name, **overrides) as updater:
             return updater.sync()
