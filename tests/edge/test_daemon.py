@@ -125,6 +125,29 @@ def test_the_daemon_follows_a_git_host_and_survives_what_it_does(rig: EdgeRig) -
             assert status["sync"]["reason"] == "trust metadata: timestamp was signed by 0/1 keys"
             assert _serving(status) == "1.1.0"
             git(bare, "update-ref", "refs/heads/main", released)
+
+            # the artifact remote serves another signed file in place of the new one
+            rig.release_version("2.0.0", "1.1.0")
+            _publish(rig, bare)
+            targets = rig.remote / "targets"
+            (new,) = targets.rglob("*.2.0.0.onnx")
+            (delta,) = targets.rglob("*.2.0.0.from-1.1.0.delta")
+            (old_file,) = targets.rglob("*.1.0.0.onnx")
+            saved = {p: p.read_bytes() for p in (new, delta)}
+            new.write_bytes(old_file.read_bytes())
+            delta.write_bytes(old_file.read_bytes()[: len(saved[delta])])
+            proc.send_signal(signal.SIGHUP)
+            status = _wait(config, lambda s: (s["models"]["mlp"]["last_update"] or {}).get(
+                "version") == "2.0.0")  # fmt: skip
+            update = status["models"]["mlp"]["last_update"]
+            assert update["result"] == "failed"
+            assert "models/mlp/2.0.0.onnx" in update["reason"]
+            assert _serving(status) == "1.1.0"
+            for path, data in saved.items():
+                path.write_bytes(data)
+            proc.send_signal(signal.SIGHUP)
+            status = _wait(config, lambda s: _serving(s) == "2.0.0")
+            assert status["models"]["mlp"]["previous"]["version"] == "1.1.0"
         finally:
             _stop(proc)
         assert _status(config)["daemon"]["running"] is False
@@ -134,10 +157,11 @@ def test_the_daemon_follows_a_git_host_and_survives_what_it_does(rig: EdgeRig) -
     proc = _start(offline)
     try:
         status = _wait(
-            offline, lambda s: s["daemon"]["running"] and "repository" in s["sync"]["reason"]
+            offline,
+            lambda s: s["daemon"]["running"] and "repository" in (s["sync"]["reason"] or ""),
         )
         assert status["sync"]["result"] == "failed"
-        assert _serving(status) == "1.1.0"
+        assert _serving(status) == "2.0.0"
     finally:
         _stop(proc)
 
