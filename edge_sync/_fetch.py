@@ -223,7 +223,9 @@ def _fetch_http(
 def _http_chunks(response: BinaryIO, chunk_size: int) -> Iterator[bytes]:
     with response:
         try:
-            while chunk := response.read(chunk_size):
+            # read1: what has arrived (up to chunk_size), so that a slow body still
+            # yields often (a stopping daemon looks between chunks)
+            while chunk := response.read1(chunk_size):  # type: ignore[attr-defined]
                 yield chunk
         except (OSError, http.client.HTTPException) as e:
             # Raised inside the Updater's loop, where fetch() no longer wraps errors.

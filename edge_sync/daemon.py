@@ -13,10 +13,11 @@ import contextlib
 import json
 import os
 import random
+import select
 import signal
 import socket
 import sys
-import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,7 +30,7 @@ from edge_sync.engine import EngineHost, InProcessHost
 from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, now_iso
 from edge_sync.trust import TRUST_DIR, DeviceTrust
-from edge_sync.updater import SyncReport, Updater
+from edge_sync.updater import StoppedError, SyncReport, Updater
 from registry.errors import UsageError
 
 __all__ = ["Daemon", "backoff_delay", "next_delay", "status_document", "systemd_unit"]
@@ -45,7 +46,8 @@ def next_delay(poll_s: float, jitter: float, rng: random.Random) -> float:
 def backoff_delay(failures: int, poll_s: float, max_backoff_s: float) -> float:
     """The wait after ``failures`` failed syncs in a row (``failures >= 1``)."""
     first = min(poll_s, FIRST_RETRY_S)
-    return float(min(first * 2.0 ** (failures - 1), max(max_backoff_s, first)))
+    doubled = first * 2.0 ** min(failures - 1, 60)  # days offline must not overflow it
+    return float(min(doubled, max(max_backoff_s, first)))
 
 
 def _notify(message: str) -> None:
@@ -60,6 +62,35 @@ def _notify(message: str) -> None:
         sock.sendall(message.encode())
 
 
+class _Wakeup:
+    """A self-pipe the loop sleeps on: signals (through ``signal.set_wakeup_fd``) and
+    other threads wake it by writing a byte.  Signal handlers only set flags: taking a
+    lock there (``threading.Event.set``) can deadlock with the main thread inside the
+    same lock."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        for fd in (self.read_fd, self.write_fd):  # not inherited: os.pipe's default
+            os.set_blocking(fd, False)
+
+    def poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self.write_fd, b"\0")
+
+    def sleep(self, seconds: float) -> None:
+        """Wait up to ``seconds``, or until poked."""
+        with contextlib.suppress(InterruptedError):
+            select.select([self.read_fd], [], [], max(seconds, 0))
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.read_fd, 4096):
+                pass
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 @dataclass
 class Daemon:
     """The device's loop over one config."""
@@ -68,25 +99,36 @@ class Daemon:
     host: EngineHost = field(default_factory=InProcessHost)
     limits: TrustLimits | None = None
     on_sync: Callable[[SyncReport], None] | None = None
-    _wake: threading.Event = field(default_factory=threading.Event)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    _sync_now: bool = False
+    _stopping: bool = False
+    _wakeup: _Wakeup | None = None
 
     def request_sync(self) -> None:
         """Sync now (what SIGHUP does)."""
-        self._wake.set()
+        self._sync_now = True
+        if self._wakeup is not None:
+            self._wakeup.poke()
 
     def stop(self) -> None:
-        """Stop after the current stage (what SIGTERM does)."""
-        self._stop.set()
-        self._wake.set()
+        """Stop at the next stage boundary (what SIGTERM does); a download in progress
+        stops at its next chunk and is kept for the next start."""
+        self._stopping = True
+        if self._wakeup is not None:
+            self._wakeup.poke()
 
-    def _signals(self) -> None:
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was asked for."""
+        return self._stopping
+
+    def _signals(self, wakeup: _Wakeup) -> None:
         def on_hup(_sig: int, _frame: FrameType | None) -> None:
-            self.request_sync()
+            self._sync_now = True  # a flag only: see _Wakeup
 
         def on_term(_sig: int, _frame: FrameType | None) -> None:
-            self.stop()
+            self._stopping = True
 
+        signal.set_wakeup_fd(wakeup.write_fd, warn_on_full_buffer=False)
         signal.signal(signal.SIGHUP, on_hup)
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
@@ -100,19 +142,28 @@ class Daemon:
         """
         state = StateDir(self.config.state_path)
         state.lock()
+        wakeup = self._wakeup = _Wakeup()
         try:
             if install_signals:
-                self._signals()
+                self._signals(wakeup)
             _provision(self.config, state)
             state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
-            updater = Updater(self.config, state, self.host, limits=self.limits)
-            updater.resume()
+            updater = Updater(
+                self.config,
+                state,
+                self.host,
+                limits=self.limits,
+                should_stop=lambda: self.stopping,
+            )
+            problems = updater.resume()
+            for model, problem in problems.items():
+                print(f"modelreg edge: {model}: not served at start: {problem}", file=sys.stderr)
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
             rng = random.Random()  # noqa: S311 - jitter, not secrecy
             failures = 0
             repo = self.config.repository
-            while not self._stop.is_set():
-                self._wake.clear()
+            while not self._stopping:
+                self._sync_now = False
                 report = _guarded(updater)
                 if self.on_sync is not None:
                     self.on_sync(report)
@@ -123,10 +174,20 @@ class Daemon:
                     failures = 0
                     delay = next_delay(repo.poll_interval, repo.jitter, rng)
                 _notify(f"STATUS=last sync: {report.result}")
-                self._wake.wait(delay)
+                deadline = time.monotonic() + delay
+                while not (self._stopping or self._sync_now):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    wakeup.sleep(left)
             _notify("STOPPING=1")
             return 0
         finally:
+            if install_signals:
+                with contextlib.suppress(ValueError):
+                    signal.set_wakeup_fd(-1)
+            self._wakeup = None
+            wakeup.close()
             state.unlock()
 
 
@@ -135,6 +196,8 @@ def _guarded(updater: Updater) -> SyncReport:
     device: what it serves stays served.  The error is written to stderr for the log."""
     try:
         return updater.sync()
+    except StoppedError as e:
+        return SyncReport("failed", str(e))
     except Exception as e:  # noqa: BLE001 - the daemon outlives its bugs
         reason = f"internal error: {type(e).__name__}: {e}"
         print(f"modelreg edge: {reason}", file=sys.stderr, flush=True)
@@ -217,7 +280,7 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
             "started": info.started if info else None,
         },
         "trust": {"timestamp_version": version, "timestamp_expires": expires, "stale": stale},
-        "sync": state.sync.model_dump(mode="json"),
+        "sync": state_dir.last_sync(state).model_dump(mode="json"),
         "models": models,
     }
 

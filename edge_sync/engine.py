@@ -128,6 +128,10 @@ class EngineHost(Protocol):
         """The engine serving ``model``, if any."""
         ...  # pragma: no cover - protocol
 
+    def drop(self, model: str) -> Engine | None:
+        """Stop serving ``model``; the engine that served it."""
+        ...  # pragma: no cover - protocol
+
     def retire(self, engine: Engine) -> None:
         """Release ``engine`` once nothing uses it."""
         ...  # pragma: no cover - protocol
@@ -225,6 +229,11 @@ class InProcessHost:
         """The engine serving ``model``."""
         with self._lock:
             return self._serving.get(model)
+
+    def drop(self, model: str) -> Engine | None:
+        """Stop serving ``model``; returns the engine that served it."""
+        with self._lock:
+            return self._serving.pop(model, None)
 
     def retire(self, engine: Engine) -> None:
         """Release ``engine`` (requests that hold a reference finish on it first)."""

@@ -56,6 +56,7 @@ __all__ = [
 
 STATE_FILE: Final = "state.json"
 DAEMON_FILE: Final = "daemon.json"
+SYNC_FILE: Final = "sync.json"
 LOCK_FILE: Final = "lock"
 BLOBS_DIR: Final = "blobs/sha256"
 TMP_DIR: Final = "tmp"
@@ -122,7 +123,7 @@ class UpdateRecord(_Model):
 
     result: Literal["installed", "failed", "rejected"]
     version: str | None = None
-    method: Literal["delta", "full", "cached", "engine"] | None = None
+    method: Literal["delta", "full", "cached"] | None = None
     bytes_fetched: int = 0
     reason: str | None = None
     finished: str
@@ -144,7 +145,7 @@ class SyncInfo(_Model):
     """The last sync as a whole (device-wide failures land here)."""
 
     last_checked: str | None = None
-    result: Literal["current", "failed", "updated"] | None = None
+    result: Literal["current", "failed"] | None = None
     reason: str | None = None
     commit: str | None = None
 
@@ -359,15 +360,46 @@ class StateDir:
             path = self.root / STATE_FILE
             with contextlib.suppress(FileNotFoundError):
                 path.replace(self.root / f"{STATE_FILE}.corrupt")
-            fresh = DeviceState(sync=SyncInfo(result="failed", reason=f"{e}; started afresh"))
+            fresh = DeviceState(
+                channels=self._last_channels(),
+                sync=SyncInfo(result="failed", reason=f"{e}; started afresh"),
+            )
             self.commit(fresh)
             return fresh
+
+    def _last_channels(self) -> dict[str, Any] | None:
+        """The channels document the trust layer last verified (``trust/channels.json``):
+        its sequences stay the high-water marks when the state file is lost."""
+        from signing.tuf_facts import ChannelsDoc
+
+        try:
+            data = (self.root / "trust" / "channels.json").read_bytes()
+            return ChannelsDoc.from_bytes(data).model_dump(mode="json")
+        except (OSError, ValueError):
+            return None
 
     def commit(self, state: DeviceState) -> None:
         """Replace the state file atomically and durably."""
         data = json.dumps(state.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
         self.root.mkdir(parents=True, exist_ok=True)
         write_atomic(self.root / STATE_FILE, data.encode(), mode=0o644)
+
+    def note_sync(self, info: SyncInfo) -> None:
+        """Record an idle sync in ``sync.json`` (no fsync: losing it costs nothing)."""
+        data = (json.dumps(info.model_dump(mode="json")) + "\n").encode()
+        tmp = self.root / f".{SYNC_FILE}.tmp"
+        with contextlib.suppress(OSError):
+            tmp.write_bytes(data)
+            tmp.replace(self.root / SYNC_FILE)
+
+    def last_sync(self, state: DeviceState) -> SyncInfo:
+        """The newer of the state's sync entry and the idle one in ``sync.json``."""
+        try:
+            noted = SyncInfo.model_validate_json((self.root / SYNC_FILE).read_bytes())
+        except (OSError, ValidationError):
+            return state.sync
+        newer = (noted.last_checked or "") > (state.sync.last_checked or "")
+        return noted if newer else state.sync
 
     def announce(self, info: DaemonInfo) -> None:
         """Write ``daemon.json`` for ``edge status``."""

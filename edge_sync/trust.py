@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -186,6 +186,7 @@ class DeviceTrust:
         *,
         limits: TrustLimits | None = None,
         fetcher: FetcherInterface | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> None:
         """Verify releases of the repository checked out at ``checkout_dir``.
 
@@ -195,6 +196,8 @@ class DeviceTrust:
             remote: the artifact remote: a folder, ``file://``, ``http(s)://`` URL.
             limits: caps on untrusted input: sizes, and the time each download may take.
             fetcher: transport to use instead of :class:`LocalFetcher` (tests wrap it).
+            cancelled: asked between the chunks of a target download; when it answers
+                True the download stops (kept, with a partial folder, for resuming).
 
         Raises:
             KeyMaterialError: the device was not provisioned with a root.
@@ -213,6 +216,7 @@ class DeviceTrust:
         self._targets_url = f"{remote_url}{TARGETS_DIR}/"
         roots = [d for d in (metadata_dir, remote_dir and remote_dir / TARGETS_DIR) if d]
         self._fetcher = _Counting(fetcher or LocalFetcher(roots, limits=self._limits))
+        self._cancelled = cancelled
         self._updater: Updater | None = None
 
     @property
@@ -381,6 +385,9 @@ class DeviceTrust:
         sha256 = info.hashes.get(HASH_ALGORITHM)
         if sha256 is None:
             raise VerificationError(f"signed without a {HASH_ALGORITHM} digest", path)
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            # it names files on the device: nothing but a digest may (a "../" would escape)
+            raise VerificationError(f"signed {HASH_ALGORITHM} is not a hex digest", path)
         return info, SignedTarget(path, info.length, sha256, facts)
 
     def _download(self, info: TargetFile, dest: Path, partial_dir: Path | None = None) -> Path:
@@ -430,6 +437,8 @@ class DeviceTrust:
             out.seek(held)
             out.truncate()
             for chunk in chunks:
+                if self._cancelled is not None and self._cancelled():
+                    raise TrustFetchError(f"{info.path}: stopped after {held} bytes")
                 held += len(chunk)
                 if held > info.length:
                     raise DigestMismatchError(

@@ -20,11 +20,13 @@ which later deltas apply to.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -59,7 +61,7 @@ from signing.version_doc import VersionDoc
 if TYPE_CHECKING:
     from registry.schema import Target
 
-__all__ = ["STAGES", "SyncReport", "Updater", "in_cohort"]
+__all__ = ["STAGES", "StoppedError", "SyncReport", "Updater", "in_cohort"]
 
 STAGES: Final = (
     "detect", "verify_metadata", "plan", "fetch", "verify_bytes", "apply_delta", "build",
@@ -89,17 +91,28 @@ Observer = Callable[[str, str], None]
 """Called with (stage, "start" | "end") around every stage (metrics, crash tests)."""
 
 
+class StoppedError(RegistryError):
+    """The daemon is stopping: the sync ends at a stage boundary (what was committed
+    stays; a download in progress is kept and resumed at the next start)."""
+
+
 class _Stages:
     """Milliseconds per stage of one update."""
 
     def __init__(
-        self, start: Mapping[str, float] | None = None, observer: Observer | None = None
+        self,
+        start: Mapping[str, float] | None = None,
+        observer: Observer | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         self.ms: dict[str, float] = dict(start or {})
         self.observer = observer
+        self.should_stop = should_stop
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
+        if self.should_stop is not None and self.should_stop():
+            raise StoppedError(f"stopped before {stage}")
         if self.observer is not None:
             self.observer(stage, "start")
         t0 = time.perf_counter()
@@ -153,13 +166,16 @@ class Updater:
         limits: TrustLimits | None = None,
         watcher: GitWatcher | None = None,
         observer: Observer | None = None,
+        should_stop: Callable[[], bool] | None = None,
     ) -> None:
         """Update the models of ``config`` in ``state``, serving through ``host``.
 
         The caller holds the state dir's lock.  ``observer`` hears every stage start
-        and end.
+        and end; ``should_stop`` is asked at every stage boundary and between the chunks
+        of a download (a stopping daemon ends its sync there).
         """
         self.observer = observer
+        self.should_stop = should_stop
         self.config = config
         self.state = state
         self.host = host
@@ -177,10 +193,11 @@ class Updater:
         Returns:
             What could not be resumed, by model (a corrupt blob, an engine that fails).
         """
-        state = self.state.load_or_recover()
+        loaded = self.state.load_or_recover()
+        state = self._rebuilt(loaded)
         self.state.blobs.clear_tmp()
         problems: dict[str, str] = {}
-        changed = False
+        changed = state != loaded
         for name, held in state.models.items():
             model = held
             for installed in (held.serving, held.previous, held.last_known_good):
@@ -209,6 +226,32 @@ class Updater:
             self.state.commit(state)
         return problems
 
+    def _rebuilt(self, state: DeviceState) -> DeviceState:
+        """``state`` with what each subscribed model served filled in from the device's
+        own verified records, when the state file was lost (a fresh one names nothing):
+        the last verified channels document says the version, the trusted targets
+        metadata its digest, and a blob of that digest is served if it still verifies.
+        """
+        if state.channels is None:
+            return state
+        try:
+            channels = ChannelsDoc.model_validate(state.channels)
+        except ValueError:
+            return state
+        found = _trusted_targets(self.state.root)
+        for sub in self.config.models:
+            model = state.models.get(sub.name)
+            if model is not None and model.serving is not None:
+                continue
+            entry = channels.models.get(sub.name, {}).get(sub.channel)
+            sha256 = found.get(artifact_path(sub.name, entry.version)) if entry else None
+            if entry is None or sha256 is None or not self.state.blobs.verify(sha256):
+                continue
+            installed = Installed(version=entry.version, sha256=sha256, artifact_sha256=sha256)
+            base = model or ModelState(channel=sub.channel)
+            state = state.with_model(sub.name, base.model_copy(update={"serving": installed}))
+        return state
+
     def _request(self, name: str, installed: Installed) -> LoadRequest:
         target = None
         # The target's settings are in the signed description, kept beside the blob.
@@ -229,7 +272,7 @@ class Updater:
     def sync(self) -> SyncReport:
         """Run one sync (see the module doc); never raises for a remote's failures."""
         state = self.state.load_or_recover()
-        stages = _Stages(observer=self.observer)
+        stages = _Stages(observer=self.observer, should_stop=self.should_stop)
         try:
             with stages("detect"):
                 head = self.watcher.sync()
@@ -242,18 +285,20 @@ class Updater:
         if (
             not head.changed
             and state.sync.commit == head.commit
-            and state.sync.result in ("current", "updated")
+            and state.sync.result == "current"
             and not pending
             and set(state.models) >= {s.name for s in self.config.models}
             and all(
-                m.serving is None or self.state.blobs.has(m.serving.sha256)
-                for m in state.models.values()
+                m.serving is None or self._serves(name, m.serving.sha256)
+                for name, m in state.models.items()
             )
+            and not self._trust_expired()
         ):
-            state = state.model_copy(update={"sync": SyncInfo(
-                last_checked=now_iso(), result="current", commit=head.commit)})  # fmt: skip
-            unsaved = self._commit_quietly(state)
-            return SyncReport("failed", unsaved) if unsaved else SyncReport("current")
+            # Nothing new: the idle poll leaves state.json alone (flash wears), and
+            # notes the check in sync.json, which a power cut may lose harmlessly.
+            self.state.note_sync(SyncInfo(
+                last_checked=now_iso(), result="current", commit=head.commit))  # fmt: skip
+            return SyncReport("current")
         try:
             with stages("verify_metadata"):
                 trust = DeviceTrust(
@@ -261,6 +306,7 @@ class Updater:
                     self.state.checkout,
                     self.config.artifacts.url,
                     limits=self.limits,
+                    cancelled=self.should_stop,
                 )
                 trust.refresh()
                 channels = trust.channels()
@@ -299,7 +345,7 @@ class Updater:
                 "channels": accepted,
                 "sync": SyncInfo(
                     last_checked=now_iso(),
-                    result=report.result,
+                    result="failed" if report.result == "failed" else "current",
                     reason=failed,
                     commit=head.commit,
                 ),
@@ -316,6 +362,17 @@ class Updater:
             report.result, failed = "failed", failed or unsaved
         report.reason = failed
         return report
+
+    def _trust_expired(self) -> bool:
+        """Whether the trusted timestamp has expired (then an idle poll verifies again,
+        and reports the freeze instead of "current")."""
+        path = self.state.root / "trust" / "metadata" / "timestamp.json"
+        try:
+            expires = json.loads(path.read_bytes())["signed"]["expires"]
+            when = datetime.fromisoformat(str(expires).replace("Z", "+00:00"))
+        except (OSError, ValueError, KeyError, TypeError):
+            return True  # unreadable: verify
+        return when <= _now()
 
     def _device_failure(
         self, state: DeviceState, reason: str, commit: str | None = None
@@ -355,10 +412,10 @@ class Updater:
         if (
             model.serving is not None
             and model.serving.version == version
-            and self.state.blobs.has(model.serving.sha256)
+            and self._serves(name, model.serving.sha256)
         ):
             return None, model
-        stages = _Stages(sync_stages.ms, self.observer)
+        stages = _Stages(sync_stages.ms, self.observer, self.should_stop)
         fetched_before = trust.bytes_downloaded
         plan: _Plan | None = None
         signed_key = ""
@@ -388,13 +445,13 @@ class Updater:
 
             def installed_record() -> UpdateRecord:
                 return UpdateRecord(
-                    result="installed", version=version, method=plan.method,
+                    result="installed", version=version, method=_said(plan.method),
                     bytes_fetched=trust.bytes_downloaded - fetched_before, finished=now_iso(),
                     stages_ms=stages.ms,
                 )  # fmt: skip
 
             with stages("commit"):
-                model = model.model_copy(
+                committed = model.model_copy(
                     update={
                         "serving": installed,
                         "previous": model.serving or model.previous,
@@ -402,24 +459,31 @@ class Updater:
                         "last_update": installed_record(),
                     }
                 )
-                commit(model)  # from here a restart serves the new version
+                try:
+                    commit(committed)  # from here a restart serves the new version
+                except BaseException:
+                    # Not committed: serve what the state names, not what it does not.
+                    self._swap_back(name, old, engine)
+                    raise
+                model = committed
             if old is not None:
                 self.host.retire(old)
             record = installed_record()
-        except (_RejectedError, EngineError) as e:
-            reason = str(e)
+        except (_RejectedError, EngineError, ValueError) as e:
+            # ValueError: signed data that cannot be used here (a bad case name)
+            reason = _one_line(e)
             rejected = [*model.rejected, Rejected(
                 version=version, sha256=plan.sha256 if plan else "", signed=signed_key,
                 reason=reason, at=now_iso())][-32:]  # fmt: skip
             model = model.model_copy(update={"rejected": rejected})
             record = UpdateRecord(
-                result="rejected", version=version, method=plan.method if plan else None,
+                result="rejected", version=version, method=_said(plan.method) if plan else None,
                 bytes_fetched=trust.bytes_downloaded - fetched_before, reason=reason,
                 finished=now_iso(), stages_ms=stages.ms,
             )  # fmt: skip
         except (RegistryError, OSError) as e:
             record = UpdateRecord(
-                result="failed", version=version, method=plan.method if plan else None,
+                result="failed", version=version, method=_said(plan.method) if plan else None,
                 bytes_fetched=trust.bytes_downloaded - fetched_before, reason=_one_line(e),
                 finished=now_iso(), stages_ms=stages.ms,
             )  # fmt: skip
@@ -497,9 +561,10 @@ class Updater:
                     f"target {target.name!r} needs a prebuilt {target.engine} engine and none "
                     "is published"
                 ) from None
-            method: Literal["cached", "engine"] = "cached" if blobs.has(engine.sha256) else "engine"
+            held_engine = self._held(engine.sha256)
+            method: Literal["cached", "engine"] = "cached" if held_engine else "engine"
             return _Plan(method, "engine", engine.sha256, epath)
-        if blobs.has(art.sha256):
+        if self._held(art.sha256):
             return _Plan("cached", "artifact", art.sha256, apath)
         held = {
             i.version: i.artifact_sha256
@@ -523,6 +588,30 @@ class Updater:
         if chain and base is not None and total < art.length:
             return _Plan("delta", "artifact", art.sha256, apath, tuple(reversed(chain)), base)
         return _Plan("full", "artifact", art.sha256, apath)
+
+    def _held(self, sha256: str) -> bool:
+        """Whether the blob is held and still hashes to its name (a rotten one is
+        discarded, and fetched again)."""
+        blobs = self.state.blobs
+        if not blobs.has(sha256):
+            return False
+        if blobs.verify(sha256):
+            return True
+        blobs.discard(sha256)
+        return False
+
+    def _serves(self, name: str, sha256: str) -> bool:
+        """Whether the host serves ``name`` from the blob ``sha256`` (a start-up that
+        could not build it serves nothing, or an older version)."""
+        engine = self.host.current(name)
+        return engine is not None and engine.sha256 == sha256
+
+    def _swap_back(self, name: str, old: Engine | None, new: Engine) -> None:
+        if old is not None:
+            self.host.swap(name, old)
+        else:
+            self.host.drop(name)
+        new.close()
 
     def _work(self, name: str) -> Path:
         return self.state.blobs.tmp / f"update-{name}"
@@ -630,6 +719,27 @@ class Updater:
                 GoldenCase(case.name, arrays["inputs"], arrays["outputs"], case.rtol, case.atol)
             )
         return cases
+
+
+def _trusted_targets(state_root: Path) -> dict[str, str]:
+    """Target path -> SHA-256 from the targets metadata the TUF client last verified
+    (its local copy is written only after verification)."""
+    path = state_root / "trust" / "metadata" / "targets.json"
+    try:
+        signed = json.loads(path.read_bytes())["signed"]["targets"]
+        return {p: str(t["hashes"]["sha256"]) for p, t in signed.items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _now() -> datetime:
+    """The device's clock (one place, so tests can move it)."""
+    return datetime.now(UTC)
+
+
+def _said(method: str) -> Literal["delta", "full", "cached"]:
+    """The method as status reports it (SPEC: a prebuilt engine is a full file too)."""
+    return "full" if method == "engine" else method  # type: ignore[return-value]
 
 
 def _one_line(error: BaseException) -> str:

@@ -13,6 +13,7 @@ is contacted, git never prompts, and every git command has a time limit.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,10 @@ from signing.tuf_roles import METADATA_DIR
 __all__ = ["GitError", "GitWatcher", "Head"]
 
 _PROTOCOLS: Final = "file:git:http:https:ssh"
+MAX_METADATA_FILES: Final = 100_000
+"""Most files the metadata folder may hold (every root version, and the current roles)."""
+MAX_METADATA_BYTES: Final = 256 << 20
+"""Most bytes it may hold (devices read a few megabytes of it; see ``TrustLimits``)."""
 _MAX_OUTPUT: Final = 1 << 20
 
 
@@ -61,7 +66,13 @@ class GitWatcher:
         argv = ["git", *(["-C", str(cwd)] if cwd else []), *args]
         try:
             proc = subprocess.run(
-                argv, capture_output=True, text=True, env=env, timeout=self.timeout_s, check=False
+                argv,
+                capture_output=True,
+                text=True,
+                errors="replace",  # a git host's messages are untrusted bytes
+                env=env,
+                timeout=self.timeout_s,
+                check=False,
             )
         except FileNotFoundError:
             raise GitError("git is not installed or not on PATH") from None
@@ -125,12 +136,25 @@ class GitWatcher:
     def sync(self) -> Head:
         """Bring the checkout to the remote branch's commit, if it moved.
 
+        The checkout is a cache: one that git cannot use (a power cut in the middle of
+        a write) is removed and made again, once per call.
+
         Raises:
-            GitError: the remote cannot be reached or read.
+            GitError: the remote cannot be reached or read, or its metadata folder is
+                over :data:`MAX_METADATA_FILES` files or :data:`MAX_METADATA_BYTES`.
         """
         remote = self.remote_head()
         if self.local_head() == remote:
             return Head(remote, changed=False)
+        try:
+            return self._move_to(remote)
+        except GitError:
+            if not (self.checkout / ".git").exists():
+                raise
+            shutil.rmtree(self.checkout, ignore_errors=True)
+            return self._move_to(remote)
+
+    def _move_to(self, remote: str) -> Head:
         self._init()
         self._git(
             "fetch", "-q", "--depth=1", "--no-tags", "--filter=blob:none", "origin",
@@ -140,5 +164,24 @@ class GitWatcher:
         fetched = self._git(
             "rev-parse", f"refs/remotes/origin/{self.branch}^{{commit}}", cwd=self.checkout
         ).strip()
+        self._check_size(fetched)
         self._git("checkout", "-q", "--force", "--detach", fetched, cwd=self.checkout)
         return Head(fetched, changed=True)
+
+    def _check_size(self, commit: str) -> None:
+        """Refuse a metadata folder too large to be metadata, before it is written out
+        (a tiny pack can hold a file of gigabytes of zeros)."""
+        listed = self._git(
+            "ls-tree", "-r", "-l", "-z", commit, "--", f"{METADATA_DIR}/", cwd=self.checkout
+        )
+        total, count = 0, 0
+        for item in filter(None, listed.split("\x00")):
+            meta = item.partition("\t")[0].split()
+            count += 1
+            if len(meta) == 4 and meta[3].isdigit():
+                total += int(meta[3])
+        if count > MAX_METADATA_FILES or total > MAX_METADATA_BYTES:
+            raise GitError(
+                f"{self.url}: {METADATA_DIR} holds {count} files of {total} bytes, over the "
+                f"{MAX_METADATA_FILES} files or {MAX_METADATA_BYTES} bytes a device accepts"
+            )

@@ -583,8 +583,8 @@ def test_remote_urls(sim: RepoSim, tmp_path: Path) -> None:
     DeviceTrust.provision(sim.state, sim.read_metadata("1.root.json"))
     device = DeviceTrust(sim.state, sim.checkout, sim.remote.as_uri())
     assert device.fetch(MLP, tmp_path / "a").read_bytes() == sim.released[MLP]
-    with pytest.raises(ValueError, match="file://"):
-        DeviceTrust(sim.state, sim.checkout, "s3://bucket/remote")
+    with pytest.raises(ValueError, match=r"s3://"):
+        DeviceTrust(sim.state, sim.checkout, "ftp://example.invalid/remote")
 
 
 def test_edge_trust_imports_no_ci_tooling() -> None:
@@ -927,3 +927,25 @@ def test_a_role_below_its_floor_is_refused(sim: RepoSim) -> None:
     sim.release("mlp", "1.1.0")
     assert sim.repo.version("targets") == floor["targets"] + 1
     sim.repo.check_floor({**floor, "targets": 2})
+
+
+def test_a_signed_digest_that_is_not_hex_names_no_file(sim: RepoSim, tmp_path: Path) -> None:
+    """The digest names files on the device: a signer (a bug, a stolen targets key) that
+    signs ``/../../escaped`` as one must not make the device write outside its folders."""
+    from datetime import UTC, datetime, timedelta
+
+    from tuf.api.metadata import Metadata, TargetFile, Targets
+
+    targets = Metadata[Targets].from_bytes(sim.read_metadata("1.targets.json")).signed
+    files = dict(targets.targets)
+    evil = "/../../escaped"
+    info = files[MLP]
+    files[MLP] = TargetFile(info.length, {"sha256": evil}, MLP, info.unrecognized_fields)
+    expires = datetime.now(UTC) + timedelta(days=1)
+    tdata = sim.forge_targets(2, [sim.signers["targets"]], files, expires=expires)
+    sdata = sim.forge("snapshot", 2, [sim.signers["snapshot"]], listed=tdata, expires=expires)
+    sim.forge("timestamp", 2, [sim.signers["timestamp"]], listed=sdata, expires=expires)
+    with pytest.raises(VerificationError, match="is not a hex digest"):
+        sim.device().fetch(MLP, tmp_path / "work", partial_dir=tmp_path / "partial")
+    assert not list(tmp_path.rglob("*escaped*"))
+    assert not list(sim.state.rglob("*escaped*"))
