@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -9,7 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -343,3 +344,37 @@ def decode_peak_rss(base: Path, delta: Path, out: Path) -> int:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise BenchmarkError(f"decode failed: {last}")
     return int(proc.stdout.strip())
+
+
+@contextlib.contextmanager
+def git_daemon(base: Path) -> Iterator[str]:
+    """Serve the repositories under ``base`` with ``git daemon`` on 127.0.0.1 (pushes
+    allowed); yields the ``git://`` URL of ``base`` (the tests use it too).
+
+    Raises:
+        BenchmarkError: the daemon did not start within 30 s.
+    """
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        ["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+         f"--base-path={base}", "--listen=127.0.0.1", f"--port={port}", str(base)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise BenchmarkError("git daemon did not start") from None
+                time.sleep(0.1)
+        yield f"git://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -30,12 +30,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
-from benchmarks._util import BENCH_DIR, BenchmarkError, isolated_env, machine_info, run_checked
+from benchmarks._util import (
+    BENCH_DIR,
+    BenchmarkError,
+    git_daemon,
+    isolated_env,
+    machine_info,
+    run_checked,
+)
 from modelreg.examples import write_examples
 
 NAME: Final = "edge_update"
@@ -94,32 +100,6 @@ class _CountingProxy:
     def reset(self) -> None:
         with self._lock:
             self.connections = self.bytes = 0
-
-
-@contextmanager
-def _git_daemon(base: Path) -> Iterator[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        ["git", "daemon", "--reuseaddr", "--export-all", f"--base-path={base}",
-         "--listen=127.0.0.1", f"--port={port}", str(base)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise BenchmarkError("git daemon did not start") from None
-                time.sleep(0.1)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _release(work: Path, size: str) -> tuple[Path, dict[str, Path]]:
@@ -306,8 +286,8 @@ def _idle_poll(work: Path, repo: Path) -> dict[str, int]:
     served.mkdir()
     run_checked(["git", "clone", "-q", "--bare", str(repo), str(served / "fleet.git")],
                 cwd=work, env={})  # fmt: skip
-    with _git_daemon(served) as port:
-        proxy = _CountingProxy(port)
+    with git_daemon(served) as url:
+        proxy = _CountingProxy(int(url.rsplit(":", 1)[1]))
         watcher = GitWatcher(f"git://127.0.0.1:{proxy.port}/fleet.git", "main", work / "idle-co")
         watcher.sync()  # the first poll fetches
         time.sleep(0.2)

@@ -136,37 +136,6 @@ def quiet_mlflow() -> Iterator[Any]:
         yield mlflow
 
 
-@contextlib.contextmanager
-def git_daemon(base: Path) -> Iterator[str]:
-    """Serve the repositories under ``base`` with ``git daemon`` on 127.0.0.1 (pushes
-    allowed); yields the ``git://`` URL of ``base``."""
-    import socket
-    import time
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        ["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
-         f"--base-path={base}", "--listen=127.0.0.1", f"--port={port}", str(base)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("git daemon did not start") from None
-                time.sleep(0.1)
-        yield f"git://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 @pytest.fixture(scope="session")
 def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
     """mlp 1.0.0 (with goldens and an ORT target) released once by ``ci release``."""

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import git, git_daemon
+from benchmarks._util import git_daemon
+from tests.conftest import git
 from tests.edge.conftest import EdgeRig
 
 pytestmark = pytest.mark.integration

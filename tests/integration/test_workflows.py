@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT, git, git_daemon, quiet_mlflow
+from benchmarks._util import git_daemon
+from tests.conftest import REPO_ROOT, git, quiet_mlflow
 from tests.github_fake import TOKEN, fake_github
 
 pytestmark = pytest.mark.integration
