@@ -317,7 +317,7 @@ class DeviceTrust:
             SigningError: refreshing failed (see :meth:`refresh`).
         """
         info, target = self._lookup(path)
-        _expect(target, model=model, version=version, kind=kind)
+        expect_facts(target, model=model, version=version, kind=kind)
         dest = dest_dir / f"{target.sha256}.{PurePosixPath(path).name}"
         return self._download(info, dest, partial_dir)
 
@@ -332,7 +332,7 @@ class DeviceTrust:
                 :meth:`fetch`.
         """
         info, target = self._lookup(CHANNELS_PATH)
-        _expect(target, kind="channels")
+        expect_facts(target, kind="channels")
         if info.length > self._limits.channels_max_length:
             raise VerificationError(
                 f"{info.length} bytes, over the {self._limits.channels_max_length} allowed",
@@ -454,13 +454,19 @@ class DeviceTrust:
             )
 
 
-def _expect(
+def expect_facts(
     target: SignedTarget,
     *,
     model: str | None = None,
     version: str | None = None,
     kind: TargetKind | None = None,
 ) -> None:
+    """Check the facts signed with a target name this model, version and kind (where
+    given): a validly signed file of another model is still the wrong file.
+
+    Raises:
+        TargetMismatchError: a signed fact differs.
+    """
     facts = target.facts
     for field, wanted, signed in (
         ("kind", kind, facts.kind),
@@ -481,4 +487,5 @@ __all__ = [
     "RoleState",
     "SignedTarget",
     "TrustLimits",
+    "expect_facts",
 ]

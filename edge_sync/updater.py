@@ -50,7 +50,7 @@ from edge_sync.state import (
     UpdateRecord,
     now_iso,
 )
-from edge_sync.trust import DeviceTrust, SignedTarget
+from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts
 from edge_sync.watcher import GitError, GitWatcher
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
@@ -422,6 +422,8 @@ class Updater:
         try:
             with stages("plan"):
                 art = trust.target_info(artifact_path(name, version))
+                # the facts signed with it, before any way to its bytes (a held blob too)
+                expect_facts(art, model=name, version=version, kind="artifact")
                 doc, doc_sha = self._description(trust, name, version)
                 signed_key = hashlib.sha256(f"{art.sha256}:{doc_sha}".encode()).hexdigest()
                 if any(r.version == version and r.signed == signed_key for r in model.rejected):

@@ -1,0 +1,143 @@
+"""The trust attacks, replayed through the updater a daemon runs (issue 9, point 8):
+whoever holds (or stole) online keys and controls the git host and the artifact remote.
+Each time the device keeps what it serves and says why; the running-daemon replays of
+rollback, forged signatures and swapped files are in ``test_daemon.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from securesystemslib.signer import CryptoSigner
+from tuf.api.metadata import Metadata, Snapshot, TargetFile, Timestamp
+
+from signing.keys import load_private_key, public_key_of
+from signing.target_names import artifact_path
+from signing.tuf_facts import TargetFacts
+from signing.tuf_repo import TrustRepo
+from signing.tuf_roles import (
+    ONLINE_ROLES,
+    TARGETS_DIR,
+    build_snapshot,
+    build_targets,
+    build_timestamp,
+    meta_file,
+    stored_name,
+    target_file,
+    to_bytes,
+)
+from tests.conftest import git
+from tests.edge.conftest import EdgeRig
+
+pytestmark = pytest.mark.integration
+
+ARTIFACT = artifact_path("mlp", "1.1.0")
+
+
+def _signers(rig: EdgeRig, suffix: str = ".key") -> dict[str, CryptoSigner]:
+    signers = {}
+    for role in ONLINE_ROLES:
+        (path,) = (rig.root / ".modelreg/keys").glob(f"{role}*{suffix}")
+        key = load_private_key(path)
+        signers[role] = CryptoSigner(key, public_key_of(key))
+    return signers
+
+
+def _release(
+    rig: EdgeRig,
+    signers: Mapping[str, CryptoSigner],
+    files: dict[str, TargetFile],
+    *,
+    snapshot_version: int | None = None,
+) -> None:
+    """Sign targets/snapshot/timestamp listing ``files`` and push them to the git host."""
+    trust = TrustRepo.load(rig.root / "trust/metadata")
+    folder = rig.root / "trust/metadata"
+    expires = datetime.now(UTC) + timedelta(days=30)
+    targets = Metadata(build_targets(trust.version("targets") + 1, expires, files))
+    targets.sign(signers["targets"])
+    targets_bytes = to_bytes(targets)
+    (folder / f"{targets.signed.version}.targets.json").write_bytes(targets_bytes)
+    version = snapshot_version or trust.version("snapshot") + 1
+    snapshot: Metadata[Snapshot] = Metadata(
+        build_snapshot(version, expires, meta_file(targets.signed.version, targets_bytes))
+    )
+    snapshot.sign(signers["snapshot"])
+    snapshot_bytes = to_bytes(snapshot)
+    (folder / f"{version}.snapshot.json").write_bytes(snapshot_bytes)
+    timestamp: Metadata[Timestamp] = Metadata(
+        build_timestamp(trust.version("timestamp") + 1, expires, meta_file(version, snapshot_bytes))
+    )
+    timestamp.sign(signers["timestamp"])
+    (folder / "timestamp.json").write_bytes(to_bytes(timestamp))
+    git(rig.root, "add", "-A")
+    git(rig.root, "commit", "-qm", "an attacker's release")
+
+
+def _installed_11(rig: EdgeRig) -> dict[str, TargetFile]:
+    assert rig.sync().updates["mlp"].version == "1.0.0"
+    rig.release_version("1.1.0", "1.0.0")
+    assert rig.sync().updates["mlp"].version == "1.1.0"
+    return dict(TrustRepo.load(rig.root / "trust/metadata").targets)
+
+
+def test_stolen_online_keys_cannot_give_a_device_another_models_file(rig: EdgeRig) -> None:
+    """Validly signed, but the facts signed with the file name another model: the
+    right signature on the wrong file is still the wrong file."""
+    files = _installed_11(rig)
+    rig.release_version("2.0.0", "1.1.0")
+    files = dict(TrustRepo.load(rig.root / "trust/metadata").targets)
+    path = artifact_path("mlp", "2.0.0")
+    facts = TargetFacts.from_custom(files[path].custom)
+    data = (rig.root / "models/mlp/1.0.0.onnx").read_bytes()
+    files[path] = target_file(path, data, facts.model_copy(update={"model": "cnn"}))
+    (rig.remote / TARGETS_DIR / stored_name(files[path])).parent.mkdir(parents=True, exist_ok=True)
+    (rig.remote / TARGETS_DIR / stored_name(files[path])).write_bytes(data)
+    _release(rig, _signers(rig), files)
+    report = rig.sync()
+    update = report.updates["mlp"]
+    assert update.result == "failed"
+    assert "signed as model 'cnn', expected 'mlp'" in (update.reason or "")
+    assert rig.state().models["mlp"].serving.version == "1.1.0"
+
+
+def test_a_new_timestamp_over_an_old_snapshot_is_refused(rig: EdgeRig) -> None:
+    """Mix and match: a stolen timestamp key lists the snapshot of an older release."""
+    _installed_11(rig)
+    signers = _signers(rig)
+    folder = rig.root / "trust/metadata"
+    trust = TrustRepo.load(folder)
+    old = (folder / "1.snapshot.json").read_bytes()
+    timestamp: Metadata[Timestamp] = Metadata(
+        build_timestamp(
+            trust.version("timestamp") + 1, datetime.now(UTC) + timedelta(days=1), meta_file(1, old)
+        )
+    )
+    timestamp.sign(signers["timestamp"])
+    (folder / "timestamp.json").write_bytes(to_bytes(timestamp))
+    git(rig.root, "commit", "-qam", "rewind the snapshot")
+    report = rig.sync()
+    assert report.result == "failed"
+    assert "snapshot" in (report.reason or "")
+    assert rig.state().models["mlp"].serving.version == "1.1.0"
+
+
+def test_keys_rotated_away_sign_nothing_a_device_accepts(rig: EdgeRig) -> None:
+    """After ``keys rotate``, whoever kept the old online keys signs a release that
+    swaps the artifact; the device, on the new root, refuses it."""
+    files = _installed_11(rig)
+    for role in ONLINE_ROLES:
+        rig.run("keys", "rotate", "--role", role)
+    git(rig.root, "add", "-A")
+    git(rig.root, "commit", "-qm", "rotate the online keys")
+    assert rig.sync().result == "current"  # the new root chain is followed
+    facts = TargetFacts.from_custom(files[ARTIFACT].custom)
+    forged = b"weights that were never reviewed"
+    files[ARTIFACT] = target_file(ARTIFACT, forged, facts)
+    (rig.remote / TARGETS_DIR / stored_name(files[ARTIFACT])).write_bytes(forged)
+    _release(rig, _signers(rig, ".key.old"), files)
+    report = rig.sync()
+    assert report.result == "failed"
+    assert "signed by 0/1 keys" in (report.reason or ""), report.reason
+    assert rig.state().models["mlp"].serving.version == "1.1.0"
