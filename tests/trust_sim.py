@@ -282,6 +282,36 @@ class RepoSim:
         return data
 
 
+def sign_online(
+    folder: Path,
+    signers: Mapping[str, Signer],
+    files: Mapping[str, TargetFile],
+    *,
+    snapshot_version: int | None = None,
+) -> None:
+    """Sign and store a release of ``files`` over the metadata in ``folder``: targets,
+    snapshot and timestamp, each one version up, with whatever keys are given (what
+    whoever holds, or stole, the online keys can produce)."""
+    trust = TrustRepo.load(folder)
+    expires = datetime.now(UTC) + timedelta(days=30)
+    targets = Metadata(build_targets(trust.version("targets") + 1, expires, dict(files)))
+    targets.sign(signers["targets"])
+    targets_bytes = to_bytes(targets)
+    (folder / f"{targets.signed.version}.targets.json").write_bytes(targets_bytes)
+    version = snapshot_version or trust.version("snapshot") + 1
+    snapshot: Metadata[Snapshot] = Metadata(
+        build_snapshot(version, expires, meta_file(targets.signed.version, targets_bytes))
+    )
+    snapshot.sign(signers["snapshot"])
+    snapshot_bytes = to_bytes(snapshot)
+    (folder / f"{version}.snapshot.json").write_bytes(snapshot_bytes)
+    timestamp: Metadata[Timestamp] = Metadata(
+        build_timestamp(trust.version("timestamp") + 1, expires, meta_file(version, snapshot_bytes))
+    )
+    timestamp.sign(signers["timestamp"])
+    (folder / "timestamp.json").write_bytes(to_bytes(timestamp))
+
+
 def load_signed(data: bytes) -> Root | Targets | Snapshot | Timestamp:
     """The signed part of serialized metadata (no verification)."""
     signed: Root | Targets | Snapshot | Timestamp = Metadata.from_bytes(data).signed

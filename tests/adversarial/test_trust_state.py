@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from securesystemslib.signer import CryptoSigner
-from tuf.api.metadata import Metadata, Snapshot, Timestamp
 
 from signing.errors import SignatureError, TrustFetchError
 from signing.keys import load_private_key, public_key_of
@@ -25,16 +23,12 @@ from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import (
     ONLINE_ROLES,
     TARGETS_DIR,
-    build_snapshot,
-    build_targets,
-    build_timestamp,
-    meta_file,
     stored_name,
     target_file,
-    to_bytes,
 )
 from tests.adversarial.conftest import ARTIFACT, Fleet
 from tests.conftest import Result, git
+from tests.trust_sim import sign_online
 
 pytestmark = pytest.mark.integration
 
@@ -71,33 +65,12 @@ def _forge_release(fleet: Fleet, signers: Mapping[str, CryptoSigner]) -> None:
     only the signatures stand between them and a device.
     """
     trust = TrustRepo.load(fleet.root / "trust/metadata")
-    expires = datetime.now(UTC) + timedelta(days=30)
     files = dict(trust.targets)
     facts = TargetFacts.from_custom(files[ARTIFACT].custom)
     files[ARTIFACT] = target_file(ARTIFACT, FORGED, facts)
     stored = fleet.remote / TARGETS_DIR / stored_name(files[ARTIFACT])
     stored.write_bytes(FORGED)
-    folder = fleet.root / "trust/metadata"
-    targets = Metadata(build_targets(trust.version("targets") + 1, expires, files))
-    targets.sign(signers["targets"])
-    targets_bytes = to_bytes(targets)
-    (folder / f"{targets.signed.version}.targets.json").write_bytes(targets_bytes)
-    listed = meta_file(targets.signed.version, targets_bytes)
-    snapshot: Metadata[Snapshot] = Metadata(
-        build_snapshot(trust.version("snapshot") + 1, expires, listed)
-    )
-    snapshot.sign(signers["snapshot"])
-    snapshot_bytes = to_bytes(snapshot)
-    (folder / f"{snapshot.signed.version}.snapshot.json").write_bytes(snapshot_bytes)
-    timestamp: Metadata[Timestamp] = Metadata(
-        build_timestamp(
-            trust.version("timestamp") + 1,
-            expires,
-            meta_file(snapshot.signed.version, snapshot_bytes),
-        )
-    )
-    timestamp.sign(signers["timestamp"])
-    (folder / "timestamp.json").write_bytes(to_bytes(timestamp))
+    sign_online(fleet.root / "trust/metadata", signers, files)
 
 
 def _device_artifact(fleet: Fleet, name: str) -> bytes:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from securesystemslib.signer import CryptoSigner
-from tuf.api.metadata import Metadata, Snapshot, TargetFile, Timestamp
+from tuf.api.metadata import Metadata, TargetFile, Timestamp
 
 from signing.keys import load_private_key, public_key_of
 from signing.target_names import artifact_path
@@ -19,8 +19,6 @@ from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import (
     ONLINE_ROLES,
     TARGETS_DIR,
-    build_snapshot,
-    build_targets,
     build_timestamp,
     meta_file,
     stored_name,
@@ -29,6 +27,7 @@ from signing.tuf_roles import (
 )
 from tests.conftest import git
 from tests.edge.conftest import EdgeRig
+from tests.trust_sim import sign_online
 
 pytestmark = pytest.mark.integration
 
@@ -45,32 +44,10 @@ def _signers(rig: EdgeRig, suffix: str = ".key") -> dict[str, CryptoSigner]:
 
 
 def _release(
-    rig: EdgeRig,
-    signers: Mapping[str, CryptoSigner],
-    files: dict[str, TargetFile],
-    *,
-    snapshot_version: int | None = None,
+    rig: EdgeRig, signers: Mapping[str, CryptoSigner], files: dict[str, TargetFile]
 ) -> None:
-    """Sign targets/snapshot/timestamp listing ``files`` and push them to the git host."""
-    trust = TrustRepo.load(rig.root / "trust/metadata")
-    folder = rig.root / "trust/metadata"
-    expires = datetime.now(UTC) + timedelta(days=30)
-    targets = Metadata(build_targets(trust.version("targets") + 1, expires, files))
-    targets.sign(signers["targets"])
-    targets_bytes = to_bytes(targets)
-    (folder / f"{targets.signed.version}.targets.json").write_bytes(targets_bytes)
-    version = snapshot_version or trust.version("snapshot") + 1
-    snapshot: Metadata[Snapshot] = Metadata(
-        build_snapshot(version, expires, meta_file(targets.signed.version, targets_bytes))
-    )
-    snapshot.sign(signers["snapshot"])
-    snapshot_bytes = to_bytes(snapshot)
-    (folder / f"{version}.snapshot.json").write_bytes(snapshot_bytes)
-    timestamp: Metadata[Timestamp] = Metadata(
-        build_timestamp(trust.version("timestamp") + 1, expires, meta_file(version, snapshot_bytes))
-    )
-    timestamp.sign(signers["timestamp"])
-    (folder / "timestamp.json").write_bytes(to_bytes(timestamp))
+    """Sign a release of ``files`` with ``signers`` and push it to the git host."""
+    sign_online(rig.root / "trust/metadata", signers, files)
     git(rig.root, "add", "-A")
     git(rig.root, "commit", "-qm", "an attacker's release")
 
