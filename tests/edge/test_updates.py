@@ -130,6 +130,19 @@ def test_a_target_that_matches_no_label_is_rejected_once(rig: EdgeRig) -> None:
     assert [r.version for r in model.rejected] == ["1.1.0"]
 
 
+def test_a_tensorrt_target_without_a_published_engine_is_rejected(rig: EdgeRig) -> None:
+    """A TensorRT target runs a prebuilt plan; a CI runner without a GPU publishes none
+    ("built on device"), and this device's host runs ONNX Runtime only."""
+    rig.sync()
+    rig.run("version", "add", "mlp", "1.1.0", "--artifact", str(rig.models / "mlp/1.1.0.onnx"),
+            "--parent", "1.0.0", "--target", "gpu=tensorrt:fp16")  # fmt: skip
+    rig.promote("1.1.0")
+    update = rig.sync().updates["mlp"]
+    assert update.result == "rejected"
+    assert update.reason == ("target 'gpu' needs a prebuilt tensorrt engine and none is published")
+    assert rig.state().models["mlp"].serving.version == "1.0.0"
+
+
 class _DriftingEngine:
     """An engine whose answers drift from the goldens (another runtime, a bad port)."""
 
