@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -240,12 +241,17 @@ class BlobStore:
             fsync_dir(self.folder)
         return removed
 
-    def clear_tmp(self, keep: frozenset[str] = frozenset()) -> None:
-        """Remove files in progress left by a crash, but those named in ``keep``."""
+    def clear_tmp(self) -> None:
+        """Remove files in progress left by a crash or a failed update (the folders of
+        interrupted downloads, ``tmp/partial/``, stay to be resumed)."""
         if not self.tmp.is_dir():
             return
         for path in self.tmp.iterdir():
-            if path.name not in keep and path.is_file():
+            if path.name == PARTIAL_DIR:
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
 
