@@ -96,10 +96,15 @@ class _CountingProxy:
             for s in (src, dst):
                 with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+            src.close()  # each socket is read by one pipe, which closes it
 
     def reset(self) -> None:
         with self._lock:
             self.connections = self.bytes = 0
+
+    def close(self) -> None:
+        """Stop accepting (the pipes close their sockets as their peers hang up)."""
+        self.server.close()
 
 
 def _release(work: Path, size: str) -> tuple[Path, dict[str, Path]]:
@@ -288,12 +293,17 @@ def _idle_poll(work: Path, repo: Path) -> dict[str, int]:
                 cwd=work, env={})  # fmt: skip
     with git_daemon(served) as url:
         proxy = _CountingProxy(int(url.rsplit(":", 1)[1]))
-        watcher = GitWatcher(f"git://127.0.0.1:{proxy.port}/fleet.git", "main", work / "idle-co")
-        watcher.sync()  # the first poll fetches
-        time.sleep(0.2)
-        proxy.reset()
-        head = watcher.sync()
-        time.sleep(0.2)  # let the pipes count the last bytes
-        if head.changed:
-            raise BenchmarkError("the idle poll fetched")
-        return {"connections": proxy.connections, "bytes": proxy.bytes}
+        try:
+            watcher = GitWatcher(
+                f"git://127.0.0.1:{proxy.port}/fleet.git", "main", work / "idle-co"
+            )
+            watcher.sync()  # the first poll fetches
+            time.sleep(0.2)
+            proxy.reset()
+            head = watcher.sync()
+            time.sleep(0.2)  # let the pipes count the last bytes
+            if head.changed:
+                raise BenchmarkError("the idle poll fetched")
+            return {"connections": proxy.connections, "bytes": proxy.bytes}
+        finally:
+            proxy.close()
