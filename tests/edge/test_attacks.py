@@ -118,3 +118,30 @@ def test_keys_rotated_away_sign_nothing_a_device_accepts(rig: EdgeRig) -> None:
     assert report.result == "failed"
     assert "signed by 0/1 keys" in (report.reason or ""), report.reason
     assert rig.state().models["mlp"].serving.version == "1.1.0"
+
+
+def test_a_root_signed_by_a_rotated_away_root_key_is_refused(rig: EdgeRig) -> None:
+    """After the root key is rotated, whoever kept the old one signs a next root that
+    trusts their own online keys; the device, following the chain, refuses it."""
+    from tuf.api.metadata import Root
+
+    _installed_11(rig)
+    rig.run("keys", "rotate", "--role", "root")
+    git(rig.root, "add", "-A")
+    git(rig.root, "commit", "-qm", "rotate the root key")
+    assert rig.sync().result == "current"  # the device follows the new root
+    folder = rig.root / "trust/metadata"
+    newest = max(folder.glob("*.root.json"), key=lambda p: int(p.name.split(".")[0]))
+    root = Metadata[Root].from_bytes(newest.read_bytes()).signed
+    (old_path,) = (rig.root / ".modelreg/keys").glob("root*.key.old")
+    old = load_private_key(old_path)
+    root.version += 1
+    forged: Metadata[Root] = Metadata(root)
+    forged.sign(CryptoSigner(old, public_key_of(old)))
+    (folder / f"{root.version}.root.json").write_bytes(to_bytes(forged))
+    git(rig.root, "add", "-A")
+    git(rig.root, "commit", "-qm", "a root from the old key")
+    report = rig.sync()
+    assert report.result == "failed"
+    assert "root was signed by 0/1 keys" in (report.reason or ""), report.reason
+    assert rig.state().models["mlp"].serving.version == "1.1.0"
