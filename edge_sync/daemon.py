@@ -17,10 +17,12 @@ import select
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -99,6 +101,8 @@ class Daemon:
     host: EngineHost = field(default_factory=InProcessHost)
     limits: TrustLimits | None = None
     on_sync: Callable[[SyncReport], None] | None = None
+    serving: bool = True
+    """Answer the Open Inference Protocol on ``serve.listen`` (``edge_sync.serving``)."""
     _sync_now: bool = False
     _stopping: bool = False
     _wakeup: _Wakeup | None = None
@@ -147,6 +151,9 @@ class Daemon:
             if install_signals:
                 self._signals(wakeup)
             _provision(self.config, state)
+            server = _Server(self.config, self.host) if self.serving else None
+            if server is not None:
+                listen = server.start()
             state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
             updater = Updater(
                 self.config,
@@ -181,6 +188,8 @@ class Daemon:
                         break
                     wakeup.sleep(left)
             _notify("STOPPING=1")
+            if server is not None:
+                server.stop()
             return 0
         finally:
             if install_signals:
@@ -189,6 +198,53 @@ class Daemon:
             self._wakeup = None
             wakeup.close()
             state.unlock()
+
+
+class _Server:
+    """uvicorn serving the OIP v2 app in a thread beside the update loop."""
+
+    def __init__(self, config: EdgeConfig, host: EngineHost) -> None:
+        import uvicorn
+
+        from edge_sync.serving import create_app
+
+        try:
+            __version__ = version("modelreg")
+        except PackageNotFoundError:  # pragma: no cover - a source tree not installed
+            __version__ = "dev"
+
+        app = create_app(
+            host, [m.name for m in config.models], lambda: status_document(config), __version__
+        )
+        address, _, port = config.serve.listen.rpartition(":")
+        self.address = address.strip("[]")
+        self._server = uvicorn.Server(
+            uvicorn.Config(
+                app, host=self.address, port=int(port), log_level="warning",
+                lifespan="off", access_log=False,
+            )
+        )  # fmt: skip
+        self._thread = threading.Thread(target=self._server.run, name="oip-server", daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        """Start serving; the address it listens on (a port 0 resolved).
+
+        Raises:
+            OSError: it could not listen (the port is taken).
+        """
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise OSError(f"cannot serve on {self.address}: the server did not start")
+            time.sleep(0.02)
+        port = self._server.servers[0].sockets[0].getsockname()[1]
+        return f"{self.address}:{port}"
+
+    def stop(self) -> None:
+        """Finish the requests in flight, then stop."""
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
 
 
 def _guarded(updater: Updater) -> SyncReport:

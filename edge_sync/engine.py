@@ -179,6 +179,7 @@ class OrtEngine:
                 f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})"
             ) from None
         self.inputs = [(i.name, i.type, list(i.shape)) for i in self._session.get_inputs()]
+        self.outputs = [(o.name, o.type, list(o.shape)) for o in self._session.get_outputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
 
     def sample_inputs(self) -> dict[str, npt.NDArray[Any]]:

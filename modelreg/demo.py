@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from modelreg.examples import write_examples
 
@@ -266,6 +267,7 @@ class Demo:
             )  # fmt: skip
         try:
             wait_for("1.0.0")
+            self.infer(edge)
             self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
             self.step("v2 reaches production; SIGHUP syncs at once; installed by delta")
             self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "production")
@@ -274,12 +276,35 @@ class Demo:
             print("$ kill -HUP <daemon>")
             daemon.send_signal(signal.SIGHUP)
             wait_for("1.1.0")
+            self.infer(edge)
             self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
         finally:
             print("$ kill -TERM <daemon>")
             daemon.send_signal(signal.SIGTERM)
             code = daemon.wait(timeout=60)
             print(f"  the daemon exited {code}")
+
+    def infer(self, edge: Any) -> None:
+        """One Open Inference Protocol request to the device, as an application sends it."""
+        import json
+        import urllib.request
+
+        import numpy as np
+
+        from edge_sync.daemon import status_document
+
+        listen = status_document(edge)["daemon"]["listen"]
+        with np.load(self.work / "examples/mlp/1.0.0.inputs.npz") as held:
+            x = held["input"][:1]
+        body = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                            "data": x.reshape(-1).tolist()}]}  # fmt: skip
+        url = f"http://{listen}/v2/models/mlp/infer"
+        print(f"$ curl -s {url} -d '{{\"inputs\": [...]}}'")
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+            answer = json.loads(response.read())
+        probs = ", ".join(f"{v:.3f}" for v in answer["outputs"][0]["data"])
+        print(f"  model_version {answer['model_version']}: probs [{probs}]")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -346,7 +346,8 @@ d._provision = lambda c, s: None
 tmp = tempfile.mkdtemp()
 cfg = EdgeConfig.model_validate({"apiVersion": "modelreg/v1", "kind": "EdgeConfig",
     "device": {"id": "d1"}, "repository": {"url": tmp, "poll_interval": "1ms", "jitter": 0},
-    "trust": {"root": tmp + "/r.json"}, "artifacts": {"url": tmp}, "state_dir": tmp + "/s"})
+    "trust": {"root": tmp + "/r.json"}, "artifacts": {"url": tmp}, "state_dir": tmp + "/s",
+    "serve": {"listen": "127.0.0.1:0"}})
 def watch():
     last = -1
     while True:

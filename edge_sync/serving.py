@@ -1,0 +1,253 @@
+"""Open Inference Protocol v2 (REST) on the device: health, metadata, JSON inference,
+and ``/status`` (SPEC section 7).
+
+A first step of the serving issue: requests are answered from the engine each model
+serves now (:meth:`EngineHost.current`); a request holds the engine it started on, so a
+swap never breaks one in flight; every response names the version that computed it.
+The binary tensor data extension, metrics and the memory budget come next.
+
+Runs on Starlette (ASGI) under uvicorn; inference runs in a worker thread, so the event
+loop keeps answering while a model computes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+if TYPE_CHECKING:
+    from edge_sync.engine import EngineHost
+
+__all__ = ["DATATYPES", "MAX_BODY_BYTES", "create_app"]
+
+MAX_BODY_BYTES: Final = 64 << 20
+"""Largest request body accepted (larger ones get 413)."""
+MAX_ELEMENTS: Final = 1 << 24
+"""Most values one input tensor may hold."""
+
+DATATYPES: Final = {
+    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}  # fmt: skip
+"""ONNX Runtime's tensor types as the protocol names them."""
+_NUMPY: Final = {
+    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
+    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
+}  # fmt: skip
+
+
+class _RefusedError(Exception):
+    """A request the server answers with ``{"error": ...}`` and ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _dims(shape: list[Any]) -> list[int]:
+    """Symbolic dimensions as -1, as Triton shows them."""
+    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
+
+
+def create_app(
+    host: EngineHost,
+    models: list[str],
+    status: Callable[[], Mapping[str, Any]],
+    version: str,
+) -> Starlette:
+    """The OIP v2 application serving ``models`` from ``host``.
+
+    Args:
+        host: where each model's serving engine is.
+        models: the subscribed model names.
+        status: the ``edge status --json`` document, made on demand.
+        version: this server's version (``/v2``).
+    """
+
+    def engine_for(request: Request) -> Any:
+        name = request.path_params["model"]
+        if name not in models:
+            raise _RefusedError(404, f"unknown model {name!r}")
+        engine = host.current(name)
+        if engine is None:
+            raise _RefusedError(503, f"model {name!r} is not loaded yet")
+        wanted = request.path_params.get("version")
+        if wanted is not None and wanted != engine.version:
+            raise _RefusedError(404, f"model {name!r} has no loaded version {wanted!r}")
+        return engine
+
+    async def live(_: Request) -> JSONResponse:
+        return JSONResponse({"live": True})
+
+    async def ready(_: Request) -> JSONResponse:
+        ok = all(host.current(m) is not None for m in models)
+        return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+    async def server(_: Request) -> JSONResponse:
+        return JSONResponse({"name": "modelreg", "version": version, "extensions": []})
+
+    async def metadata(request: Request) -> JSONResponse:
+        try:
+            engine = engine_for(request)
+        except _RefusedError as e:
+            return _error(e.status, str(e))
+        return JSONResponse(
+            {
+                "name": engine.model,
+                "versions": [engine.version],
+                "platform": "onnxruntime_onnx",
+                "inputs": [
+                    {"name": n, "datatype": DATATYPES.get(t, t), "shape": _dims(s)}
+                    for n, t, s in getattr(engine, "inputs", [])
+                ],
+                "outputs": [
+                    {"name": n, "datatype": DATATYPES.get(t, t), "shape": _dims(s)}
+                    for n, t, s in getattr(engine, "outputs", [])
+                ],
+            }
+        )
+
+    async def model_ready(request: Request) -> JSONResponse:
+        try:
+            engine_for(request)
+        except _RefusedError as e:
+            return _error(e.status, str(e))
+        return JSONResponse({"name": request.path_params["model"], "ready": True})
+
+    async def infer(request: Request) -> JSONResponse:
+        try:
+            engine = engine_for(request)  # held until the answer: a swap cannot break it
+            inputs, wanted, request_id = _parse_request(await _json_body(request), engine)
+            try:
+                results = await run_in_threadpool(engine.run, inputs, wanted)
+            except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
+                first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                raise _RefusedError(400, f"inference failed: {first}") from None
+        except _RefusedError as e:
+            return _error(e.status, str(e))
+        answer: dict[str, Any] = {
+            "model_name": engine.model,
+            "model_version": engine.version,
+            "outputs": [_tensor_json(name, value) for name, value in results.items()],
+        }
+        if request_id is not None:
+            answer["id"] = request_id
+        return JSONResponse(answer)
+
+    async def status_route(_: Request) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(status))
+
+    routes = [
+        Route("/v2/health/live", live),
+        Route("/v2/health/ready", ready),
+        Route("/v2", server),
+        Route("/v2/models/{model}", metadata),
+        Route("/v2/models/{model}/versions/{version}", metadata),
+        Route("/v2/models/{model}/ready", model_ready),
+        Route("/v2/models/{model}/versions/{version}/ready", model_ready),
+        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/status", status_route),
+    ]
+    return Starlette(routes=routes)
+
+
+async def _json_body(request: Request) -> object:
+    """The request's JSON body, read within :data:`MAX_BODY_BYTES`.
+
+    Raises:
+        _RefusedError: too large (413) or not JSON (400).
+    """
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _RefusedError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise _RefusedError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError):
+        raise _RefusedError(400, "the request body is not JSON") from None
+
+
+def _parse_request(doc: object, engine: Any) -> tuple[dict[str, Any], list[str] | None, Any]:
+    """Inputs as arrays, the outputs asked for, and the request id.
+
+    Raises:
+        _RefusedError: not an inference request, or a tensor whose data does not fit.
+    """
+    import numpy as np
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise _RefusedError(400, "an inference request needs an 'inputs' list")
+    declared = {n: t for n, t, _ in getattr(engine, "inputs", [])}
+    arrays: dict[str, Any] = {}
+    for item in doc["inputs"]:
+        if not isinstance(item, dict):
+            raise _RefusedError(400, "each input is an object with name, shape, datatype, data")
+        name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
+        if not isinstance(name, str) or name not in declared:
+            raise _RefusedError(400, f"unknown input {name!r} (the model takes {sorted(declared)})")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise _RefusedError(400, f"input {name!r}: shape must be a list of sizes")
+        count = int(np.prod(shape)) if shape else 1
+        if count > MAX_ELEMENTS:
+            raise _RefusedError(413, f"input {name!r}: {count} values, over {MAX_ELEMENTS}")
+        expected = DATATYPES.get(declared[name], "")
+        if datatype != expected:
+            raise _RefusedError(
+                400, f"input {name!r}: datatype {datatype!r}, the model takes {expected}"
+            )
+        try:
+            data = np.asarray(item.get("data"), dtype=_NUMPY[expected])
+        except (TypeError, ValueError, OverflowError):
+            raise _RefusedError(400, f"input {name!r}: data is not {datatype}") from None
+        if data.size != count:
+            raise _RefusedError(400, f"input {name!r}: {data.size} values for shape {shape}")
+        arrays[name] = data.reshape(shape)
+    missing = sorted(set(declared) - set(arrays))
+    if missing:
+        raise _RefusedError(400, f"missing input(s) {missing}")
+    outputs = doc.get("outputs")
+    wanted: list[str] | None = None
+    if isinstance(outputs, list):
+        wanted = [str(o.get("name")) for o in outputs if isinstance(o, dict)]
+        known = {n for n, _, _ in getattr(engine, "outputs", [])}
+        unknown = [w for w in wanted if w not in known]
+        if unknown:
+            raise _RefusedError(400, f"unknown output(s) {unknown}")
+    return arrays, wanted, doc.get("id")
+
+
+def _tensor_json(name: str, value: Any) -> dict[str, Any]:
+    import numpy as np
+
+    array = np.asarray(value)
+    kind = {"b": "BOOL", "O": "BYTES", "U": "BYTES", "S": "BYTES"}.get(array.dtype.kind)
+    datatype = kind or {v: k for k, v in _NUMPY.items()}.get(str(array.dtype), "FP32")
+    data = array.astype(str) if kind == "BYTES" else array
+    return {
+        "name": name,
+        "shape": list(array.shape),
+        "datatype": datatype,
+        "data": data.reshape(-1).tolist(),
+    }

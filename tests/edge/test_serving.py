@@ -1,0 +1,98 @@
+"""The Open Inference Protocol v2 on a device (a first step of the serving issue):
+``modelreg edge run`` serves what it installed on ``serve.listen``, on real HTTP on
+loopback, and every answer names the version that computed it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.edge.conftest import EdgeRig
+
+pytestmark = pytest.mark.integration
+
+
+def _call(base: str, path: str, body: object | None = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    method = "POST" if data else "GET"
+    request = urllib.request.Request(f"{base}{path}", data=data, method=method)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())
+
+
+def _wait_listen(config: Path) -> str:
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import status_document
+
+    edge = load_edge_config(config)
+    deadline = time.monotonic() + 60
+    while True:
+        status = status_document(edge)
+        serving = status["models"]["mlp"]["serving"]
+        if status["daemon"]["listen"] and serving:
+            return f"http://{status['daemon']['listen']}"
+        assert time.monotonic() < deadline, status
+        time.sleep(0.1)
+
+
+def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
+    config = rig.config(repository={"url": str(rig.root), "poll_interval": "1h"})
+    with config.with_suffix(".log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        base = _wait_listen(config)
+        assert base.startswith("http://127.0.0.1:")
+        assert not base.endswith(":0")  # port 0 resolved, and written to status
+        assert _call(base, "/v2/health/live") == (200, {"live": True})
+        assert _call(base, "/v2/health/ready") == (200, {"ready": True})
+        code, meta = _call(base, "/v2/models/mlp")
+        assert code == 200
+        assert meta["versions"] == ["1.0.0"]
+        assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 16]}]
+        with np.load(rig.models / "mlp/1.0.0.inputs.npz") as held:
+            x = held["input"]
+        with np.load(rig.models / "mlp/1.0.0.outputs.npz") as held:
+            expected = held["probs"]
+        request = {"id": "r1", "inputs": [{"name": "input", "shape": list(x.shape),
+                                           "datatype": "FP32", "data": x.reshape(-1).tolist()}]}  # fmt: skip
+        code, answer = _call(base, "/v2/models/mlp/infer", request)
+        assert code == 200, answer
+        assert (answer["model_name"], answer["model_version"], answer["id"]) == (
+            "mlp", "1.0.0", "r1",
+        )  # fmt: skip
+        (out,) = answer["outputs"]
+        got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+        assert _call(base, "/v2/models/mlp/versions/1.0.0/infer", request)[0] == 200
+        # errors are one JSON line with a fitting status
+        assert _call(base, "/v2/models/nope")[0] == 404
+        assert _call(base, "/v2/models/mlp/versions/9.9.9/infer", request)[0] == 404
+        bad = {"inputs": [dict(request["inputs"][0], shape=[3, 16])]}  # type: ignore[arg-type]
+        code, answer = _call(base, "/v2/models/mlp/infer", bad)
+        assert code == 400
+        assert "values for shape [3, 16]" in answer["error"]
+        wrong = {"inputs": [dict(request["inputs"][0], datatype="INT64")]}  # type: ignore[arg-type]
+        assert _call(base, "/v2/models/mlp/infer", wrong)[0] == 400
+        code, status = _call(base, "/status")
+        assert code == 200
+        assert status["models"]["mlp"]["serving"]["version"] == "1.0.0"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
