@@ -137,6 +137,33 @@ class Daemon:
         signal.signal(signal.SIGTERM, on_term)
         signal.signal(signal.SIGINT, on_term)
 
+    def _loop(self, updater: Updater, wakeup: _Wakeup, server: _Server | None) -> None:
+        """Sync, wait (poll with jitter, or back off), again, until stopped."""
+        rng = random.Random()  # noqa: S311 - jitter, not secrecy
+        failures = 0
+        repo = self.config.repository
+        while not self._stopping:
+            self._sync_now = False
+            report = _guarded(updater)
+            if server is not None:
+                for model, record in report.updates.items():
+                    server.metrics.update(model, record)
+            if self.on_sync is not None:
+                self.on_sync(report)
+            if report.result == "failed":
+                failures += 1
+                delay = backoff_delay(failures, repo.poll_interval, repo.max_backoff)
+            else:
+                failures = 0
+                delay = next_delay(repo.poll_interval, repo.jitter, rng)
+            _notify(f"STATUS=last sync: {report.result}")
+            deadline = time.monotonic() + delay
+            while not (self._stopping or self._sync_now):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                wakeup.sleep(left)
+
     def run(self, *, install_signals: bool = True, listen: str | None = None) -> int:
         """Run until stopped; the exit code (0 on a clean stop).
 
@@ -166,27 +193,7 @@ class Daemon:
             for model, problem in problems.items():
                 print(f"modelreg edge: {model}: not served at start: {problem}", file=sys.stderr)
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
-            rng = random.Random()  # noqa: S311 - jitter, not secrecy
-            failures = 0
-            repo = self.config.repository
-            while not self._stopping:
-                self._sync_now = False
-                report = _guarded(updater)
-                if self.on_sync is not None:
-                    self.on_sync(report)
-                if report.result == "failed":
-                    failures += 1
-                    delay = backoff_delay(failures, repo.poll_interval, repo.max_backoff)
-                else:
-                    failures = 0
-                    delay = next_delay(repo.poll_interval, repo.jitter, rng)
-                _notify(f"STATUS=last sync: {report.result}")
-                deadline = time.monotonic() + delay
-                while not (self._stopping or self._sync_now):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    wakeup.sleep(left)
+            self._loop(updater, wakeup, server)
             _notify("STOPPING=1")
             if server is not None:
                 server.stop()
@@ -206,6 +213,7 @@ class _Server:
     def __init__(self, config: EdgeConfig, host: EngineHost) -> None:
         import uvicorn
 
+        from edge_sync.metrics import Metrics
         from edge_sync.serving import create_app
 
         try:
@@ -213,8 +221,13 @@ class _Server:
         except PackageNotFoundError:  # pragma: no cover - a source tree not installed
             __version__ = "dev"
 
+        self.metrics = Metrics()
         app = create_app(
-            host, [m.name for m in config.models], lambda: status_document(config), __version__
+            host,
+            [m.name for m in config.models],
+            lambda: status_document(config),
+            __version__,
+            self.metrics,
         )
         address, _, port = config.serve.listen.rpartition(":")
         self.address = address.strip("[]")

@@ -4,7 +4,8 @@ and ``/status`` (SPEC section 7).
 A first step of the serving issue: requests are answered from the engine each model
 serves now (:meth:`EngineHost.current`); a request holds the engine it started on, so a
 swap never breaks one in flight; every response names the version that computed it.
-The binary tensor data extension, metrics and the memory budget come next.
+Requests are counted at ``/metrics`` (``edge_sync.metrics``).  The binary tensor data
+extension and the memory budget come next.
 
 Runs on Starlette (ASGI) under uvicorn; inference runs in a worker thread, so the event
 loop keeps answering while a model computes.
@@ -13,14 +14,17 @@ loop keeps answering while a model computes.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from edge_sync.metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
     from edge_sync.engine import EngineHost
@@ -69,6 +73,7 @@ def create_app(
     models: list[str],
     status: Callable[[], Mapping[str, Any]],
     version: str,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """The OIP v2 application serving ``models`` from ``host``.
 
@@ -77,7 +82,9 @@ def create_app(
         models: the subscribed model names.
         status: the ``edge status --json`` document, made on demand.
         version: this server's version (``/v2``).
+        metrics: where requests are counted (``/metrics``); a fresh one by default.
     """
+    metrics = metrics or Metrics()
 
     def engine_for(request: Request) -> Any:
         name = request.path_params["model"]
@@ -130,6 +137,16 @@ def create_app(
         return JSONResponse({"name": request.path_params["model"], "ready": True})
 
     async def infer(request: Request) -> JSONResponse:
+        start = time.perf_counter()
+        name = request.path_params["model"]
+        response = await _infer(request)
+        version = response.headers.get("x-model-version", "")
+        outcome = "ok" if response.status_code == 200 else f"http_{response.status_code}"
+        if name in models:  # unknown names are not label values
+            metrics.request(name, version, outcome, time.perf_counter() - start)
+        return response
+
+    async def _infer(request: Request) -> JSONResponse:
         try:
             engine = engine_for(request)  # held until the answer: a swap cannot break it
             inputs, wanted, request_id = _parse_request(await _json_body(request), engine)
@@ -147,10 +164,13 @@ def create_app(
         }
         if request_id is not None:
             answer["id"] = request_id
-        return JSONResponse(answer)
+        return JSONResponse(answer, headers={"x-model-version": engine.version})
 
     async def status_route(_: Request) -> JSONResponse:
         return JSONResponse(await run_in_threadpool(status))
+
+    async def metrics_route(_: Request) -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
 
     routes = [
         Route("/v2/health/live", live),
@@ -163,6 +183,7 @@ def create_app(
         Route("/v2/models/{model}/infer", infer, methods=["POST"]),
         Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
         Route("/status", status_route),
+        Route("/metrics", metrics_route),
     ]
     return Starlette(routes=routes)
 

@@ -93,6 +93,27 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         code, status = _call(base, "/status")
         assert code == 200
         assert status["models"]["mlp"]["serving"]["version"] == "1.0.0"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
+            assert response.headers["Content-Type"].startswith("text/plain")
+            text = response.read().decode()
+        samples = {
+            line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line and not line.startswith("#")
+        }
+        ok = 'modelreg_requests_total{model="mlp",outcome="ok",version="1.0.0"}'
+        assert samples[ok] == 2.0
+        assert samples['modelreg_requests_total{model="mlp",outcome="http_400",version=""}'] == 2.0
+        assert samples['modelreg_request_seconds_count{model="mlp"}'] == 5.0
+        assert samples['modelreg_updates_total{model="mlp",result="installed"}'] == 1.0
+        assert samples['modelreg_swaps_total{model="mlp"}'] == 1.0
+        assert samples['modelreg_update_stage_seconds_count{stage="fetch"}'] == 1.0
+        assert samples["modelreg_process_resident_memory_bytes"] > 0
+        assert all(
+            name.startswith("modelreg_")
+            for name in (line.split("{")[0].split(" ")[0] for line in text.splitlines())
+            if name and not name.startswith("#")
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
