@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from registry.schema import Target
 
 __all__ = [
+    "DATATYPES",
+    "NUMPY_DTYPES",
     "Engine",
     "EngineError",
     "EngineHost",
@@ -38,13 +40,20 @@ __all__ = [
 ]
 
 WARMUP_RUNS: Final = 3
-_ORT_DTYPES: Final = {
-    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
-    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32",
-    "tensor(int64)": "int64", "tensor(uint8)": "uint8", "tensor(uint16)": "uint16",
-    "tensor(uint32)": "uint32", "tensor(uint64)": "uint64", "tensor(bool)": "bool",
-    "tensor(string)": "str",
+DATATYPES: Final = {
+    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
 }  # fmt: skip
+"""ONNX Runtime's tensor types as the Open Inference Protocol names them."""
+NUMPY_DTYPES: Final = {
+    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
+    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
+    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
+}  # fmt: skip
+"""The numpy dtype of each protocol datatype."""
 _OPTIMIZATION: Final = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
 
@@ -190,8 +199,8 @@ class OrtEngine:
         arrays = {}
         for name, kind, shape in self.inputs:
             dims = [d if isinstance(d, int) and d >= 0 else 1 for d in shape]
-            dtype = _ORT_DTYPES.get(kind, "float32")
-            arrays[name] = np.zeros(dims, dtype=dtype) if dtype != "str" else np.full(dims, "")
+            dtype = NUMPY_DTYPES.get(DATATYPES.get(kind, "FP32"), "float32")
+            arrays[name] = np.zeros(dims, dtype=dtype) if dtype != "object" else np.full(dims, "")
         return arrays
 
     def run(

@@ -24,31 +24,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge_sync.engine import DATATYPES, NUMPY_DTYPES
 from edge_sync.metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
     from edge_sync.engine import EngineHost
 
-__all__ = ["DATATYPES", "MAX_BODY_BYTES", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "create_app"]
 
 MAX_BODY_BYTES: Final = 64 << 20
 """Largest request body accepted (larger ones get 413)."""
 MAX_ELEMENTS: Final = 1 << 24
 """Most values one input tensor may hold."""
-
-DATATYPES: Final = {
-    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}  # fmt: skip
-"""ONNX Runtime's tensor types as the protocol names them."""
-_NUMPY: Final = {
-    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
-    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
-}  # fmt: skip
 
 
 class _RefusedError(Exception):
@@ -239,7 +226,7 @@ def _parse_request(doc: object, engine: Any) -> tuple[dict[str, Any], list[str] 
                 400, f"input {name!r}: datatype {datatype!r}, the model takes {expected}"
             )
         try:
-            data = np.asarray(item.get("data"), dtype=_NUMPY[expected])
+            data = np.asarray(item.get("data"), dtype=NUMPY_DTYPES[expected])
         except (TypeError, ValueError, OverflowError):
             raise _RefusedError(400, f"input {name!r}: data is not {datatype}") from None
         if data.size != count:
@@ -264,7 +251,7 @@ def _tensor_json(name: str, value: Any) -> dict[str, Any]:
 
     array = np.asarray(value)
     kind = {"b": "BOOL", "O": "BYTES", "U": "BYTES", "S": "BYTES"}.get(array.dtype.kind)
-    datatype = kind or {v: k for k, v in _NUMPY.items()}.get(str(array.dtype), "FP32")
+    datatype = kind or {v: k for k, v in NUMPY_DTYPES.items()}.get(str(array.dtype), "FP32")
     data = array.astype(str) if kind == "BYTES" else array
     return {
         "name": name,
