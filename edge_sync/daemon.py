@@ -178,7 +178,7 @@ class Daemon:
             if install_signals:
                 self._signals(wakeup)
             _provision(self.config, state)
-            server = _Server(self.config, self.host) if self.serving else None
+            server = _Server(self.config, self.host, self.request_sync) if self.serving else None
             if server is not None:
                 listen = server.start()
             state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
@@ -210,7 +210,9 @@ class Daemon:
 class _Server:
     """uvicorn serving the OIP v2 app in a thread beside the update loop."""
 
-    def __init__(self, config: EdgeConfig, host: EngineHost) -> None:
+    def __init__(
+        self, config: EdgeConfig, host: EngineHost, request_sync: Callable[[], None]
+    ) -> None:
         import uvicorn
 
         from edge_sync.metrics import Metrics
@@ -227,7 +229,8 @@ class _Server:
             [m.name for m in config.models],
             lambda: status_document(config),
             __version__,
-            self.metrics,
+            metrics=self.metrics,
+            request_sync=request_sync,
         )
         address, _, port = config.serve.listen.rpartition(":")
         self.address = address.strip("[]")

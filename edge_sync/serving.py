@@ -60,7 +60,9 @@ def create_app(
     models: list[str],
     status: Callable[[], Mapping[str, Any]],
     version: str,
+    *,
     metrics: Metrics | None = None,
+    request_sync: Callable[[], None] | None = None,
 ) -> Starlette:
     """The OIP v2 application serving ``models`` from ``host``.
 
@@ -70,14 +72,55 @@ def create_app(
         status: the ``edge status --json`` document, made on demand.
         version: this server's version (``/v2``).
         metrics: where requests are counted (``/metrics``); a fresh one by default.
+        request_sync: asks the daemon to sync now (``POST /v2/repository/sync``, from
+            loopback only).
     """
-    metrics = metrics or Metrics()
+    api = _Api(host, models, status, version, metrics or Metrics(), request_sync)
+    routes = [
+        Route("/v2/health/live", api.live),
+        Route("/v2/health/ready", api.ready),
+        Route("/v2", api.server),
+        Route("/v2/models/{model}", api.metadata),
+        Route("/v2/models/{model}/versions/{version}", api.metadata),
+        Route("/v2/models/{model}/ready", api.model_ready),
+        Route("/v2/models/{model}/versions/{version}/ready", api.model_ready),
+        Route("/v2/models/{model}/config", api.model_config),
+        Route("/v2/models/{model}/versions/{version}/config", api.model_config),
+        Route("/v2/models/{model}/infer", api.infer, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", api.infer, methods=["POST"]),
+        Route("/v2/repository/index", api.repository_index, methods=["POST"]),
+        Route("/v2/repository/sync", api.repository_sync, methods=["POST"]),
+        Route("/status", api.status_route),
+        Route("/metrics", api.metrics_route),
+    ]
+    return Starlette(routes=routes)
 
-    def engine_for(request: Request) -> Any:
+
+class _Api:
+    """The route handlers, over one host and its subscribed models."""
+
+    def __init__(  # noqa: PLR0917 - built once, by create_app
+        self,
+        host: EngineHost,
+        models: list[str],
+        status: Callable[[], Mapping[str, Any]],
+        version: str,
+        metrics: Metrics,
+        request_sync: Callable[[], None] | None,
+    ) -> None:
+        self.host, self.models, self.status, self.version = host, models, status, version
+        self.metrics, self.request_sync = metrics, request_sync
+
+    def engine_for(self, request: Request) -> Any:
+        """The engine serving the request's model (and version, when named).
+
+        Raises:
+            _RefusedError: unknown model (404), not loaded yet (503), no such version (404).
+        """
         name = request.path_params["model"]
-        if name not in models:
+        if name not in self.models:
             raise _RefusedError(404, f"unknown model {name!r}")
-        engine = host.current(name)
+        engine = self.host.current(name)
         if engine is None:
             raise _RefusedError(503, f"model {name!r} is not loaded yet")
         wanted = request.path_params.get("version")
@@ -85,19 +128,19 @@ def create_app(
             raise _RefusedError(404, f"model {name!r} has no loaded version {wanted!r}")
         return engine
 
-    async def live(_: Request) -> JSONResponse:
+    async def live(self, _: Request) -> JSONResponse:
         return JSONResponse({"live": True})
 
-    async def ready(_: Request) -> JSONResponse:
-        ok = all(host.current(m) is not None for m in models)
+    async def ready(self, _: Request) -> JSONResponse:
+        ok = all(self.host.current(m) is not None for m in self.models)
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
-    async def server(_: Request) -> JSONResponse:
-        return JSONResponse({"name": "modelreg", "version": version, "extensions": []})
+    async def server(self, _: Request) -> JSONResponse:
+        return JSONResponse({"name": "modelreg", "version": self.version, "extensions": []})
 
-    async def metadata(request: Request) -> JSONResponse:
+    async def metadata(self, request: Request) -> JSONResponse:
         try:
-            engine = engine_for(request)
+            engine = self.engine_for(request)
         except _RefusedError as e:
             return _error(e.status, str(e))
         return JSONResponse(
@@ -105,37 +148,56 @@ def create_app(
                 "name": engine.model,
                 "versions": [engine.version],
                 "platform": "onnxruntime_onnx",
-                "inputs": [
-                    {"name": n, "datatype": DATATYPES.get(t, t), "shape": _dims(s)}
-                    for n, t, s in getattr(engine, "inputs", [])
-                ],
-                "outputs": [
-                    {"name": n, "datatype": DATATYPES.get(t, t), "shape": _dims(s)}
-                    for n, t, s in getattr(engine, "outputs", [])
-                ],
+                "inputs": _specs(getattr(engine, "inputs", [])),
+                "outputs": _specs(getattr(engine, "outputs", [])),
             }
         )
 
-    async def model_ready(request: Request) -> JSONResponse:
+    async def model_ready(self, request: Request) -> JSONResponse:
         try:
-            engine_for(request)
+            self.engine_for(request)
         except _RefusedError as e:
             return _error(e.status, str(e))
         return JSONResponse({"name": request.path_params["model"], "ready": True})
 
-    async def infer(request: Request) -> JSONResponse:
+    async def model_config(self, request: Request) -> JSONResponse:
+        """The model's configuration as Triton's clients read it."""
+        try:
+            engine = self.engine_for(request)
+        except _RefusedError as e:
+            return _error(e.status, str(e))
+
+        def tensors(specs: list[Any]) -> list[dict[str, Any]]:
+            return [
+                {"name": s["name"], "dims": s["shape"],
+                 "data_type": "TYPE_" + s["datatype"].replace("BYTES", "STRING")}
+                for s in _specs(specs)
+            ]  # fmt: skip
+
+        return JSONResponse(
+            {
+                "name": engine.model,
+                "platform": "onnxruntime_onnx",
+                "backend": "onnxruntime",
+                "max_batch_size": 0,
+                "input": tensors(getattr(engine, "inputs", [])),
+                "output": tensors(getattr(engine, "outputs", [])),
+            }
+        )
+
+    async def infer(self, request: Request) -> JSONResponse:
         start = time.perf_counter()
         name = request.path_params["model"]
-        response = await _infer(request)
+        response = await self._infer(request)
         version = response.headers.get("x-model-version", "")
         outcome = "ok" if response.status_code == 200 else f"http_{response.status_code}"
-        if name in models:  # unknown names are not label values
-            metrics.request(name, version, outcome, time.perf_counter() - start)
+        if name in self.models:  # unknown names are not label values
+            self.metrics.request(name, version, outcome, time.perf_counter() - start)
         return response
 
-    async def _infer(request: Request) -> JSONResponse:
+    async def _infer(self, request: Request) -> JSONResponse:
         try:
-            engine = engine_for(request)  # held until the answer: a swap cannot break it
+            engine = self.engine_for(request)  # held until the answer: a swap cannot break it
             inputs, wanted, request_id = _parse_request(await _json_body(request), engine)
             try:
                 results = await run_in_threadpool(engine.run, inputs, wanted)
@@ -153,26 +215,39 @@ def create_app(
             answer["id"] = request_id
         return JSONResponse(answer, headers={"x-model-version": engine.version})
 
-    async def status_route(_: Request) -> JSONResponse:
-        return JSONResponse(await run_in_threadpool(status))
+    async def repository_index(self, _: Request) -> JSONResponse:
+        """Every subscribed model and whether it is served (Triton's repository index)."""
+        index = []
+        for name in self.models:
+            engine = self.host.current(name)
+            index.append(
+                {"name": name, "version": engine.version, "state": "READY", "reason": ""}
+                if engine is not None
+                else {"name": name, "version": "", "state": "UNAVAILABLE",
+                      "reason": "not installed yet"}
+            )  # fmt: skip
+        return JSONResponse(index)
 
-    async def metrics_route(_: Request) -> Response:
-        return Response(metrics.text(), media_type=CONTENT_TYPE)
+    async def repository_sync(self, request: Request) -> JSONResponse:
+        """Sync now (what SIGHUP does); only from this machine."""
+        client = request.client.host if request.client else ""
+        if client not in ("127.0.0.1", "::1"):
+            return _error(403, "a sync is asked for from this machine only")
+        if self.request_sync is None:
+            return _error(503, "this server runs no update loop")
+        self.request_sync()
+        return JSONResponse({"sync": "requested"})
 
-    routes = [
-        Route("/v2/health/live", live),
-        Route("/v2/health/ready", ready),
-        Route("/v2", server),
-        Route("/v2/models/{model}", metadata),
-        Route("/v2/models/{model}/versions/{version}", metadata),
-        Route("/v2/models/{model}/ready", model_ready),
-        Route("/v2/models/{model}/versions/{version}/ready", model_ready),
-        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
-        Route("/status", status_route),
-        Route("/metrics", metrics_route),
-    ]
-    return Starlette(routes=routes)
+    async def status_route(self, _: Request) -> JSONResponse:
+        return JSONResponse(await run_in_threadpool(self.status))
+
+    async def metrics_route(self, _: Request) -> Response:
+        return Response(self.metrics.text(), media_type=CONTENT_TYPE)
+
+
+def _specs(specs: list[Any]) -> list[dict[str, Any]]:
+    """(name, ORT type, shape) as the protocol's tensor metadata."""
+    return [{"name": n, "datatype": DATATYPES.get(t, t), "shape": _dims(s)} for n, t, s in specs]
 
 
 async def _json_body(request: Request) -> object:

@@ -90,6 +90,22 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         assert "values for shape [3, 16]" in answer["error"]
         wrong = {"inputs": [dict(request["inputs"][0], datatype="INT64")]}  # type: ignore[arg-type]
         assert _call(base, "/v2/models/mlp/infer", wrong)[0] == 400
+        code, config_doc = _call(base, "/v2/models/mlp/config")
+        assert code == 200
+        assert config_doc["input"] == [
+            {"name": "input", "dims": [-1, 16], "data_type": "TYPE_FP32"}
+        ]
+        assert config_doc["backend"] == "onnxruntime"
+        code, index = _call(base, "/v2/repository/index", {})
+        assert (code, index) == (
+            200, [{"name": "mlp", "version": "1.0.0", "state": "READY", "reason": ""}]
+        )  # fmt: skip
+        before = _call(base, "/status")[1]["sync"]["last_checked"]
+        assert _call(base, "/v2/repository/sync", {}) == (200, {"sync": "requested"})
+        deadline = time.monotonic() + 30  # the poll interval is an hour: only the request
+        while _call(base, "/status")[1]["sync"]["last_checked"] == before:
+            assert time.monotonic() < deadline, "no sync followed the request"
+            time.sleep(0.1)
         code, status = _call(base, "/status")
         assert code == 200
         assert status["models"]["mlp"]["serving"]["version"] == "1.0.0"
