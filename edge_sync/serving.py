@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
@@ -34,6 +35,8 @@ __all__ = ["MAX_BODY_BYTES", "create_app"]
 
 MAX_BODY_BYTES: Final = 64 << 20
 """Largest request body accepted (larger ones get 413)."""
+HEADER_LENGTH: Final = "inference-header-content-length"
+"""Where the JSON header of a binary-data request or response ends."""
 MAX_ELEMENTS: Final = 1 << 24
 """Most values one input tensor may hold."""
 
@@ -136,7 +139,9 @@ class _Api:
         return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
 
     async def server(self, _: Request) -> JSONResponse:
-        return JSONResponse({"name": "modelreg", "version": self.version, "extensions": []})
+        return JSONResponse(
+            {"name": "modelreg", "version": self.version, "extensions": ["binary_tensor_data"]}
+        )
 
     async def metadata(self, request: Request) -> JSONResponse:
         try:
@@ -185,7 +190,7 @@ class _Api:
             }
         )
 
-    async def infer(self, request: Request) -> JSONResponse:
+    async def infer(self, request: Request) -> Response:
         start = time.perf_counter()
         name = request.path_params["model"]
         response = await self._infer(request)
@@ -195,25 +200,36 @@ class _Api:
             self.metrics.request(name, version, outcome, time.perf_counter() - start)
         return response
 
-    async def _infer(self, request: Request) -> JSONResponse:
+    async def _infer(self, request: Request) -> Response:
         try:
             engine = self.engine_for(request)  # held until the answer: a swap cannot break it
-            inputs, wanted, request_id = _parse_request(await _json_body(request), engine)
+            doc, binary = await _read_body(request)
+            parsed = _parse_request(doc, engine, binary)
             try:
-                results = await run_in_threadpool(engine.run, inputs, wanted)
+                results = await run_in_threadpool(engine.run, parsed.inputs, parsed.wanted)
             except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
                 first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
                 raise _RefusedError(400, f"inference failed: {first}") from None
         except _RefusedError as e:
             return _error(e.status, str(e))
+        tail = bytearray()
         answer: dict[str, Any] = {
             "model_name": engine.model,
             "model_version": engine.version,
-            "outputs": [_tensor_json(name, value) for name, value in results.items()],
+            "outputs": [
+                _tensor_json(name, value, tail if name in parsed.binary_outputs else None)
+                for name, value in results.items()
+            ],
         }
-        if request_id is not None:
-            answer["id"] = request_id
-        return JSONResponse(answer, headers={"x-model-version": engine.version})
+        if parsed.request_id is not None:
+            answer["id"] = parsed.request_id
+        headers = {"x-model-version": engine.version}
+        if not tail:
+            return JSONResponse(answer, headers=headers)
+        header = json.dumps(answer, separators=(",", ":")).encode()
+        headers[HEADER_LENGTH] = str(len(header))
+        return Response(header + bytes(tail), media_type="application/octet-stream",
+                        headers=headers)  # fmt: skip
 
     async def repository_index(self, _: Request) -> JSONResponse:
         """Every subscribed model and whether it is served (Triton's repository index)."""
@@ -250,11 +266,13 @@ def _specs(specs: list[Any]) -> list[dict[str, Any]]:
     return [{"name": n, "datatype": DATATYPES.get(t, t), "shape": _dims(s)} for n, t, s in specs]
 
 
-async def _json_body(request: Request) -> object:
-    """The request's JSON body, read within :data:`MAX_BODY_BYTES`.
+async def _read_body(request: Request) -> tuple[object, bytes]:
+    """The request's JSON document and the binary tensor data after it, read within
+    :data:`MAX_BODY_BYTES` (the binary data extension: ``Inference-Header-Content-Length``
+    says where the JSON ends).
 
     Raises:
-        _RefusedError: too large (413) or not JSON (400).
+        _RefusedError: too large (413), not JSON or a bad header length (400).
     """
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
@@ -264,73 +282,181 @@ async def _json_body(request: Request) -> object:
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise _RefusedError(413, f"request body over {MAX_BODY_BYTES} bytes")
+    split = request.headers.get(HEADER_LENGTH)
+    if split is not None and (not split.isdigit() or int(split) > len(body)):
+        raise _RefusedError(400, f"{HEADER_LENGTH}: {split[:20]!r} is not a length in the body")
+    cut = int(split) if split is not None else len(body)
     try:
-        return json.loads(body)
+        return json.loads(body[:cut]), bytes(body[cut:])
     except (ValueError, RecursionError):
-        raise _RefusedError(400, "the request body is not JSON") from None
+        raise _RefusedError(400, "the request's JSON header is not JSON") from None
 
 
-def _parse_request(doc: object, engine: Any) -> tuple[dict[str, Any], list[str] | None, Any]:
-    """Inputs as arrays, the outputs asked for, and the request id.
+@dataclass
+class _Parsed:
+    """An inference request, read: inputs as arrays, outputs asked for (None: all),
+    which of them go back as binary data, and the request's id."""
+
+    inputs: dict[str, Any]
+    wanted: list[str] | None
+    binary_outputs: set[str]
+    request_id: Any
+
+
+def _parse_request(doc: object, engine: Any, binary: bytes = b"") -> _Parsed:
+    """Read an inference request (JSON tensors, or binary ones after the header).
 
     Raises:
         _RefusedError: not an inference request, or a tensor whose data does not fit.
     """
-    import numpy as np
-
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise _RefusedError(400, "an inference request needs an 'inputs' list")
     declared = {n: t for n, t, _ in getattr(engine, "inputs", [])}
     arrays: dict[str, Any] = {}
+    offset = 0
     for item in doc["inputs"]:
         if not isinstance(item, dict):
             raise _RefusedError(400, "each input is an object with name, shape, datatype, data")
-        name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
-        if not isinstance(name, str) or name not in declared:
-            raise _RefusedError(400, f"unknown input {name!r} (the model takes {sorted(declared)})")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
-            raise _RefusedError(400, f"input {name!r}: shape must be a list of sizes")
-        count = int(np.prod(shape)) if shape else 1
-        if count > MAX_ELEMENTS:
-            raise _RefusedError(413, f"input {name!r}: {count} values, over {MAX_ELEMENTS}")
-        expected = DATATYPES.get(declared[name], "")
-        if datatype != expected:
-            raise _RefusedError(
-                400, f"input {name!r}: datatype {datatype!r}, the model takes {expected}"
-            )
-        try:
-            data = np.asarray(item.get("data"), dtype=NUMPY_DTYPES[expected])
-        except (TypeError, ValueError, OverflowError):
-            raise _RefusedError(400, f"input {name!r}: data is not {datatype}") from None
-        if data.size != count:
-            raise _RefusedError(400, f"input {name!r}: {data.size} values for shape {shape}")
-        arrays[name] = data.reshape(shape)
+        name, array, offset = _input(item, declared, binary, offset)
+        arrays[name] = array
     missing = sorted(set(declared) - set(arrays))
     if missing:
         raise _RefusedError(400, f"missing input(s) {missing}")
+    if offset != len(binary):
+        raise _RefusedError(400, f"{len(binary) - offset} bytes of binary data no input names")
+    wanted, binary_out = _outputs(doc, [n for n, _, _ in getattr(engine, "outputs", [])])
+    return _Parsed(arrays, wanted, binary_out, doc.get("id"))
+
+
+def _input(
+    item: Mapping[str, Any], declared: Mapping[str, str], binary: bytes, offset: int
+) -> tuple[str, Any, int]:
+    """One input tensor: its name, its array, and where the next binary data starts.
+
+    Raises:
+        _RefusedError: unknown, a bad shape or datatype, or data that does not fit.
+    """
+    import numpy as np
+
+    name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
+    if not isinstance(name, str) or name not in declared:
+        raise _RefusedError(400, f"unknown input {name!r} (the model takes {sorted(declared)})")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise _RefusedError(400, f"input {name!r}: shape must be a list of sizes")
+    count = int(np.prod(shape)) if shape else 1
+    if count > MAX_ELEMENTS:
+        raise _RefusedError(413, f"input {name!r}: {count} values, over {MAX_ELEMENTS}")
+    expected = DATATYPES.get(declared[name], "")
+    if datatype != expected:
+        raise _RefusedError(
+            400, f"input {name!r}: datatype {datatype!r}, the model takes {expected}"
+        )
+    size = _binary_size(item)
+    if size is not None and offset + size > len(binary):
+        raise _RefusedError(400, f"input {name!r}: binary data past the body's end")
+    try:
+        if size is None:
+            data = np.asarray(item.get("data"), dtype=NUMPY_DTYPES[expected])
+        else:
+            data = _from_binary(binary[offset : offset + size], expected, count)
+            offset += size
+    except (TypeError, ValueError, OverflowError):
+        raise _RefusedError(400, f"input {name!r}: data is not {datatype}") from None
+    if data.size != count:
+        raise _RefusedError(400, f"input {name!r}: {data.size} values for shape {shape}")
+    return name, data.reshape(shape), offset
+
+
+def _outputs(doc: Mapping[str, Any], known: list[str]) -> tuple[list[str] | None, set[str]]:
+    """The outputs asked for (None: all) and which go back as binary data.
+
+    Raises:
+        _RefusedError: an unknown output.
+    """
+    params = doc.get("parameters")
+    all_binary = isinstance(params, dict) and bool(params.get("binary_data_output"))
+    binary_out = set(known) if all_binary else set()
     outputs = doc.get("outputs")
-    wanted: list[str] | None = None
-    if isinstance(outputs, list):
-        wanted = [str(o.get("name")) for o in outputs if isinstance(o, dict)]
-        known = {n for n, _, _ in getattr(engine, "outputs", [])}
-        unknown = [w for w in wanted if w not in known]
-        if unknown:
-            raise _RefusedError(400, f"unknown output(s) {unknown}")
-    return arrays, wanted, doc.get("id")
+    if not isinstance(outputs, list):
+        return None, binary_out
+    wanted = [str(o.get("name")) for o in outputs if isinstance(o, dict)]
+    unknown = [w for w in wanted if w not in known]
+    if unknown:
+        raise _RefusedError(400, f"unknown output(s) {unknown}")
+    for o in outputs:
+        p = o.get("parameters") if isinstance(o, dict) else None
+        if isinstance(p, dict) and "binary_data" in p:
+            if p["binary_data"]:
+                binary_out.add(str(o["name"]))
+            else:
+                binary_out.discard(str(o["name"]))
+    return wanted, binary_out
 
 
-def _tensor_json(name: str, value: Any) -> dict[str, Any]:
+def _binary_size(item: Mapping[str, Any]) -> int | None:
+    params = item.get("parameters")
+    size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if size is None:
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise _RefusedError(400, f"input {item.get('name')!r}: binary_data_size is not a size")
+    return size
+
+
+def _from_binary(raw: bytes, datatype: str, count: int) -> Any:
+    """One tensor's values from its binary data (little-endian; BYTES as 4-byte
+    length-prefixed elements).
+
+    Raises:
+        ValueError: the bytes do not hold ``count`` values of ``datatype``.
+    """
+    import numpy as np
+
+    if datatype == "BYTES":
+        items, pos = [], 0
+        while pos < len(raw):
+            if pos + 4 > len(raw):
+                raise ValueError("a BYTES element's length is cut")
+            n = int.from_bytes(raw[pos : pos + 4], "little")
+            items.append(raw[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+        if pos != len(raw) or len(items) != count:
+            raise ValueError("BYTES elements do not match the shape")
+        return np.array(items, dtype=object)
+    dtype = np.dtype(NUMPY_DTYPES[datatype]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise ValueError(f"{len(raw)} bytes for {count} values of {datatype}")
+    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
+
+
+def _to_binary(array: Any) -> bytes:
+    import numpy as np
+
+    if array.dtype.kind in "OUS":
+        out = bytearray()
+        for item in array.reshape(-1):
+            data = item if isinstance(item, bytes) else str(item).encode()
+            out += len(data).to_bytes(4, "little") + data
+        return bytes(out)
+    return np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
+
+
+def _tensor_json(name: str, value: Any, binary: bytearray | None = None) -> dict[str, Any]:
+    """One output as the protocol writes it; with ``binary``, its data is appended there
+    and the JSON gives only its size."""
     import numpy as np
 
     array = np.asarray(value)
     kind = {"b": "BOOL", "O": "BYTES", "U": "BYTES", "S": "BYTES"}.get(array.dtype.kind)
     datatype = kind or {v: k for k, v in NUMPY_DTYPES.items()}.get(str(array.dtype), "FP32")
-    data = array.astype(str) if kind == "BYTES" else array
-    return {
-        "name": name,
-        "shape": list(array.shape),
-        "datatype": datatype,
-        "data": data.reshape(-1).tolist(),
-    }
+    tensor: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
+    if binary is not None:
+        data = _to_binary(array)
+        binary += data
+        tensor["parameters"] = {"binary_data_size": len(data)}
+        return tensor
+    decoded = array.astype(str) if kind == "BYTES" else array
+    tensor["data"] = decoded.reshape(-1).tolist()
+    return tensor

@@ -90,6 +90,7 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         assert "values for shape [3, 16]" in answer["error"]
         wrong = {"inputs": [dict(request["inputs"][0], datatype="INT64")]}  # type: ignore[arg-type]
         assert _call(base, "/v2/models/mlp/infer", wrong)[0] == 400
+        _binary_round_trip(base, x, expected)
         code, config_doc = _call(base, "/v2/models/mlp/config")
         assert code == 200
         assert config_doc["input"] == [
@@ -118,9 +119,9 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
             if line and not line.startswith("#")
         }
         ok = 'modelreg_requests_total{model="mlp",outcome="ok",version="1.0.0"}'
-        assert samples[ok] == 2.0
-        assert samples['modelreg_requests_total{model="mlp",outcome="http_400",version=""}'] == 2.0
-        assert samples['modelreg_request_seconds_count{model="mlp"}'] == 5.0
+        assert samples[ok] == 3.0  # JSON, JSON by version, binary
+        assert samples['modelreg_requests_total{model="mlp",outcome="http_400",version=""}'] == 3.0
+        assert samples['modelreg_request_seconds_count{model="mlp"}'] == 7.0
         assert samples['modelreg_updates_total{model="mlp",result="installed"}'] == 1.0
         assert samples['modelreg_swaps_total{model="mlp"}'] == 1.0
         assert samples['modelreg_update_stage_seconds_count{stage="fetch"}'] == 1.0
@@ -133,3 +134,40 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+def _binary_round_trip(base: str, x: Any, expected: Any) -> None:
+    """The binary tensor data extension, both ways: raw float32 after a JSON header."""
+    header = json.dumps({
+        "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes}}],
+        "outputs": [{"name": "probs", "parameters": {"binary_data": True}}],
+    }).encode()  # fmt: skip
+    body = header + x.astype("<f4").tobytes()
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        f"{base}/v2/models/mlp/infer", data=body, method="POST",
+        headers={"Inference-Header-Content-Length": str(len(header)),
+                 "Content-Type": "application/octet-stream"},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
+        split = int(response.headers["Inference-Header-Content-Length"])
+        raw = response.read()
+    answer = json.loads(raw[:split])
+    (out,) = answer["outputs"]
+    assert "data" not in out
+    size = out["parameters"]["binary_data_size"]
+    got = np.frombuffer(raw[split : split + size], dtype="<f4").reshape(out["shape"])
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # a size that does not fit the shape is one error line
+    short = header.replace(
+        f'"binary_data_size": {x.nbytes}'.encode(), f'"binary_data_size": {x.nbytes - 4}'.encode()
+    )
+    request = urllib.request.Request(  # noqa: S310 - loopback
+        f"{base}/v2/models/mlp/infer", data=short + x.astype("<f4").tobytes()[:-4],
+        method="POST", headers={"Inference-Header-Content-Length": str(len(short))},
+    )  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30).close()  # noqa: S310 - loopback
+    with refused.value as error:
+        assert error.code == 400
+        assert "data is not FP32" in json.loads(error.read())["error"]
