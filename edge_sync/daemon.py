@@ -30,7 +30,7 @@ from typing import Any, Final
 from edge_sync.config import EdgeConfig
 from edge_sync.engine import EngineHost, InProcessHost
 from edge_sync.limits import TrustLimits
-from edge_sync.state import DaemonInfo, StateDir, now_iso
+from edge_sync.state import DaemonInfo, StateDir, now_iso, reason_text
 from edge_sync.trust import TRUST_DIR, DeviceTrust
 from edge_sync.updater import StoppedError, SyncReport, Updater
 from registry.errors import UsageError
@@ -191,7 +191,8 @@ class Daemon:
             )
             problems = updater.resume()
             for model, problem in problems.items():
-                print(f"modelreg edge: {model}: not served at start: {problem}", file=sys.stderr)
+                said = reason_text(problem)
+                print(f"modelreg edge: {model}: not served at start: {said}", file=sys.stderr)
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
             self._loop(updater, wakeup, server)
             _notify("STOPPING=1")
@@ -271,7 +272,7 @@ def _guarded(updater: Updater) -> SyncReport:
     except StoppedError as e:
         return SyncReport("failed", str(e))
     except Exception as e:  # noqa: BLE001 - the daemon outlives its bugs
-        reason = f"internal error: {type(e).__name__}: {e}"
+        reason = reason_text(f"internal error: {type(e).__name__}: {e}")
         print(f"modelreg edge: {reason}", file=sys.stderr, flush=True)
         return SyncReport("failed", reason)
 

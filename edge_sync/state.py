@@ -36,7 +36,8 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from registry.atomic import fsync_dir, replace_file, write_atomic
-from registry.errors import RegistryError
+from registry.errors import RegistryError, one_line
+from registry.redact import redact
 
 __all__ = [
     "BLOBS_DIR",
@@ -76,6 +77,23 @@ class StateError(RegistryError):
 
 class LockedError(RegistryError):
     """Another daemon holds the state dir."""
+
+
+REASON_LIMIT: Final = 500
+"""Characters of a recorded reason (a remote's message is cut there)."""
+
+
+def reason_text(text: str) -> str:
+    """A reason as the device records and shows it: one line of printable text, at
+    most :data:`REASON_LIMIT` characters, secrets redacted.
+
+    Reasons quote what remotes said (a git host's error line, an S3 error code) and the
+    URLs the device was given, which may carry credentials; ``/status`` serves them over
+    HTTP and ``edge status`` prints them on a terminal, where an escape sequence from a
+    remote would act.
+    """
+    printable = "".join(ch if ch.isprintable() else " " for ch in text)
+    return one_line(redact(printable), REASON_LIMIT)
 
 
 def now_iso() -> str:

@@ -49,6 +49,7 @@ from edge_sync.state import (
     SyncInfo,
     UpdateRecord,
     now_iso,
+    reason_text,
 )
 from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts
 from edge_sync.watcher import GitError, GitWatcher
@@ -377,6 +378,7 @@ class Updater:
     def _device_failure(
         self, state: DeviceState, reason: str, commit: str | None = None
     ) -> SyncReport:
+        reason = reason_text(reason)
         state = state.model_copy(update={"sync": SyncInfo(
             last_checked=now_iso(), result="failed", reason=reason,
             commit=commit or state.sync.commit)})  # fmt: skip
@@ -746,4 +748,4 @@ def _said(method: str) -> Literal["delta", "full", "cached"]:
 
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:500]
+    return reason_text(text[0] if text else type(error).__name__)

@@ -383,3 +383,39 @@ def test_a_storm_of_sighup_never_deadlocks_the_loop() -> None:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_what_a_remote_says_reaches_status_as_plain_text_without_secrets(rig: EdgeRig) -> None:
+    """Reasons quote remotes and URLs: a URL's password never reaches state.json, ``edge
+    status`` or ``/status``, and a git host's escape sequences reach no terminal."""
+    import json
+    import socket
+
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import status_document
+    from tests.edge._evil_git import serve
+
+    rig.sync()
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    secret = "s3cret-password-42"  # noqa: S105 - planted to be found
+    url = f"http://deploy:{secret}@127.0.0.1:{port}/fleet.git"
+    report = rig.sync(repository={"url": url, "branch": "main"})
+    assert report.result == "failed"
+    assert secret not in (report.reason or "")
+    assert "http://***@127.0.0.1" in (report.reason or "")
+    assert secret not in (rig.tmp / "device/state/state.json").read_text()
+    config = load_edge_config(rig.config(repository={"url": url, "branch": "main"}))
+    assert secret not in json.dumps(status_document(config))
+
+    srv, evil = serve(b"ERR \x1b]0;owned\x07\x1b[2J\x1b[31mred\r\nno such repo\n")
+    try:
+        report = rig.sync(repository={"url": evil, "branch": "main"})
+    finally:
+        srv.close()
+    said = report.reason or ""
+    assert report.result == "failed"
+    assert "no such repo" in said or "red" in said
+    assert all(ch.isprintable() for ch in said), repr(said)
+    assert "\x1b" not in rig.state().sync.reason  # type: ignore[operator]
