@@ -10,7 +10,6 @@ With systemd it reports readiness and status through ``NOTIFY_SOCKET`` (``Type=n
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import select
@@ -31,9 +30,10 @@ from edge_sync.config import EdgeConfig
 from edge_sync.engine import EngineHost, InProcessHost
 from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, now_iso, reason_text
-from edge_sync.trust import TRUST_DIR, DeviceTrust
+from edge_sync.trust import DeviceTrust, trusted_role
 from edge_sync.updater import StoppedError, SyncReport, Updater
 from registry.errors import UsageError
+from signing.errors import VerificationError
 
 __all__ = ["Daemon", "backoff_delay", "next_delay", "status_document", "systemd_unit"]
 
@@ -296,15 +296,6 @@ def _provision(config: EdgeConfig, state: StateDir) -> None:
     DeviceTrust.provision(state.root, data)
 
 
-def _role_expiry(state_root: Path, role: str) -> tuple[int | None, str | None]:
-    path = state_root / TRUST_DIR / "metadata" / f"{role}.json"
-    try:
-        signed = json.loads(path.read_bytes())["signed"]
-        return int(signed["version"]), str(signed["expires"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None, None
-
-
 def status_document(config: EdgeConfig) -> dict[str, Any]:
     """``edge status --json`` (SPEC section 7): read from the state dir, whether the
     daemon runs or not.
@@ -316,11 +307,13 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
     running = state_dir.locked_by_other()
     info = state_dir.daemon_info() if running else None
     state = state_dir.load()
-    version, expires = _role_expiry(state_dir.root, "timestamp")
-    stale = None
-    if expires is not None:
-        with contextlib.suppress(ValueError):
-            stale = datetime.fromisoformat(expires.replace("Z", "+00:00")) <= datetime.now(UTC)
+    try:
+        timestamp = trusted_role(state_dir.root, "timestamp")
+    except VerificationError:
+        timestamp = None
+    version = timestamp.version if timestamp else None
+    expires = timestamp.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if timestamp else None
+    stale = timestamp.expires <= datetime.now(UTC) if timestamp else None
     models: dict[str, Any] = {}
     for sub in config.models:
         model = state.models.get(sub.name)

@@ -359,11 +359,9 @@ class DeviceTrust:
         """
         states: dict[str, RoleState] = {}
         for role in ("root", *ONLINE_ROLES):
-            path = self._dir / "metadata" / f"{role}.json"
-            if path.is_file():
-                with _translated(str(path)):
-                    signed = Metadata.from_bytes(path.read_bytes()).signed
-                states[role] = RoleState(signed.version, signed.expires)
+            state = trusted_role(self._dir.parent, role)
+            if state is not None:
+                states[role] = state
         return states
 
     def _refreshed(self) -> Updater:
@@ -454,6 +452,21 @@ class DeviceTrust:
             )
 
 
+def trusted_role(state_dir: Path, role: str) -> RoleState | None:
+    """Version and expiry of ``role`` as the device last verified it (None before the
+    first refresh): read from the state dir, where only verified metadata is stored.
+
+    Raises:
+        VerificationError: the file there is unreadable.
+    """
+    path = state_dir / TRUST_DIR / "metadata" / f"{role}.json"
+    if not path.is_file():
+        return None
+    with _translated(str(path)):
+        signed = Metadata.from_bytes(path.read_bytes()).signed
+    return RoleState(signed.version, signed.expires)
+
+
 def expect_facts(
     target: SignedTarget,
     *,
@@ -488,4 +501,5 @@ __all__ = [
     "SignedTarget",
     "TrustLimits",
     "expect_facts",
+    "trusted_role",
 ]

@@ -51,7 +51,7 @@ from edge_sync.state import (
     now_iso,
     reason_text,
 )
-from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts
+from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts, trusted_role
 from edge_sync.watcher import GitError, GitWatcher
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
@@ -367,13 +367,11 @@ class Updater:
     def _trust_expired(self) -> bool:
         """Whether the trusted timestamp has expired (then an idle poll verifies again,
         and reports the freeze instead of "current")."""
-        path = self.state.root / "trust" / "metadata" / "timestamp.json"
         try:
-            expires = json.loads(path.read_bytes())["signed"]["expires"]
-            when = datetime.fromisoformat(str(expires).replace("Z", "+00:00"))
-        except (OSError, ValueError, KeyError, TypeError):
+            timestamp = trusted_role(self.state.root, "timestamp")
+        except VerificationError:
             return True  # unreadable: verify
-        return when <= _now()
+        return timestamp is None or timestamp.expires <= _now()
 
     def _device_failure(
         self, state: DeviceState, reason: str, commit: str | None = None

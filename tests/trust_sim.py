@@ -282,6 +282,19 @@ class RepoSim:
         return data
 
 
+def online_signers(keys_dir: Path, pattern: str = "{role}.key") -> dict[str, CryptoSigner]:
+    """The online roles' signers from a repository's key folder (``pattern`` names each
+    role's file, e.g. ``{role}.*.key.old`` for the keys ``keys rotate`` replaced)."""
+    from signing.keys import load_private_key
+
+    signers = {}
+    for role in ONLINE_ROLES:
+        (path,) = keys_dir.glob(pattern.format(role=role))
+        key = load_private_key(path)
+        signers[role] = CryptoSigner(key, public_key_of(key))
+    return signers
+
+
 def sign_online(
     folder: Path,
     signers: Mapping[str, Signer],

@@ -17,7 +17,6 @@ import pytest
 from securesystemslib.signer import CryptoSigner
 
 from signing.errors import SignatureError, TrustFetchError
-from signing.keys import load_private_key, public_key_of
 from signing.tuf_facts import TargetFacts
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import (
@@ -28,7 +27,7 @@ from signing.tuf_roles import (
 )
 from tests.adversarial.conftest import ARTIFACT, Fleet
 from tests.conftest import Result, git
-from tests.trust_sim import sign_online
+from tests.trust_sim import online_signers, sign_online
 
 pytestmark = pytest.mark.integration
 
@@ -50,12 +49,7 @@ def _problems(result: Result) -> list[str]:
 
 def _old_signers(fleet: Fleet) -> dict[str, CryptoSigner]:
     """The replaced online keys that ``keys rotate`` kept beside the new ones."""
-    signers = {}
-    for role in ONLINE_ROLES:
-        (old,) = (fleet.root / ".modelreg/keys").glob(f"{role}.*.key.old")
-        key = load_private_key(old)
-        signers[role] = CryptoSigner(key, public_key_of(key))
-    return signers
+    return online_signers(fleet.root / ".modelreg/keys", "{role}.*.key.old")
 
 
 def _forge_release(fleet: Fleet, signers: Mapping[str, CryptoSigner]) -> None:

@@ -27,20 +27,15 @@ from signing.tuf_roles import (
 )
 from tests.conftest import git
 from tests.edge.conftest import EdgeRig
-from tests.trust_sim import sign_online
+from tests.trust_sim import online_signers, sign_online
 
 pytestmark = pytest.mark.integration
 
 ARTIFACT = artifact_path("mlp", "1.1.0")
 
 
-def _signers(rig: EdgeRig, suffix: str = ".key") -> dict[str, CryptoSigner]:
-    signers = {}
-    for role in ONLINE_ROLES:
-        (path,) = (rig.root / ".modelreg/keys").glob(f"{role}*{suffix}")
-        key = load_private_key(path)
-        signers[role] = CryptoSigner(key, public_key_of(key))
-    return signers
+def _signers(rig: EdgeRig, pattern: str = "{role}.key") -> dict[str, CryptoSigner]:
+    return online_signers(rig.root / ".modelreg/keys", pattern)
 
 
 def _release(
@@ -113,7 +108,7 @@ def test_keys_rotated_away_sign_nothing_a_device_accepts(rig: EdgeRig) -> None:
     forged = b"weights that were never reviewed"
     files[ARTIFACT] = target_file(ARTIFACT, forged, facts)
     (rig.remote / TARGETS_DIR / stored_name(files[ARTIFACT])).write_bytes(forged)
-    _release(rig, _signers(rig, ".key.old"), files)
+    _release(rig, _signers(rig, "{role}.*.key.old"), files)
     report = rig.sync()
     assert report.result == "failed"
     assert "signed by 0/1 keys" in (report.reason or ""), report.reason
