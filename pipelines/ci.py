@@ -41,7 +41,13 @@ from registry.loader import load_manifest
 from registry.policy import promotion_violations
 from registry.redact import redact
 from registry.render import md_code, md_code_block, md_cut
-from registry.repository import ModelEntry, Repository, load_repository, untrusted_checkout
+from registry.repository import (
+    ModelEntry,
+    Repository,
+    VersionEntry,
+    load_repository,
+    untrusted_checkout,
+)
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
 from signing.tuf_repo import TrustRepo
@@ -386,6 +392,7 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
     with trust_at(repo.root, pr.base, base_config) as base:
         if base is not None:
             problems += released_changes(repo, base)
+            problems += _released_spec_changes(repo, pr.base, base_config, base)
             if head_rel != base_config.trust.metadata:
                 problems.append(Problem(CONFIG_FILE, _moved(base_config, repo.config)))
             if changed and head is None and not problems:
@@ -397,6 +404,68 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
                     problems.append(Problem(where, str(e)))
     if head is not None:  # a release published locally and not committed yet counts too
         problems += [p for p in released_changes(repo, head) if p not in problems]
+    return problems
+
+
+_SIGNED_FIELDS: Final = ("parent", "signature", "targets", "goldens")
+"""What a version's signed description holds: fixed once the version is released."""
+
+
+def _released_spec_changes(
+    repo: Repository, base: str, base_config: RepoConfig, trust: TrustRepo
+) -> list[Problem]:
+    """Released versions whose signed fields, or golden files, this pull request changes.
+
+    A device installs a version by its signed description (targets, engine settings,
+    golden cases): a pull request that edits them for a released version would get
+    them signed at the next release for devices that have not installed it yet.
+    """
+    from pipelines.ci_base import show
+    from registry.schema import ModelVersion
+    from signing.target_names import artifact_path
+
+    problems: list[Problem] = []
+    goldens: dict[str, tuple[VersionEntry, int]] = {}
+    for entry in repo.all_versions():
+        if trust.published(artifact_path(entry.name, entry.version)) is None:
+            continue
+        rel = f"{base_config.manifests}/{entry.name}/versions/{entry.version}.yaml"
+        data = show(repo.root, base, rel)
+        if data is None:
+            continue
+        try:
+            before = load_manifest(parse_yaml(data, f"{base[:12]}:{rel}"))
+        except ManifestError:
+            continue
+        if not isinstance(before, ModelVersion):
+            continue
+        spec = entry.manifest.spec
+        for name in _SIGNED_FIELDS:
+            if getattr(before.spec, name) != getattr(spec, name):
+                line, col = entry.doc.position(("spec", name))
+                problems.append(Problem(
+                    entry.file,
+                    f"version {entry.version} is released and its {name} are signed with "
+                    "it; declare a new version to change them",
+                    line, col, f"spec.{name}",
+                ))  # fmt: skip
+        for index, case in enumerate(spec.goldens.cases if spec.goldens else []):
+            for value in (case.inputs, case.outputs):
+                if isinstance(value, str):
+                    goldens[value] = (entry, index)
+    if goldens:
+        listed = git(
+            repo.root, "diff", "--name-only", "-z", "--relative", base, "--", *goldens
+        ).stdout
+        for path in sorted(set(listed.split("\x00")) & set(goldens)):
+            entry, index = goldens[path]
+            line, col = entry.doc.position(("spec", "goldens", "cases", index))
+            problems.append(Problem(
+                entry.file,
+                f"version {entry.version} is released and its golden file {path} is signed "
+                "with it; declare a new version to change it",
+                line, col, f"spec.goldens.cases.{index}",
+            ))  # fmt: skip
     return problems
 
 

@@ -375,3 +375,29 @@ def test_the_release_never_reads_the_checkouts_parse_cache(fleet: Fleet) -> None
     assert release.code == 0, release.err
     assert "models/mlp/1.1.0.onnx" in _published(fleet)
     assert opened == []
+
+
+def test_a_released_versions_signed_fields_and_goldens_cannot_change(fleet: Fleet) -> None:
+    """A version's description (targets, engine settings, golden cases) is signed with
+    it: a pull request editing them for a released version would get them signed for
+    devices that have not installed it yet (a selector that matches no device, goldens
+    that fail everywhere)."""
+    base = fleet.branch("retarget")
+    version = fleet.root / "manifests/mlp/versions/1.0.0.yaml"
+    version.write_text(
+        version.read_text().replace("name: cpu", "name: cpu\n      selector: {arch: none}")
+    )
+    outputs = fleet.root / "manifests/mlp/goldens/1.0.0/outputs.npz"
+    import numpy as np
+
+    with np.load(outputs) as held:
+        arrays = {k: held[k] + 1.0 for k in held.files}
+    np.savez(outputs, **arrays)
+    fleet.commit("retarget 1.0.0")
+    pr = fleet.ci_pr(base)
+    assert pr.code == 1
+    lines = pr.err.splitlines()
+    assert any("spec.targets: version 1.0.0 is released and its targets are signed" in line
+               for line in lines), lines  # fmt: skip
+    assert any("its golden file manifests/mlp/goldens/1.0.0/outputs.npz is signed" in line
+               for line in lines), lines  # fmt: skip
