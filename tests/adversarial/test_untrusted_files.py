@@ -244,28 +244,41 @@ def _npz_liar(shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
+NEW_VERSION = "manifests/mlp/versions/1.1.0.yaml"
+
+
+def _new_goldens(fleet: Fleet) -> Path:
+    """The golden folder of a version the pull request adds (a released version's
+    golden files cannot change at all: see test_ci_signing)."""
+    r = fleet.cli("version", "add", "mlp", "1.1.0", "--parent", "1.0.0", "--artifact",
+                  str(fleet.models / "mlp/1.1.0.onnx"), "--golden-inputs",
+                  str(fleet.models / "mlp/1.1.0.inputs.npz"), cwd=fleet.root)  # fmt: skip
+    assert r.code == 0, r.err
+    return fleet.root / "manifests/mlp/goldens/1.1.0"
+
+
 def test_ci_pr_refuses_a_golden_npz_bomb_before_reading_it(fleet: Fleet) -> None:
     import resource
 
     base = fleet.branch("npz-bomb")
     bomb = _npz_bomb()
     assert len(bomb) < 8 << 20
-    (fleet.root / "manifests/mlp/goldens/1.0.0/inputs.npz").write_bytes(bomb)
+    (_new_goldens(fleet) / "inputs.npz").write_bytes(bomb)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     lines = _refused_pr(fleet, base, "golden files are limited to")
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 512, f"peak RSS grew {grown_mib:.0f} MiB"
     assert all(POSITIONED.match(line) for line in lines), lines
-    assert lines[0].startswith(f"{VERSION}:")
+    assert lines[0].startswith(f"{NEW_VERSION}:")
     assert "inputs.npz" in lines[0]
 
 
 def test_ci_pr_reports_a_29_tib_npz_header_as_a_problem(fleet: Fleet) -> None:
     base = fleet.branch("npz-liar")
-    (fleet.root / "manifests/mlp/goldens/1.0.0/outputs.npz").write_bytes(_npz_liar((1 << 42,)))
+    (_new_goldens(fleet) / "outputs.npz").write_bytes(_npz_liar((1 << 42,)))
     lines = _refused_pr(fleet, base, "one golden array is limited to")
     assert POSITIONED.match(lines[0]), lines
-    assert lines[0].startswith(f"{VERSION}:")
+    assert lines[0].startswith(f"{NEW_VERSION}:")
     assert "35184372088832 bytes" in lines[0]
 
 
@@ -512,7 +525,7 @@ def test_read_npz_gives_big_endian_arrays_in_the_machines_order(tmp_path: Path) 
 
 def test_ci_pr_reports_a_golden_of_complex_numbers_as_a_problem(fleet: Fleet) -> None:
     base = fleet.branch("npz-complex")
-    inputs = fleet.root / "manifests/mlp/goldens/1.0.0/inputs.npz"
+    inputs = _new_goldens(fleet) / "inputs.npz"
     with np.load(inputs) as held:
         name = held.files[0]
         shape = held[name].shape
@@ -520,7 +533,7 @@ def test_ci_pr_reports_a_golden_of_complex_numbers_as_a_problem(fleet: Fleet) ->
     np.savez(inputs, allow_pickle=False, **arrays)
     (line,) = _refused_pr(fleet, base, "has dtype '<c8'")
     assert POSITIONED.match(line), line
-    assert line.startswith(f"{VERSION}:")
+    assert line.startswith(f"{NEW_VERSION}:")
 
 
 def test_golden_outputs_of_strings_for_a_numeric_output_are_a_mismatch() -> None:
