@@ -11,13 +11,18 @@ old engine only when the requests that hold it are done.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
+import mmap
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from edge_sync.weights import WeightError, Weights, split_model
 from registry.errors import RegistryError
 
 if TYPE_CHECKING:
@@ -29,6 +34,7 @@ __all__ = [
     "DATATYPES",
     "NUMPY_DTYPES",
     "Engine",
+    "EngineClosedError",
     "EngineError",
     "EngineHost",
     "GoldenCase",
@@ -40,6 +46,10 @@ __all__ = [
 ]
 
 WARMUP_RUNS: Final = 3
+PREPACK_RUNS: Final = 5
+"""Timed runs per variant when a host measures whether prepacking pays for a model."""
+PREPACK_GAIN: Final = 1.25
+"""How much faster prepacked runs must be to give up sharing weights between versions."""
 DATATYPES: Final = {
     "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
     "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
@@ -145,11 +155,43 @@ class EngineHost(Protocol):
         """Release ``engine`` once nothing uses it."""
         ...  # pragma: no cover - protocol
 
+    def lease(
+        self, model: str, version: str | None = None
+    ) -> contextlib.AbstractContextManager[Engine]:
+        """Hold the engine a request runs on (the serving one, or a loaded ``version``)
+        until the request is done.
+
+        Raises:
+            LookupError: nothing serves ``model``, or ``version`` is not loaded.
+        """
+        ...  # pragma: no cover - protocol
+
+    def versions(self, model: str) -> list[str]:
+        """The loaded versions of ``model`` that answer requests, serving one first."""
+        ...  # pragma: no cover - protocol
+
 
 class OrtEngine:
-    """One ONNX Runtime session."""
+    """One ONNX Runtime session.
 
-    def __init__(self, request: LoadRequest, *, intra_op_threads: int = 1) -> None:
+    Built one of two ways (chosen by :class:`InProcessHost`):
+
+    * **shared weights** (``share=True``, CPU only): the graph without its large
+      tensors, which come from memory maps of the verified file, or from ``base`` (the
+      version this one replaces) where their bytes are equal (``edge_sync.weights``).
+      Graph optimizations and prepacking are off: both would make private copies.
+    * **private**: the file as ONNX Runtime loads it, optimized at the target's level
+      (a prebuilt engine as it is), with prepacking.
+    """
+
+    def __init__(
+        self,
+        request: LoadRequest,
+        *,
+        intra_op_threads: int = 1,
+        share: bool = False,
+        base: OrtEngine | None = None,
+    ) -> None:
         """Create the session for ``request``.
 
         Raises:
@@ -159,6 +201,7 @@ class OrtEngine:
         import onnxruntime as ort
 
         self.model, self.version, self.sha256 = request.model, request.version, request.sha256
+        self.request = request
         target = request.target
         engine_kind = getattr(target, "engine", "onnxruntime")
         if engine_kind != "onnxruntime":
@@ -176,13 +219,30 @@ class OrtEngine:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads = intra_op_threads
-        level = "disable" if request.kind == "engine" else getattr(target, "optimization", "all")
+        options.inter_op_num_threads = 1
+        self.weights: Weights | None = None
+        self.shared = share and providers == ["CPUExecutionProvider"]
+        source: str | bytes = str(request.path)
+        if self.shared:
+            level = "disable"
+            options.add_session_config_entry("session.disable_prepacking", "1")
+            try:
+                source = self._split(options, base)
+            except (WeightError, OSError) as e:
+                raise EngineError(
+                    f"{request.model} {request.version}: its weights cannot be read ({e})"
+                ) from None
+        elif request.kind == "engine":
+            level = "disable"  # optimized offline, by CI
+        else:
+            level = getattr(target, "optimization", "all")
         options.graph_optimization_level = ort.GraphOptimizationLevel(
             {0: 0, 1: 1, 2: 2, 99: 99}[_OPTIMIZATION[level]]
         )
         try:
-            self._session = ort.InferenceSession(str(request.path), options, providers=providers)
+            self._session: Any = ort.InferenceSession(source, options, providers=providers)
         except Exception as e:  # noqa: BLE001 - ORT's pybind errors share no other base
+            self.weights = None
             raise EngineError(
                 f"{request.model} {request.version}: ONNX Runtime cannot load it "
                 f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})"
@@ -190,6 +250,32 @@ class OrtEngine:
         self.inputs = [(i.name, i.type, list(i.shape)) for i in self._session.get_inputs()]
         self.outputs = [(o.name, o.type, list(o.shape)) for o in self._session.get_outputs()]
         self.output_names = [o.name for o in self._session.get_outputs()]
+
+    def _split(self, options: Any, base: OrtEngine | None) -> bytes:
+        """The graph to load, its large tensors added to ``options`` (shared with
+        ``base`` where equal)."""
+        path = self.request.path
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
+            graph = split_model(view, path.name)
+        base_weights = base.weights if base is not None and base.shared else None
+        self.weights = Weights.load(path, graph.tensors, base_weights)
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(path.parent)
+        )
+        for name, (_, value) in self.weights.values.items():
+            options.add_initializer(name, value)
+        return graph.graph
+
+    @property
+    def memory_bytes(self) -> int:
+        """Weight bytes this engine holds that the engine it replaced did not (the
+        file's size for a private session, a lower bound: ONNX Runtime's copies)."""
+        if self.weights is not None:
+            return self.weights.own_bytes
+        try:
+            return self.request.path.stat().st_size
+        except OSError:
+            return 0
 
     def sample_inputs(self) -> dict[str, npt.NDArray[Any]]:
         """Zeros of every input's shape (symbolic dimensions as 1): warm-up data for a
@@ -206,53 +292,231 @@ class OrtEngine:
     def run(
         self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
     ) -> dict[str, npt.NDArray[Any]]:
-        """Run once (thread-safe: ONNX Runtime sessions allow concurrent runs)."""
+        """Run once (thread-safe: ONNX Runtime sessions allow concurrent runs).
+
+        Raises:
+            EngineClosedError: the engine was released.
+        """
+        session = self._session
+        if session is None:
+            raise EngineClosedError(f"{self.model} {self.version} was released")
         names = list(outputs) if outputs is not None else self.output_names
-        values = self._session.run(names, dict(inputs))
+        values = session.run(names, dict(inputs))
         return dict(zip(names, values, strict=True))
 
     def close(self) -> None:
-        """Drop the session (ONNX Runtime frees it when the last reference goes)."""
+        """Drop the session and the weights only it used (ONNX Runtime frees the
+        session when the last reference goes; a mapping closes with its last array)."""
         self._session = None
+        self.weights = None
 
 
-@dataclass
+class EngineClosedError(EngineError):
+    """A run on an engine that was already released (a host bug: engines are released
+    only when no request holds them)."""
+
+
+def _trim_heap() -> None:
+    """Give freed heap memory back to the system (glibc keeps it for reuse otherwise,
+    and a long-lived daemon that swaps engines would grow)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+@dataclass(eq=False)
+class _Held:
+    """An engine the host has loaded: requests in flight on it, and whether it was
+    retired (released when the last request ends)."""
+
+    engine: Engine
+    leases: int = 0
+    retired: bool = False
+
+
 class InProcessHost:
-    """Engines in this process: one serving engine per model, swapped atomically."""
+    """The engine manager: engines in this process, per model one serving engine and
+    any others still loaded (a candidate, the version it replaced while requests drain
+    or a health gate watches).
 
-    intra_op_threads: int = 1
-    _serving: dict[str, Engine] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    * :meth:`swap` is one reference assignment under a lock;
+    * :meth:`lease` hands a request the engine it runs on (the serving one, or a named
+      loaded version) and holds it: :meth:`retire` releases an engine only when its
+      last lease ends, so a swap never breaks a request in flight;
+    * :meth:`build` shares unchanged weights with the engine it will replace, on CPU,
+      when the model's measured speed allows (``prepack``: ``auto`` measures each
+      model once, with and without prepacking; ``on`` never shares; ``off`` always
+      does).
+    """
+
+    def __init__(self, intra_op_threads: int = 1, prepack: str = "auto") -> None:
+        """A host with no engines."""
+        if prepack not in ("auto", "on", "off"):
+            raise ValueError(f"prepack must be auto, on or off, not {prepack!r}")
+        self.intra_op_threads = intra_op_threads
+        self.prepack = prepack
+        self.prepack_decisions: dict[str, dict[str, float | bool]] = {}
+        """Per model: whether prepacking won, and the milliseconds per run measured."""
+        self._serving: dict[str, _Held] = {}
+        self._loaded: dict[int, _Held] = {}
+        self._lock = threading.Lock()
+
+    # --- building --------------------------------------------------------------------
 
     def build(self, request: LoadRequest) -> Engine:
-        """An ONNX Runtime engine for ``request``."""
-        return OrtEngine(request, intra_op_threads=self.intra_op_threads)
+        """An ONNX Runtime engine for ``request``: a candidate, which no request reaches
+        until :meth:`swap` serves it."""
+        share = self._share(request)
+        base = self.current(request.model)
+        return OrtEngine(
+            request,
+            intra_op_threads=self.intra_op_threads,
+            share=share,
+            base=base if isinstance(base, OrtEngine) else None,
+        )
+
+    def _share(self, request: LoadRequest) -> bool:
+        if self.prepack != "auto":
+            return self.prepack == "off"
+        decided = self.prepack_decisions.get(request.model)
+        if decided is None:
+            decided = self._measure(request)
+            self.prepack_decisions[request.model] = decided
+        return not decided["prepack"]
+
+    def _measure(self, request: LoadRequest) -> dict[str, float | bool]:
+        """Time a run of zeros with shared weights (no prepacking) and with a private,
+        prepacked session; prepacking wins when it is over :data:`PREPACK_GAIN` times
+        faster (it costs a private copy of the weights, and sharing on every swap)."""
+        timings: dict[str, float] = {}
+        for label, share in (("shared_ms", True), ("prepacked_ms", False)):
+            try:
+                engine = OrtEngine(request, intra_op_threads=self.intra_op_threads, share=share)
+            except EngineError:
+                return {"prepack": not share}  # the other way loads: nothing to compare
+            try:
+                sample = engine.sample_inputs()
+                engine.run(sample)
+                best = float("inf")
+                for _ in range(PREPACK_RUNS):
+                    start = time.perf_counter()
+                    engine.run(sample)
+                    best = min(best, time.perf_counter() - start)
+                timings[label] = round(best * 1000, 3)
+            except Exception:  # noqa: BLE001 - zeros may not be valid input: do not prepack
+                return {"prepack": False}
+            finally:
+                engine.close()
+        _trim_heap()
+        won = timings["shared_ms"] > timings["prepacked_ms"] * PREPACK_GAIN
+        return {"prepack": won, **timings}
+
+    # --- serving ---------------------------------------------------------------------
 
     def swap(self, model: str, engine: Engine) -> Engine | None:
-        """Serve ``engine`` for ``model``; returns the engine it replaced."""
+        """Serve ``engine`` for ``model``; returns the engine it replaced (still loaded:
+        it answers for its version until :meth:`retire`)."""
         with self._lock:
+            held = self._loaded.setdefault(id(engine), _Held(engine))
+            held.retired = False
             old = self._serving.get(model)
-            self._serving[model] = engine
-        return old
+            self._serving[model] = held
+        return old.engine if old is not None else None
 
     def current(self, model: str) -> Engine | None:
         """The engine serving ``model``."""
         with self._lock:
-            return self._serving.get(model)
+            held = self._serving.get(model)
+            return held.engine if held is not None else None
+
+    @contextlib.contextmanager
+    def lease(self, model: str, version: str | None = None) -> Iterator[Engine]:
+        """The engine a request runs on, held until the request is done.
+
+        Args:
+            model: the model.
+            version: a loaded version (None: the serving one).
+
+        Raises:
+            LookupError: nothing serves ``model``, or ``version`` is not loaded.
+        """
+        with self._lock:
+            held = self._find(model, version)
+            if held is None:
+                raise LookupError(model if version is None else f"{model} {version}")
+            held.leases += 1
+        try:
+            yield held.engine
+        finally:
+            with self._lock:
+                held.leases -= 1
+                release = held.retired and held.leases == 0
+            if release:
+                self._release(held)
+
+    def _find(self, model: str, version: str | None) -> _Held | None:
+        serving = self._serving.get(model)
+        if version is None or (serving is not None and serving.engine.version == version):
+            return serving
+        for held in self._loaded.values():
+            e = held.engine
+            if e.model == model and e.version == version and not held.retired:
+                return held
+        return None
+
+    def versions(self, model: str) -> list[str]:
+        """The loaded versions of ``model`` that answer requests, serving one first."""
+        with self._lock:
+            serving = self._serving.get(model)
+            found = [serving.engine.version] if serving is not None else []
+            for held in self._loaded.values():
+                e = held.engine
+                if e.model == model and not held.retired and e.version not in found:
+                    found.append(e.version)
+        return found
 
     def drop(self, model: str) -> Engine | None:
-        """Stop serving ``model``; returns the engine that served it."""
+        """Stop serving ``model``; returns the engine that served it (still loaded)."""
         with self._lock:
-            return self._serving.pop(model, None)
+            held = self._serving.pop(model, None)
+        return held.engine if held is not None else None
 
     def retire(self, engine: Engine) -> None:
-        """Release ``engine`` (requests that hold a reference finish on it first)."""
-        engine.close()
+        """Release ``engine`` once the requests that hold it are done."""
+        with self._lock:
+            held = self._loaded.get(id(engine))
+            if held is None:
+                held = _Held(engine)
+            if any(h is held for h in self._serving.values()):
+                return  # serving again (swapped back): not ours to release
+            held.retired = True
+            release = held.leases == 0
+        if release:
+            self._release(held)
+
+    def _release(self, held: _Held) -> None:
+        with self._lock:
+            self._loaded.pop(id(held.engine), None)
+        held.engine.close()
+        _trim_heap()
+
+    def in_flight(self, engine: Engine) -> int:
+        """Requests running on ``engine`` now."""
+        with self._lock:
+            held = self._loaded.get(id(engine))
+            return held.leases if held is not None else 0
+
+    def loaded(self) -> list[Engine]:
+        """Every engine loaded now (serving, candidates, draining)."""
+        with self._lock:
+            return [h.engine for h in self._loaded.values()]
 
     def models(self) -> dict[str, Engine]:
         """A snapshot of what serves each model."""
         with self._lock:
-            return dict(self._serving)
+            return {m: h.engine for m, h in self._serving.items()}
 
 
 def self_test(

@@ -13,9 +13,10 @@ loop keeps answering while a model computes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -30,6 +31,7 @@ from edge_sync.metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
     from edge_sync.engine import EngineHost
+    from edge_sync.health import Recorder
 
 __all__ = ["MAX_BODY_BYTES", "create_app"]
 
@@ -44,13 +46,16 @@ MAX_ELEMENTS: Final = 1 << 24
 class _RefusedError(Exception):
     """A request the server answers with ``{"error": ...}`` and ``status``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, version: str = "") -> None:
         super().__init__(message)
         self.status = status
+        self.version = version
+        """The version whose engine refused it ("" when none was reached)."""
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, version: str = "") -> JSONResponse:
+    headers = {"x-model-version": version} if version else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def _dims(shape: list[Any]) -> list[int]:
@@ -66,6 +71,7 @@ def create_app(
     *,
     metrics: Metrics | None = None,
     request_sync: Callable[[], None] | None = None,
+    recorder: Recorder | None = None,
 ) -> Starlette:
     """The OIP v2 application serving ``models`` from ``host``.
 
@@ -77,8 +83,10 @@ def create_app(
         metrics: where requests are counted (``/metrics``); a fresh one by default.
         request_sync: asks the daemon to sync now (``POST /v2/repository/sync``, from
             loopback only).
+        recorder: where each answer's outcome and latency go for the health gate.
     """
     api = _Api(host, models, status, version, metrics or Metrics(), request_sync)
+    api.recorder = recorder
     routes = [
         Route("/v2/health/live", api.live),
         Route("/v2/health/ready", api.ready),
@@ -113,23 +121,32 @@ class _Api:
     ) -> None:
         self.host, self.models, self.status, self.version = host, models, status, version
         self.metrics, self.request_sync = metrics, request_sync
+        self.recorder: Recorder | None = None
 
-    def engine_for(self, request: Request) -> Any:
-        """The engine serving the request's model (and version, when named).
+    @contextlib.contextmanager
+    def engine_for(self, request: Request) -> Iterator[Any]:
+        """The engine for the request's model (and version, when named), held until the
+        request is done: a swap never releases it under a request.
 
         Raises:
-            _RefusedError: unknown model (404), not loaded yet (503), no such version (404).
+            _RefusedError: unknown model (404), not loaded yet (503), no such version
+                loaded (404).
         """
         name = request.path_params["model"]
         if name not in self.models:
             raise _RefusedError(404, f"unknown model {name!r}")
-        engine = self.host.current(name)
-        if engine is None:
-            raise _RefusedError(503, f"model {name!r} is not loaded yet")
         wanted = request.path_params.get("version")
-        if wanted is not None and wanted != engine.version:
-            raise _RefusedError(404, f"model {name!r} has no loaded version {wanted!r}")
-        return engine
+        try:
+            lease = self.host.lease(name, wanted)
+            engine = lease.__enter__()
+        except LookupError:
+            if wanted is None or self.host.current(name) is None:
+                raise _RefusedError(503, f"model {name!r} is not loaded yet") from None
+            raise _RefusedError(404, f"model {name!r} has no loaded version {wanted!r}") from None
+        try:
+            yield engine
+        finally:
+            lease.__exit__(None, None, None)
 
     async def live(self, _: Request) -> JSONResponse:
         return JSONResponse({"live": True})
@@ -145,13 +162,14 @@ class _Api:
 
     async def metadata(self, request: Request) -> JSONResponse:
         try:
-            engine = self.engine_for(request)
+            with self.engine_for(request) as engine:
+                pass
         except _RefusedError as e:
             return _error(e.status, str(e))
         return JSONResponse(
             {
                 "name": engine.model,
-                "versions": [engine.version],
+                "versions": self.host.versions(engine.model) or [engine.version],
                 "platform": "onnxruntime_onnx",
                 "inputs": _specs(getattr(engine, "inputs", [])),
                 "outputs": _specs(getattr(engine, "outputs", [])),
@@ -160,7 +178,8 @@ class _Api:
 
     async def model_ready(self, request: Request) -> JSONResponse:
         try:
-            self.engine_for(request)
+            with self.engine_for(request):
+                pass
         except _RefusedError as e:
             return _error(e.status, str(e))
         return JSONResponse({"name": request.path_params["model"], "ready": True})
@@ -168,7 +187,8 @@ class _Api:
     async def model_config(self, request: Request) -> JSONResponse:
         """The model's configuration as Triton's clients read it."""
         try:
-            engine = self.engine_for(request)
+            with self.engine_for(request) as engine:
+                pass
         except _RefusedError as e:
             return _error(e.status, str(e))
 
@@ -196,22 +216,29 @@ class _Api:
         response = await self._infer(request)
         version = response.headers.get("x-model-version", "")
         outcome = "ok" if response.status_code == 200 else f"http_{response.status_code}"
+        seconds = time.perf_counter() - start
         if name in self.models:  # unknown names are not label values
-            self.metrics.request(name, version, outcome, time.perf_counter() - start)
+            self.metrics.request(name, version, outcome, seconds)
+            code = response.status_code
+            if self.recorder is not None and version and (code == 200 or code >= 500):
+                self.recorder.record(name, version, error=code >= 500, seconds=seconds)
         return response
 
     async def _infer(self, request: Request) -> Response:
         try:
-            engine = self.engine_for(request)  # held until the answer: a swap cannot break it
             doc, binary = await _read_body(request)
-            parsed = _parse_request(doc, engine, binary)
-            try:
-                results = await run_in_threadpool(engine.run, parsed.inputs, parsed.wanted)
-            except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
-                first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-                raise _RefusedError(400, f"inference failed: {first}") from None
+            with self.engine_for(request) as engine:  # held until it answered
+                parsed = _parse_request(doc, engine, binary)
+                try:
+                    results = await run_in_threadpool(engine.run, parsed.inputs, parsed.wanted)
+                except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
+                    first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+                    # ONNX Runtime's InvalidArgument: the input's fault; else the engine's
+                    code = 400 if type(e).__name__ == "InvalidArgument" else 500
+                    message = f"inference failed: {first}"
+                    raise _RefusedError(code, message, engine.version) from None
         except _RefusedError as e:
-            return _error(e.status, str(e))
+            return _error(e.status, str(e), e.version)
         tail = bytearray()
         answer: dict[str, Any] = {
             "model_name": engine.model,

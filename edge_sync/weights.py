@@ -1,0 +1,326 @@
+"""Weights shared between the sessions of a model's versions (SPEC section 7, hot-swap).
+
+A fine-tune changes some tensors and leaves the rest as they were.  ONNX Runtime lets a
+session take its initializers from the caller (``SessionOptions.add_initializer``) and
+keeps no copy of them when nothing rewrites them (graph optimizations off, prepacking
+off).  So a model is loaded here as two parts:
+
+* the **graph**: the ONNX file with each top-level initializer's ``raw_data`` replaced by
+  a reference to where those bytes lie in the file (external data: ``location``,
+  ``offset``, ``length``).  The graph of a 100 MB model is a few KB, made in well under a
+  millisecond by walking the protobuf wire format: parsing it with ``onnx`` would copy
+  every weight into the heap first (100 MB more resident for a moment, which is what the
+  swap must not cost);
+* the **weights**: one read-only memory map per large tensor (the verified blob's own
+  pages: nothing is copied, and untouched pages cost nothing), small ones read into
+  memory.  A tensor whose bytes equal the serving version's tensor of the same name,
+  type and shape is not mapped again: the new session gets the old session's value.
+  The comparison reads the new bytes with ``pread`` a block at a time, so a tensor
+  that turns out shared never enters this process's resident set twice.
+
+:class:`Weights` holds the values an engine's session uses; while any session holds a
+value, its memory stays mapped.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+__all__ = ["ONNX_DTYPES", "Graph", "Tensor", "WeightError", "Weights", "split_model"]
+
+MAP_AT_LEAST: Final = 64 << 10
+"""Tensors at least this large are memory-mapped; smaller ones are read (a mapping
+costs a page-table entry and a file handle-sized kernel object; a few KB copied is
+cheaper)."""
+_COMPARE_BLOCK: Final = 1 << 20
+ONNX_DTYPES: Final = {
+    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
+    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
+}  # fmt: skip
+"""``TensorProto.DataType`` codes that map onto a numpy dtype (others stay in the graph)."""
+
+# Field numbers of onnx.proto3 this module reads.
+_MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER = 7, 1, 5
+_N_OUTPUT, _N_OP_TYPE, _N_ATTRIBUTE, _N_DOMAIN = 2, 4, 5, 7
+_A_NAME, _A_TENSOR = 1, 5
+_T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
+_LEN, _VARINT, _I64, _I32 = 2, 0, 1, 5
+
+
+class WeightError(ValueError):
+    """The file is not an ONNX model whose weights can be split out (truncated or not
+    protobuf); the caller loads it whole instead."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """Where one initializer's bytes lie in the model file."""
+
+    name: str
+    dtype: str
+    dims: tuple[int, ...]
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """A model split in two: the graph (bytes ONNX Runtime loads) and its weights."""
+
+    graph: bytes
+    tensors: tuple[Tensor, ...]
+
+
+def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while pos < end and shift < 64:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+    raise WeightError("a varint runs past its message")
+
+
+def _encode(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def _fields(buf: Any, start: int, end: int) -> Any:
+    """(field, wire type, first byte of the key, payload span, end) for each field."""
+    pos = start
+    while pos < end:
+        key_at = pos
+        key, pos = _varint(buf, pos, end)
+        number, wire = key >> 3, key & 7
+        if wire == _VARINT:
+            _, pos = _varint(buf, pos, end)
+            span = (pos, pos)
+        elif wire in (_I64, _I32):
+            pos += 8 if wire == _I64 else 4
+            span = (pos, pos)
+        elif wire == _LEN:
+            size, at = _varint(buf, pos, end)
+            pos = at + size
+            span = (at, pos)
+        else:
+            raise WeightError(f"wire type {wire} is not used by ONNX")
+        if pos > end:
+            raise WeightError("a field runs past its message")
+        yield number, wire, key_at, span, pos
+
+
+def _entry(key: bytes, value: bytes) -> bytes:
+    """A ``StringStringEntryProto`` as a length-delimited field 13 of a TensorProto."""
+    body = b"\x0a" + _encode(len(key)) + key + b"\x12" + _encode(len(value)) + value
+    return _key(_T_EXTERNAL, _LEN) + _encode(len(body)) + body
+
+
+def _key(number: int, wire: int) -> bytes:
+    return _encode(number << 3 | wire)
+
+
+def _tensor(
+    buf: Any, span: tuple[int, int], location: bytes, rename: bytes | None = None
+) -> tuple[bytes, Tensor | None]:
+    """A TensorProto with its raw data replaced by a reference into the file, when it
+    has at least :data:`MAP_AT_LEAST` bytes of raw data of a plain type (``rename``:
+    the name it gets)."""
+    dims: list[int] = []
+    dtype, name, raw = 0, "", None
+    out = bytearray()
+    if rename is not None:
+        out += _key(_T_NAME, _LEN) + _encode(len(rename)) + rename
+        name = rename.decode("utf-8", "replace")
+    for number, wire, key_at, (a, b), end in _fields(buf, *span):
+        if number == _T_NAME and rename is not None:
+            continue
+        if number == _T_RAW and wire == _LEN:
+            raw = (a, b)
+            continue
+        if number in (_T_EXTERNAL, _T_LOCATION):
+            return bytes(buf[span[0] : span[1]]), None  # external already: left as it is
+        if number == _T_DIMS and wire == _VARINT:
+            dims.append(_varint(buf, key_at + 1, end)[0])
+        elif number == _T_DIMS and wire == _LEN:
+            pos = a
+            while pos < b:
+                value, pos = _varint(buf, pos, b)
+                dims.append(value)
+        elif number == _T_TYPE and wire == _VARINT:
+            dtype = _varint(buf, key_at + 1, end)[0]
+        elif number == _T_NAME and wire == _LEN:
+            name = bytes(buf[a:b]).decode("utf-8", "replace")
+        out += buf[key_at:end]
+    if raw is None or dtype not in ONNX_DTYPES or not name or raw[1] - raw[0] < MAP_AT_LEAST:
+        # small: left in the graph (shape inference reads small constants, and a few
+        # KB per session are not worth a mapping)
+        if rename is not None and raw is not None:
+            out += _key(_T_RAW, _LEN) + _encode(raw[1] - raw[0]) + buf[raw[0] : raw[1]]
+            return bytes(out), None
+        return bytes(buf[span[0] : span[1]]), None
+    offset, length = raw[0], raw[1] - raw[0]
+    out += _entry(b"location", location)
+    out += _entry(b"offset", str(offset).encode())
+    out += _entry(b"length", str(length).encode())
+    out += _key(_T_LOCATION, _VARINT) + _encode(1)  # EXTERNAL
+    return bytes(out), Tensor(name, ONNX_DTYPES[dtype], tuple(dims), offset, length)
+
+
+def _constant(buf: Any, span: tuple[int, int]) -> tuple[bytes, tuple[int, int]] | None:
+    """(output name, span of the tensor) of a ``Constant`` node of the default domain
+    whose one attribute is ``value``; None for any other node."""
+    op, outputs, attributes, domain = b"", [], [], b""
+    for number, wire, _key_at, (a, b), _end in _fields(buf, *span):
+        if wire != _LEN:
+            continue
+        if number == _N_OP_TYPE:
+            op = bytes(buf[a:b])
+        elif number == _N_OUTPUT:
+            outputs.append(bytes(buf[a:b]))
+        elif number == _N_ATTRIBUTE:
+            attributes.append((a, b))
+        elif number == _N_DOMAIN:
+            domain = bytes(buf[a:b])
+    if op != b"Constant" or domain not in (b"", b"ai.onnx") or len(outputs) != 1:
+        return None
+    if len(attributes) != 1:
+        return None
+    name, tensor = b"", None
+    for number, wire, _key_at, (a, b), _end in _fields(buf, *attributes[0]):
+        if number == _A_NAME and wire == _LEN:
+            name = bytes(buf[a:b])
+        elif number == _A_TENSOR and wire == _LEN:
+            tensor = (a, b)
+    if name != b"value" or tensor is None:
+        return None
+    return outputs[0], tensor
+
+
+def split_model(buf: Any, location: str) -> Graph:
+    """Split the serialized model ``buf`` (bytes or a memory map) into its graph and the
+    spans of its top-level initializers' raw data; the graph refers to the bytes as
+    external data in ``location`` (the file's name).
+
+    Raises:
+        WeightError: not a protobuf message this can walk.
+    """
+    where = location.encode()
+    out = bytearray()
+    tensors: list[Tensor] = []
+    found_graph = False
+    for number, wire, key_at, span, end in _fields(buf, 0, len(buf)):
+        if number != _MODEL_GRAPH or wire != _LEN:
+            out += buf[key_at:end]
+            continue
+        found_graph = True
+        graph = bytearray()
+        for g_number, g_wire, g_key_at, g_span, g_end in _fields(buf, *span):
+            constant = _constant(buf, g_span) if g_number == _GRAPH_NODE else None
+            if constant is None and (g_number != _GRAPH_INITIALIZER or g_wire != _LEN):
+                graph += buf[g_key_at:g_end]
+                continue
+            if constant is not None:  # ONNX Runtime makes it an initializer anyway
+                output, value = constant
+                body, tensor = _tensor(buf, value, where, rename=output)
+                if tensor is None:
+                    graph += buf[g_key_at:g_end]
+                    continue
+            else:
+                body, tensor = _tensor(buf, g_span, where)
+            graph += _key(_GRAPH_INITIALIZER, _LEN) + _encode(len(body)) + body
+            if tensor is not None:
+                tensors.append(tensor)
+        out += _key(_MODEL_GRAPH, _LEN) + _encode(len(graph)) + graph
+    if not found_graph:
+        raise WeightError("no graph in the model")
+    return Graph(bytes(out), tuple(tensors))
+
+
+@dataclass
+class Weights:
+    """The initializer values of one session, by name, and how many bytes of them this
+    session brought (``own_bytes``: those not shared with the version it replaced)."""
+
+    values: dict[str, tuple[npt.NDArray[Any], Any]] = field(default_factory=dict)
+    own_bytes: int = 0
+    shared_bytes: int = 0
+
+    @classmethod
+    def load(cls, path: Path, tensors: tuple[Tensor, ...], base: Weights | None) -> Weights:
+        """The values of ``tensors`` in ``path``; each equal to ``base``'s tensor of the
+        same name, dtype and shape is taken from ``base``.
+
+        Raises:
+            OSError: the file cannot be read.
+            WeightError: a tensor's span does not fit its file, dtype and shape.
+        """
+        import numpy as np
+        import onnxruntime as ort
+
+        weights = cls()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            size = os.fstat(fd).st_size
+            for t in tensors:
+                dtype = np.dtype(t.dtype)
+                count = int(np.prod(t.dims)) if t.dims else 1
+                if t.offset + t.length > size or count * dtype.itemsize != t.length:
+                    raise WeightError(f"initializer {t.name!r}: its bytes do not fit {t.dims}")
+                old = base.values.get(t.name) if base is not None else None
+                if old is not None and _same(fd, t, old[0]):
+                    weights.values[t.name] = old
+                    weights.shared_bytes += t.length
+                    continue
+                array = _array(fd, t, dtype, count)
+                weights.values[t.name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+                weights.own_bytes += t.length
+        finally:
+            os.close(fd)
+        return weights
+
+
+def _array(fd: int, t: Tensor, dtype: Any, count: int) -> npt.NDArray[Any]:
+    """The tensor's values: mapped from the file when large, else read."""
+    import numpy as np
+
+    if t.length < MAP_AT_LEAST:
+        data = os.pread(fd, t.length, t.offset)
+        return np.frombuffer(bytearray(data), dtype=dtype, count=count).reshape(t.dims)
+    start = t.offset - t.offset % mmap.ALLOCATIONGRANULARITY
+    view = mmap.mmap(fd, t.offset + t.length - start, prot=mmap.PROT_READ, offset=start)
+    return np.frombuffer(view, dtype=dtype, count=count, offset=t.offset - start).reshape(t.dims)
+
+
+def _same(fd: int, t: Tensor, old: npt.NDArray[Any]) -> bool:
+    """Whether the file's bytes of ``t`` equal ``old``'s (same dtype and shape first)."""
+    import numpy as np
+
+    if old.dtype != np.dtype(t.dtype) or old.shape != t.dims or old.nbytes != t.length:
+        return False
+    flat = old.reshape(-1).view(np.uint8)
+    block = bytearray(min(_COMPARE_BLOCK, t.length))
+    view = memoryview(block)
+    pos = 0
+    while pos < t.length:
+        n = os.preadv(fd, [view[: min(len(block), t.length - pos)]], t.offset + pos)
+        if n <= 0:
+            return False
+        if not np.array_equal(flat[pos : pos + n], np.frombuffer(block, np.uint8, n)):
+            return False
+        pos += n
+    return True
