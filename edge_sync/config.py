@@ -164,11 +164,28 @@ class Subscription(Strict):
     channel: Name
 
 
+class HealthGateConfig(Strict):
+    """The watch after each swap (``edge_sync.health``): a version that fails it is
+    swapped back and rejected.  ``window: 0s`` turns the gate off."""
+
+    window: Annotated[Duration, Field(ge=0)] = 30.0
+    min_requests: Annotated[int, Field(ge=1, le=1_000_000)] = 20
+    max_error_rate: Annotated[float, Field(ge=0, le=1)] = 0.05
+    max_latency_ratio: Annotated[float, Field(ge=1)] = 2.0
+
+
 class ServeConfig(Strict):
     """The inference server (Open Inference Protocol v2)."""
 
     listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:8000"
     memory_budget: Size | None = None
+    threads: Annotated[int, Field(ge=1, le=256)] = 1
+    """ONNX Runtime intra-op threads per session (1 is fastest for small models on
+    2 cores: requests run in parallel across sessions' runs instead)."""
+    prepack: Literal["auto", "on", "off"] = "auto"
+    """Prepack weights (faster for some models, but a private copy of every weight, so
+    nothing is shared between versions); ``auto`` measures each model once."""
+    health_gate: HealthGateConfig = HealthGateConfig()
 
 
 def _unique_models(subscriptions: list[Subscription]) -> list[Subscription]:

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from edge_sync.config import EdgeConfig
 from edge_sync.engine import EngineHost, InProcessHost
+from edge_sync.health import GatePolicy, Recorder
 from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, trusted_role
@@ -98,7 +99,8 @@ class Daemon:
     """The device's loop over one config."""
 
     config: EdgeConfig
-    host: EngineHost = field(default_factory=InProcessHost)
+    host: EngineHost | None = None
+    """Where engines run (default: in this process, with ``serve``'s settings)."""
     limits: TrustLimits | None = None
     on_sync: Callable[[SyncReport], None] | None = None
     serving: bool = True
@@ -162,7 +164,14 @@ class Daemon:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                wakeup.sleep(left)
+                gate_in = updater.next_gate_s()
+                wakeup.sleep(left if gate_in is None else min(left, gate_in))
+                for model, record in updater.check_gates().items():
+                    print(f"modelreg edge: {model}: {record.version} rolled back: "
+                          f"{record.reason}", file=sys.stderr)  # fmt: skip
+                    if server is not None:
+                        server.metrics.update(model, record)
+                        server.metrics.rollbacks.labels(model).inc()
 
     def run(self, *, install_signals: bool = True, listen: str | None = None) -> int:
         """Run until stopped; the exit code (0 on a clean stop).
@@ -178,16 +187,33 @@ class Daemon:
             if install_signals:
                 self._signals(wakeup)
             _provision(self.config, state)
-            server = _Server(self.config, self.host, self.request_sync) if self.serving else None
+            serve = self.config.serve
+            if self.host is None:
+                self.host = InProcessHost(
+                    intra_op_threads=serve.threads,
+                    prepack=serve.prepack,
+                    memory_budget=serve.memory_budget,
+                )
+            recorder = Recorder()
+            server = (
+                _Server(self.config, self.host, self.request_sync, recorder)
+                if self.serving
+                else None
+            )
             if server is not None:
                 listen = server.start()
             state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
+            gate = serve.health_gate
             updater = Updater(
                 self.config,
                 state,
                 self.host,
                 limits=self.limits,
                 should_stop=lambda: self.stopping,
+                gate=GatePolicy(
+                    gate.window, gate.min_requests, gate.max_error_rate, gate.max_latency_ratio
+                ),
+                recorder=recorder if server is not None else None,
             )
             problems = updater.resume()
             for model, problem in problems.items():
@@ -212,7 +238,11 @@ class _Server:
     """uvicorn serving the OIP v2 app in a thread beside the update loop."""
 
     def __init__(
-        self, config: EdgeConfig, host: EngineHost, request_sync: Callable[[], None]
+        self,
+        config: EdgeConfig,
+        host: EngineHost,
+        request_sync: Callable[[], None],
+        recorder: Recorder | None = None,
     ) -> None:
         import uvicorn
 
@@ -224,7 +254,7 @@ class _Server:
         except PackageNotFoundError:  # pragma: no cover - a source tree not installed
             __version__ = "dev"
 
-        self.metrics = Metrics()
+        self.metrics = Metrics(host)
         app = create_app(
             host,
             [m.name for m in config.models],
@@ -232,6 +262,7 @@ class _Server:
             __version__,
             metrics=self.metrics,
             request_sync=request_sync,
+            recorder=recorder,
         )
         address, _, port = config.serve.listen.rpartition(":")
         self.address = address.strip("[]")

@@ -17,8 +17,9 @@ import ctypes.util
 import mmap
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
@@ -48,6 +49,9 @@ __all__ = [
 WARMUP_RUNS: Final = 3
 PREPACK_RUNS: Final = 5
 """Timed runs per variant when a host measures whether prepacking pays for a model."""
+LRU_K: Final = 2
+"""Request times kept per engine for eviction (LRU-2: one burst does not make an
+engine valuable)."""
 PREPACK_GAIN: Final = 1.25
 """How much faster prepacked runs must be to give up sharing weights between versions."""
 DATATYPES: Final = {
@@ -216,12 +220,36 @@ class OrtEngine:
                 f"{request.model} {request.version}: provider(s) {', '.join(missing)} are not "
                 f"available here ({', '.join(ort.get_available_providers())})"
             )
+        self.providers = providers
+        self.intra_op_threads = intra_op_threads
+        self.shared = share and providers == ["CPUExecutionProvider"]
+        self.weights: Weights | None = None
+        self.evicted = False
+        """Unloaded to keep within the memory budget: the next run loads it again."""
+        self.on_reload: Callable[[OrtEngine], None] | None = None
+        self._reload_lock = threading.Lock()
+        try:
+            self.size_bytes = request.path.stat().st_size
+        except OSError:
+            self.size_bytes = 0
+        self._session: Any = self._open(base)
+        self.inputs = [(i.name, i.type, list(i.shape)) for i in self._session.get_inputs()]
+        self.outputs = [(o.name, o.type, list(o.shape)) for o in self._session.get_outputs()]
+        self.output_names = [o.name for o in self._session.get_outputs()]
+
+    def _open(self, base: OrtEngine | None) -> Any:
+        """A session for the request (see the class doc).
+
+        Raises:
+            EngineError: ONNX Runtime cannot load it, or its weights cannot be read.
+        """
+        import onnxruntime as ort
+
+        request = self.request
         options = ort.SessionOptions()
         options.log_severity_level = 3
-        options.intra_op_num_threads = intra_op_threads
+        options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
-        self.weights: Weights | None = None
-        self.shared = share and providers == ["CPUExecutionProvider"]
         source: str | bytes = str(request.path)
         if self.shared:
             level = "disable"
@@ -235,21 +263,32 @@ class OrtEngine:
         elif request.kind == "engine":
             level = "disable"  # optimized offline, by CI
         else:
-            level = getattr(target, "optimization", "all")
+            level = getattr(request.target, "optimization", "all")
         options.graph_optimization_level = ort.GraphOptimizationLevel(
             {0: 0, 1: 1, 2: 2, 99: 99}[_OPTIMIZATION[level]]
         )
         try:
-            self._session: Any = ort.InferenceSession(source, options, providers=providers)
+            return ort.InferenceSession(source, options, providers=self.providers)
         except Exception as e:  # noqa: BLE001 - ORT's pybind errors share no other base
             self.weights = None
             raise EngineError(
                 f"{request.model} {request.version}: ONNX Runtime cannot load it "
                 f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})"
             ) from None
-        self.inputs = [(i.name, i.type, list(i.shape)) for i in self._session.get_inputs()]
-        self.outputs = [(o.name, o.type, list(o.shape)) for o in self._session.get_outputs()]
-        self.output_names = [o.name for o in self._session.get_outputs()]
+
+    def unload(self) -> None:
+        """Free the session to keep within a memory budget; the next run loads it again
+        (from the verified blob the request names)."""
+        with self._reload_lock:
+            if self._session is not None:
+                self._session = None
+                self.weights = None
+                self.evicted = True
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the session is in memory (not evicted nor released)."""
+        return self._session is not None
 
     def _split(self, options: Any, base: OrtEngine | None) -> bytes:
         """The graph to load, its large tensors added to ``options`` (shared with
@@ -299,16 +338,35 @@ class OrtEngine:
         """
         session = self._session
         if session is None:
-            raise EngineClosedError(f"{self.model} {self.version} was released")
+            session = self._reload()
         names = list(outputs) if outputs is not None else self.output_names
         values = session.run(names, dict(inputs))
         return dict(zip(names, values, strict=True))
 
+    def _reload(self) -> Any:
+        """The session again, after an eviction (one thread loads it; the others wait).
+
+        Raises:
+            EngineClosedError: the engine was released, not evicted.
+        """
+        with self._reload_lock:
+            if self._session is not None:
+                return self._session
+            if not self.evicted:
+                raise EngineClosedError(f"{self.model} {self.version} was released")
+            self._session = session = self._open(None)
+            self.evicted = False
+        if self.on_reload is not None:
+            self.on_reload(self)
+        return session
+
     def close(self) -> None:
         """Drop the session and the weights only it used (ONNX Runtime frees the
         session when the last reference goes; a mapping closes with its last array)."""
-        self._session = None
-        self.weights = None
+        with self._reload_lock:
+            self._session = None
+            self.weights = None
+            self.evicted = False
 
 
 class EngineClosedError(EngineError):
@@ -328,12 +386,41 @@ def _trim_heap() -> None:
 
 @dataclass(eq=False)
 class _Held:
-    """An engine the host has loaded: requests in flight on it, and whether it was
-    retired (released when the last request ends)."""
+    """An engine the host has loaded: requests in flight on it, whether it was retired
+    (released when the last request ends), and how it was used (for eviction)."""
 
     engine: Engine
     leases: int = 0
     retired: bool = False
+    accesses: deque[float] = field(default_factory=lambda: deque(maxlen=LRU_K))
+    heat: float = 0.0
+    heat_at: float = 0.0
+
+    def touch(self, now: float, half_life_s: float) -> None:
+        """Count a request: its time, and one more unit of heat (decayed to now)."""
+        self.heat = self.heat_now(now, half_life_s) + 1.0
+        self.heat_at = now
+        self.accesses.append(now)
+
+    def heat_now(self, now: float, half_life_s: float) -> float:
+        """Requests, each weighing half as much every ``half_life_s``."""
+        return self.heat * 0.5 ** ((now - self.heat_at) / half_life_s) if self.heat else 0.0
+
+    def value(self, now: float, half_life_s: float) -> tuple[float, float]:
+        """How much keeping it is worth (LRU-K): the time of its K-th latest request
+        (never asked K times: least), then its heat."""
+        kth = self.accesses[0] if len(self.accesses) == LRU_K else float("-inf")
+        return kth, self.heat_now(now, half_life_s)
+
+
+@dataclass
+class CacheStats:
+    """Per model: requests that found the engine loaded, that had to load it again,
+    and how often it was evicted."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
 
 
 class InProcessHost:
@@ -351,12 +438,32 @@ class InProcessHost:
       does).
     """
 
-    def __init__(self, intra_op_threads: int = 1, prepack: str = "auto") -> None:
-        """A host with no engines."""
+    def __init__(
+        self,
+        intra_op_threads: int = 1,
+        prepack: str = "auto",
+        memory_budget: int | None = None,
+        half_life_s: float = 300.0,
+    ) -> None:
+        """A host with no engines.
+
+        Args:
+            intra_op_threads: ONNX Runtime threads per session.
+            prepack: ``auto``, ``on`` or ``off`` (see the class doc).
+            memory_budget: the most bytes of engines kept loaded (None: no limit);
+                beyond it the least valuable idle engine of another model is unloaded
+                (LRU-K over request times, then decayed request heat) and loaded again
+                on its next request.
+            half_life_s: how fast request heat decays.
+        """
         if prepack not in ("auto", "on", "off"):
             raise ValueError(f"prepack must be auto, on or off, not {prepack!r}")
         self.intra_op_threads = intra_op_threads
         self.prepack = prepack
+        self.memory_budget = memory_budget
+        self.half_life_s = half_life_s
+        self.cache: dict[str, CacheStats] = {}
+        """Hits, misses and evictions per model."""
         self.prepack_decisions: dict[str, dict[str, float | bool]] = {}
         """Per model: whether prepacking won, and the milliseconds per run measured."""
         self._serving: dict[str, _Held] = {}
@@ -423,7 +530,46 @@ class InProcessHost:
             held.retired = False
             old = self._serving.get(model)
             self._serving[model] = held
+            if old is not None and not held.accesses:  # the model's standing carries over
+                held.accesses.extend(old.accesses)
+                held.heat, held.heat_at = old.heat, old.heat_at
+        if isinstance(engine, OrtEngine):
+            engine.on_reload = self._reloaded
+        self._enforce_budget(keep=engine)
         return old.engine if old is not None else None
+
+    def _reloaded(self, engine: OrtEngine) -> None:
+        self._enforce_budget(keep=engine)
+
+    def _enforce_budget(self, keep: Engine) -> None:
+        """Unload idle engines of other models, least valuable first, until the loaded
+        ones fit the budget (the engine just loaded is kept even when alone it does not:
+        a request waits for it)."""
+        if self.memory_budget is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            resident = [h for h in self._loaded.values() if getattr(h.engine, "loaded", True)]
+            total = sum(getattr(h.engine, "size_bytes", 0) for h in resident)
+            victims = sorted(
+                (h for h in self._serving.values()
+                 if h.engine is not keep and h.engine.model != keep.model and h.leases == 0
+                 and getattr(h.engine, "loaded", False)),
+                key=lambda h: h.value(now, self.half_life_s),
+            )  # fmt: skip
+        for held in victims:
+            if total <= self.memory_budget:
+                break
+            unload = getattr(held.engine, "unload", None)
+            if unload is None:
+                continue
+            unload()
+            total -= getattr(held.engine, "size_bytes", 0)
+            self._stats(held.engine.model).evictions += 1
+        _trim_heap()
+
+    def _stats(self, model: str) -> CacheStats:
+        return self.cache.setdefault(model, CacheStats())
 
     def current(self, model: str) -> Engine | None:
         """The engine serving ``model``."""
@@ -447,6 +593,12 @@ class InProcessHost:
             if held is None:
                 raise LookupError(model if version is None else f"{model} {version}")
             held.leases += 1
+            held.touch(time.monotonic(), self.half_life_s)
+            stats = self._stats(model)
+            if getattr(held.engine, "loaded", True):
+                stats.hits += 1
+            else:
+                stats.misses += 1  # its run loads it again
         try:
             yield held.engine
         finally:

@@ -2,16 +2,21 @@
 
 One :class:`Metrics` per daemon, on its own registry (no global state): requests by
 model, version and outcome with their latency, updates by model and result with the
-time of each stage, engine swaps, and the process's memory and CPU
-(``modelreg_process_*``).  Made with ``prometheus_client``.
+time of each stage, engine swaps and their duration, health-gate rollbacks, the
+engines loaded (bytes of weights each holds and shares), the memory budget's hits,
+misses and evictions, and the process's memory and CPU (``modelreg_process_*``).
+Made with ``prometheus_client``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from edge_sync.state import UpdateRecord
@@ -26,10 +31,13 @@ _STAGE_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 30
 class Metrics:
     """The daemon's counters and histograms."""
 
-    def __init__(self) -> None:
-        """A fresh registry with the process collector."""
+    def __init__(self, host: Any = None) -> None:
+        """A fresh registry with the process collector (and ``host``'s engines, when
+        it is an :class:`~edge_sync.engine.InProcessHost`)."""
         self.registry = CollectorRegistry()
         ProcessCollector(namespace="modelreg", registry=self.registry)
+        if host is not None and hasattr(host, "loaded") and hasattr(host, "cache"):
+            self.registry.register(_EngineCollector(host))
         self.requests = Counter(
             "modelreg_requests", "Inference requests by model, version and outcome.",
             ["model", "version", "outcome"], registry=self.registry,
@@ -49,6 +57,14 @@ class Metrics:
         self.swaps = Counter(
             "modelreg_swaps", "Engines swapped in, by model.", ["model"], registry=self.registry
         )
+        self.swap_seconds = Histogram(
+            "modelreg_swap_seconds", "Time of each engine swap (the reference assignment).",
+            ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.rollbacks = Counter(
+            "modelreg_rollbacks", "Versions swapped back out by the health gate, by model.",
+            ["model"], registry=self.registry,
+        )  # fmt: skip
 
     def request(self, model: str, version: str, outcome: str, seconds: float) -> None:
         """Count one inference request (``outcome``: ok, bad_request, error ...)."""
@@ -60,9 +76,55 @@ class Metrics:
         self.updates.labels(model, record.result).inc()
         for stage, ms in record.stages_ms.items():
             self.update_stage_seconds.labels(stage).observe(ms / 1000)
-        if record.result == "installed":
+        if record.result == "installed" or "swap" in record.stages_ms:
             self.swaps.labels(model).inc()
+        if "swap" in record.stages_ms:
+            self.swap_seconds.labels(model).observe(record.stages_ms["swap"] / 1000)
 
     def text(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    """The host's engines and memory-budget counters, read at each scrape."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+
+    def collect(self) -> Iterator[Any]:
+        loaded = GaugeMetricFamily(
+            "modelreg_engine_loaded",
+            "Engines held, by model and version (1: in memory; 0: evicted by the budget).",
+            labels=["model", "version"],
+        )
+        own = GaugeMetricFamily(
+            "modelreg_engine_weight_bytes",
+            "Weight bytes an engine holds, by model, version and whether they are shared "
+            "with another loaded version.",
+            labels=["model", "version", "shared"],
+        )
+        for engine in self.host.loaded():
+            is_loaded = bool(getattr(engine, "loaded", True))
+            loaded.add_metric([engine.model, engine.version], 1.0 if is_loaded else 0.0)
+            weights = getattr(engine, "weights", None)
+            if weights is not None:
+                own.add_metric([engine.model, engine.version, "false"], weights.own_bytes)
+                own.add_metric([engine.model, engine.version, "true"], weights.shared_bytes)
+            elif is_loaded:
+                own.add_metric([engine.model, engine.version, "false"],
+                               getattr(engine, "size_bytes", 0))  # fmt: skip
+        yield loaded
+        yield own
+        families = {
+            name: CounterMetricFamily(f"modelreg_engine_cache_{name}", text, labels=["model"])
+            for name, text in (
+                ("hits", "Requests that found their engine loaded."),
+                ("misses", "Requests that had to load their engine again (evicted before)."),
+                ("evictions", "Engines unloaded to keep within serve.memory_budget."),
+            )
+        }
+        for model, stats in dict(self.host.cache).items():
+            for name, family in families.items():
+                family.add_metric([model], getattr(stats, name))
+        yield from families.values()

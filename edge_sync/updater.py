@@ -39,6 +39,7 @@ from edge_sync.engine import (
     LoadRequest,
     self_test,
 )
+from edge_sync.health import GatePolicy, Recorder, judge
 from edge_sync.limits import TrustLimits
 from edge_sync.state import (
     DeviceState,
@@ -70,6 +71,8 @@ STAGES: Final = (
 )  # fmt: skip
 DESCRIPTIONS_DIR: Final = "descriptions"
 """Signed descriptions of installed versions, kept to rebuild engines offline."""
+GATE_CHECK_S: Final = 0.25
+"""How often an open health gate is judged (errors fail it before its window ends)."""
 MAX_DELTA_CHAIN: Final = 16
 """Most deltas applied in a row (each is a full decode of the model)."""
 
@@ -125,6 +128,20 @@ class _Stages:
             self.observer(stage, "end")
 
 
+@dataclass(frozen=True)
+class _OpenGate:
+    """A version swapped in and watched: the engine it replaced stays loaded."""
+
+    model: str
+    version: str
+    new: Engine
+    old: Engine
+    before: ModelState
+    installed: Installed
+    signed: str
+    swapped: float
+
+
 class _RejectedError(Exception):
     """The version cannot be installed on this device: reject it (no backoff)."""
 
@@ -168,6 +185,8 @@ class Updater:
         watcher: GitWatcher | None = None,
         observer: Observer | None = None,
         should_stop: Callable[[], bool] | None = None,
+        gate: GatePolicy | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         """Update the models of ``config`` in ``state``, serving through ``host``.
 
@@ -184,6 +203,10 @@ class Updater:
         self.watcher = watcher or GitWatcher(
             config.repository.url, config.repository.branch, state.checkout
         )
+        self.gate = gate if gate is not None and gate.window_s > 0 and recorder else None
+        self.recorder = recorder
+        self.gates: dict[str, _OpenGate] = {}
+        """Per model, the health gate watching its newest install (see :meth:`check_gates`)."""
 
     # --- start-up ------------------------------------------------------------------------
 
@@ -443,6 +466,7 @@ class Updater:
             request = LoadRequest(name, version, path, plan.sha256, plan.kind, target)
             engine = self._build_and_test(trust, request, doc, stages)
             with stages("swap"):
+                self._close_gate(name)  # a newer version: the one watched has passed
                 old = self.host.swap(name, engine)
 
             def installed_record() -> UpdateRecord:
@@ -453,23 +477,14 @@ class Updater:
                 )  # fmt: skip
 
             with stages("commit"):
-                committed = model.model_copy(
-                    update={
-                        "serving": installed,
-                        "previous": model.serving or model.previous,
-                        "last_known_good": installed,
-                        "last_update": installed_record(),
-                    }
+                before = model
+                model = self._commit_install(
+                    model, installed, installed_record(), (old, engine), commit
                 )
-                try:
-                    commit(committed)  # from here a restart serves the new version
-                except BaseException:
-                    # Not committed: serve what the state names, not what it does not.
-                    self._swap_back(name, old, engine)
-                    raise
-                model = committed
             if old is not None:
-                self.host.retire(old)
+                self._watch_or_retire(_OpenGate(
+                    name, version, engine, old, before, installed, signed_key, time.monotonic()
+                ))  # fmt: skip
             record = installed_record()
         except (_RejectedError, EngineError, ValueError) as e:
             # ValueError: signed data that cannot be used here (a bad case name)
@@ -492,6 +507,118 @@ class Updater:
         finally:
             shutil.rmtree(self._work(name), ignore_errors=True)
         return record, model.model_copy(update={"last_update": record})
+
+    # --- health gates ---------------------------------------------------------------------
+
+    def next_gate_s(self) -> float | None:
+        """Seconds until an open gate should be judged again (None: no gate is open)."""
+        if self.gate is None or not self.gates:
+            return None
+        return GATE_CHECK_S
+
+    def check_gates(self) -> dict[str, UpdateRecord]:
+        """Judge every open gate (:func:`edge_sync.health.judge`): a passed one retires
+        the previous engine and makes the version last known good; a failed one swaps
+        the previous engine back (one reference assignment: no request fails), rejects
+        the version with the gate's reason, and commits the state.
+
+        Returns:
+            The update record of each model rolled back.
+        """
+        if self.gate is None or self.recorder is None:
+            return {}
+        rolled: dict[str, UpdateRecord] = {}
+        now = time.monotonic()
+        for name, gate in list(self.gates.items()):
+            new = self.recorder.window(name, gate.version, gate.swapped, now + 1)
+            before = self.recorder.window(
+                name, gate.old.version, gate.swapped - self.gate.window_s, gate.swapped
+            )
+            verdict = judge(self.gate, new, before, now - gate.swapped)
+            if verdict.decision == "pass":
+                self._close_gate(name, passed=True)
+            elif verdict.decision == "fail":
+                rolled[name] = self._roll_back(name, gate, verdict.reason)
+        return rolled
+
+    def _commit_install(
+        self,
+        model: ModelState,
+        installed: Installed,
+        record: UpdateRecord,
+        engines: tuple[Engine | None, Engine],
+        commit: Callable[[ModelState], None],
+    ) -> ModelState:
+        """Commit ``installed`` as the version served (``engines``: the old and the new
+        one, already swapped: swapped back when the commit fails)."""
+        old, new = engines
+        gated = self.gate is not None and old is not None
+        committed = model.model_copy(
+            update={
+                "serving": installed,
+                "previous": model.serving or model.previous,
+                # known good once its health gate passed
+                "last_known_good": model.last_known_good if gated else installed,
+                "last_update": record,
+            }
+        )
+        try:
+            commit(committed)  # from here a restart serves the new version
+        except BaseException:
+            # Not committed: serve what the state names, not what it does not.
+            self._swap_back(new.model, old, new)
+            raise
+        return committed
+
+    def _watch_or_retire(self, gate: _OpenGate) -> None:
+        """Open a health gate on the swap (the old engine stays loaded), or with no gate
+        configured release the old engine once drained."""
+        if self.gate is not None:
+            self.gates[gate.model] = gate
+        else:
+            self.host.retire(gate.old)
+
+    def _close_gate(self, name: str, *, passed: bool = True) -> None:
+        gate = self.gates.pop(name, None)
+        if gate is None:
+            return
+        self.host.retire(gate.old)
+        if self.recorder is not None:
+            self.recorder.forget(name, gate.old.version)
+        if passed:
+            state = self.state.load_or_recover()
+            model = state.models.get(name)
+            if model is not None and model.serving == gate.installed:
+                held = model.model_copy(update={"last_known_good": gate.installed})
+                self._commit_quietly(state.with_model(name, held))
+
+    def _roll_back(self, name: str, gate: _OpenGate, reason: str) -> UpdateRecord:
+        """Serve the previous engine again and reject the gated version."""
+        self.gates.pop(name, None)
+        start = time.perf_counter()
+        self.host.swap(name, gate.old)
+        self.host.retire(gate.new)
+        swap_ms = round((time.perf_counter() - start) * 1000, 3)
+        record = UpdateRecord(
+            result="rejected", version=gate.version, reason=reason_text(reason),
+            finished=now_iso(), stages_ms={"swap": swap_ms},
+        )  # fmt: skip
+        state = self.state.load_or_recover()
+        model = state.models.get(name, gate.before)
+        rejected = [*model.rejected, Rejected(
+            version=gate.version, sha256=gate.installed.sha256, signed=gate.signed,
+            reason=record.reason or reason, at=now_iso())][-32:]  # fmt: skip
+        restored = model.model_copy(
+            update={
+                "serving": gate.before.serving,
+                "previous": gate.before.previous,
+                "last_known_good": gate.before.last_known_good,
+                "last_update": record,
+                "rejected": rejected,
+            }
+        )
+        self._commit_quietly(state.with_model(name, restored))
+        return record
 
     # --- the stages ----------------------------------------------------------------------
 

@@ -341,6 +341,10 @@ class Quick:
     def sync(self):
         turns[0] += 1
         return SyncReport("current")
+    def next_gate_s(self):
+        return None
+    def check_gates(self):
+        return {}
 d.Updater = Quick
 d._provision = lambda c, s: None
 tmp = tempfile.mkdtemp()
