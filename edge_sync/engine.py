@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import mmap
+import os
 import threading
 import time
 from collections import deque
@@ -294,8 +295,11 @@ class OrtEngine:
         """The graph to load, its large tensors added to ``options`` (shared with
         ``base`` where equal)."""
         path = self.request.path
-        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
-            graph = split_model(view, path.name)
+        with path.open("rb") as fh:
+            if not os.fstat(fh.fileno()).st_size:
+                raise WeightError("the file is empty")
+            with mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
+                graph = split_model(view, path.name)
         base_weights = base.weights if base is not None and base.shared else None
         self.weights = Weights.load(path, graph.tensors, base_weights)
         options.add_session_config_entry(

@@ -531,9 +531,8 @@ class Updater:
         now = time.monotonic()
         for name, gate in list(self.gates.items()):
             new = self.recorder.window(name, gate.version, gate.swapped, now + 1)
-            before = self.recorder.window(
-                name, gate.old.version, gate.swapped - self.gate.window_s, gate.swapped
-            )
+            # the baseline: the previous version's newest answers before the swap
+            before = self.recorder.window(name, gate.old.version, 0.0, gate.swapped)
             verdict = judge(self.gate, new, before, now - gate.swapped)
             if verdict.decision == "pass":
                 self._close_gate(name, passed=True)

@@ -33,6 +33,8 @@ class EdgeRig:
     cli: Any
     models: Path
     hosts: dict[str, Any] = field(default_factory=dict)
+    updater_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments every Updater of this rig gets (a health gate, say)."""
 
     @property
     def remote(self) -> Path:
@@ -114,7 +116,7 @@ class EdgeRig:
         host = self.hosts.setdefault(name, InProcessHost())
         with state.locked():
             _provision(config, state)
-            yield Updater(config, state, host)
+            yield Updater(config, state, host, **self.updater_options)
 
     def sync(self, name: str = "device", /, **overrides: Any) -> Any:
         """One sync of device ``name``; its report."""

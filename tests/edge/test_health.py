@@ -1,0 +1,128 @@
+"""The health gate: the pure decision (``edge_sync.health.judge``), the recorder, and
+the updater's gate after a real install (the previous engine kept loaded, swapped back
+and the version rejected on failure; made last known good on success)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from edge_sync.health import GatePolicy, Recorder, Window, judge
+
+POLICY = GatePolicy(window_s=10, min_requests=20, max_error_rate=0.05, max_latency_ratio=2.0)
+STEADY = Window(requests=500, errors=0, p99_s=0.010)
+
+
+@pytest.mark.parametrize(
+    ("new", "elapsed", "decision", "says"),
+    [
+        (Window(40, 0, 0.011), 3, "wait", ""),
+        (Window(40, 0, 0.011), 10, "pass", ""),
+        (Window(40, 3, 0.011), 3, "fail", "3 of 40 requests failed"),  # errors: at once
+        (Window(10, 3, 0.011), 3, "wait", ""),  # too few to judge errors yet
+        (Window(40, 2, 0.011), 10, "pass", ""),  # 5 %: within
+        (Window(40, 0, 0.025), 3, "wait", ""),  # latency waits for the window
+        (Window(40, 0, 0.025), 10, "fail", "2.5x the previous version's"),
+        (Window(5, 0, 0.900), 10, "pass", ""),  # no evidence: five requests
+        (Window(0, 0, None), 10, "pass", ""),
+    ],
+)
+def test_judge(new: Window, elapsed: float, decision: str, says: str) -> None:
+    verdict = judge(POLICY, new, STEADY, elapsed)
+    assert verdict.decision == decision
+    assert says in verdict.reason
+
+
+def test_latency_is_not_judged_without_a_baseline() -> None:
+    before = Window(requests=3, errors=0, p99_s=0.001)
+    assert judge(POLICY, Window(100, 0, 1.0), before, 11).decision == "pass"
+
+
+def test_the_recorder_windows_by_time_and_version() -> None:
+    recorder = Recorder(keep=100)
+    t0 = time.monotonic()
+    for i in range(100):
+        recorder.record("m", "1", error=i % 10 == 0, seconds=i / 1000)
+    recorder.record("m", "2", error=False, seconds=5.0)
+    window = recorder.window("m", "1", t0, time.monotonic() + 1)
+    assert (window.requests, window.errors) == (100, 10)
+    assert window.p99_s == pytest.approx(0.099)  # errors carry no latency
+    assert recorder.window("m", "1", time.monotonic() + 1, time.monotonic() + 2).requests == 0
+    assert recorder.window("m", "2", t0, time.monotonic() + 1).p99_s == 5.0
+    recorder.forget("m", "1")
+    assert recorder.window("m", "1", t0, time.monotonic() + 1).requests == 0
+
+
+def _gated(rig: Any, window_s: float = 0.3) -> Recorder:
+    recorder = Recorder()
+    rig.updater_options = {
+        "gate": GatePolicy(window_s=window_s, min_requests=5, max_latency_ratio=2.0),
+        "recorder": recorder,
+    }
+    return recorder
+
+
+def _answers(recorder: Recorder, version: str, n: int, seconds: float, error: bool = False) -> None:
+    for _ in range(n):
+        recorder.record("mlp", version, error=error, seconds=seconds)
+
+
+def test_a_slow_version_is_swapped_back_and_rejected(rig: Any) -> None:
+    recorder = _gated(rig)
+    with rig.updater() as up:
+        assert up.sync().updates["mlp"].result == "installed"  # 1.0.0: nothing to gate
+        assert up.gates == {}
+        _answers(recorder, "1.0.0", 50, 0.002)
+        rig.release_version("1.1.0", "1.0.0")
+        assert up.sync().updates["mlp"].result == "installed"
+        host = up.host
+        assert host.versions("mlp") == ["1.1.0", "1.0.0"]  # the previous one kept loaded
+        assert rig.state().models["mlp"].last_known_good.version == "1.0.0"
+        _answers(recorder, "1.1.0", 50, 0.020)
+        assert up.check_gates() == {}  # the window has not passed
+        time.sleep(0.35)
+        rolled = up.check_gates()
+        assert rolled["mlp"].result == "rejected"
+        assert "p99 latency" in (rolled["mlp"].reason or "")
+        assert host.current("mlp").version == "1.0.0"
+        assert host.versions("mlp") == ["1.0.0"]  # the rejected engine released
+        model = rig.state().models["mlp"]
+        assert model.serving.version == "1.0.0"
+        assert model.last_update.result == "rejected"
+        assert [r.version for r in model.rejected] == ["1.1.0"]
+        assert "health gate" in model.rejected[0].reason
+        # not tried again while its signed metadata is the same
+        assert "mlp" not in up.sync().updates
+        assert host.current("mlp").version == "1.0.0"
+
+
+def test_server_errors_fail_the_gate_before_its_window_ends(rig: Any) -> None:
+    recorder = _gated(rig, window_s=60)
+    with rig.updater() as up:
+        up.sync()
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        _answers(recorder, "1.1.0", 10, 0.001, error=True)
+        rolled = up.check_gates()
+        assert "10 of 10 requests failed" in (rolled["mlp"].reason or "")
+        assert up.host.current("mlp").version == "1.0.0"
+
+
+def test_a_healthy_version_becomes_last_known_good_and_the_old_engine_goes(rig: Any) -> None:
+    recorder = _gated(rig)
+    with rig.updater() as up:
+        up.sync()
+        _answers(recorder, "1.0.0", 50, 0.002)
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        old = next(e for e in up.host.loaded() if e.version == "1.0.0")
+        _answers(recorder, "1.1.0", 50, 0.0025)
+        time.sleep(0.35)
+        assert up.check_gates() == {}
+        assert up.gates == {}
+        assert up.host.versions("mlp") == ["1.1.0"]
+        assert not old.loaded
+        model = rig.state().models["mlp"]
+        assert (model.serving.version, model.last_known_good.version) == ("1.1.0", "1.1.0")

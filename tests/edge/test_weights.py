@@ -1,0 +1,115 @@
+"""Shared-weight sessions (``edge_sync.weights``): the split graph loads and computes
+what the whole file computes, unchanged tensors are shared with the version replaced,
+and a file that is not a model is refused with a typed error."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from edge_sync.engine import EngineError, LoadRequest, OrtEngine
+from edge_sync.weights import MAP_AT_LEAST, WeightError, split_model
+from tests.edge import models
+
+
+def _request(path: Path, version: str = "1.0.0") -> LoadRequest:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return LoadRequest("mlp", version, path, digest)
+
+
+def _plain(path: Path, x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": x})[0])
+
+
+def test_the_split_finds_every_large_initializer_where_onnx_reads_it(tmp_path: Path) -> None:
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    data = path.read_bytes()
+    graph = split_model(data, path.name)
+    parsed = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
+    large = {n for n, a in parsed.items() if a.nbytes >= MAP_AT_LEAST}
+    assert {t.name for t in graph.tensors} == large == {f"w{i}" for i in range(models.LAYERS)}
+    for t in graph.tensors:
+        raw = np.frombuffer(data[t.offset : t.offset + t.length], dtype=t.dtype)
+        np.testing.assert_array_equal(raw.reshape(t.dims), parsed[t.name])
+    # the graph itself is small and names its weights as external data in the file
+    assert len(graph.graph) < 10_000
+    stripped = onnx.load_from_string(graph.graph)
+    external = {t.name for t in stripped.graph.initializer if t.data_location == 1}
+    assert external == large
+
+
+def test_a_shared_session_answers_as_the_whole_file_does(tmp_path: Path) -> None:
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    engine = OrtEngine(_request(path), share=True)
+    x = models.sample()
+    np.testing.assert_allclose(engine.run({"x": x})["y"], _plain(path, x), rtol=1e-5, atol=1e-5)
+    assert engine.weights is not None
+    assert engine.weights.own_bytes == models.LAYERS * models.WIDTH**2 * 4
+
+
+def test_a_fine_tune_shares_its_unchanged_layers_with_the_version_it_replaces(
+    tmp_path: Path,
+) -> None:
+    v1 = models.save(models.mlp(), tmp_path / "a" / "v1.onnx")
+    v2 = models.save(models.mlp(changed=(2,)), tmp_path / "b" / "v2.onnx")
+    old = OrtEngine(_request(v1), share=True)
+    new = OrtEngine(_request(v2, "1.1.0"), share=True, base=old)
+    assert new.weights is not None
+    assert old.weights is not None
+    layer = models.WIDTH**2 * 4
+    assert (new.weights.own_bytes, new.weights.shared_bytes) == (layer, 3 * layer)
+    for name in ("w0", "w1", "w3"):  # the same values, not copies
+        assert new.weights.values[name] is old.weights.values[name]
+    assert new.weights.values["w2"] is not old.weights.values["w2"]
+    x = models.sample()
+    np.testing.assert_allclose(new.run({"x": x})["y"], _plain(v2, x), rtol=1e-5, atol=1e-5)
+    # the old engine released: the new one keeps computing on what it shared
+    old.close()
+    np.testing.assert_allclose(new.run({"x": x})["y"], _plain(v2, x), rtol=1e-5, atol=1e-5)
+
+
+def test_constant_nodes_are_shared_like_initializers(tmp_path: Path) -> None:
+    weight = np.arange(128 * 256, dtype=np.float32).reshape(128, 256) / 1e4
+    node = helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(weight, "c"))
+    graph = helper.make_graph(
+        [node, helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 128])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 256])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = models.save(model, tmp_path / "c.onnx")
+    split = split_model(path.read_bytes(), path.name)
+    assert [t.name for t in split.tensors] == ["w"]
+    engine = OrtEngine(_request(path), share=True)
+    x = np.ones((1, 128), np.float32)
+    np.testing.assert_allclose(engine.run({"x": x})["y"], x @ weight, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"", b"\xff" * 64, b"\x3a\xff\xff\xff\xff\x0f"],  # no graph; bad wire type; overlong
+    ids=["empty", "bad-wire", "overlong"],
+)
+def test_a_file_that_is_not_a_model_is_a_typed_error(tmp_path: Path, garbage: bytes) -> None:
+    with pytest.raises(WeightError):
+        split_model(garbage, "x")
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(garbage)
+    with pytest.raises(EngineError, match="cannot"):
+        OrtEngine(_request(path), share=True)
+
+
+def test_a_truncated_model_is_refused_not_mapped_past_its_end(tmp_path: Path) -> None:
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(EngineError):
+        OrtEngine(_request(path), share=True)
