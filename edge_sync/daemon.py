@@ -167,9 +167,10 @@ class Daemon:
                 gate_in = updater.next_gate_s()
                 wakeup.sleep(left if gate_in is None else min(left, gate_in))
                 for model, record in updater.check_gates().items():
-                    print(f"modelreg edge: {model}: {record.version} rolled back: "
-                          f"{record.reason}", file=sys.stderr)  # fmt: skip
-                    if server is not None:
+                    done = "rolled back" if record.result == "rejected" else "kept"
+                    print(f"modelreg edge: {model}: {record.version} {done}: {record.reason}",
+                          file=sys.stderr)  # fmt: skip
+                    if server is not None and record.result == "rejected":
                         server.metrics.update(model, record)
                         server.metrics.rollbacks.labels(model).inc()
 

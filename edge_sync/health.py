@@ -92,7 +92,13 @@ def judge(policy: GatePolicy, new: Window, before: Window, elapsed_s: float) -> 
             f"requests, {new.p99_s / before.p99_s:.1f}x the previous version's "
             f"{before.p99_s * 1000:.1f} ms (at most {policy.max_latency_ratio:g}x allowed)",
         )
-    return Verdict("pass")
+    p99 = f"p99 {new.p99_s * 1000:.1f} ms" if new.p99_s is not None else "no latency"
+    base = f"{before.p99_s * 1000:.1f} ms" if before.p99_s is not None else "none"
+    return Verdict(
+        "pass",
+        f"health gate passed: {new.requests} requests, {new.errors} failed, {p99} "
+        f"(the previous version's: {base} over {before.requests} requests)",
+    )
 
 
 @dataclass

@@ -523,7 +523,8 @@ class Updater:
         the version with the gate's reason, and commits the state.
 
         Returns:
-            The update record of each model rolled back.
+            The update record of each model whose gate closed: ``installed`` (passed;
+            its reason says what the gate saw) or ``rejected`` (rolled back).
         """
         if self.gate is None or self.recorder is None:
             return {}
@@ -536,6 +537,10 @@ class Updater:
             verdict = judge(self.gate, new, before, now - gate.swapped)
             if verdict.decision == "pass":
                 self._close_gate(name, passed=True)
+                rolled[name] = UpdateRecord(
+                    result="installed", version=gate.version, reason=verdict.reason,
+                    finished=now_iso(),
+                )  # fmt: skip
             elif verdict.decision == "fail":
                 rolled[name] = self._roll_back(name, gate, verdict.reason)
         return rolled

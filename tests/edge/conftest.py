@@ -54,10 +54,12 @@ class EdgeRig:
         *,
         channel: str = "canary",
         source: str | None = None,
+        artifact: Path | None = None,
     ) -> None:
-        """Add ``mlp`` ``version`` (from the example models), promote it, release it."""
-        args = ["version", "add", "mlp", version, "--artifact",
-                str(self.models / f"mlp/{source or version}.onnx")]  # fmt: skip
+        """Add ``mlp`` ``version`` (from the example models, or ``artifact``), promote
+        it, release it."""
+        artifact = artifact or self.models / f"mlp/{source or version}.onnx"
+        args = ["version", "add", "mlp", version, "--artifact", str(artifact)]
         if parent:
             args += ["--parent", parent]
         self.run(*args)

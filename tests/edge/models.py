@@ -77,3 +77,34 @@ def save(model: onnx.ModelProto, path: Path) -> Path:
 def sample(batch: int = 2, seed: int = 1, width: int = WIDTH) -> np.ndarray:
     """An input batch for :func:`mlp`."""
     return np.random.default_rng(seed).standard_normal((batch, width)).astype(np.float32)
+
+
+def slowed(model: onnx.ModelProto, matmuls: int, width: int = 512) -> onnx.ModelProto:
+    """``model`` with the same inputs, outputs and answers, and ``matmuls`` extra
+    ``width x width`` matrix products per run (their result is added times zero)."""
+    slow = onnx.ModelProto()
+    slow.CopyFrom(model)
+    graph = slow.graph
+    x, y = graph.input[0].name, graph.output[0].name
+    features = graph.input[0].type.tensor_type.shape.dim[-1].dim_value
+    for node in graph.node:
+        node.output[:] = [f"{y}_fast" if o == y else o for o in node.output]
+    rng = np.random.default_rng(7)
+    graph.initializer.extend([
+        numpy_helper.from_array(rng.standard_normal((features, width)).astype(np.float32) / 8,
+                                "slow_in"),
+        numpy_helper.from_array(np.eye(width, dtype=np.float32), "slow_burn"),
+        numpy_helper.from_array(np.zeros((1,), np.float32), "slow_zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "slow_axes"),
+    ])  # fmt: skip
+    work = "slow_0"
+    graph.node.append(helper.make_node("MatMul", [x, "slow_in"], [work]))
+    for i in range(matmuls):
+        graph.node.append(helper.make_node("MatMul", [work, "slow_burn"], [f"slow_{i + 1}"]))
+        work = f"slow_{i + 1}"
+    graph.node.extend([
+        helper.make_node("ReduceSum", [work, "slow_axes"], ["slow_sum"], keepdims=1),
+        helper.make_node("Mul", ["slow_sum", "slow_zero"], ["slow_nothing"]),
+        helper.make_node("Add", [f"{y}_fast", "slow_nothing"], [y]),
+    ])  # fmt: skip
+    return slow

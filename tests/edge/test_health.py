@@ -19,7 +19,7 @@ STEADY = Window(requests=500, errors=0, p99_s=0.010)
     ("new", "elapsed", "decision", "says"),
     [
         (Window(40, 0, 0.011), 3, "wait", ""),
-        (Window(40, 0, 0.011), 10, "pass", ""),
+        (Window(40, 0, 0.011), 10, "pass", "40 requests, 0 failed, p99 11.0 ms"),
         (Window(40, 3, 0.011), 3, "fail", "3 of 40 requests failed"),  # errors: at once
         (Window(10, 3, 0.011), 3, "wait", ""),  # too few to judge errors yet
         (Window(40, 2, 0.011), 10, "pass", ""),  # 5 %: within
@@ -120,7 +120,9 @@ def test_a_healthy_version_becomes_last_known_good_and_the_old_engine_goes(rig: 
         old = next(e for e in up.host.loaded() if e.version == "1.0.0")
         _answers(recorder, "1.1.0", 50, 0.0025)
         time.sleep(0.35)
-        assert up.check_gates() == {}
+        closed = up.check_gates()
+        assert closed["mlp"].result == "installed"
+        assert "health gate passed: 50 requests" in (closed["mlp"].reason or "")
         assert up.gates == {}
         assert up.host.versions("mlp") == ["1.1.0"]
         assert not old.loaded

@@ -1,0 +1,194 @@
+"""Hot-swap under load, on real HTTP on loopback with the load generator in its own
+process (``benchmarks.loadgen``):
+
+* 200 requests kept in flight across 24 swaps (each built beside the serving engine
+  and self-tested on its goldens, as the updater does): no request fails, and every
+  answer equals what the version it names computes;
+* a daemon that installs a version which answers right but slowly rolls it back by
+  its health gate, under load, without a failed request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.loadgen import LoadResult, run_load_subprocess
+from edge_sync.engine import GoldenCase, InProcessHost, LoadRequest, self_test
+from edge_sync.health import Recorder
+from edge_sync.serving import create_app
+from tests.edge import models
+from tests.edge.conftest import EdgeRig
+
+pytestmark = pytest.mark.integration
+
+_EXPECTED_ENV = "MODELREG_TEST_EXPECTED"
+_expected: dict[str, np.ndarray] = {}
+
+
+def check(doc: Mapping[str, Any]) -> str | None:
+    """The load generator's check (it runs in the generator's process): the answer
+    equals what the version it names computes."""
+    if not _expected:
+        for version, values in json.loads(Path(os.environ[_EXPECTED_ENV]).read_text()).items():
+            _expected[version] = np.asarray(values, np.float32)
+    want = _expected.get(str(doc.get("model_version")))
+    if want is None:
+        return f"an answer from version {doc.get('model_version')!r}"
+    got = np.asarray(doc["outputs"][0]["data"], np.float32).reshape(want.shape)
+    if not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+        return f"{doc['model_version']}: max error {float(np.abs(got - want).max()):.3g}"
+    return None
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[InProcessHost, Recorder, str]]:
+    """The OIP app over an in-process host, on uvicorn in a thread on loopback."""
+    import uvicorn
+
+    host, recorder = InProcessHost(prepack="off"), Recorder()
+    app = create_app(host, ["mlp"], dict, "test", recorder=recorder)
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                       lifespan="off", access_log=False))  # fmt: skip
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    port = uv.servers[0].sockets[0].getsockname()[1]
+    yield host, recorder, f"http://127.0.0.1:{port}"
+    uv.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_two_hundred_requests_in_flight_across_twenty_four_swaps(
+    server: tuple[InProcessHost, Recorder, str], tmp_path: Path, monkeypatch: Any
+) -> None:
+    host, recorder, url = server
+    x = models.sample()
+    requests, cases, expected = [], [], {}
+    for version, changed in (("1.0.0", ()), ("1.1.0", (1,))):
+        path = models.save(models.mlp(changed=changed), tmp_path / version / "m.onnx")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        requests.append(LoadRequest("mlp", version, path, digest))
+        reference = InProcessHost(prepack="on").build(requests[-1])
+        expected[version] = reference.run({"x": x})["y"]
+        cases.append([GoldenCase("sample", {"x": x}, {"y": expected[version]}, 1e-4, 1e-5)])
+    out = tmp_path / "expected.json"
+    out.write_text(json.dumps({v: a.tolist() for v, a in expected.items()}))
+    monkeypatch.setenv(_EXPECTED_ENV, str(out))
+    host.swap("mlp", host.build(requests[0]))
+    body = json.dumps({"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.reshape(-1).tolist()}]}).encode()  # fmt: skip
+    swaps: list[float] = []
+
+    def swapper() -> None:
+        deadline = time.monotonic() + 60
+        while recorder.window("mlp", "1.0.0", 0, time.monotonic() + 1).requests < 500:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)  # the load is on
+        for i in range(24):
+            engine = host.build(requests[(i + 1) % 2])
+            self_test(engine, cases[(i + 1) % 2])
+            old = host.swap("mlp", engine)
+            assert old is not None
+            host.retire(old)
+            swaps.append(time.monotonic())
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=swapper)
+    thread.start()
+    result: LoadResult = run_load_subprocess(
+        f"{url}/v2/models/mlp/infer", body, concurrency=200, duration_s=10,
+        check="tests.edge.test_hot_swap:check",
+    )  # fmt: skip
+    thread.join()
+    assert len(swaps) == 24
+    after_last = recorder.window("mlp", "1.0.0", swaps[-1], time.monotonic() + 1).requests
+    assert after_last > 0  # the load outlasted the swaps
+    assert result.failures == {}
+    counts = result.version_counts()
+    assert set(counts) == {"1.0.0", "1.1.0"}
+    assert result.requests > 2000
+    assert len(host.loaded()) == 1  # every replaced engine drained and released
+
+
+def _status(config: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "modelreg", "edge", "status", "--config", str(config), "--json"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    doc: dict[str, Any] = json.loads(out.stdout)
+    return doc
+
+
+def _wait(config: Path, what: str, test: Any, timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        status = _status(config)
+        if test(status):
+            return status
+        assert time.monotonic() < deadline, f"waited for {what}: {status}"
+        time.sleep(0.2)
+
+
+def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
+    rig: EdgeRig, tmp_path: Path
+) -> None:
+    import onnx
+
+    config = rig.config(
+        serve={"listen": "127.0.0.1:0", "prepack": "off",
+               "health_gate": {"window": "3s", "min_requests": 20, "max_latency_ratio": 2}},
+    )  # fmt: skip
+    slow = models.slowed(onnx.load(str(rig.models / "mlp/1.1.0.onnx")), matmuls=96)
+    slow_path = models.save(slow, tmp_path / "slow" / "1.1.0.onnx")
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        status = _wait(config, "1.0.0", lambda s: (s["models"]["mlp"]["serving"] or {}).get(
+            "version") == "1.0.0" and s["daemon"]["listen"])  # fmt: skip
+        url = f"http://{status['daemon']['listen']}/v2/models/mlp/infer"
+        x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [2, 16], "datatype": "FP32",
+                                       "data": x.reshape(-1).tolist()}]}).encode()  # fmt: skip
+        results: list[LoadResult] = []
+        load = threading.Thread(target=lambda: results.append(run_load_subprocess(
+            url, body, concurrency=32, duration_s=25)))  # fmt: skip
+        load.start()
+        time.sleep(2)  # the baseline: 1.0.0 under this load
+        rig.release_version("1.1.0", "1.0.0", artifact=slow_path)
+        try:
+            status = _wait(config, "the rollback", lambda s: s["models"]["mlp"]["rejected"])
+        except AssertionError:
+            log.flush()
+            raise AssertionError((tmp_path / "daemon.log").read_text()[-3000:]) from None
+        model = status["models"]["mlp"]
+        assert model["serving"]["version"] == "1.0.0"
+        assert model["rejected"][0]["version"] == "1.1.0"
+        assert "health gate: p99 latency" in model["rejected"][0]["reason"]
+        assert model["last_update"]["result"] == "rejected"
+        load.join()
+        result = results[0]
+        assert result.failures == {}
+        assert set(result.version_counts()) == {"1.0.0", "1.1.0"}  # it served, then went
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
