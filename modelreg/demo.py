@@ -9,6 +9,7 @@ the version-state table.  Each step runs the real ``modelreg`` command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -269,13 +270,11 @@ class Demo:
             wait_for("1.0.0")
             self.infer(edge)
             self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
-            self.step("v2 reaches production; SIGHUP syncs at once; installed by delta")
+            self.step("v2 reaches production; under traffic, SIGHUP syncs at once; by delta")
             self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "production")
             self.run("git", "commit", "-qam", "promote mlp 1.1.0 to production")
             self.run("modelreg", "ci", "release")
-            print("$ kill -HUP <daemon>")
-            daemon.send_signal(signal.SIGHUP)
-            wait_for("1.1.0")
+            self.under_traffic(edge, daemon, lambda: wait_for("1.1.0"))
             self.infer(edge)
             self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
         finally:
@@ -283,6 +282,68 @@ class Demo:
             daemon.send_signal(signal.SIGTERM)
             code = daemon.wait(timeout=60)
             print(f"  the daemon exited {code}")
+
+    def under_traffic(self, edge: Any, daemon: Any, wait: Any) -> None:
+        """Send SIGHUP while 16 clients keep requests in flight; print what they saw
+        (requests, failures, p99 before and during the update) and what the swap cost
+        in memory (the daemon's peak resident set during the update over before it)."""
+        import json
+        import threading
+
+        import numpy as np
+
+        from benchmarks.loadgen import LoadResult, run_load_subprocess
+        from edge_sync.daemon import status_document
+
+        listen = status_document(edge)["daemon"]["listen"]
+        with np.load(self.work / "examples/mlp/1.0.0.inputs.npz") as held:
+            x = held["input"][:1]
+        body = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": list(x.shape),
+                        "datatype": "FP32",
+                        "data": x.reshape(-1).tolist(),
+                    }
+                ]
+            }
+        )
+        url = f"http://{listen}/v2/models/mlp/infer"
+        results: list[LoadResult] = []
+        load = threading.Thread(target=lambda: results.append(run_load_subprocess(
+            url, body.encode(), concurrency=16, duration_s=8)))  # fmt: skip
+        print(f"$ python -m benchmarks.loadgen {url} --concurrency 16 --duration 8 &")
+        load.start()
+        time.sleep(3)
+        proc = Path(f"/proc/{daemon.pid}")
+        steady = _vm(proc, "VmRSS")
+        with contextlib.suppress(OSError):
+            (proc / "clear_refs").write_text("5")  # the peak starts from here
+        print("$ kill -HUP <daemon>")
+        daemon.send_signal(signal.SIGHUP)
+        wait()
+        peak = _vm(proc, "VmHWM")
+        load.join()
+        result = results[0]
+        update = status_document(edge)["models"]["mlp"]["last_update"]
+        took = sum(update["stages_ms"].values()) / 1000
+        first_new = min(t for t, v in zip(result.finished_s, result.versions, strict=True)
+                        if v == "1.1.0")  # fmt: skip
+        before = [lat for t, lat in zip(result.finished_s, result.latencies_s, strict=True)
+                  if t < first_new - took - 0.5]  # fmt: skip
+        during = [lat for t, lat in zip(result.finished_s, result.latencies_s, strict=True)
+                  if first_new - took - 0.5 <= t <= first_new + 0.5]  # fmt: skip
+        counts = ", ".join(f"{v}: {n}" for v, n in sorted(result.version_counts().items()))
+        print(f"  traffic: {result.requests} requests ({counts}), {result.failed} failed")
+        print(f"  p99 before the update {_p99(before):.1f} ms; during it {_p99(during):.1f} ms")
+        if steady and peak:
+            cost = (peak - steady) / 1024
+            print(f"  memory: {steady / 1024:.0f} MiB serving 1.0.0, peak {peak / 1024:.0f} "
+                  f"MiB during the update (+{cost:.1f} MiB for the swap)")  # fmt: skip
+        if result.failed:
+            raise SystemExit(f"demo failed: {result.failed} requests failed during the swap")
 
     def infer(self, edge: Any) -> None:
         """One Open Inference Protocol request to the device, as an application sends it."""
@@ -305,6 +366,25 @@ class Demo:
             answer = json.loads(response.read())
         probs = ", ".join(f"{v:.3f}" for v in answer["outputs"][0]["data"])
         print(f"  model_version {answer['model_version']}: probs [{probs}]")
+
+
+def _vm(proc: Path, field: str) -> int:
+    """A ``/proc/<pid>/status`` size in KiB (0 where there is none)."""
+    try:
+        for line in (proc / "status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _p99(latencies: list[float]) -> float:
+    """The 99th percentile in milliseconds (0 without samples)."""
+    if not latencies:
+        return 0.0
+    ordered = sorted(latencies)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
 
 
 def main(argv: list[str] | None = None) -> None:
