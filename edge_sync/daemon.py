@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any, Final
 
 from edge_sync.config import EdgeConfig
-from edge_sync.engine import EngineHost, InProcessHost
+from edge_sync.engine import EngineError, EngineHost, InProcessHost
 from edge_sync.health import GatePolicy, Recorder
 from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, now_iso, reason_text
@@ -38,6 +38,8 @@ from signing.errors import VerificationError
 
 __all__ = ["Daemon", "backoff_delay", "next_delay", "status_document", "systemd_unit"]
 
+TUNING_FILE: Final = "tuning.json"
+"""In the state dir: per model, whether prepacking paid when measured (``serve.prepack``)."""
 FIRST_RETRY_S: Final = 5.0
 
 
@@ -152,6 +154,7 @@ class Daemon:
                     server.metrics.update(model, record)
             if self.on_sync is not None:
                 self.on_sync(report)
+            self._tune(updater)
             if report.result == "failed":
                 failures += 1
                 delay = backoff_delay(failures, repo.poll_interval, repo.max_backoff)
@@ -174,6 +177,25 @@ class Daemon:
                         server.metrics.update(model, record)
                         server.metrics.rollbacks.labels(model).inc()
 
+    def _tune(self, updater: Updater) -> None:
+        """Measure, once per model, whether prepacking pays (``serve.prepack: auto``),
+        while no health gate watches it (a tuning swap would confuse the gate)."""
+        tune = getattr(self.host, "tune", None)
+        if tune is None:
+            return
+        for sub in self.config.models:
+            if sub.name in updater.gates or self._stopping or self._sync_now:
+                continue
+            try:
+                decision = tune(sub.name)
+            except (EngineError, OSError) as e:
+                print(f"modelreg edge: {sub.name}: not tuned: {reason_text(str(e))}",
+                      file=sys.stderr)  # fmt: skip
+                continue
+            if decision is not None:
+                how = "prepacked (private weights)" if decision["prepack"] else "shared weights"
+                print(f"modelreg edge: {sub.name}: runs with {how}: {decision}", file=sys.stderr)
+
     def run(self, *, install_signals: bool = True, listen: str | None = None) -> int:
         """Run until stopped; the exit code (0 on a clean stop).
 
@@ -194,6 +216,7 @@ class Daemon:
                     intra_op_threads=serve.threads,
                     prepack=serve.prepack,
                     memory_budget=serve.memory_budget,
+                    decisions=state.root / TUNING_FILE,
                 )
             recorder = Recorder()
             server = (

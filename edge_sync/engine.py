@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import mmap
 import os
 import threading
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from edge_sync.weights import WeightError, Weights, split_model
+from registry.atomic import write_atomic
 from registry.errors import RegistryError
 
 if TYPE_CHECKING:
@@ -378,6 +380,34 @@ class EngineClosedError(EngineError):
     only when no request holds them)."""
 
 
+def _best_run_ms(engine: OrtEngine, sample: Mapping[str, Any]) -> float:
+    """The fastest of :data:`PREPACK_RUNS` runs of ``sample``, after one warm-up run."""
+    engine.run(sample)
+    best = float("inf")
+    for _ in range(PREPACK_RUNS):
+        start = time.perf_counter()
+        engine.run(sample)
+        best = min(best, time.perf_counter() - start)
+    return round(best * 1000, 3)
+
+
+def _read_decisions(path: Path | None) -> dict[str, dict[str, float | bool]]:
+    """Decisions kept by an earlier run (none when absent or unreadable)."""
+    if path is None:
+        return {}
+    try:
+        doc = json.loads(path.read_bytes()[: 1 << 20])
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {
+        str(model): {str(k): v for k, v in d.items() if isinstance(v, (bool, int, float))}
+        for model, d in doc.items()
+        if isinstance(d, dict) and isinstance(d.get("prepack"), bool)
+    }
+
+
 def _trim_heap() -> None:
     """Give freed heap memory back to the system (glibc keeps it for reuse otherwise,
     and a long-lived daemon that swaps engines would grow)."""
@@ -437,9 +467,9 @@ class InProcessHost:
       loaded version) and holds it: :meth:`retire` releases an engine only when its
       last lease ends, so a swap never breaks a request in flight;
     * :meth:`build` shares unchanged weights with the engine it will replace, on CPU,
-      when the model's measured speed allows (``prepack``: ``auto`` measures each
-      model once, with and without prepacking; ``on`` never shares; ``off`` always
-      does).
+      unless prepacking pays for the model (``prepack``: ``auto`` shares at first and
+      :meth:`tune` measures each model once, in the background; ``on`` never shares;
+      ``off`` always does).
     """
 
     def __init__(
@@ -448,6 +478,7 @@ class InProcessHost:
         prepack: str = "auto",
         memory_budget: int | None = None,
         half_life_s: float = 300.0,
+        decisions: Path | None = None,
     ) -> None:
         """A host with no engines.
 
@@ -459,6 +490,7 @@ class InProcessHost:
                 (LRU-K over request times, then decayed request heat) and loaded again
                 on its next request.
             half_life_s: how fast request heat decays.
+            decisions: where :meth:`tune`'s decisions are kept (None: in memory).
         """
         if prepack not in ("auto", "on", "off"):
             raise ValueError(f"prepack must be auto, on or off, not {prepack!r}")
@@ -468,7 +500,8 @@ class InProcessHost:
         self.half_life_s = half_life_s
         self.cache: dict[str, CacheStats] = {}
         """Hits, misses and evictions per model."""
-        self.prepack_decisions: dict[str, dict[str, float | bool]] = {}
+        self.decisions = decisions
+        self.prepack_decisions: dict[str, dict[str, float | bool]] = _read_decisions(decisions)
         """Per model: whether prepacking won, and the milliseconds per run measured."""
         self._serving: dict[str, _Held] = {}
         self._loaded: dict[int, _Held] = {}
@@ -492,37 +525,55 @@ class InProcessHost:
         if self.prepack != "auto":
             return self.prepack == "off"
         decided = self.prepack_decisions.get(request.model)
-        if decided is None:
-            decided = self._measure(request)
-            self.prepack_decisions[request.model] = decided
-        return not decided["prepack"]
+        return decided is None or not decided["prepack"]  # shared until measured
 
-    def _measure(self, request: LoadRequest) -> dict[str, float | bool]:
-        """Time a run of zeros with shared weights (no prepacking) and with a private,
-        prepacked session; prepacking wins when it is over :data:`PREPACK_GAIN` times
-        faster (it costs a private copy of the weights, and sharing on every swap)."""
-        timings: dict[str, float] = {}
-        for label, share in (("shared_ms", True), ("prepacked_ms", False)):
-            try:
-                engine = OrtEngine(request, intra_op_threads=self.intra_op_threads, share=share)
-            except EngineError:
-                return {"prepack": not share}  # the other way loads: nothing to compare
-            try:
-                sample = engine.sample_inputs()
-                engine.run(sample)
-                best = float("inf")
-                for _ in range(PREPACK_RUNS):
-                    start = time.perf_counter()
-                    engine.run(sample)
-                    best = min(best, time.perf_counter() - start)
-                timings[label] = round(best * 1000, 3)
-            except Exception:  # noqa: BLE001 - zeros may not be valid input: do not prepack
-                return {"prepack": False}
-            finally:
-                engine.close()
-        _trim_heap()
+    def tune(self, model: str) -> dict[str, float | bool] | None:
+        """With ``prepack: auto``, measure once per model whether prepacking pays: time
+        the serving (shared-weight) engine and a private, prepacked one of the same
+        version on zeros shaped like the inputs; prepacking wins when it is over
+        :data:`PREPACK_GAIN` times faster (it costs a private copy of every weight, and
+        sharing on every later swap).  A winning private engine is swapped in at once.
+        The decision is kept (``decisions``) across restarts.
+
+        Returns:
+            The decision made now, or None (already decided, not auto, nothing serving,
+            or another engine of the model still loaded: a swap in progress).
+        """
+        if self.prepack != "auto" or model in self.prepack_decisions:
+            return None
+        with self._lock:
+            held = self._serving.get(model)
+            busy = any(h is not held and h.engine.model == model for h in self._loaded.values())
+        serving = held.engine if held is not None else None
+        if busy or not isinstance(serving, OrtEngine) or not serving.shared or not serving.loaded:
+            return None
+        try:
+            private = OrtEngine(serving.request, intra_op_threads=self.intra_op_threads)
+        except EngineError:
+            return self._decided(model, {"prepack": False})
+        try:
+            sample = serving.sample_inputs()
+            timings = {"shared_ms": _best_run_ms(serving, sample),
+                       "prepacked_ms": _best_run_ms(private, sample)}  # fmt: skip
+        except Exception:  # noqa: BLE001 - zeros may not be valid input: keep sharing
+            private.close()
+            return self._decided(model, {"prepack": False})
         won = timings["shared_ms"] > timings["prepacked_ms"] * PREPACK_GAIN
-        return {"prepack": won, **timings}
+        if won:
+            old = self.swap(model, private)
+            if old is not None:
+                self.retire(old)
+        else:
+            private.close()
+            _trim_heap()
+        return self._decided(model, {"prepack": won, **timings})
+
+    def _decided(self, model: str, decision: dict[str, float | bool]) -> dict[str, float | bool]:
+        self.prepack_decisions[model] = decision
+        if self.decisions is not None:
+            with contextlib.suppress(OSError):  # measured again after a restart: harmless
+                write_atomic(self.decisions, json.dumps(self.prepack_decisions).encode())
+        return decision
 
     # --- serving ---------------------------------------------------------------------
 

@@ -213,3 +213,45 @@ def test_memory_does_not_creep_over_fifty_swaps(tmp_path: Path, prepack: str) ->
     )  # fmt: skip
     levels = json.loads(out.stdout)
     assert max(levels[10:]) <= levels[0] * 1.1, (levels[0], levels[-1], max(levels))
+
+
+@pytest.mark.parametrize("wins", [True, False])
+def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
+    versions: tuple[LoadRequest, LoadRequest],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    wins: bool,
+) -> None:
+    import edge_sync.engine as engine_module
+
+    # how much faster prepacking must be: 0 (it always wins) or never
+    monkeypatch.setattr(engine_module, "PREPACK_GAIN", 0.0 if wins else 1e9)
+    kept = tmp_path / "tuning.json"
+    host = InProcessHost(prepack="auto", decisions=kept)
+    v1, v2 = versions
+    first = host.build(v1)
+    assert isinstance(first, OrtEngine)
+    assert first.shared  # serving at once, measured later
+    host.swap("mlp", first)
+    first_v2 = host.build(v2)
+    assert host.swap("mlp", first_v2) is first
+    assert host.tune("mlp") is None  # two engines loaded (a swap draining): not now
+    host.retire(first)
+    decision = host.tune("mlp")
+    assert decision is not None
+    assert decision["prepack"] is wins
+    assert decision["shared_ms"] > 0
+    assert decision["prepacked_ms"] > 0
+    serving = host.current("mlp")
+    assert isinstance(serving, OrtEngine)
+    assert serving.version == "1.1.0"
+    assert serving.shared is not wins  # a winning private engine was swapped in
+    assert first_v2.loaded is not wins  # and the shared one released
+    assert host.tune("mlp") is None  # once per model
+    assert json.loads(kept.read_text())["mlp"]["prepack"] is wins
+    # a restart keeps the decision: the next version is built the way it chose
+    again = InProcessHost(prepack="auto", decisions=kept)
+    built = again.build(v1)
+    assert isinstance(built, OrtEngine)
+    assert built.shared is not wins
+    assert again.tune("mlp") is None
