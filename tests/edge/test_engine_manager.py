@@ -234,6 +234,7 @@ def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
     assert first.shared  # serving at once, measured later
     host.swap("mlp", first)
     first_v2 = host.build(v2)
+    assert isinstance(first_v2, OrtEngine)
     assert host.swap("mlp", first_v2) is first
     assert host.tune("mlp") is None  # two engines loaded (a swap draining): not now
     host.retire(first)
