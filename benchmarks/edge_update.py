@@ -6,7 +6,9 @@ through the real ``modelreg ci release``.  A device then runs the real
 :class:`~edge_sync.updater.Updater` in this process:
 
 * **full**: a fresh device installs 1.1.0 (fetch, verify, build, self-test, swap, commit);
-* **delta**: a device that holds 1.0.0 installs 1.1.0 (fetch the delta, apply, verify ...).
+* **delta**: a device that serves 1.0.0 installs 1.1.0 (fetch the delta, apply, verify,
+  build a session that shares the unchanged weights with the serving one ...); and the
+  same with private prepacked sessions (``serve.prepack: on``), side by side.
 
 The latency is from "new metadata seen" (the end of the git detect stage) to the end of
 the commit stage.  The **floor**, measured in the same run, is what any verified install
@@ -152,8 +154,10 @@ def _config(device: Path, repo_url: str, remote: Path, root: Path) -> Path:
     return path
 
 
-def _update(config_path: Path, state_from: Path | None) -> dict[str, Any]:
-    """One sync of a device (its state dir copied from ``state_from``), timed."""
+def _update(config_path: Path, state_from: Path | None, prepack: str = "off") -> dict[str, Any]:
+    """One sync of a device (its state dir copied from ``state_from``, and what that
+    state serves loaded first, as a running daemon holds it), timed from "new metadata
+    seen" to "committed"."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import _provision
     from edge_sync.engine import InProcessHost
@@ -170,10 +174,13 @@ def _update(config_path: Path, state_from: Path | None) -> dict[str, Any]:
         marks[f"{stage}:{phase}"] = time.perf_counter()
 
     state = StateDir(config.state_path)
-    host = InProcessHost()
+    host = InProcessHost(prepack=prepack)
     with state.locked():
         _provision(config, state)
-        report = Updater(config, state, host, observer=observer).sync()
+        updater = Updater(config, state, host, observer=observer)
+        updater.resume()
+        marks.clear()
+        report = updater.sync()
     update = report.updates.get("mlp")
     if update is None or update.result != "installed":
         raise BenchmarkError(f"the device did not install: {report}")
@@ -226,15 +233,17 @@ def run(quick: bool) -> dict[str, Any]:
     shutil.copytree(work / "device-old/state", base_state)
     shutil.rmtree(base_state / "checkout")  # it follows another repository now
     config = _config(work / "device", str(repo), remote, root)
-    full, delta, floor = [], [], []
-    for _ in range(runs):  # interleaved, so that load spreads over all three
+    full, delta, floor, private = [], [], [], []
+    for _ in range(runs):  # interleaved, so that load spreads over all of them
         full.append(_update(config, None))
         delta.append(_update(config, base_state))
+        private.append(_update(config, base_state, prepack="on"))
         floor.append(_floor(files["1.1.0.onnx"]))
     (delta_file,) = (remote / "targets/deltas/mlp").glob("*.1.1.0.from-1.0.0.delta")
     idle = _idle_poll(work, repo)
     f_s = statistics.median(r["latency_s"] for r in full)
     d_s = statistics.median(r["latency_s"] for r in delta)
+    p_s = statistics.median(r["latency_s"] for r in private)
     floor_s = statistics.median(floor)
     fetched = statistics.median(r["bytes_fetched"] for r in delta)
     quick_flag = quick
@@ -257,7 +266,12 @@ def run(quick: bool) -> dict[str, Any]:
         "summary": f"device update of mlp 1.1.0 ({artifact_mb:.1f} MB), full and by delta",
         "params": {"size": size, "runs": runs},
         "measurements": {},
-        "latency_s": {"full": round(f_s, 4), "delta": round(d_s, 4), "floor": round(floor_s, 4)},
+        "latency_s": {
+            "full": round(f_s, 4),
+            "delta": round(d_s, 4),
+            "floor": round(floor_s, 4),
+            "delta_private_sessions": round(p_s, 4),
+        },
         "stages_ms": {
             "full": full[len(full) // 2]["stages_ms"],
             "delta": delta[len(delta) // 2]["stages_ms"],
@@ -275,6 +289,9 @@ def run(quick: bool) -> dict[str, Any]:
             + ", ".join(f"{k} {v:.1f}" for k, v in full[len(full) // 2]["stages_ms"].items()),
             "delta stages (ms): "
             + ", ".join(f"{k} {v:.1f}" for k, v in delta[len(delta) // 2]["stages_ms"].items()),
+            f"delta with private prepacked sessions (serve.prepack: on, no weights shared): "
+            f"{p_s:.3f} s; stages (ms): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in private[len(private) // 2]["stages_ms"].items()),
             f"idle poll: {idle['connections']} connection(s), {idle['bytes']} bytes",
         ],
         "goals": goals,
