@@ -38,6 +38,8 @@ from signing.errors import VerificationError
 
 __all__ = ["Daemon", "backoff_delay", "next_delay", "status_document", "systemd_unit"]
 
+ENGINE_CACHE_DIR: Final = "engines"
+"""In the state dir: TensorRT engines built on this device (``edge_sync.tensorrt``)."""
 TUNING_FILE: Final = "tuning.json"
 """In the state dir: per model, whether prepacking paid when measured (``serve.prepack``)."""
 FIRST_RETRY_S: Final = 5.0
@@ -217,6 +219,7 @@ class Daemon:
                     prepack=serve.prepack,
                     memory_budget=serve.memory_budget,
                     decisions=state.root / TUNING_FILE,
+                    engine_cache=state.root / ENGINE_CACHE_DIR,
                 )
             recorder = Recorder()
             server = (

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from edge_sync import tensorrt
 from edge_sync.weights import WeightError, Weights, split_model
 from registry.atomic import write_atomic
 from registry.errors import RegistryError
@@ -198,12 +199,21 @@ class OrtEngine:
         intra_op_threads: int = 1,
         share: bool = False,
         base: OrtEngine | None = None,
+        engine_cache: Path | None = None,
     ) -> None:
         """Create the session for ``request``.
 
+        Args:
+            request: what to load.
+            intra_op_threads: ONNX Runtime threads for this session.
+            share: build a shared-weight session (CPU only; see the class doc).
+            base: the engine to share unchanged weights with.
+            engine_cache: where TensorRT engines built here are cached
+                (``edge_sync.tensorrt``; None: a ``trt-cache`` folder beside the blob).
+
         Raises:
-            EngineError: not an ONNX model ONNX Runtime can load, or a provider this
-                device lacks.
+            EngineError: not an ONNX model ONNX Runtime can load, or a provider (or
+                TensorRT) this device lacks.
         """
         import onnxruntime as ort
 
@@ -211,18 +221,29 @@ class OrtEngine:
         self.request = request
         target = request.target
         engine_kind = getattr(target, "engine", "onnxruntime")
-        if engine_kind != "onnxruntime":
-            raise EngineError(
-                f"{request.model} {request.version}: target {getattr(target, 'name', '?')!r} "
-                f"needs {engine_kind}, which this device's engine host does not run"
+        available = ort.get_available_providers()
+        providers: list[Any]
+        if engine_kind == "tensorrt":
+            precision = getattr(target, "precision", "fp16")
+            reason = tensorrt.unavailable(available, precision)
+            if reason is not None or request.kind != "artifact":
+                raise EngineError(
+                    f"{request.model} {request.version}: target "
+                    f"{getattr(target, 'name', '?')!r} needs TensorRT: "
+                    f"{reason or 'it builds its engine on the device, from the ONNX file'}"
+                )
+            cache = engine_cache or request.path.parent.parent / "trt-cache"
+            providers = tensorrt.provider_options(
+                precision, getattr(target, "workspace", 1024), cache, request.sha256
             )
-        providers = list(getattr(target, "providers", None) or ["CPUExecutionProvider"])
-        missing = [p for p in providers if p not in ort.get_available_providers()]
-        if missing:
-            raise EngineError(
-                f"{request.model} {request.version}: provider(s) {', '.join(missing)} are not "
-                f"available here ({', '.join(ort.get_available_providers())})"
-            )
+        else:
+            providers = list(getattr(target, "providers", None) or ["CPUExecutionProvider"])
+            missing = [p for p in providers if p not in available]
+            if missing:
+                raise EngineError(
+                    f"{request.model} {request.version}: provider(s) {', '.join(missing)} "
+                    f"are not available here ({', '.join(available)})"
+                )
         self.providers = providers
         self.intra_op_threads = intra_op_threads
         self.shared = share and providers == ["CPUExecutionProvider"]
@@ -476,9 +497,11 @@ class InProcessHost:
         self,
         intra_op_threads: int = 1,
         prepack: str = "auto",
+        *,
         memory_budget: int | None = None,
         half_life_s: float = 300.0,
         decisions: Path | None = None,
+        engine_cache: Path | None = None,
     ) -> None:
         """A host with no engines.
 
@@ -491,6 +514,7 @@ class InProcessHost:
                 on its next request.
             half_life_s: how fast request heat decays.
             decisions: where :meth:`tune`'s decisions are kept (None: in memory).
+            engine_cache: where TensorRT engines built on this device are cached.
         """
         if prepack not in ("auto", "on", "off"):
             raise ValueError(f"prepack must be auto, on or off, not {prepack!r}")
@@ -501,6 +525,7 @@ class InProcessHost:
         self.cache: dict[str, CacheStats] = {}
         """Hits, misses and evictions per model."""
         self.decisions = decisions
+        self.engine_cache = engine_cache
         self.prepack_decisions: dict[str, dict[str, float | bool]] = _read_decisions(decisions)
         """Per model: whether prepacking won, and the milliseconds per run measured."""
         self._serving: dict[str, _Held] = {}
@@ -519,6 +544,7 @@ class InProcessHost:
             intra_op_threads=self.intra_op_threads,
             share=share,
             base=base if isinstance(base, OrtEngine) else None,
+            engine_cache=self.engine_cache,
         )
 
     def _share(self, request: LoadRequest) -> bool:

@@ -56,7 +56,7 @@ from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts, trusted_rol
 from edge_sync.watcher import GitError, GitWatcher
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
-from signing.target_names import artifact_path, delta_path, engine_path, golden_path, version_path
+from signing.target_names import artifact_path, delta_path, golden_path, version_path
 from signing.tuf_facts import ChannelsDoc, TargetKind, check_channels_successor
 from signing.version_doc import VersionDoc
 
@@ -685,18 +685,8 @@ class Updater:
         """The cheapest verified way to the version's bytes (see the module doc)."""
         blobs = self.state.blobs
         apath = artifact_path(name, version)
-        if getattr(target, "engine", "onnxruntime") != "onnxruntime" and target is not None:
-            epath = engine_path(name, version, target.name, target.engine)
-            try:
-                engine = trust.target_info(epath)
-            except FileSetError:
-                raise _RejectedError(
-                    f"target {target.name!r} needs a prebuilt {target.engine} engine and none "
-                    "is published"
-                ) from None
-            held_engine = self._held(engine.sha256)
-            method: Literal["cached", "engine"] = "cached" if held_engine else "engine"
-            return _Plan(method, "engine", engine.sha256, epath)
+        # A TensorRT target builds its engine on the device from the ONNX artifact
+        # (engines are specific to the GPU and TensorRT version: edge_sync.tensorrt).
         if self._held(art.sha256):
             return _Plan("cached", "artifact", art.sha256, apath)
         held = {

@@ -130,16 +130,26 @@ def test_a_target_that_matches_no_label_is_rejected_once(rig: EdgeRig) -> None:
     assert [r.version for r in model.rejected] == ["1.1.0"]
 
 
-def test_a_tensorrt_target_without_a_published_engine_is_rejected(rig: EdgeRig) -> None:
-    """A TensorRT target runs a prebuilt plan; a CI runner without a GPU publishes none
-    ("built on device"), and this device's host runs ONNX Runtime only."""
+def test_a_tensorrt_target_is_built_on_the_device_or_rejected_with_why(rig: EdgeRig) -> None:
+    """A TensorRT target runs the verified ONNX artifact through ONNX Runtime's TensorRT
+    provider (its engine built and cached on the device); a device without it rejects
+    the version with the reason, and never runs it on the CPU in its place."""
+    import onnxruntime as ort
+
+    from edge_sync.tensorrt import TRT_PROVIDER
+
     rig.sync()
     rig.run("version", "add", "mlp", "1.1.0", "--artifact", str(rig.models / "mlp/1.1.0.onnx"),
             "--parent", "1.0.0", "--target", "gpu=tensorrt:fp16")  # fmt: skip
     rig.promote("1.1.0")
     update = rig.sync().updates["mlp"]
+    assert update.method == "delta"  # the ONNX artifact, by the cheapest path
+    if TRT_PROVIDER in ort.get_available_providers():  # a GPU device: see tests/gpu
+        assert update.result == "installed"
+        return
     assert update.result == "rejected"
-    assert update.reason == ("target 'gpu' needs a prebuilt tensorrt engine and none is published")
+    assert update.reason is not None
+    assert "target 'gpu' needs TensorRT: this device's ONNX Runtime has no" in update.reason
     assert rig.state().models["mlp"].serving.version == "1.0.0"
 
 
