@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,15 @@ def test_two_hundred_requests_in_flight_across_twenty_four_swaps(
     assert set(counts) == {"1.0.0", "1.1.0"}
     assert result.requests > 2000
     assert len(host.loaded()) == 1  # every replaced engine drained and released
+    from edge_sync.metrics import Metrics
+
+    text = Metrics(host).text().decode()
+    shared = models.WIDTH**2 * 4 * (models.LAYERS - 1)  # one layer changed
+    assert (
+        f'modelreg_engine_weight_bytes{{model="mlp",shared="true",version="1.0.0"}} {shared:.1f}'
+        in text
+    )
+    assert 'modelreg_engine_cache_hits_total{model="mlp"}' in text
 
 
 def _status(config: Path) -> dict[str, Any]:
@@ -188,13 +198,23 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         assert model["rejected"][0]["version"] == "1.1.0"
         assert "health gate: p99 latency" in model["rejected"][0]["reason"]
         assert model["last_update"]["result"] == "rejected"
-        time.sleep(1)  # answers after the rollback
+        bursts_then = len(results)
+        deadline = time.monotonic() + 60
+        while len(results) < bursts_then + 2:  # a whole burst after the rollback
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
         stop.set()
         load.join()
         assert [r.failures for r in results if r.failed] == []
         served = [r.version_counts() for r in results]
         assert any("1.1.0" in v for v in served)  # it served, then went
         assert set(served[-1]) == {"1.0.0"}
+        base = url.rsplit("/v2/", 1)[0]
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
+            metrics = response.read().decode()
+        assert 'modelreg_rollbacks_total{model="mlp"} 1.0' in metrics
+        assert 'modelreg_updates_total{model="mlp",result="rejected"} 1.0' in metrics
+        assert 'modelreg_engine_loaded{model="mlp",version="1.0.0"} 1.0' in metrics
         assert proc.poll() is None
     finally:
         proc.terminate()
