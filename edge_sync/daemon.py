@@ -111,6 +111,7 @@ class Daemon:
     """Answer the Open Inference Protocol on ``serve.listen`` (``edge_sync.serving``)."""
     _sync_now: bool = False
     _stopping: bool = False
+    _updater: Updater | None = None
     _wakeup: _Wakeup | None = None
 
     def request_sync(self) -> None:
@@ -179,6 +180,34 @@ class Daemon:
                         server.metrics.update(model, record)
                         server.metrics.rollbacks.labels(model).inc()
 
+    def _live(self) -> dict[str, Any]:
+        """What only the running daemon knows, added to ``/status``: the engines loaded
+        per model (versions, requests in flight, weight bytes own and shared), open
+        health gates, and the prepacking decisions."""
+        host, updater = self.host, self._updater
+        engines: dict[str, list[dict[str, Any]]] = {}
+        if isinstance(host, InProcessHost):
+            for engine in host.loaded():
+                weights = getattr(engine, "weights", None)
+                engines.setdefault(engine.model, []).append({
+                    "version": engine.version,
+                    "serving": host.current(engine.model) is engine,
+                    "loaded": bool(getattr(engine, "loaded", True)),
+                    "in_flight": host.in_flight(engine),
+                    "shared_weights": bool(getattr(engine, "shared", False)),
+                    "weight_bytes": {
+                        "own": weights.own_bytes if weights is not None else None,
+                        "shared": weights.shared_bytes if weights is not None else None,
+                    },
+                })  # fmt: skip
+        gates = {
+            name: {"version": g.version, "previous": g.old.version,
+                   "open_s": round(time.monotonic() - g.swapped, 3)}
+            for name, g in (updater.gates.items() if updater is not None else ())
+        }  # fmt: skip
+        tuning = dict(getattr(host, "prepack_decisions", {}) or {})
+        return {"engines": engines, "gates": gates, "prepack": tuning}
+
     def _tune(self, updater: Updater) -> None:
         """Measure, once per model, whether prepacking pays (``serve.prepack: auto``),
         while no health gate watches it (a tuning swap would confuse the gate)."""
@@ -223,7 +252,7 @@ class Daemon:
                 )
             recorder = Recorder()
             server = (
-                _Server(self.config, self.host, self.request_sync, recorder)
+                _Server(self.config, self.host, self.request_sync, recorder, self._live)
                 if self.serving
                 else None
             )
@@ -231,7 +260,7 @@ class Daemon:
                 listen = server.start()
             state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
             gate = serve.health_gate
-            updater = Updater(
+            updater = self._updater = Updater(
                 self.config,
                 state,
                 self.host,
@@ -270,6 +299,7 @@ class _Server:
         host: EngineHost,
         request_sync: Callable[[], None],
         recorder: Recorder | None = None,
+        live: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         import uvicorn
 
@@ -285,7 +315,7 @@ class _Server:
         app = create_app(
             host,
             [m.name for m in config.models],
-            lambda: status_document(config),
+            lambda: {**status_document(config), **(live() if live is not None else {})},
             __version__,
             metrics=self.metrics,
             request_sync=request_sync,

@@ -215,6 +215,13 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         assert 'modelreg_rollbacks_total{model="mlp"} 1.0' in metrics
         assert 'modelreg_updates_total{model="mlp",result="rejected"} 1.0' in metrics
         assert 'modelreg_engine_loaded{model="mlp",version="1.0.0"} 1.0' in metrics
+        with urllib.request.urlopen(f"{base}/status", timeout=30) as response:  # noqa: S310
+            live = json.loads(response.read())
+        assert live["models"]["mlp"]["serving"]["version"] == "1.0.0"
+        assert live["gates"] == {}
+        (engine,) = live["engines"]["mlp"]  # the rejected one released
+        assert (engine["version"], engine["serving"], engine["shared_weights"]) == (
+            "1.0.0", True, True)  # fmt: skip
         assert proc.poll() is None
     finally:
         proc.terminate()
