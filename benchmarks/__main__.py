@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from benchmarks._util import REPO_ROOT, BenchmarkError, fmt_seconds, machine_info
 
-BENCHMARKS: Final = ("registry_scale", "hashing", "delta", "release", "edge_update")
+BENCHMARKS: Final = ("registry_scale", "hashing", "delta", "release", "edge_update", "serving")
 """Modules of this package run by default, in order; each has ``run(quick) -> dict``."""
 
 DEFAULT_JSON: Final = REPO_ROOT / "benchmarks" / "results" / "latest.json"

@@ -82,6 +82,8 @@ class LoadResult:
             other than 200, no response, a body that is not JSON, a failed check).
         finished_s: when each answer came, in seconds from the start.
         client_cpu_s: CPU time the generator used (user + system) while it ran.
+        started_unix_s: when the clock started (``time.time()``): to line the answers up
+            with events in other processes (``finished_s`` counts from here).
     """
 
     concurrency: int
@@ -92,6 +94,7 @@ class LoadResult:
     errors: tuple[str | None, ...]
     finished_s: tuple[float, ...]
     client_cpu_s: float = 0.0
+    started_unix_s: float = 0.0
     _sorted: list[float] = field(default_factory=list, repr=False, compare=False)
 
     @property
@@ -157,6 +160,7 @@ class LoadResult:
             "errors": list(self.errors),
             "finished_s": list(self.finished_s),
             "client_cpu_s": self.client_cpu_s,
+            "started_unix_s": self.started_unix_s,
         }
 
     @classmethod
@@ -175,6 +179,7 @@ class LoadResult:
             errors=tuple(doc["errors"]),
             finished_s=tuple(doc["finished_s"]),
             client_cpu_s=float(doc["client_cpu_s"]),
+            started_unix_s=float(doc.get("started_unix_s", 0.0)),
         )
 
 
@@ -331,7 +336,7 @@ async def _run(plan: _Plan) -> LoadResult:
     budget = plan.count if plan.count is not None else -1
     stop_at = math.inf
     recording = plan.warmup_s <= 0
-    origin, cpu = clock(), time.process_time()
+    origin, cpu, unix = clock(), time.process_time(), time.time()
 
     async def one(conn: _Connection) -> None:
         record, sent = recording, clock()  # a request sent during warm-up is not kept
@@ -364,10 +369,10 @@ async def _run(plan: _Plan) -> LoadResult:
             await one(conn)
 
     async def start_recording() -> None:
-        nonlocal origin, cpu, recording, stop_at
+        nonlocal origin, cpu, unix, recording, stop_at
         if plan.warmup_s > 0:
             await asyncio.sleep(plan.warmup_s)
-        origin, cpu = clock(), time.process_time()
+        origin, cpu, unix = clock(), time.process_time(), time.time()
         recording = True
         if plan.duration_s is not None:
             stop_at = origin + plan.duration_s
@@ -386,6 +391,7 @@ async def _run(plan: _Plan) -> LoadResult:
         errors=tuple(rec.errors),
         finished_s=tuple(rec.finished),
         client_cpu_s=time.process_time() - cpu,
+        started_unix_s=unix,
     )
 
 

@@ -100,6 +100,7 @@ def check(doc: Mapping[str, Any]) -> str | None:
 
 
 def test_it_keeps_the_asked_requests_in_flight_for_a_duration(server: _Server) -> None:
+    before = time.time()
     result = run_load(f"{server.base}/ok", BODY, concurrency=8, duration_s=0.5)
     assert server.most_in_flight == 8
     assert len(server.connections) == 8  # one keep-alive connection each
@@ -115,6 +116,7 @@ def test_it_keeps_the_asked_requests_in_flight_for_a_duration(server: _Server) -
     }
     assert all(lat >= 0.005 for lat in result.latencies_s)
     assert list(result.finished_s) == sorted(result.finished_s)
+    assert before < result.started_unix_s < before + 5
     assert result.throughput_rps == pytest.approx(result.requests / result.elapsed_s)
     assert 0.005 <= result.percentile(50) <= result.percentile(99) <= max(result.latencies_s)
     summary = result.summary()
