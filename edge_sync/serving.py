@@ -610,6 +610,12 @@ def _from_json(data: object, datatype: str, shape: list[int], count: int) -> Any
         odd = sorted(t.__name__.replace("NoneType", "null") for t in found - kinds)
         raise ValueError(f"{datatype} data holds {', '.join(odd)} values, not only {said}")
     if datatype == "BYTES":
+        # JSON can spell a lone surrogate ("\ud800"), which ONNX Runtime cannot encode:
+        # refused here, it is the request's fault (there, it would be a 500)
+        try:
+            "".join(flat).encode()
+        except UnicodeEncodeError:
+            raise ValueError("a BYTES element is not UTF-8 text") from None
         return np.array(flat, dtype=object)
     with np.errstate(over="raise", invalid="raise"):
         try:

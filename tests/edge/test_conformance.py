@@ -461,6 +461,7 @@ def test_data_must_hold_the_declared_shape(
         ("FP64", [10**400], "too large"),
         ("BYTES", [5], "int"),
         ("BYTES", [None], "null"),
+        ("BYTES", ["\ud800"], "not UTF-8 text"),
     ],
 )
 def test_values_of_the_wrong_kind_or_range_are_400(
@@ -699,6 +700,18 @@ def test_compression_bombs_and_unknown_codings(client: httpx.Client) -> None:
     response = client.post("/v2/models/id_fp32/infer", content=b"not gzip",
                            headers={"Content-Encoding": "gzip"})  # fmt: skip
     assert response.status_code == 400
+
+
+def test_a_server_bug_is_one_json_line_too() -> None:
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    app = create_app(InProcessHost(), ["m"], broken, "1")
+    with loopback_server(app) as where, httpx.Client(base_url=f"http://{where}") as raw:
+        response = raw.get("/status")
+        assert response.status_code == 500
+        assert response.json() == {"error": "internal error: RuntimeError"}
+        assert raw.get("/v2/health/live").json() == {"live": True}  # and it keeps serving
 
 
 def test_repository_index(client: httpx.Client) -> None:

@@ -213,3 +213,13 @@ def test_shapes_real_models_cannot_take_are_400(served: Served) -> None:
         served.infer("silero", feeds, binary=True)
     assert refused.value.status() == "400"
     assert "does not fit the model's [2, -1, 128]" in refused.value.message()
+
+
+def test_a_size_the_detector_cannot_compute_is_the_engines_fault(served: Served) -> None:
+    """33x33 fits the metadata ([-1, 3, -1, -1]) but not the graph (its FPN adds maps of
+    3 and 4 rows): ONNX Runtime fails with FAIL, not INVALID_ARGUMENT, so by the
+    server's rule it is a 500, which the health gate counts against the version."""
+    with pytest.raises(InferenceServerException) as refused:
+        served.infer("det", {"x": np.zeros((1, 3, 33, 33), np.float32)}, binary=True)
+    assert refused.value.status() == "500"
+    assert refused.value.message().startswith("inference failed: [ONNXRuntimeError] : 1 : FAIL")
