@@ -467,14 +467,13 @@ class _Parsed:
 
 
 def _parse_request(
-    doc: object, engine: Any, binary: memoryview | bytes = b"", limits: ServeLimits | None = None
+    doc: object, engine: Any, binary: memoryview | bytes, limits: ServeLimits
 ) -> _Parsed:
     """Read an inference request (JSON tensors, or binary ones after the header).
 
     Raises:
         _RefusedError: not an inference request, or a tensor whose data does not fit.
     """
-    limits = limits or ServeLimits()
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise _RefusedError(400, "an inference request needs an 'inputs' list")
     request_id = doc.get("id")
