@@ -30,7 +30,7 @@ from edge_sync.config import EdgeConfig
 from edge_sync.engine import EngineError, EngineHost, InProcessHost
 from edge_sync.health import GatePolicy, Recorder
 from edge_sync.limits import TrustLimits
-from edge_sync.state import DaemonInfo, StateDir, now_iso, reason_text
+from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, trusted_role
 from edge_sync.updater import StoppedError, SyncReport, Updater
 from registry.errors import UsageError
@@ -152,6 +152,7 @@ class Daemon:
         while not self._stopping:
             self._sync_now = False
             report = _guarded(updater)
+            self._closed_gates(updater.settled, server)
             if server is not None:
                 for model, record in report.updates.items():
                     server.metrics.update(model, record)
@@ -172,13 +173,18 @@ class Daemon:
                     break
                 gate_in = updater.next_gate_s()
                 wakeup.sleep(left if gate_in is None else min(left, gate_in))
-                for model, record in updater.check_gates().items():
-                    done = "rolled back" if record.result == "rejected" else "kept"
-                    print(f"modelreg edge: {model}: {record.version} {done}: {record.reason}",
-                          file=sys.stderr)  # fmt: skip
-                    if server is not None and record.result == "rejected":
-                        server.metrics.update(model, record)
-                        server.metrics.rollbacks.labels(model).inc()
+                self._closed_gates(updater.check_gates(), server)
+
+    @staticmethod
+    def _closed_gates(closed: dict[str, UpdateRecord], server: _Server | None) -> None:
+        """Say what each health gate that closed decided (and count rollbacks)."""
+        for model, record in closed.items():
+            done = "rolled back" if record.result == "rejected" else "kept"
+            print(f"modelreg edge: {model}: {record.version} {done}: {record.reason}",
+                  file=sys.stderr)  # fmt: skip
+            if server is not None and record.result == "rejected":
+                server.metrics.update(model, record)
+                server.metrics.rollbacks.labels(model).inc()
 
     def _live(self) -> dict[str, Any]:
         """What only the running daemon knows, added to ``/status``: the engines loaded
@@ -200,10 +206,11 @@ class Daemon:
                         "shared": weights.shared_bytes if weights is not None else None,
                     },
                 })  # fmt: skip
+        open_gates = list(updater.gates.items()) if updater is not None else []  # one copy
         gates = {
             name: {"version": g.version, "previous": g.old.version,
                    "open_s": round(time.monotonic() - g.swapped, 3)}
-            for name, g in (updater.gates.items() if updater is not None else ())
+            for name, g in open_gates
         }  # fmt: skip
         tuning = dict(getattr(host, "prepack_decisions", {}) or {})
         return {"engines": engines, "gates": gates, "prepack": tuning}

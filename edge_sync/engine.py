@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import mmap
 import os
@@ -247,25 +248,30 @@ class OrtEngine:
         self.providers = providers
         self.intra_op_threads = intra_op_threads
         self.shared = share and providers == ["CPUExecutionProvider"]
-        self.weights: Weights | None = None
+        self._live: _Live | None = None
         self.evicted = False
         """Unloaded to keep within the memory budget: the next run loads it again."""
+        self.run_s: float | None = None
+        """Seconds a run takes, averaged over recent runs (None before the first)."""
         self.on_reload: Callable[[OrtEngine], None] | None = None
         self._reload_lock = threading.Lock()
         try:
             self.size_bytes = request.path.stat().st_size
         except OSError:
             self.size_bytes = 0
-        self._session: Any = self._open(base)
-        self.inputs = [(i.name, i.type, list(i.shape)) for i in self._session.get_inputs()]
-        self.outputs = [(o.name, o.type, list(o.shape)) for o in self._session.get_outputs()]
-        self.output_names = [o.name for o in self._session.get_outputs()]
+        self._live = self._open(base)
+        session = self._live.session
+        self.inputs = [(i.name, i.type, list(i.shape)) for i in session.get_inputs()]
+        self.outputs = [(o.name, o.type, list(o.shape)) for o in session.get_outputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
 
-    def _open(self, base: OrtEngine | None) -> Any:
-        """A session for the request (see the class doc).
+    def _open(self, base: OrtEngine | None) -> _Live:
+        """A session for the request, and the weights it runs on (see the class doc).
 
         Raises:
-            EngineError: ONNX Runtime cannot load it, or its weights cannot be read.
+            EngineError: ONNX Runtime cannot load it.
+            OSError: its file cannot be read now (out of file handles, memory: a retry
+                may succeed, so this is no reason to reject the version).
         """
         import onnxruntime as ort
 
@@ -275,15 +281,15 @@ class OrtEngine:
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         source: str | bytes = str(request.path)
+        weights: Weights | None = None
+        if self.shared:
+            try:
+                source, weights = self._split(options, base)
+            except WeightError:
+                self.shared = False  # a file this cannot split loads whole, privately
         if self.shared:
             level = "disable"
             options.add_session_config_entry("session.disable_prepacking", "1")
-            try:
-                source = self._split(options, base)
-            except (WeightError, OSError) as e:
-                raise EngineError(
-                    f"{request.model} {request.version}: its weights cannot be read ({e})"
-                ) from None
         elif request.kind == "engine":
             level = "disable"  # optimized offline, by CI
         else:
@@ -292,9 +298,8 @@ class OrtEngine:
             {0: 0, 1: 1, 2: 2, 99: 99}[_OPTIMIZATION[level]]
         )
         try:
-            return ort.InferenceSession(source, options, providers=self.providers)
+            return _Live(ort.InferenceSession(source, options, providers=self.providers), weights)
         except Exception as e:  # noqa: BLE001 - ORT's pybind errors share no other base
-            self.weights = None
             raise EngineError(
                 f"{request.model} {request.version}: ONNX Runtime cannot load it "
                 f"({type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''})"
@@ -304,19 +309,29 @@ class OrtEngine:
         """Free the session to keep within a memory budget; the next run loads it again
         (from the verified blob the request names)."""
         with self._reload_lock:
-            if self._session is not None:
-                self._session = None
-                self.weights = None
+            if self._live is not None:
+                self._live = None  # a run in progress keeps its own reference
                 self.evicted = True
 
     @property
     def loaded(self) -> bool:
         """Whether the session is in memory (not evicted nor released)."""
-        return self._session is not None
+        return self._live is not None
 
-    def _split(self, options: Any, base: OrtEngine | None) -> bytes:
-        """The graph to load, its large tensors added to ``options`` (shared with
-        ``base`` where equal)."""
+    @property
+    def weights(self) -> Weights | None:
+        """The weights the session runs on (shared-weight sessions; None otherwise)."""
+        live = self._live
+        return live.weights if live is not None else None
+
+    def _split(self, options: Any, base: OrtEngine | None) -> tuple[bytes, Weights]:
+        """The graph to load and its large tensors, added to ``options`` (shared with
+        ``base`` where equal).
+
+        Raises:
+            WeightError: the file cannot be split (it is loaded whole instead).
+            OSError: it cannot be read.
+        """
         path = self.request.path
         with path.open("rb") as fh:
             if not os.fstat(fh.fileno()).st_size:
@@ -324,13 +339,13 @@ class OrtEngine:
             with mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
                 graph = split_model(view, path.name)
         base_weights = base.weights if base is not None and base.shared else None
-        self.weights = Weights.load(path, graph.tensors, base_weights)
+        weights = Weights.load(path, graph.tensors, base_weights, self.sha256)
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(path.parent)
         )
-        for name, (_, value) in self.weights.values.items():
-            options.add_initializer(name, value)
-        return graph.graph
+        for name, held in weights.values.items():
+            options.add_initializer(name, held.value)
+        return graph.graph, weights
 
     @property
     def memory_bytes(self) -> int:
@@ -363,37 +378,55 @@ class OrtEngine:
         Raises:
             EngineClosedError: the engine was released.
         """
-        session = self._session
-        if session is None:
-            session = self._reload()
+        live = self._live  # held for the run: its weights stay mapped until it returns
+        if live is None:
+            live = self._reload()
         names = list(outputs) if outputs is not None else self.output_names
-        values = session.run(names, dict(inputs))
+        start = time.perf_counter()
+        values = live.session.run(names, dict(inputs))
+        took = time.perf_counter() - start
+        # a moving average of recent runs (the serving layer runs short ones inline)
+        self.run_s = took if self.run_s is None else self.run_s * 0.9 + took * 0.1
         return dict(zip(names, values, strict=True))
 
-    def _reload(self) -> Any:
+    def _reload(self) -> _Live:
         """The session again, after an eviction (one thread loads it; the others wait).
 
         Raises:
             EngineClosedError: the engine was released, not evicted.
         """
         with self._reload_lock:
-            if self._session is not None:
-                return self._session
+            if self._live is not None:
+                return self._live
             if not self.evicted:
                 raise EngineClosedError(f"{self.model} {self.version} was released")
-            self._session = session = self._open(None)
+            self._live = live = self._open(None)
             self.evicted = False
         if self.on_reload is not None:
             self.on_reload(self)
-        return session
+        return live
 
     def close(self) -> None:
         """Drop the session and the weights only it used (ONNX Runtime frees the
         session when the last reference goes; a mapping closes with its last array)."""
+        self.detach()
+
+    def detach(self) -> object:
+        """Release the engine, and return what it held, for the caller to free where
+        it likes (destroying a large session takes milliseconds)."""
         with self._reload_lock:
-            self._session = None
-            self.weights = None
+            live, self._live = self._live, None  # a run in progress keeps its own reference
             self.evicted = False
+        return live
+
+
+@dataclass(frozen=True)
+class _Live:
+    """A loaded session and the weights it runs on: one reference, so that whoever
+    holds the session (a run in progress) holds its memory-mapped weights too."""
+
+    session: Any
+    weights: Weights | None
 
 
 class EngineClosedError(EngineError):
@@ -401,7 +434,16 @@ class EngineClosedError(EngineError):
     only when no request holds them)."""
 
 
-def _best_run_ms(engine: OrtEngine, sample: Mapping[str, Any]) -> float:
+def _footprint(engine: Engine) -> int:
+    """What an engine adds to the memory budget: its own weight bytes (shared ones are
+    counted where they were first loaded), else its file's size."""
+    weights = getattr(engine, "weights", None)
+    if weights is not None:
+        return int(weights.own_bytes)
+    return int(getattr(engine, "size_bytes", 0))
+
+
+def _best_run_ms(engine: Engine, sample: Mapping[str, Any]) -> float:
     """The fastest of :data:`PREPACK_RUNS` runs of ``sample``, after one warm-up run."""
     engine.run(sample)
     best = float("inf")
@@ -429,14 +471,21 @@ def _read_decisions(path: Path | None) -> dict[str, dict[str, float | bool]]:
     }
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library (looked up once: ``find_library`` runs ``ldconfig``)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
 def _trim_heap() -> None:
     """Give freed heap memory back to the system (glibc keeps it for reuse otherwise,
     and a long-lived daemon that swaps engines would grow)."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:  # glibc
+        trim(0)
 
 
 @dataclass(eq=False)
@@ -531,6 +580,7 @@ class InProcessHost:
         self._serving: dict[str, _Held] = {}
         self._loaded: dict[int, _Held] = {}
         self._lock = threading.Lock()
+        self._over_budget = False
 
     # --- building --------------------------------------------------------------------
 
@@ -579,8 +629,9 @@ class InProcessHost:
             return self._decided(model, {"prepack": False})
         try:
             sample = serving.sample_inputs()
-            timings = {"shared_ms": _best_run_ms(serving, sample),
-                       "prepacked_ms": _best_run_ms(private, sample)}  # fmt: skip
+            with self.lease(model) as measured:  # not evicted nor released while timed
+                timings = {"shared_ms": _best_run_ms(measured, sample),
+                           "prepacked_ms": _best_run_ms(private, sample)}  # fmt: skip
         except Exception:  # noqa: BLE001 - zeros may not be valid input: keep sharing
             private.close()
             return self._decided(model, {"prepack": False})
@@ -629,25 +680,30 @@ class InProcessHost:
         if self.memory_budget is None:
             return
         now = time.monotonic()
-        with self._lock:
+        evicted = False
+        with self._lock:  # a lease taken after this sees the engine unloaded: a miss
             resident = [h for h in self._loaded.values() if getattr(h.engine, "loaded", True)]
-            total = sum(getattr(h.engine, "size_bytes", 0) for h in resident)
+            total = sum(_footprint(h.engine) for h in resident)
             victims = sorted(
                 (h for h in self._serving.values()
-                 if h.engine is not keep and h.engine.model != keep.model and h.leases == 0
+                 if h.engine is not keep and h.engine.model != keep.model
                  and getattr(h.engine, "loaded", False)),
                 key=lambda h: h.value(now, self.half_life_s),
             )  # fmt: skip
-        for held in victims:
-            if total <= self.memory_budget:
-                break
-            unload = getattr(held.engine, "unload", None)
-            if unload is None:
-                continue
-            unload()
-            total -= getattr(held.engine, "size_bytes", 0)
-            self._stats(held.engine.model).evictions += 1
-        _trim_heap()
+            self._over_budget = False
+            for held in victims:
+                if total <= self.memory_budget:
+                    break
+                unload = getattr(held.engine, "unload", None)
+                if held.leases or unload is None:
+                    self._over_budget = True  # busy now: looked at again when its lease ends
+                    continue
+                unload()
+                total -= _footprint(held.engine)
+                self._stats(held.engine.model).evictions += 1
+                evicted = True
+        if evicted:
+            _trim_heap()
 
     def _stats(self, model: str) -> CacheStats:
         return self.cache.setdefault(model, CacheStats())
@@ -686,8 +742,11 @@ class InProcessHost:
             with self._lock:
                 held.leases -= 1
                 release = held.retired and held.leases == 0
+                recheck = self._over_budget and held.leases == 0
             if release:
                 self._release(held)
+            if recheck:
+                self._enforce_budget(keep=held.engine)
 
     def _find(self, model: str, version: str | None) -> _Held | None:
         serving = self._serving.get(model)
@@ -730,16 +789,40 @@ class InProcessHost:
             self._release(held)
 
     def _release(self, held: _Held) -> None:
+        """Release a drained engine, off the caller's thread (the last request on it
+        may be answered on the server's event loop; freeing a large session takes
+        milliseconds)."""
         with self._lock:
             self._loaded.pop(id(held.engine), None)
-        held.engine.close()
-        _trim_heap()
+        detach = getattr(held.engine, "detach", None)
+        if detach is None:
+            held.engine.close()
+            return
+        freed = [detach()]  # released at once; freed in a thread
+
+        def free() -> None:
+            freed.clear()
+            _trim_heap()
+
+        threading.Thread(target=free, name="engine-release", daemon=True).start()
 
     def in_flight(self, engine: Engine) -> int:
         """Requests running on ``engine`` now."""
         with self._lock:
             held = self._loaded.get(id(engine))
             return held.leases if held is not None else 0
+
+    def mapped_blobs(self) -> set[str]:
+        """The blobs loaded engines map (their own, and those they share with an older
+        version): a blob store keeps them while they are mapped."""
+        with self._lock:
+            engines = [h.engine for h in self._loaded.values()]
+        found: set[str] = set()
+        for engine in engines:
+            weights = getattr(engine, "weights", None)
+            if weights is not None:
+                found |= weights.blobs()
+        return found
 
     def loaded(self) -> list[Engine]:
         """Every engine loaded now (serving, candidates, draining)."""

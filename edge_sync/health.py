@@ -19,10 +19,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-__all__ = ["GatePolicy", "Recorder", "Verdict", "Window", "judge"]
+__all__ = ["BASELINE_WINDOWS", "GatePolicy", "Recorder", "Verdict", "Window", "judge"]
 
 _KEEP: Final = 4096
 """Samples kept per model version (the newest)."""
+MIN_ERRORS: Final = 3
+"""Server errors that fail a window that ended with fewer requests than it needs."""
+MAX_EXTENSION: Final = 4
+"""A window with too few requests waits for more, up to this many times its length."""
+BASELINE_WINDOWS: Final = 10
+"""The previous version's baseline: its answers in this many windows before the swap."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,10 @@ class GatePolicy:
 
     Attributes:
         window_s: how long a new version is watched after its swap (0: no gate).
-        min_requests: requests the new version must answer before latency is judged
-            (fewer: no evidence, and the gate passes at the window's end).
+        min_requests: requests the new version must answer before it is judged; a
+            window that ends with fewer is extended (up to :data:`MAX_EXTENSION` times
+            its length), then passes as "not judged", unless :data:`MIN_ERRORS` server
+            errors already put it over ``max_error_rate``.
         max_error_rate: the most server errors per request the new version may make
             (judged as soon as ``min_requests`` were answered: errors need no window).
         max_latency_ratio: its p99 over the previous version's, at most.
@@ -70,15 +78,17 @@ class Verdict:
 def judge(policy: GatePolicy, new: Window, before: Window, elapsed_s: float) -> Verdict:
     """Decide a gate from the new version's window and the previous version's window
     before the swap, ``elapsed_s`` after the swap."""
-    if new.requests >= policy.min_requests and new.error_rate > policy.max_error_rate:
+    ended = elapsed_s >= policy.window_s
+    enough = new.requests >= policy.min_requests
+    if new.error_rate > policy.max_error_rate and (enough or (ended and new.errors >= MIN_ERRORS)):
         return Verdict(
             "fail",
             f"health gate: {new.errors} of {new.requests} requests failed "
             f"({new.error_rate:.1%}, at most {policy.max_error_rate:.1%} allowed; the "
             f"previous version: {before.error_rate:.1%})",
         )
-    if elapsed_s < policy.window_s:
-        return Verdict("wait")
+    if not ended or (not enough and elapsed_s < policy.window_s * MAX_EXTENSION):
+        return Verdict("wait")  # a window with too few requests is extended
     if (
         new.requests >= policy.min_requests
         and before.requests >= policy.min_requests
@@ -92,12 +102,20 @@ def judge(policy: GatePolicy, new: Window, before: Window, elapsed_s: float) -> 
             f"requests, {new.p99_s / before.p99_s:.1f}x the previous version's "
             f"{before.p99_s * 1000:.1f} ms (at most {policy.max_latency_ratio:g}x allowed)",
         )
+    if not enough:
+        return Verdict(
+            "pass",
+            f"health gate not judged: {new.requests} requests in {elapsed_s:.0f} s, fewer "
+            f"than {policy.min_requests}",
+        )
     p99 = f"p99 {new.p99_s * 1000:.1f} ms" if new.p99_s is not None else "no latency"
-    base = f"{before.p99_s * 1000:.1f} ms" if before.p99_s is not None else "none"
+    if before.requests < policy.min_requests or not before.p99_s:
+        latency = f"{p99}, not compared: the previous version answered {before.requests}"
+    else:
+        latency = f"{p99} against the previous version's {before.p99_s * 1000:.1f} ms"
     return Verdict(
         "pass",
-        f"health gate passed: {new.requests} requests, {new.errors} failed, {p99} "
-        f"(the previous version's: {base} over {before.requests} requests)",
+        f"health gate passed: {new.requests} requests, {new.errors} failed, {latency}",
     )
 
 

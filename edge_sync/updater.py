@@ -39,7 +39,7 @@ from edge_sync.engine import (
     LoadRequest,
     self_test,
 )
-from edge_sync.health import GatePolicy, Recorder, judge
+from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, judge
 from edge_sync.limits import TrustLimits
 from edge_sync.state import (
     DeviceState,
@@ -205,6 +205,8 @@ class Updater:
         )
         self.gate = gate if gate is not None and gate.window_s > 0 and recorder else None
         self.recorder = recorder
+        self.settled: dict[str, UpdateRecord] = {}
+        """The gates the last :meth:`sync` closed before it began (see :meth:`check_gates`)."""
         self.gates: dict[str, _OpenGate] = {}
         """Per model, the health gate watching its newest install (see :meth:`check_gates`)."""
 
@@ -234,7 +236,7 @@ class Updater:
                     continue
                 try:
                     engine = self.host.build(self._request(name, installed))
-                except EngineError as e:
+                except (EngineError, OSError) as e:
                     problems[name] = str(e)
                     continue
                 old = self.host.swap(name, engine)
@@ -294,7 +296,12 @@ class Updater:
     # --- one sync ------------------------------------------------------------------------
 
     def sync(self) -> SyncReport:
-        """Run one sync (see the module doc); never raises for a remote's failures."""
+        """Run one sync (see the module doc); never raises for a remote's failures.
+
+        Open health gates are judged first (:attr:`settled` says what closed), so that a
+        new version replaces a judged one where it can.
+        """
+        self.settled = self.check_gates()
         state = self.state.load_or_recover()
         stages = _Stages(observer=self.observer, should_stop=self.should_stop)
         try:
@@ -376,16 +383,24 @@ class Updater:
             }
         )
         unsaved = self._commit_quietly(state)
-        committed = self.state.load_or_recover()
-        self.state.blobs.collect(committed.referenced_blobs())
-        self._collect_descriptions(committed)
-        self.state.blobs.clear_tmp()
-        if report.result != "failed":  # nothing left to resume
-            shutil.rmtree(self.state.partials, ignore_errors=True)
+        self._collect(resumable=report.result == "failed")
         if unsaved is not None:
             report.result, failed = "failed", failed or unsaved
         report.reason = failed
         return report
+
+    def _collect(self, *, resumable: bool) -> None:
+        """Remove what nothing needs: blobs the committed state does not name and no
+        loaded engine maps, descriptions of versions it does not name, temporary files,
+        and partial downloads (unless a failed sync may resume them)."""
+        committed = self.state.load_or_recover()
+        mapped = getattr(self.host, "mapped_blobs", None)
+        pinned = mapped() if callable(mapped) else set()
+        self.state.blobs.collect(committed.referenced_blobs() | pinned)
+        self._collect_descriptions(committed)
+        self.state.blobs.clear_tmp()
+        if not resumable:
+            shutil.rmtree(self.state.partials, ignore_errors=True)
 
     def _trust_expired(self) -> bool:
         """Whether the trusted timestamp has expired (then an idle poll verifies again,
@@ -466,8 +481,15 @@ class Updater:
             request = LoadRequest(name, version, path, plan.sha256, plan.kind, target)
             engine = self._build_and_test(trust, request, doc, stages)
             with stages("swap"):
-                self._close_gate(name)  # a newer version: the one watched has passed
+                # a gate still open (not judged yet at this sync's start) is carried:
+                # the version it watched is replaced unjudged, and the engine it would
+                # fall back to stays the fallback
+                carried = self.gates.pop(name, None)
                 old = self.host.swap(name, engine)
+                if carried is not None:
+                    if old is not None and old is not carried.old:
+                        self.host.retire(old)
+                    old = carried.old
 
             def installed_record() -> UpdateRecord:
                 return UpdateRecord(
@@ -477,7 +499,7 @@ class Updater:
                 )  # fmt: skip
 
             with stages("commit"):
-                before = model
+                before = carried.before if carried is not None else model
                 model = self._commit_install(
                     model, installed, installed_record(), (old, engine), commit
                 )
@@ -532,8 +554,9 @@ class Updater:
         now = time.monotonic()
         for name, gate in list(self.gates.items()):
             new = self.recorder.window(name, gate.version, gate.swapped, now + 1)
-            # the baseline: the previous version's newest answers before the swap
-            before = self.recorder.window(name, gate.old.version, 0.0, gate.swapped)
+            # the baseline: the previous version's answers in the windows before the swap
+            since = gate.swapped - self.gate.window_s * BASELINE_WINDOWS
+            before = self.recorder.window(name, gate.old.version, since, gate.swapped)
             verdict = judge(self.gate, new, before, now - gate.swapped)
             if verdict.decision == "pass":
                 self._close_gate(name, passed=True)
@@ -734,7 +757,7 @@ class Updater:
             self.host.swap(name, old)
         else:
             self.host.drop(name)
-        new.close()
+        self.host.retire(new)  # requests already on it finish first
 
     def _work(self, name: str) -> Path:
         return self.state.blobs.tmp / f"update-{name}"

@@ -11,10 +11,11 @@ off).  So a model is loaded here as two parts:
   millisecond by walking the protobuf wire format: parsing it with ``onnx`` would copy
   every weight into the heap first (100 MB more resident for a moment, which is what the
   swap must not cost);
-* the **weights**: one read-only memory map per large tensor (the verified blob's own
-  pages: nothing is copied, and untouched pages cost nothing), small ones read into
-  memory.  A tensor whose bytes equal the serving version's tensor of the same name,
-  type and shape is not mapped again: the new session gets the old session's value.
+* the **weights**: the large tensors as arrays over one read-only memory map of the
+  verified blob (its own pages: nothing is copied, untouched pages cost nothing, and
+  one file handle per engine), small ones left in the graph.  A tensor whose bytes
+  equal the serving version's tensor of the same name, type and shape is not mapped
+  again: the new session gets the old session's value.
   The comparison reads the new bytes with ``pread`` a block at a time, so a tensor
   that turns out shared never enters this process's resident set twice.
 
@@ -24,6 +25,7 @@ value, its memory stays mapped.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Final
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["ONNX_DTYPES", "Graph", "Tensor", "WeightError", "Weights", "split_model"]
+__all__ = ["ONNX_DTYPES", "Graph", "Held", "Tensor", "WeightError", "Weights", "split_model"]
 
 MAP_AT_LEAST: Final = 64 << 10
 """Tensors at least this large are memory-mapped; smaller ones are read (a mapping
@@ -51,6 +53,8 @@ _MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER = 7, 1, 5
 _N_OUTPUT, _N_OP_TYPE, _N_ATTRIBUTE, _N_DOMAIN = 2, 4, 5, 7
 _A_NAME, _A_TENSOR = 1, 5
 _T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
+_T_TYPED = frozenset({4, 5, 6, 7, 10, 11})  # float_data ... uint64_data: left as they are
+_SIGN = 1 << 63
 _LEN, _VARINT, _I64, _I32 = 2, 0, 1, 5
 
 
@@ -134,6 +138,17 @@ def _key(number: int, wire: int) -> bytes:
     return _encode(number << 3 | wire)
 
 
+def _dims(buf: Any, wire: int, key_at: int, span: tuple[int, int], end: int) -> list[int]:
+    """The dimensions one ``dims`` field holds (packed or one varint)."""
+    if wire == _VARINT:
+        return [_varint(buf, key_at + 1, end)[0]]
+    found, (pos, stop) = [], span
+    while pos < stop:
+        value, pos = _varint(buf, pos, stop)
+        found.append(value)
+    return found
+
+
 def _tensor(
     buf: Any, span: tuple[int, int], location: bytes, rename: bytes | None = None
 ) -> tuple[bytes, Tensor | None]:
@@ -152,20 +167,18 @@ def _tensor(
         if number == _T_RAW and wire == _LEN:
             raw = (a, b)
             continue
-        if number in (_T_EXTERNAL, _T_LOCATION):
-            return bytes(buf[span[0] : span[1]]), None  # external already: left as it is
-        if number == _T_DIMS and wire == _VARINT:
-            dims.append(_varint(buf, key_at + 1, end)[0])
-        elif number == _T_DIMS and wire == _LEN:
-            pos = a
-            while pos < b:
-                value, pos = _varint(buf, pos, b)
-                dims.append(value)
+        if number in (_T_EXTERNAL, _T_LOCATION) or number in _T_TYPED:
+            # external already, or typed data (not raw bytes): left as it is
+            return bytes(buf[span[0] : span[1]]), None
+        if number == _T_DIMS:
+            dims += _dims(buf, wire, key_at, (a, b), end)
         elif number == _T_TYPE and wire == _VARINT:
             dtype = _varint(buf, key_at + 1, end)[0]
         elif number == _T_NAME and wire == _LEN:
             name = bytes(buf[a:b]).decode("utf-8", "replace")
         out += buf[key_at:end]
+    if any(d >= _SIGN for d in dims):  # int64 dims: a negative one is no shape to map
+        raw = None
     if raw is None or dtype not in ONNX_DTYPES or not name or raw[1] - raw[0] < MAP_AT_LEAST:
         # small: left in the graph (shape inference reads small constants, and a few
         # KB per session are not worth a mapping)
@@ -200,14 +213,16 @@ def _constant(buf: Any, span: tuple[int, int]) -> tuple[bytes, tuple[int, int]] 
         return None
     if len(attributes) != 1:
         return None
-    name, tensor = b"", None
+    name, tensors = b"", []
     for number, wire, _key_at, (a, b), _end in _fields(buf, *attributes[0]):
         if number == _A_NAME and wire == _LEN:
             name = bytes(buf[a:b])
         elif number == _A_TENSOR and wire == _LEN:
-            tensor = (a, b)
-    if name != b"value" or tensor is None:
+            tensors.append((a, b))
+    # a tensor field twice is merged by protobuf (dims joined): left to ONNX Runtime
+    if name != b"value" or len(tensors) != 1:
         return None
+    tensor = tensors[0]
     return outputs[0], tensor
 
 
@@ -251,22 +266,38 @@ def split_model(buf: Any, location: str) -> Graph:
     return Graph(bytes(out), tuple(tensors))
 
 
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One tensor's value: the array (over a memory map), the OrtValue over it, and the
+    blob whose pages it maps (kept on disk while any engine maps it)."""
+
+    array: npt.NDArray[Any]
+    value: Any
+    blob: str
+
+
 @dataclass
 class Weights:
     """The initializer values of one session, by name, and how many bytes of them this
     session brought (``own_bytes``: those not shared with the version it replaced)."""
 
-    values: dict[str, tuple[npt.NDArray[Any], Any]] = field(default_factory=dict)
+    values: dict[str, Held] = field(default_factory=dict)
     own_bytes: int = 0
     shared_bytes: int = 0
 
+    def blobs(self) -> set[str]:
+        """The blobs these values map (the engine's own and those it shares)."""
+        return {held.blob for held in self.values.values()}
+
     @classmethod
-    def load(cls, path: Path, tensors: tuple[Tensor, ...], base: Weights | None) -> Weights:
-        """The values of ``tensors`` in ``path``; each equal to ``base``'s tensor of the
-        same name, dtype and shape is taken from ``base``.
+    def load(
+        cls, path: Path, tensors: tuple[Tensor, ...], base: Weights | None, blob: str = ""
+    ) -> Weights:
+        """The values of ``tensors`` in ``path`` (the blob ``blob``); each equal to
+        ``base``'s tensor of the same name, dtype and shape is taken from ``base``.
 
         Raises:
-            OSError: the file cannot be read.
+            OSError: the file cannot be read or mapped.
             WeightError: a tensor's span does not fit its file, dtype and shape.
         """
         import numpy as np
@@ -276,34 +307,26 @@ class Weights:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         try:
             size = os.fstat(fd).st_size
+            view: mmap.mmap | None = None
             for t in tensors:
                 dtype = np.dtype(t.dtype)
-                count = int(np.prod(t.dims)) if t.dims else 1
+                count = math.prod(t.dims)
                 if t.offset + t.length > size or count * dtype.itemsize != t.length:
                     raise WeightError(f"initializer {t.name!r}: its bytes do not fit {t.dims}")
                 old = base.values.get(t.name) if base is not None else None
-                if old is not None and _same(fd, t, old[0]):
+                if old is not None and _same(fd, t, old.array):
                     weights.values[t.name] = old
                     weights.shared_bytes += t.length
                     continue
-                array = _array(fd, t, dtype, count)
-                weights.values[t.name] = (array, ort.OrtValue.ortvalue_from_numpy(array))
+                if view is None:  # one mapping (and one file handle) for the whole file
+                    view = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+                array = np.frombuffer(view, dtype=dtype, count=count, offset=t.offset)
+                array = array.reshape(t.dims)
+                weights.values[t.name] = Held(array, ort.OrtValue.ortvalue_from_numpy(array), blob)
                 weights.own_bytes += t.length
         finally:
             os.close(fd)
         return weights
-
-
-def _array(fd: int, t: Tensor, dtype: Any, count: int) -> npt.NDArray[Any]:
-    """The tensor's values: mapped from the file when large, else read."""
-    import numpy as np
-
-    if t.length < MAP_AT_LEAST:
-        data = os.pread(fd, t.length, t.offset)
-        return np.frombuffer(bytearray(data), dtype=dtype, count=count).reshape(t.dims)
-    start = t.offset - t.offset % mmap.ALLOCATIONGRANULARITY
-    view = mmap.mmap(fd, t.offset + t.length - start, prot=mmap.PROT_READ, offset=start)
-    return np.frombuffer(view, dtype=dtype, count=count, offset=t.offset - start).reshape(t.dims)
 
 
 def _same(fd: int, t: Tensor, old: npt.NDArray[Any]) -> bool:

@@ -176,7 +176,7 @@ def test_an_engine_in_use_is_never_evicted(tmp_path: Path) -> None:
 
 
 _CREEP = """
-import hashlib, json, sys
+import hashlib, json, sys, threading
 from pathlib import Path
 from tests.edge import models
 from edge_sync.engine import InProcessHost, LoadRequest, self_test
@@ -198,6 +198,9 @@ for i in range(51):
         serving.run(x)
     if old is not None:
         host.retire(old)
+    for thread in threading.enumerate():  # the released engine is freed in a thread
+        if thread.name == "engine-release":
+            thread.join()
     levels.append(rss())
 print(json.dumps(levels))
 """

@@ -334,6 +334,8 @@ from edge_sync.config import EdgeConfig
 from edge_sync.updater import SyncReport
 turns = [0]
 class Quick:
+    settled = {}
+    gates = {}
     def __init__(self, *a, **k): pass
     def resume(self):
         print("ready", flush=True)

@@ -25,8 +25,11 @@ STEADY = Window(requests=500, errors=0, p99_s=0.010)
         (Window(40, 2, 0.011), 10, "pass", ""),  # 5 %: within
         (Window(40, 0, 0.025), 3, "wait", ""),  # latency waits for the window
         (Window(40, 0, 0.025), 10, "fail", "2.5x the previous version's"),
-        (Window(5, 0, 0.900), 10, "pass", ""),  # no evidence: five requests
-        (Window(0, 0, None), 10, "pass", ""),
+        (Window(5, 0, 0.900), 10, "wait", ""),  # too few: the window is extended
+        (Window(5, 0, 0.900), 40, "pass", "not judged: 5 requests in 40 s"),  # 4x: no more
+        (Window(0, 0, None), 40, "pass", "not judged: 0 requests"),
+        (Window(19, 19, 0.01), 10, "fail", "19 of 19 requests failed"),  # few, all failed
+        (Window(2, 2, 0.01), 10, "wait", ""),  # two errors: not yet evidence
     ],
 )
 def test_judge(new: Window, elapsed: float, decision: str, says: str) -> None:
@@ -37,7 +40,9 @@ def test_judge(new: Window, elapsed: float, decision: str, says: str) -> None:
 
 def test_latency_is_not_judged_without_a_baseline() -> None:
     before = Window(requests=3, errors=0, p99_s=0.001)
-    assert judge(POLICY, Window(100, 0, 1.0), before, 11).decision == "pass"
+    verdict = judge(POLICY, Window(100, 0, 1.0), before, 11)
+    assert verdict.decision == "pass"
+    assert "not compared: the previous version answered 3" in verdict.reason
 
 
 def test_the_recorder_windows_by_time_and_version() -> None:
@@ -128,3 +133,66 @@ def test_a_healthy_version_becomes_last_known_good_and_the_old_engine_goes(rig: 
         assert not old.loaded
         model = rig.state().models["mlp"]
         assert (model.serving.version, model.last_known_good.version) == ("1.1.0", "1.1.0")
+
+
+def test_a_newer_version_during_a_gate_replaces_it_unjudged_keeping_the_fallback(
+    rig: Any,
+) -> None:
+    """1.1.0 is swapped in and watched; 2.0.0 arrives before the gate decided: 1.1.0 is
+    neither kept as known good nor rejected, and if 2.0.0 fails its gate the device goes
+    back to 1.0.0, the last version known good."""
+    recorder = _gated(rig, window_s=0.3)
+    with rig.updater() as up:
+        up.sync()
+        _answers(recorder, "1.0.0", 50, 0.002)
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        assert up.gates["mlp"].version == "1.1.0"
+        rig.release_version("2.0.0", "1.1.0")
+        assert up.sync().updates["mlp"].result == "installed"  # 1.1.0 had no answers yet
+        gate = up.gates["mlp"]
+        assert (gate.version, gate.old.version) == ("2.0.0", "1.0.0")
+        assert up.host.versions("mlp") == ["2.0.0", "1.0.0"]  # 1.1.0 released
+        assert rig.state().models["mlp"].last_known_good.version == "1.0.0"
+        _answers(recorder, "2.0.0", 50, 0.050)
+        time.sleep(0.35)
+        assert up.check_gates()["mlp"].result == "rejected"
+        model = rig.state().models["mlp"]
+        assert model.serving.version == "1.0.0"
+        assert up.host.current("mlp").version == "1.0.0"
+        assert [r.version for r in model.rejected] == ["2.0.0"]
+
+
+def test_a_failed_commit_after_a_swap_releases_the_new_engine_once_drained(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state cannot be saved after the swap (a full disk): the old engine serves
+    again, and the new one is released only when the requests on it are done (it was
+    closed under them before, and a run on freed weights crashes the process)."""
+    with rig.updater() as up:
+        up.sync()
+        rig.release_version("1.1.0", "1.0.0")
+        host = up.host
+        held: list[Any] = []
+        real_swap = host.swap
+
+        def swap_and_hold(model: str, engine: Any) -> Any:
+            old = real_swap(model, engine)
+            if engine.version == "1.1.0":
+                lease = host.lease(model)  # a request arrives on the new engine
+                held.append((lease, lease.__enter__()))
+            return old
+
+        def full_disk(_state: Any) -> None:
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(host, "swap", swap_and_hold)
+        monkeypatch.setattr(up.state, "commit", full_disk)
+        assert up.sync().updates["mlp"].result == "failed"
+        monkeypatch.undo()
+        ((lease, engine),) = held
+        assert host.current("mlp").version == "1.0.0"
+        assert engine.loaded  # a request still runs on it
+        assert host.versions("mlp") == ["1.0.0"]  # but no new request reaches it
+        lease.__exit__(None, None, None)
+        assert not engine.loaded

@@ -14,7 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from edge_sync.engine import EngineError, LoadRequest, OrtEngine
-from edge_sync.weights import MAP_AT_LEAST, WeightError, split_model
+from edge_sync.weights import MAP_AT_LEAST, WeightError, _encode, split_model
 from tests.edge import models
 
 
@@ -113,3 +113,109 @@ def test_a_truncated_model_is_refused_not_mapped_past_its_end(tmp_path: Path) ->
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(EngineError):
         OrtEngine(_request(path), share=True)
+
+
+def test_one_mapping_and_one_file_handle_per_engine(tmp_path: Path) -> None:
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    before = len(list(Path("/proc/self/fd").iterdir()))
+    engines = [OrtEngine(_request(path), share=True) for _ in range(3)]
+    assert len(list(Path("/proc/self/fd").iterdir())) - before <= 3  # not one per tensor
+    maps = Path("/proc/self/maps").read_text().count(str(path))
+    assert maps == 3
+    del engines
+
+
+def test_a_negative_dimension_is_not_mapped(tmp_path: Path) -> None:
+    """int64 dims: -1 is a huge unsigned varint; the split leaves such a tensor in the
+    graph (ONNX Runtime judges it) instead of wrapping a size."""
+    model = models.mlp()
+    model.graph.initializer[0].dims[0] = -1
+    path = tmp_path / "neg.onnx"
+    path.write_bytes(model.SerializeToString())
+    split = split_model(path.read_bytes(), path.name)
+    assert "w0" not in {t.name for t in split.tensors}
+    with pytest.raises(EngineError):
+        OrtEngine(_request(path), share=True)
+
+
+def test_typed_data_is_left_in_the_graph_and_answers_the_same(tmp_path: Path) -> None:
+    model = models.mlp()
+    weight = numpy_helper.to_array(model.graph.initializer[0])
+    typed = helper.make_tensor("w0", onnx.TensorProto.FLOAT, weight.shape, weight.ravel().tolist())
+    model.graph.initializer[0].CopyFrom(typed)  # float_data, not raw_data
+    path = models.save(model, tmp_path / "typed.onnx")
+    names = {t.name for t in split_model(path.read_bytes(), path.name).tensors}
+    assert "w0" not in names
+    assert "w1" in names
+    x = models.sample()
+    got = OrtEngine(_request(path), share=True).run({"x": x})["y"]
+    np.testing.assert_allclose(got, _plain(path, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_whose_tensor_field_repeats_is_left_to_onnx_runtime(tmp_path: Path) -> None:
+    """protobuf merges a repeated message field (dims joined); a reader that kept one
+    copy would give the shared session another shape than the private one."""
+    weight = np.ones((128, 128), np.float32)
+    node = helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(weight, "c"))
+    graph = helper.make_graph(
+        [node, helper.make_node("Identity", ["w"], ["y"])], "g", [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+
+    def field(number: int, payload: bytes) -> bytes:  # a length-delimited field
+        return _encode(number << 3 | 2) + _encode(len(payload)) + payload
+
+    extra = numpy_helper.from_array(np.ones((1,), np.float32), "c").SerializeToString()
+    constant, identity = model.graph.node
+    doubled = constant.attribute[0].SerializeToString() + field(5, extra)  # "t" twice
+    bare = onnx.NodeProto()
+    bare.CopyFrom(constant)
+    del bare.attribute[:]
+    node = bare.SerializeToString() + field(5, doubled)
+    rest = onnx.GraphProto()
+    rest.CopyFrom(model.graph)
+    del rest.node[:]
+    graph_bytes = field(1, node) + field(1, identity.SerializeToString()) + rest.SerializeToString()
+    outer = onnx.ModelProto()
+    outer.CopyFrom(model)
+    outer.ClearField("graph")
+    path = tmp_path / "dup.onnx"
+    path.write_bytes(outer.SerializeToString() + field(7, graph_bytes))
+    assert list(onnx.load(str(path)).graph.node[0].attribute[0].t.dims) == [128, 128, 1]
+    assert "w" not in {t.name for t in split_model(path.read_bytes(), path.name).tensors}
+
+
+def test_a_run_in_progress_keeps_its_weights_when_the_engine_is_unloaded(
+    tmp_path: Path,
+) -> None:
+    """unload() and close() drop the engine's reference to its session and weights; a
+    run that started holds its own, so the memory it reads stays mapped (a run on
+    unmapped weights crashed the process)."""
+    import subprocess
+    import sys
+
+    slow = models.save(models.slowed(models.mlp(width=512), 400), tmp_path / "slow.onnx")
+    script = f"""
+import gc, hashlib, threading, numpy as np
+from pathlib import Path
+from edge_sync.engine import LoadRequest, OrtEngine
+path = Path({str(slow)!r})
+engine = OrtEngine(LoadRequest("m", "1", path, hashlib.sha256(path.read_bytes()).hexdigest()),
+                   share=True)
+x = {{"x": np.ones((8, 512), np.float32)}}
+want = engine.run(x)["y"]
+out = []
+t = threading.Thread(target=lambda: out.append(engine.run(x)["y"]))
+t.start()
+engine.unload()
+gc.collect()
+t.join()
+assert np.allclose(out[0], want)
+print("ok")
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]
