@@ -84,7 +84,9 @@ def create_app(
     """
     api = _Api(host, models, status, version, metrics or Metrics(), request_sync)
     api.recorder = recorder
-    routes = [
+    routes = [  # inference first: routes are matched in order, on every request
+        Route("/v2/models/{model}/infer", api.infer, methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", api.infer, methods=["POST"]),
         Route("/v2/health/live", api.live),
         Route("/v2/health/ready", api.ready),
         Route("/v2", api.server),
@@ -94,8 +96,6 @@ def create_app(
         Route("/v2/models/{model}/versions/{version}/ready", api.model_ready),
         Route("/v2/models/{model}/config", api.model_config),
         Route("/v2/models/{model}/versions/{version}/config", api.model_config),
-        Route("/v2/models/{model}/infer", api.infer, methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", api.infer, methods=["POST"]),
         Route("/v2/repository/index", api.repository_index, methods=["POST"]),
         Route("/v2/repository/sync", api.repository_sync, methods=["POST"]),
         Route("/status", api.status_route),
