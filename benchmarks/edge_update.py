@@ -160,7 +160,7 @@ def _update(config_path: Path, state_from: Path | None, prepack: str = "off") ->
     seen" to "committed"."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import _provision
-    from edge_sync.engine import InProcessHost
+    from edge_sync.host import InProcessHost
     from edge_sync.state import StateDir
     from edge_sync.updater import Updater
 

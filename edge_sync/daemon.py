@@ -27,8 +27,9 @@ from types import FrameType
 from typing import Any, Final
 
 from edge_sync.config import EdgeConfig
-from edge_sync.engine import EngineError, EngineHost, InProcessHost
+from edge_sync.engine import EngineError, EngineHost
 from edge_sync.health import GatePolicy, Recorder
+from edge_sync.host import InProcessHost
 from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, trusted_role

@@ -109,7 +109,7 @@ class EdgeRig:
         """A locked state dir and an Updater for device ``name`` (its host kept)."""
         from edge_sync.config import load_edge_config
         from edge_sync.daemon import _provision
-        from edge_sync.engine import InProcessHost
+        from edge_sync.host import InProcessHost
         from edge_sync.state import StateDir
         from edge_sync.updater import Updater
 

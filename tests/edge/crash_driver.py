@@ -36,7 +36,7 @@ from typing import Any
 def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> None:
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import _provision
-    from edge_sync.engine import InProcessHost
+    from edge_sync.host import InProcessHost
     from edge_sync.state import StateDir
     from edge_sync.updater import Updater
 
@@ -59,7 +59,7 @@ def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> N
 def _check(config_path: Path, expected: str) -> str | None:
     """Why the state dir is inconsistent (None when it is not)."""
     from edge_sync.config import load_edge_config
-    from edge_sync.engine import InProcessHost
+    from edge_sync.host import InProcessHost
     from edge_sync.state import StateDir, StateError
     from edge_sync.updater import Updater
 

@@ -30,7 +30,8 @@ import tritonclient.http as triton  # type: ignore[import-untyped]
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
-from edge_sync.engine import InProcessHost, LoadRequest
+from edge_sync.engine import LoadRequest
+from edge_sync.host import InProcessHost
 from edge_sync.serving import MAX_BODY_BYTES, create_app
 
 pytestmark = pytest.mark.integration

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sync.engine import InProcessHost, LoadRequest, OrtEngine
+from edge_sync.engine import LoadRequest, OrtEngine
+from edge_sync.host import InProcessHost
 from tests.edge import models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,7 +180,8 @@ _CREEP = """
 import hashlib, json, sys, threading
 from pathlib import Path
 from tests.edge import models
-from edge_sync.engine import InProcessHost, LoadRequest, self_test
+from edge_sync.engine import LoadRequest, self_test
+from edge_sync.host import InProcessHost
 tmp = Path(sys.argv[1]); mode = sys.argv[2]
 paths = [models.save(models.mlp(width=1024), tmp / "a.onnx"),
          models.save(models.mlp(changed=(2,), width=1024), tmp / "b.onnx")]
@@ -225,10 +227,10 @@ def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
     monkeypatch: pytest.MonkeyPatch,
     wins: bool,
 ) -> None:
-    import edge_sync.engine as engine_module
+    import edge_sync.host as host_module
 
     # how much faster prepacking must be: 0 (it always wins) or never
-    monkeypatch.setattr(engine_module, "PREPACK_GAIN", 0.0 if wins else 1e9)
+    monkeypatch.setattr(host_module, "PREPACK_GAIN", 0.0 if wins else 1e9)
     kept = tmp_path / "tuning.json"
     host = InProcessHost(prepack="auto", decisions=kept)
     v1, v2 = versions

@@ -104,7 +104,7 @@ def test_a_corrupted_blob_is_never_served_and_is_fetched_again(rig: EdgeRig) -> 
     data = bytearray(blob.read_bytes())
     data[100] ^= 0x01
     blob.write_bytes(bytes(data))
-    from edge_sync.engine import InProcessHost
+    from edge_sync.host import InProcessHost
 
     rig.hosts["device"] = InProcessHost()  # a restart: nothing in memory
     with rig.updater() as updater:

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from edge_sync.engine import EngineError, InProcessHost, LoadRequest
+from edge_sync.engine import EngineError, LoadRequest
+from edge_sync.host import InProcessHost
 from tests.conftest import git
 from tests.edge.conftest import EdgeRig
 

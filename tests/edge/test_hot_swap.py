@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 
 from benchmarks.loadgen import LoadResult, run_load_subprocess
-from edge_sync.engine import GoldenCase, InProcessHost, LoadRequest, self_test
+from edge_sync.engine import GoldenCase, LoadRequest, self_test
 from edge_sync.health import Recorder
+from edge_sync.host import InProcessHost
 from edge_sync.serving import create_app
 from tests.edge import models
 from tests.edge.conftest import EdgeRig

@@ -21,7 +21,7 @@ import pytest
 import tritonclient.http as triton  # type: ignore[import-untyped]
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
-from edge_sync.engine import InProcessHost
+from edge_sync.host import InProcessHost
 from edge_sync.serving import create_app
 from tests.edge.real_models import REAL_MODELS, real_model_path
 from tests.edge.test_conformance import loopback_server, serve_file

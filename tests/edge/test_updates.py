@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from edge_sync.engine import Engine, InProcessHost, LoadRequest
+from edge_sync.engine import Engine, LoadRequest
+from edge_sync.host import InProcessHost
 from tests.edge.conftest import EdgeRig
 
 pytestmark = pytest.mark.integration
