@@ -15,6 +15,7 @@ its place, since its goldens and speed were judged for TensorRT.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -46,6 +47,7 @@ def unavailable(available_providers: list[str], precision: str) -> str | None:
     return None
 
 
+@functools.cache
 def trt_version() -> str:
     """The installed TensorRT's version ("unknown" when no distribution says)."""
     for name in _DISTRIBUTIONS:
@@ -56,8 +58,10 @@ def trt_version() -> str:
     return "unknown"
 
 
+@functools.cache
 def gpu_name() -> str:
-    """The first GPU's name, as ``nvidia-smi`` reports it ("unknown-gpu" without one)."""
+    """The first GPU's name, as ``nvidia-smi`` reports it ("unknown-gpu" without one;
+    asked once per process: it starts a program)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return "unknown-gpu"
