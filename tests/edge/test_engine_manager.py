@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -261,3 +262,29 @@ def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
     assert isinstance(built, OrtEngine)
     assert built.shared is not wins
     assert again.tune("mlp") is None
+
+
+def test_a_faster_private_engine_that_answers_otherwise_is_not_used(
+    versions: tuple[LoadRequest, LoadRequest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edge_sync.host as host_module
+
+    monkeypatch.setattr(host_module, "PREPACK_GAIN", 0.0)  # prepacking always faster
+    real = OrtEngine.run
+
+    def drifting(self: OrtEngine, inputs: Any, outputs: Any = None) -> dict[str, Any]:
+        got = real(self, inputs, outputs)
+        return got if self.shared else {k: v + 0.01 for k, v in got.items()}
+
+    monkeypatch.setattr(OrtEngine, "run", drifting)
+    host = InProcessHost(prepack="auto")
+    host.swap("mlp", host.build(versions[0]))
+    decision = host.tune("mlp")
+    assert decision is not None
+    assert decision["prepack"] is False
+    serving = host.current("mlp")
+    assert isinstance(serving, OrtEngine)
+    assert serving.shared
+    assert host_module._agree({"y": np.ones(3)}, {"y": np.ones(3) + 1e-6})
+    assert not host_module._agree({"y": np.ones(3)}, {"y": np.ones(3) + 0.01})
+    assert not host_module._agree({"y": np.ones(3)}, {"y": np.ones(4)})
