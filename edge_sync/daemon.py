@@ -264,6 +264,8 @@ class Daemon:
                 if self.serving
                 else None
             )
+            # an announcement left behind: the last daemon did not stop cleanly
+            unclean = state.daemon_info() is not None
             if server is not None:
                 listen = server.start()
             state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
@@ -279,7 +281,7 @@ class Daemon:
                 ),
                 recorder=recorder if server is not None else None,
             )
-            problems = updater.resume()
+            problems = updater.resume(unclean=unclean)
             for model, problem in problems.items():
                 said = reason_text(problem)
                 print(f"modelreg edge: {model}: not served at start: {said}", file=sys.stderr)
@@ -432,6 +434,10 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
                 {"version": r.version, "sha256": r.sha256, "reason": r.reason, "at": r.at}
                 for r in (model.rejected if model else [])
             ],
+            # a health gate watching the version served (not known good yet)
+            "gate": {"version": model.gate.version, "opened": model.gate.opened}
+            if model and model.gate
+            else None,
         }
     return {
         "device": config.device.id,

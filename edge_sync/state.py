@@ -45,6 +45,7 @@ __all__ = [
     "BlobStore",
     "DaemonInfo",
     "DeviceState",
+    "GateRecord",
     "Installed",
     "LockedError",
     "ModelState",
@@ -149,6 +150,19 @@ class UpdateRecord(_Model):
     stages_ms: dict[str, float] = Field(default_factory=dict)
 
 
+class GateRecord(_Model):
+    """A health gate open on the version served: what it watches, and what to serve
+    again if the version fails it (or the daemon dies while it watches)."""
+
+    version: str
+    sha256: str
+    signed: str
+    opened: str
+    restore_serving: Installed | None = None
+    restore_previous: Installed | None = None
+    restore_last_known_good: Installed | None = None
+
+
 class ModelState(_Model):
     """What one subscribed model runs, ran, and refused."""
 
@@ -158,6 +172,16 @@ class ModelState(_Model):
     last_known_good: Installed | None = None
     last_update: UpdateRecord | None = None
     rejected: list[Rejected] = Field(default_factory=list)
+    gate: GateRecord | None = None
+    """A health gate open on ``serving`` (it is not known good yet)."""
+
+    def held(self) -> tuple[Installed, ...]:
+        """Every installed version this state names (its blobs are kept)."""
+        found = [self.serving, self.previous, self.last_known_good]
+        if self.gate is not None:
+            found += [self.gate.restore_serving, self.gate.restore_previous,
+                      self.gate.restore_last_known_good]  # fmt: skip
+        return tuple(i for i in found if i is not None)
 
 
 class SyncInfo(_Model):
@@ -187,11 +211,10 @@ class DeviceState(_Model):
         """Every blob digest the state names (serving, previous, last known good)."""
         found: set[str] = set()
         for model in self.models.values():
-            for installed in (model.serving, model.previous, model.last_known_good):
-                if installed is not None:
-                    found.add(installed.sha256)
-                    if installed.artifact_sha256:
-                        found.add(installed.artifact_sha256)
+            for installed in model.held():
+                found.add(installed.sha256)
+                if installed.artifact_sha256:
+                    found.add(installed.artifact_sha256)
         return found
 
 

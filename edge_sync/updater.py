@@ -19,6 +19,7 @@ which later deltas apply to.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
@@ -43,6 +44,7 @@ from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, judge
 from edge_sync.limits import TrustLimits
 from edge_sync.state import (
     DeviceState,
+    GateRecord,
     Installed,
     ModelState,
     Rejected,
@@ -212,15 +214,20 @@ class Updater:
 
     # --- start-up ------------------------------------------------------------------------
 
-    def resume(self) -> dict[str, str]:
+    def resume(self, *, unclean: bool = False) -> dict[str, str]:
         """Serve what the state file names, with no network: each model's current
         version, else its previous or last known good one whose blob still verifies.
+
+        A version whose health gate was open when the daemon stopped is not trusted:
+        after an unclean stop (``unclean``: killed, crashed, out of memory: perhaps
+        because of it) it is rejected and what it replaced is served again; after a
+        clean stop its gate opens again, with what it replaced loaded to fall back to.
 
         Returns:
             What could not be resumed, by model (a corrupt blob, an engine that fails).
         """
         loaded = self.state.load_or_recover()
-        state = self._rebuilt(loaded)
+        state = self._ungated(self._rebuilt(loaded), unclean=unclean)
         self.state.blobs.clear_tmp()
         problems: dict[str, str] = {}
         changed = state != loaded
@@ -250,7 +257,56 @@ class Updater:
                 break
         if changed:
             self.state.commit(state)
+        self._reopen_gates(state)
         return problems
+
+    def _ungated(self, state: DeviceState, *, unclean: bool) -> DeviceState:
+        """``state`` with each open gate settled for a start-up (see :meth:`resume`)."""
+        for name, model in state.models.items():
+            gate = model.gate
+            if gate is None:
+                continue
+            if not unclean and self.gate is not None:
+                continue  # opened again once engines are loaded
+            if not unclean:  # no gate configured any more: the version stands
+                state = state.with_model(name, model.model_copy(
+                    update={"gate": None, "last_known_good": model.serving}))  # fmt: skip
+                continue
+            reason = (
+                "the daemon stopped unexpectedly while the health gate watched this "
+                "version (killed, crashed or out of memory)"
+            )
+            record = UpdateRecord(result="rejected", version=gate.version, reason=reason,
+                                  finished=now_iso())  # fmt: skip
+            rejected = [*model.rejected, Rejected(version=gate.version, sha256=gate.sha256,
+                        signed=gate.signed, reason=reason, at=now_iso())][-32:]  # fmt: skip
+            state = state.with_model(name, model.model_copy(update={
+                "serving": gate.restore_serving, "previous": gate.restore_previous,
+                "last_known_good": gate.restore_last_known_good, "gate": None,
+                "last_update": record, "rejected": rejected}))  # fmt: skip
+        return state
+
+    def _reopen_gates(self, state: DeviceState) -> None:
+        """Watch again, after a clean restart, each version whose gate was open; the
+        version it replaced is loaded to fall back to (without it the version stands)."""
+        if self.gate is None:
+            return
+        for name, model in state.models.items():
+            gate, serving = model.gate, self.host.current(name)
+            if gate is None or serving is None or serving.sha256 != gate.sha256:
+                continue
+            fallback = gate.restore_serving
+            old = None
+            if fallback is not None and self.state.blobs.verify(fallback.sha256):
+                with contextlib.suppress(EngineError, OSError):
+                    old = self.host.build(self._request(name, fallback))
+            if old is None or model.serving is None:
+                continue
+            before = model.model_copy(update={
+                "serving": gate.restore_serving, "previous": gate.restore_previous,
+                "last_known_good": gate.restore_last_known_good, "gate": None})  # fmt: skip
+            self.gates[name] = _OpenGate(name, gate.version, serving, old, before,
+                                         model.serving, gate.signed, time.monotonic())  # fmt: skip
 
     def _rebuilt(self, state: DeviceState) -> DeviceState:
         """``state`` with what each subscribed model served filled in from the device's
@@ -501,8 +557,9 @@ class Updater:
             with stages("commit"):
                 before = carried.before if carried is not None else model
                 model = self._commit_install(
-                    model, installed, installed_record(), (old, engine), commit
-                )
+                    model, installed, installed_record(), (old, engine), commit,
+                    before=before, signed=signed_key,
+                )  # fmt: skip
             if old is not None:
                 self._watch_or_retire(_OpenGate(
                     name, version, engine, old, before, installed, signed_key, time.monotonic()
@@ -575,18 +632,31 @@ class Updater:
         record: UpdateRecord,
         engines: tuple[Engine | None, Engine],
         commit: Callable[[ModelState], None],
+        *,
+        before: ModelState,
+        signed: str,
     ) -> ModelState:
         """Commit ``installed`` as the version served (``engines``: the old and the new
-        one, already swapped: swapped back when the commit fails)."""
+        one, already swapped: swapped back when the commit fails); with a health gate,
+        the gate is kept in the state with what to serve again (a daemon that dies
+        while it watches does not trust the version: :meth:`resume`)."""
         old, new = engines
-        gated = self.gate is not None and old is not None
+        gate = None
+        if self.gate is not None and old is not None:
+            gate = GateRecord(
+                version=installed.version, sha256=installed.sha256, signed=signed,
+                opened=now_iso(), restore_serving=before.serving,
+                restore_previous=before.previous,
+                restore_last_known_good=before.last_known_good,
+            )  # fmt: skip
         committed = model.model_copy(
             update={
                 "serving": installed,
                 "previous": model.serving or model.previous,
                 # known good once its health gate passed
-                "last_known_good": model.last_known_good if gated else installed,
+                "last_known_good": model.last_known_good if gate else installed,
                 "last_update": record,
+                "gate": gate,
             }
         )
         try:
@@ -616,7 +686,7 @@ class Updater:
             state = self.state.load_or_recover()
             model = state.models.get(name)
             if model is not None and model.serving == gate.installed:
-                held = model.model_copy(update={"last_known_good": gate.installed})
+                held = model.model_copy(update={"last_known_good": gate.installed, "gate": None})
                 self._commit_quietly(state.with_model(name, held))
 
     def _roll_back(self, name: str, gate: _OpenGate, reason: str) -> UpdateRecord:
@@ -642,6 +712,7 @@ class Updater:
                 "last_known_good": gate.before.last_known_good,
                 "last_update": record,
                 "rejected": rejected,
+                "gate": None,
             }
         )
         self._commit_quietly(state.with_model(name, restored))

@@ -338,7 +338,7 @@ class Quick:
     settled = {}
     gates = {}
     def __init__(self, *a, **k): pass
-    def resume(self):
+    def resume(self, **k):
         print("ready", flush=True)
         return {}
     def sync(self):

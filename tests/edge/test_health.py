@@ -196,3 +196,50 @@ def test_a_failed_commit_after_a_swap_releases_the_new_engine_once_drained(
         assert host.versions("mlp") == ["1.0.0"]  # but no new request reaches it
         lease.__exit__(None, None, None)
         assert not engine.loaded
+
+
+def _gate_open_on_1_1_0(rig: Any) -> None:
+    with rig.updater() as up:
+        up.sync()
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        assert up.gates["mlp"].version == "1.1.0"
+    gate = rig.state().models["mlp"].gate  # kept in the state while it watches
+    assert gate is not None
+    assert (gate.version, gate.restore_serving.version) == ("1.1.0", "1.0.0")
+
+
+def test_a_version_watched_when_the_daemon_died_is_rejected_at_restart(rig: Any) -> None:
+    """A version that crashes the daemon (a native fault, memory) must not be served
+    again and again by a restart loop: its gate never closed, so it is not trusted."""
+    from edge_sync.host import InProcessHost
+
+    _gated(rig, window_s=60)
+    _gate_open_on_1_1_0(rig)
+    rig.hosts["device"] = InProcessHost()  # a new process
+    with rig.updater() as up:
+        assert up.resume(unclean=True) == {}
+        assert up.host.current("mlp").version == "1.0.0"
+        model = rig.state().models["mlp"]
+        assert (model.serving.version, model.gate) == ("1.0.0", None)
+        assert model.last_update.result == "rejected"
+        assert "stopped unexpectedly while the health gate watched" in model.rejected[0].reason
+        assert "mlp" not in up.sync().updates  # not tried again
+        assert up.host.current("mlp").version == "1.0.0"
+
+
+def test_a_clean_restart_watches_the_version_again(rig: Any) -> None:
+    from edge_sync.host import InProcessHost
+
+    recorder = _gated(rig, window_s=0.3)
+    _gate_open_on_1_1_0(rig)
+    rig.hosts["device"] = InProcessHost()
+    with rig.updater() as up:
+        up.resume(unclean=False)
+        assert up.host.current("mlp").version == "1.1.0"
+        assert up.gates["mlp"].old.version == "1.0.0"  # loaded to fall back to
+        _answers(recorder, "1.1.0", 50, 0.002)
+        time.sleep(0.35)
+        assert up.check_gates()["mlp"].result == "installed"
+        model = rig.state().models["mlp"]
+        assert (model.last_known_good.version, model.gate) == ("1.1.0", None)

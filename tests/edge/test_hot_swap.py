@@ -228,3 +228,32 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         proc.terminate()
         proc.wait(timeout=60)
         log.close()
+
+
+def test_a_daemon_killed_while_a_gate_watches_rejects_the_version_at_restart(
+    rig: EdgeRig, tmp_path: Path
+) -> None:
+    config = rig.config(serve={"listen": "127.0.0.1:0", "health_gate": {"window": "10m"}})
+    argv = [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)]
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait(config, "1.0.0", lambda s: (s["models"]["mlp"]["serving"] or {}).get(
+            "version") == "1.0.0")  # fmt: skip
+        rig.release_version("1.1.0", "1.0.0")
+        status = _wait(config, "1.1.0", lambda s: (s["models"]["mlp"]["serving"] or {}).get(
+            "version") == "1.1.0")  # fmt: skip
+        assert status["models"]["mlp"]["gate"]["version"] == "1.1.0"
+        proc.kill()  # as a native crash or the OOM killer would
+        proc.wait(timeout=60)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        status = _wait(config, "the rejection", lambda s: s["models"]["mlp"]["rejected"])
+        model = status["models"]["mlp"]
+        assert model["serving"]["version"] == "1.0.0"
+        assert model["rejected"][0]["version"] == "1.1.0"
+        assert "stopped unexpectedly" in model["rejected"][0]["reason"]
+        assert model["gate"] is None
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
