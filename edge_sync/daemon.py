@@ -33,7 +33,7 @@ from edge_sync.host import InProcessHost
 from edge_sync.limits import TrustLimits
 from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, trusted_role
-from edge_sync.updater import StoppedError, SyncReport, Updater
+from edge_sync.updater import GATE_CHECK_S, StoppedError, SyncReport, Updater
 from registry.errors import UsageError
 from signing.errors import VerificationError
 
@@ -176,6 +176,23 @@ class Daemon:
                 wakeup.sleep(left if gate_in is None else min(left, gate_in))
                 self._closed_gates(updater.check_gates(), server)
 
+    def _watch_gates(self, updater: Updater) -> None:
+        """Swap back a version failing its health gate as soon as it fails, even while
+        a sync runs (its state is committed by the loop: :meth:`Updater.check_gates`)."""
+        while not self._stopping:
+            time.sleep(GATE_CHECK_S)
+            if not updater.gates:
+                continue
+            try:
+                for model in updater.watch_gates():
+                    print(f"modelreg edge: {model}: failed its health gate: swapped back",
+                          file=sys.stderr)  # fmt: skip
+                    if self._wakeup is not None:
+                        self._wakeup.poke()  # the loop commits it now
+            except Exception as e:  # noqa: BLE001 - a watcher bug must not stop serving
+                print(f"modelreg edge: health gate watcher: {type(e).__name__}: {e}",
+                      file=sys.stderr)  # fmt: skip
+
     @staticmethod
     def _closed_gates(closed: dict[str, UpdateRecord], server: _Server | None) -> None:
         """Say what each health gate that closed decided (and count rollbacks)."""
@@ -282,6 +299,10 @@ class Daemon:
                 recorder=recorder if server is not None else None,
             )
             problems = updater.resume(unclean=unclean)
+            watcher = threading.Thread(
+                target=self._watch_gates, args=(updater,), name="gate-watch", daemon=True
+            )
+            watcher.start()
             for model, problem in problems.items():
                 said = reason_text(problem)
                 print(f"modelreg edge: {model}: not served at start: {said}", file=sys.stderr)

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -40,7 +41,7 @@ from edge_sync.engine import (
     LoadRequest,
     self_test,
 )
-from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, judge
+from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, Verdict, judge
 from edge_sync.limits import TrustLimits
 from edge_sync.state import (
     DeviceState,
@@ -210,6 +211,8 @@ class Updater:
         self.settled: dict[str, UpdateRecord] = {}
         """The gates the last :meth:`sync` closed before it began (see :meth:`check_gates`)."""
         self.gates: dict[str, _OpenGate] = {}
+        self._failed: dict[str, tuple[_OpenGate, str, float]] = {}
+        self._gate_lock = threading.RLock()
         """Per model, the health gate watching its newest install (see :meth:`check_gates`)."""
 
     # --- start-up ------------------------------------------------------------------------
@@ -537,15 +540,7 @@ class Updater:
             request = LoadRequest(name, version, path, plan.sha256, plan.kind, target)
             engine = self._build_and_test(trust, request, doc, stages)
             with stages("swap"):
-                # a gate still open (not judged yet at this sync's start) is carried:
-                # the version it watched is replaced unjudged, and the engine it would
-                # fall back to stays the fallback
-                carried = self.gates.pop(name, None)
-                old = self.host.swap(name, engine)
-                if carried is not None:
-                    if old is not None and old is not carried.old:
-                        self.host.retire(old)
-                    old = carried.old
+                old, carried = self._swap_in(name, engine)
 
             def installed_record() -> UpdateRecord:
                 return UpdateRecord(
@@ -607,23 +602,71 @@ class Updater:
         """
         if self.gate is None or self.recorder is None:
             return {}
-        rolled: dict[str, UpdateRecord] = {}
-        now = time.monotonic()
-        for name, gate in list(self.gates.items()):
-            new = self.recorder.window(name, gate.version, gate.swapped, now + 1)
-            # the baseline: the previous version's answers in the windows before the swap
-            since = gate.swapped - self.gate.window_s * BASELINE_WINDOWS
-            before = self.recorder.window(name, gate.old.version, since, gate.swapped)
-            verdict = judge(self.gate, new, before, now - gate.swapped)
+        self.watch_gates()  # failures are swapped back first, as the watcher thread does
+        with self._gate_lock:
+            failed, self._failed = self._failed, {}
+            open_gates = list(self.gates.items())
+        rolled = {name: self._commit_rollback(name, *f) for name, f in failed.items()}
+        for name, gate in open_gates:
+            verdict = self._judge(gate)
             if verdict.decision == "pass":
                 self._close_gate(name, passed=True)
                 rolled[name] = UpdateRecord(
                     result="installed", version=gate.version, reason=verdict.reason,
                     finished=now_iso(),
                 )  # fmt: skip
-            elif verdict.decision == "fail":
-                rolled[name] = self._roll_back(name, gate, verdict.reason)
         return rolled
+
+    def watch_gates(self) -> list[str]:
+        """Swap back, at once, every gated version that fails its gate (thread-safe: the
+        daemon's watcher thread calls it, so that a sync with a long download does not
+        keep a failing version serving); the state is committed by :meth:`check_gates`
+        on the daemon's thread.
+
+        Returns:
+            The models swapped back.
+        """
+        if self.gate is None or self.recorder is None:
+            return []
+        swapped: list[str] = []
+        with self._gate_lock:
+            for name, gate in list(self.gates.items()):
+                verdict = self._judge(gate)
+                if verdict.decision != "fail":
+                    continue
+                del self.gates[name]
+                start = time.perf_counter()
+                self.host.swap(name, gate.old)
+                self.host.retire(gate.new)
+                ms = round((time.perf_counter() - start) * 1000, 3)
+                self._failed[name] = (gate, verdict.reason, ms)
+                swapped.append(name)
+        return swapped
+
+    def _judge(self, gate: _OpenGate) -> Verdict:
+        assert self.gate is not None  # noqa: S101 - callers check
+        assert self.recorder is not None  # noqa: S101
+        now = time.monotonic()
+        new = self.recorder.window(gate.model, gate.version, gate.swapped, now + 1)
+        # the baseline: the previous version's answers in the windows before the swap
+        since = gate.swapped - self.gate.window_s * BASELINE_WINDOWS
+        before = self.recorder.window(gate.model, gate.old.version, since, gate.swapped)
+        return judge(self.gate, new, before, now - gate.swapped)
+
+    def _swap_in(self, name: str, engine: Engine) -> tuple[Engine | None, _OpenGate | None]:
+        """Serve ``engine``; the engine to fall back to, and the gate it carries over.
+
+        A gate still open (not judged at this sync's start) is carried: the version it
+        watched is replaced unjudged, and the engine it would fall back to stays the
+        fallback."""
+        with self._gate_lock:  # the watcher thread swaps engines too
+            carried = self.gates.pop(name, None)
+            old = self.host.swap(name, engine)
+        if carried is None:
+            return old, None
+        if old is not None and old is not carried.old:
+            self.host.retire(old)
+        return carried.old, carried
 
     def _commit_install(
         self,
@@ -671,12 +714,14 @@ class Updater:
         """Open a health gate on the swap (the old engine stays loaded), or with no gate
         configured release the old engine once drained."""
         if self.gate is not None:
-            self.gates[gate.model] = gate
+            with self._gate_lock:
+                self.gates[gate.model] = gate
         else:
             self.host.retire(gate.old)
 
     def _close_gate(self, name: str, *, passed: bool = True) -> None:
-        gate = self.gates.pop(name, None)
+        with self._gate_lock:
+            gate = self.gates.pop(name, None)
         if gate is None:
             return
         self.host.retire(gate.old)
@@ -689,13 +734,12 @@ class Updater:
                 held = model.model_copy(update={"last_known_good": gate.installed, "gate": None})
                 self._commit_quietly(state.with_model(name, held))
 
-    def _roll_back(self, name: str, gate: _OpenGate, reason: str) -> UpdateRecord:
-        """Serve the previous engine again and reject the gated version."""
-        self.gates.pop(name, None)
-        start = time.perf_counter()
-        self.host.swap(name, gate.old)
-        self.host.retire(gate.new)
-        swap_ms = round((time.perf_counter() - start) * 1000, 3)
+    def _commit_rollback(
+        self, name: str, gate: _OpenGate, reason: str, swap_ms: float
+    ) -> UpdateRecord:
+        """Commit a rollback :meth:`watch_gates` made: what the gated version replaced is
+        served again, and the version is rejected (only rejected, when a newer install
+        replaced it since)."""
         record = UpdateRecord(
             result="rejected", version=gate.version, reason=reason_text(reason),
             finished=now_iso(), stages_ms={"swap": swap_ms},
@@ -705,17 +749,15 @@ class Updater:
         rejected = [*model.rejected, Rejected(
             version=gate.version, sha256=gate.installed.sha256, signed=gate.signed,
             reason=record.reason or reason, at=now_iso())][-32:]  # fmt: skip
-        restored = model.model_copy(
-            update={
+        update: dict[str, object] = {"rejected": rejected, "last_update": record}
+        if model.serving == gate.installed:
+            update |= {
                 "serving": gate.before.serving,
                 "previous": gate.before.previous,
                 "last_known_good": gate.before.last_known_good,
-                "last_update": record,
-                "rejected": rejected,
                 "gate": None,
             }
-        )
-        self._commit_quietly(state.with_model(name, restored))
+        self._commit_quietly(state.with_model(name, model.model_copy(update=update)))
         return record
 
     # --- the stages ----------------------------------------------------------------------

@@ -243,3 +243,30 @@ def test_a_clean_restart_watches_the_version_again(rig: Any) -> None:
         assert up.check_gates()["mlp"].result == "installed"
         model = rig.state().models["mlp"]
         assert (model.last_known_good.version, model.gate) == ("1.1.0", None)
+
+
+def test_the_watcher_swaps_a_failing_version_back_at_once_and_the_loop_commits_it(
+    rig: Any,
+) -> None:
+    """The daemon's watcher thread swaps back as soon as a gate fails (a sync busy with
+    a long download must not keep it serving); the loop commits the state after."""
+    import threading
+
+    recorder = _gated(rig, window_s=60)
+    with rig.updater() as up:
+        up.sync()
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        _answers(recorder, "1.1.0", 30, 0.001, error=True)
+        swapped: list[str] = []
+        watcher = threading.Thread(target=lambda: swapped.extend(up.watch_gates()))
+        watcher.start()
+        watcher.join()
+        assert swapped == ["mlp"]
+        assert up.host.current("mlp").version == "1.0.0"  # serving the old one already
+        assert rig.state().models["mlp"].serving.version == "1.1.0"  # not committed yet
+        closed = up.check_gates()
+        assert closed["mlp"].result == "rejected"
+        model = rig.state().models["mlp"]
+        assert (model.serving.version, model.gate) == ("1.0.0", None)
+        assert [r.version for r in model.rejected] == ["1.1.0"]
