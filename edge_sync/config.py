@@ -186,6 +186,8 @@ class ServeConfig(Strict):
     """Prepack weights (faster for some models, but a private copy of every weight, so
     nothing is shared between versions); ``auto`` measures each model once."""
     health_gate: HealthGateConfig = HealthGateConfig()
+    remote_sync: bool = False
+    """Accept ``POST /v2/repository/sync`` from any client (default: this machine only)."""
 
 
 def _unique_models(subscriptions: list[Subscription]) -> list[Subscription]:

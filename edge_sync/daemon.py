@@ -351,6 +351,7 @@ class _Server:
             metrics=self.metrics,
             request_sync=request_sync,
             recorder=recorder,
+            remote_sync=config.serve.remote_sync,
         )
         address, _, port = config.serve.listen.rpartition(":")
         self.address = address.strip("[]")

@@ -69,6 +69,7 @@ def create_app(
     metrics: Metrics | None = None,
     request_sync: Callable[[], None] | None = None,
     recorder: Recorder | None = None,
+    remote_sync: bool = False,
 ) -> Starlette:
     """The OIP v2 application serving ``models`` from ``host``.
 
@@ -81,9 +82,12 @@ def create_app(
         request_sync: asks the daemon to sync now (``POST /v2/repository/sync``, from
             loopback only).
         recorder: where each answer's outcome and latency go for the health gate.
+        remote_sync: accept ``POST /v2/repository/sync`` from any client, not only
+            from this machine.
     """
     api = _Api(host, models, status, version, metrics or Metrics(), request_sync)
     api.recorder = recorder
+    api.remote_sync = remote_sync
     routes = [  # inference first: routes are matched in order, on every request
         Route("/v2/models/{model}/infer", api.infer, methods=["POST"]),
         Route("/v2/models/{model}/versions/{version}/infer", api.infer, methods=["POST"]),
@@ -133,6 +137,7 @@ class _Api:
         self.host, self.models, self.status, self.version = host, models, status, version
         self.metrics, self.request_sync = metrics, request_sync
         self.recorder: Recorder | None = None
+        self.remote_sync = False
         self.limits = ServeLimits()
 
     @contextlib.contextmanager
@@ -285,10 +290,14 @@ class _Api:
         return json_response(index)
 
     async def repository_sync(self, request: Request) -> Response:
-        """Sync now (what SIGHUP does); only from this machine."""
+        """Sync now (what SIGHUP does); only from this machine unless ``remote_sync``."""
         client = request.client.host if request.client else ""
-        if client not in ("127.0.0.1", "::1"):
-            return error_response(403, "a sync is asked for from this machine only")
+        if not self.remote_sync and client not in ("127.0.0.1", "::1"):
+            return error_response(
+                403,
+                "a sync is asked for from this machine only (serve.remote_sync: true "
+                "allows any client)",
+            )
         if self.request_sync is None:
             return error_response(503, "this server runs no update loop")
         self.request_sync()

@@ -171,3 +171,26 @@ def _binary_round_trip(base: str, x: Any, expected: Any) -> None:
     with refused.value as error:
         assert error.code == 400
         assert "data is not FP32" in json.loads(error.read())["error"]
+
+
+@pytest.mark.parametrize("remote_sync", [False, True])
+def test_a_sync_is_asked_for_from_this_machine_unless_configured(remote_sync: bool) -> None:
+    import asyncio
+
+    import httpx
+
+    from edge_sync.host import InProcessHost
+    from edge_sync.serving import create_app
+
+    asked: list[bool] = []
+    app = create_app(InProcessHost(), [], dict, "t", request_sync=lambda: asked.append(True),
+                     remote_sync=remote_sync)  # fmt: skip
+
+    async def ask(client: str) -> int:
+        transport = httpx.ASGITransport(app=app, client=(client, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://device") as http:
+            return (await http.post("/v2/repository/sync")).status_code
+
+    assert asyncio.run(ask("127.0.0.1")) == 200
+    assert asyncio.run(ask("10.1.2.3")) == (200 if remote_sync else 403)
+    assert len(asked) == (2 if remote_sync else 1)
