@@ -8,7 +8,8 @@ off).  So a model is loaded here as two parts:
 * the **graph**: the ONNX file with each top-level initializer's ``raw_data`` replaced by
   a reference to where those bytes lie in the file (external data: ``location``,
   ``offset``, ``length``).  The graph of a 100 MB model is a few KB, made in well under a
-  millisecond by walking the protobuf wire format: parsing it with ``onnx`` would copy
+  millisecond by walking the protobuf wire format (``registry.onnx_wire``, which the
+  delta codec walks with too): parsing it with ``onnx`` would copy
   every weight into the heap first (100 MB more resident for a moment, which is what the
   swap must not cost);
 * the **weights**: the large tensors as arrays over one read-only memory map of the
@@ -31,6 +32,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
+
+from registry.onnx_wire import WireFormatError, encode_varint, fields, varint
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -55,7 +58,7 @@ _A_NAME, _A_TENSOR = 1, 5
 _T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
 _T_TYPED = frozenset({4, 5, 6, 7, 10, 11})  # float_data ... uint64_data: left as they are
 _SIGN = 1 << 63
-_LEN, _VARINT, _I64, _I32 = 2, 0, 1, 5
+_LEN, _VARINT = 2, 0
 
 
 class WeightError(ValueError):
@@ -83,49 +86,23 @@ class Graph:
 
 
 def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while pos < end and shift < 64:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-    raise WeightError("a varint runs past its message")
+    try:
+        return varint(buf, pos, end)
+    except WireFormatError as e:
+        raise WeightError(str(e)) from None
 
 
-def _encode(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        low, value = value & 0x7F, value >> 7
-        if not value:
-            out.append(low)
-            return bytes(out)
-        out.append(low | 0x80)
+_encode = encode_varint
 
 
-def _fields(buf: Any, start: int, end: int) -> Any:
-    """(field, wire type, first byte of the key, payload span, end) for each field."""
-    pos = start
-    while pos < end:
-        key_at = pos
-        key, pos = _varint(buf, pos, end)
-        number, wire = key >> 3, key & 7
-        if wire == _VARINT:
-            _, pos = _varint(buf, pos, end)
-            span = (pos, pos)
-        elif wire in (_I64, _I32):
-            pos += 8 if wire == _I64 else 4
-            span = (pos, pos)
-        elif wire == _LEN:
-            size, at = _varint(buf, pos, end)
-            pos = at + size
-            span = (at, pos)
-        else:
-            raise WeightError(f"wire type {wire} is not used by ONNX")
-        if pos > end:
-            raise WeightError("a field runs past its message")
-        yield number, wire, key_at, span, pos
+def _fields(buf: Any, start: int, end: int) -> list[tuple[int, int, int, tuple[int, int], int]]:
+    """(field, wire type, first byte of the key, payload span, end) for each field
+    (``registry.onnx_wire.fields``, the project's one wire walker)."""
+    try:
+        found = fields(buf, start, end)
+    except WireFormatError as e:
+        raise WeightError(str(e)) from None
+    return [(f.number, f.wire, f.key_at, (f.start, f.end), f.end) for f in found]
 
 
 def _entry(key: bytes, value: bytes) -> bytes:

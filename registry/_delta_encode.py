@@ -22,8 +22,8 @@ from registry._delta_format import (
     Mode,
     Op,
 )
-from registry._onnx_wire import Tensor, WireFormatError, initializers
 from registry.delta import DeltaLimits
+from registry.onnx_wire import Tensor, WireFormatError, initializers
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,7 +14,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 from edge_sync.engine import EngineError, LoadRequest, OrtEngine
-from edge_sync.weights import MAP_AT_LEAST, WeightError, _encode, split_model
+from edge_sync.weights import MAP_AT_LEAST, WeightError, split_model
+from registry.onnx_wire import encode_varint
 from tests.edge import models
 
 
@@ -165,7 +166,7 @@ def test_a_constant_whose_tensor_field_repeats_is_left_to_onnx_runtime(tmp_path:
     model.ir_version = 8
 
     def field(number: int, payload: bytes) -> bytes:  # a length-delimited field
-        return _encode(number << 3 | 2) + _encode(len(payload)) + payload
+        return encode_varint(number << 3 | 2) + encode_varint(len(payload)) + payload
 
     extra = numpy_helper.from_array(np.ones((1,), np.float32), "c").SerializeToString()
     constant, identity = model.graph.node

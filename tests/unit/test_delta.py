@@ -26,7 +26,6 @@ from benchmarks._util import decode_peak_rss
 from modelreg.examples import EXAMPLE_VERSIONS, model_bytes
 from registry import _delta_format as fmt
 from registry._delta_encode import CHUNK, plan
-from registry._onnx_wire import initializers
 from registry.delta import (
     BaseMismatchError,
     CorruptDeltaError,
@@ -36,6 +35,7 @@ from registry.delta import (
     encode,
     read_header,
 )
+from registry.onnx_wire import initializers
 
 REPO = Path(__file__).resolve().parents[2]
 OVERHEAD = fmt.HEADER_SIZE + fmt.INSTRUCTION_SIZE + fmt.TRAILER_SIZE

@@ -1,6 +1,8 @@
-"""Find the initializer tensors of a serialized ONNX model by walking the protobuf wire format.
+"""Walk the protobuf wire format of a serialized ONNX model: the one walker of the project.
 
-Private to :mod:`registry.delta`.  Only the fields the delta encoder needs are read:
+:func:`fields` lists a message's fields with where each one starts and ends (the device
+rebuilds a model's graph from them: ``edge_sync.weights``); :func:`initializers` finds
+the initializer tensors for the delta codec (:mod:`registry.delta`), reading only:
 ``ModelProto.graph`` (7) -> ``GraphProto.initializer`` (5) -> ``TensorProto`` ``dims`` (1),
 ``data_type`` (2), ``name`` (8) and ``raw_data`` (9).  Everything else is skipped by its
 wire type, so the walk costs one pass over the field headers and never copies tensor data.
@@ -12,7 +14,7 @@ Python objects and is a heavy dependency the core library avoids.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 _VARINT: Final = 0
 _FIXED64: Final = 1
@@ -80,7 +82,12 @@ class Tensor:
         return (self.name, self.data_type, self.dims)
 
 
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+def varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    """The varint at ``buf[pos]`` and where the next field starts.
+
+    Raises:
+        WireFormatError: truncated, or longer than ten bytes.
+    """
     value = 0
     shift = 0
     for i in range(_MAX_VARINT_BYTES):
@@ -94,62 +101,92 @@ def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
     raise WireFormatError(f"varint longer than {_MAX_VARINT_BYTES} bytes at offset {pos}")
 
 
-def _fields(buf: memoryview, start: int, end: int) -> list[tuple[int, int, int, int]]:
-    """Every field of the message in ``buf[start:end]`` as (number, wire type, value, pos).
+class Field(NamedTuple):
+    """One field of a message.
 
-    For length-delimited fields ``value`` is the payload length and ``pos`` where it
-    starts; for the others ``value`` is the varint (or 0) and ``pos`` the next field.
+    Attributes:
+        number, wire: its field number and wire type.
+        key_at: where its key starts (the field is ``buf[key_at:end]``).
+        value: the varint of a varint field (0 for other wire types).
+        start: where a length-delimited field's payload starts (the payload is
+            ``buf[start:end]``); ``end`` for other wire types.
+        end: where the field ends.
+    """
+
+    number: int
+    wire: int
+    key_at: int
+    value: int
+    start: int
+    end: int
+
+
+def fields(buf: Any, start: int, end: int) -> list[Field]:
+    """Every field of the message in ``buf[start:end]`` (``buf``: bytes, a memoryview or
+    a memory map).
 
     Raises:
         WireFormatError: a field is truncated, uses a group or an unknown wire type.
     """
-    out: list[tuple[int, int, int, int]] = []
+    out: list[Field] = []
     pos = start
     while pos < end:
-        tag, pos = _varint(buf, pos, end)
+        key_at = pos
+        tag, pos = varint(buf, pos, end)
         number, wire = tag >> 3, tag & 7
         if number == 0:
             raise WireFormatError(f"field number 0 at offset {pos}")
         if wire == _VARINT:
-            value, pos = _varint(buf, pos, end)
-            out.append((number, wire, value, pos))
+            value, pos = varint(buf, pos, end)
+            out.append(Field(number, wire, key_at, value, pos, pos))
         elif wire == _LEN:
-            length, pos = _varint(buf, pos, end)
+            length, pos = varint(buf, pos, end)
             if length > end - pos:
                 raise WireFormatError(f"field {number} runs past its message at offset {pos}")
-            out.append((number, wire, length, pos))
+            out.append(Field(number, wire, key_at, 0, pos, pos + length))
             pos += length
         elif wire in (_FIXED64, _FIXED32):
             pos += 8 if wire == _FIXED64 else 4
             if pos > end:
                 raise WireFormatError(f"truncated fixed-width field {number}")
-            out.append((number, wire, 0, pos))
+            out.append(Field(number, wire, key_at, 0, pos, pos))
         else:  # groups (3, 4) are not used by ONNX; 6 and 7 are invalid
             raise WireFormatError(f"unsupported wire type {wire} at offset {pos}")
     return out
 
 
-def _tensor(buf: memoryview, start: int, end: int) -> Tensor | None:
+def encode_varint(value: int) -> bytes:
+    """``value`` (non-negative) as a protobuf varint."""
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if not value:
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def _tensor(buf: Any, start: int, end: int) -> Tensor | None:
     name = b""
     data_type = 0
     dims: list[int] = []
     raw: tuple[int, int] | None = None
-    for number, wire, value, pos in _fields(buf, start, end):
+    for number, wire, _key_at, value, pos, stop in fields(buf, start, end):
         if number == _TENSOR_DIMS and wire == _VARINT:
             dims.append(value)
         elif number == _TENSOR_DIMS and wire == _LEN:  # packed repeated int64
-            p, stop = pos, pos + value
+            p = pos
             while p < stop:
-                dim, p = _varint(buf, p, stop)
+                dim, p = varint(buf, p, stop)
                 dims.append(dim)
         elif number == _TENSOR_DATA_TYPE and wire == _VARINT:
             data_type = value
         elif number == _TENSOR_NAME and wire == _LEN:
-            name = bytes(buf[pos : pos + value])
+            name = bytes(buf[pos:stop])
         elif number == _TENSOR_RAW_DATA and wire == _LEN:
             if raw is not None:
                 return None  # two raw_data fields: the parser would merge; not worth matching
-            raw = (pos, value)
+            raw = (pos, stop - pos)
     if raw is None:
         return None
     return Tensor(name, data_type, tuple(dims), raw[0], raw[1])
@@ -165,17 +202,17 @@ def initializers(data: memoryview) -> list[Tensor]:
         WireFormatError: ``data`` is not a well-formed protobuf message.
     """
     tensors: list[Tensor] = []
-    for number, wire, length, pos in _fields(data, 0, len(data)):
+    for number, wire, _key_at, _value, pos, stop in fields(data, 0, len(data)):
         if number != _MODEL_GRAPH:
             continue
         if wire != _LEN:
             raise WireFormatError("ModelProto.graph is not length-delimited")
-        for g_number, g_wire, g_length, g_pos in _fields(data, pos, pos + length):
+        for g_number, g_wire, _g_key, _g_value, g_pos, g_stop in fields(data, pos, stop):
             if g_number != _GRAPH_INITIALIZER:
                 continue
             if g_wire != _LEN:
                 raise WireFormatError("GraphProto.initializer is not length-delimited")
-            tensor = _tensor(data, g_pos, g_pos + g_length)
+            tensor = _tensor(data, g_pos, g_stop)
             if tensor is not None:
                 tensors.append(tensor)
     return tensors
