@@ -1,0 +1,334 @@
+"""A model's history from git: versions added, promotions, rollbacks and releases.
+
+Like ``gto history``, every event is read from the commits of the branch, never from a
+separate store: the manifests are the registry.  The cost does not grow with one git
+process per commit: one ``git log --name-status`` lists every commit that touched the
+model's folder or the trust metadata, and one ``git cat-file --batch`` reads each
+``model.yaml`` the log names, whatever the number of commits or versions.
+
+The log follows the first parent (``--first-parent``, merges diffed against it), so a
+merged pull request is one event carrying the merge commit's PR number, as a reviewer
+saw it on the branch, and the commits inside the pull request are not repeated.
+
+Decisions are pure functions (:func:`parse_log`, :func:`channel_map`,
+:func:`derive_events`); :func:`read_log` and :func:`read_blobs` do the I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from registry.errors import ManifestError, ToolError
+from registry.gitinfo import git
+from registry.repository import MODEL_FILE, VERSIONS_DIR, parse_version
+from registry.schema import is_semver
+from registry.yamlsrc import parse_yaml
+
+EventKind = Literal[
+    "version added", "version removed", "promotion", "rollback", "rollout", "channel removed",
+    "released",
+]  # fmt: skip
+
+_SEP: Final = "\x1f"
+_START: Final = "\x00"
+_FORMAT: Final = "%x00%H%x1f%an%x1f%aI%x1f%s"  # the two separators above, as git writes them
+_PR: Final = (re.compile(r"Merge pull request #(\d+)"), re.compile(r"\(#(\d+)\)\s*$"))
+
+
+@dataclass(frozen=True, slots=True)
+class LogCommit:
+    """One commit of ``git log``, with the files it changed (status letter, path)."""
+
+    sha: str
+    author: str
+    date: str
+    subject: str
+    changes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def pr(self) -> int | None:
+        """The pull request the subject names ("Merge pull request #12", "... (#12)")."""
+        for pattern in _PR:
+            found = pattern.search(self.subject)
+            if found:
+                return int(found.group(1))
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """What a channel served after a commit."""
+
+    version: str
+    percent: float | None = None
+
+    def text(self) -> str:
+        """``1.1.0`` or ``1.1.0 (10%)``."""
+        return self.version if self.percent is None else f"{self.version} ({self.percent:g}%)"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that happened to a model, in one commit."""
+
+    kind: EventKind
+    commit: str
+    author: str
+    date: str
+    subject: str
+    pr: int | None
+    version: str | None = None
+    channel: str | None = None
+    previous: str | None = None
+    previous_percent: float | None = None
+    percent: float | None = None
+    ci_run: str | None = None
+
+    def summary(self) -> str:
+        """What changed, in a few words: ``channel production: 1.0.0 -> 1.1.0``."""
+        if self.channel is None:
+            run = f" by CI run {self.ci_run}" if self.ci_run else ""
+            return f"version {self.version} {self.kind.removeprefix('version ')}{run}"
+        before = Assignment(self.previous, self.previous_percent).text() if self.previous else "-"
+        after = Assignment(self.version, self.percent).text() if self.version else "-"
+        return f"channel {self.channel}: {before} -> {after}"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready mapping (``summary`` included)."""
+        return {**asdict(self), "summary": self.summary()}
+
+
+@dataclass(frozen=True)
+class Release:
+    """When a version's release appeared: the trust file that first lists it.
+
+    Attributes:
+        targets_file: git-relative path of the first ``N.targets.json`` naming the
+            version's artifact.
+        ci_run: the CI run its signed facts name.
+    """
+
+    targets_file: str
+    ci_run: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelLog:
+    """Where a model's history lives in git (git-relative POSIX paths)."""
+
+    model_dir: str
+    trust_dir: str | None = None
+    releases: Mapping[str, Release] = field(default_factory=dict)
+
+    @property
+    def model_file(self) -> str:
+        """The model's ``model.yaml``."""
+        return f"{self.model_dir}/{MODEL_FILE}"
+
+
+def parse_log(text: str) -> list[LogCommit]:
+    """Commits from ``git log --format=<_FORMAT> --name-status`` output, as listed."""
+    commits: list[LogCommit] = []
+    head: list[str] | None = None
+    changes: list[tuple[str, str]] = []
+
+    def close() -> None:
+        if head is not None:
+            commits.append(LogCommit(head[0], head[1], head[2], head[3], tuple(changes)))
+
+    for line in text.split("\n"):
+        if line.startswith(_START):
+            close()
+            parts = line[1:].split(_SEP, 3)
+            head = parts + [""] * (4 - len(parts))
+            changes = []
+        elif line and head is not None:
+            status, _, path = line.partition("\t")
+            if path:
+                changes.append((status[:1], path))
+    close()
+    return commits
+
+
+def read_log(root: Path, paths: Sequence[str]) -> list[LogCommit]:
+    """Every first-parent commit that changed ``paths`` (git-relative), newest first.
+
+    Raises:
+        ToolError: git is missing or fails.
+    """
+    if not paths:
+        return []
+    head = git(root, "rev-parse", "--verify", "-q", "HEAD", check=False)
+    if head.returncode != 0:
+        return []  # no commit yet
+    proc = git(
+        root,
+        "-c",
+        "core.quotePath=false",
+        "log",
+        f"--format={_FORMAT}",
+        "--name-status",
+        "--no-renames",
+        "--first-parent",
+        "--diff-merges=first-parent",
+        "HEAD",
+        "--",
+        *(f":(top,literal){p}" for p in paths),
+    )
+    return parse_log(proc.stdout)
+
+
+def read_blobs(root: Path, specs: Iterable[str]) -> dict[str, bytes | None]:
+    """Contents of ``<rev>:<path>`` objects through one ``git cat-file --batch``.
+
+    Missing objects map to None.
+
+    Raises:
+        ToolError: git is missing or fails.
+    """
+    wanted = list(dict.fromkeys(specs))
+    if not wanted:
+        return {}
+    argv = ["git", "-C", str(root), "cat-file", "--batch"]
+    try:
+        proc = subprocess.run(
+            argv, input="".join(f"{s}\n" for s in wanted).encode(), capture_output=True, check=False
+        )
+    except FileNotFoundError:
+        raise ToolError("git is not installed or not on PATH", argv) from None
+    if proc.returncode != 0:
+        raise ToolError("git cat-file --batch failed", argv, proc.stderr.decode(errors="replace"))
+    out: dict[str, bytes | None] = {}
+    data = proc.stdout
+    pos = 0
+    for spec in wanted:
+        end = data.index(b"\n", pos)
+        header = data[pos:end].split()
+        pos = end + 1
+        if len(header) == 3 and header[1] == b"blob":
+            size = int(header[2])
+            out[spec] = data[pos : pos + size]
+            pos += size + 1
+        else:
+            out[spec] = None
+    return out
+
+
+def channel_map(raw: bytes | None, file: str) -> dict[str, Assignment]:
+    """The channels a ``model.yaml`` declares, read leniently (an old commit may be broken).
+
+    A file that does not parse, or a channel without a SemVer version, counts as no
+    assignment: history reports what was declared, validation what is wrong.
+    """
+    if raw is None:
+        return {}
+    try:
+        data = parse_yaml(raw, file).data
+    except ManifestError:
+        return {}
+    spec = data.get("spec") if isinstance(data, dict) else None
+    channels = spec.get("channels") if isinstance(spec, dict) else None
+    out: dict[str, Assignment] = {}
+    for name, value in (channels or {}).items() if isinstance(channels, dict) else ():
+        version, percent = value, None
+        if isinstance(value, dict):
+            version = value.get("version")
+            rollout = value.get("rollout")
+            got = rollout.get("percent") if isinstance(rollout, dict) else None
+            percent = float(got) if isinstance(got, int | float) else None
+        if isinstance(name, str) and isinstance(version, str) and is_semver(version):
+            out[name] = Assignment(version, percent)
+    return out
+
+
+def _channel_events(
+    commit: LogCommit, before: Mapping[str, Assignment], after: Mapping[str, Assignment]
+) -> list[Event]:
+    events: list[Event] = []
+    base = (commit.sha, commit.author, commit.date, commit.subject, commit.pr)
+    for channel in sorted(set(before) | set(after)):
+        old, new = before.get(channel), after.get(channel)
+        if old == new:
+            continue
+        kind: EventKind
+        if new is None:
+            kind = "channel removed"
+        elif old is None or parse_version(new.version) > parse_version(old.version):
+            kind = "promotion"
+        elif parse_version(new.version) < parse_version(old.version):
+            kind = "rollback"
+        else:
+            kind = "rollout"
+        events.append(
+            Event(
+                kind,
+                *base,
+                version=new.version if new else None,
+                channel=channel,
+                previous=old.version if old else None,
+                previous_percent=old.percent if old else None,
+                percent=new.percent if new else None,
+            )
+        )
+    return events
+
+
+def derive_events(
+    commits: Sequence[LogCommit], log: ModelLog, models: Mapping[str, bytes | None]
+) -> list[Event]:
+    """Every event of the model, newest first.
+
+    Args:
+        commits: the log, newest first (as :func:`read_log` returns it).
+        log: where the model and its trust metadata live.
+        models: ``<sha>:<model.yaml>`` -> the file's bytes at that commit.
+    """
+    versions_dir = f"{log.model_dir}/{VERSIONS_DIR}/"
+    by_file: dict[str, list[str]] = {}
+    for version, release in log.releases.items():
+        by_file.setdefault(release.targets_file, []).append(version)
+    channels: dict[str, Assignment] = {}
+    timeline: list[list[Event]] = []
+    for commit in reversed(commits):
+        here: list[Event] = []
+        base = (commit.sha, commit.author, commit.date, commit.subject, commit.pr)
+        for status, path in commit.changes:
+            if path.startswith(versions_dir) and path.endswith(".yaml"):
+                version = path[len(versions_dir) : -len(".yaml")]
+                if is_semver(version) and status in "AD":
+                    kind: EventKind = "version added" if status == "A" else "version removed"
+                    here.append(Event(kind, *base, version=version))
+            elif status == "A" and path in by_file:
+                for version in sorted(by_file[path], key=parse_version):
+                    run = log.releases[version].ci_run
+                    here.append(Event("released", *base, version=version, ci_run=run))
+            elif path == log.model_file:
+                after = {} if status == "D" else channel_map(
+                    models.get(f"{commit.sha}:{path}"), path
+                )  # fmt: skip
+                here.extend(_channel_events(commit, channels, after))
+                channels = after
+        timeline.append(here)
+    return [event for here in reversed(timeline) for event in here]
+
+
+def model_history(root: Path, log: ModelLog) -> list[Event]:
+    """Read the git history of one model (two git processes in all), newest first.
+
+    Raises:
+        ToolError: git is missing or fails.
+    """
+    paths = [log.model_dir] + ([log.trust_dir] if log.trust_dir else [])
+    commits = read_log(root, paths)
+    specs = [
+        f"{c.sha}:{path}"
+        for c in commits
+        for status, path in c.changes
+        if path == log.model_file and status != "D"
+    ]
+    return derive_events(commits, log, read_blobs(root, specs))
