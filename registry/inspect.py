@@ -25,6 +25,8 @@ class UnknownNameError(RegistryError):
 def suggest(word: str, known: list[str], what: str, where: str = "") -> UnknownNameError:
     """The one-line error for an unknown ``what``, with a did-you-mean when one is close."""
     close = difflib.get_close_matches(word, known, n=1)
+    if not close:  # an abbreviation: `prod` for `production`
+        close = [k for k in known if k.startswith(word)][:1] if word else []
     if close:
         hint = f"; did you mean {close[0]!r}?"
     else:
