@@ -88,12 +88,25 @@ def _fail(lines: Iterable[str], code: int, show_tb: bool) -> NoReturn:
     sys.exit(code)
 
 
+def _traceback_first(args: list[str]) -> list[str]:
+    """``args`` with ``--traceback`` moved before the subcommand, where click accepts it.
+
+    The internal-error line tells the user to rerun "with --traceback", and most do so by
+    appending it; after ``--`` it stays an argument.
+    """
+    end = args.index("--") if "--" in args else len(args)
+    if "--traceback" not in args[:end]:
+        return args
+    rest = [a for a in args[:end] if a != "--traceback"]
+    return ["--traceback", *rest, *args[end:]]
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI and exit with the documented code."""
     args = sys.argv[1:] if argv is None else argv
     show_tb = "--traceback" in args or os.environ.get(_TRACEBACK_ENV, "") not in ("", "0")
     try:
-        cli.main(args=args, prog_name="modelreg", standalone_mode=False)
+        cli.main(args=_traceback_first(args), prog_name="modelreg", standalone_mode=False)
     except click.exceptions.Abort:
         _fail(["modelreg: aborted"], 1, show_tb=False)
     except click.exceptions.Exit as e:

@@ -117,6 +117,22 @@ def test_errors_map_to_exit_codes(mlp_repo: Path, cli, monkeypatch: pytest.Monke
     assert "Traceback (most recent call last)" in r.err
 
 
+def test_traceback_is_accepted_after_the_subcommand(
+    mlp_repo: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import registry.jsonschema
+
+    def bug(kind: str | None) -> str:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(registry.jsonschema, "schema_text", bug)
+    r = cli("schema", "--kind", "model", "--traceback", cwd=mlp_repo)
+    assert r.code == 1
+    assert "No such option" not in r.err
+    assert "Traceback (most recent call last)" in r.err
+    assert r.err.endswith("modelreg: internal error: ValueError: a bug (rerun with --traceback)\n")
+
+
 def test_written_files_point_editors_at_existing_schemas(mlp_repo: Path) -> None:
     for path in [mlp_repo / "modelreg.yaml", *mlp_repo.glob("manifests/**/*.yaml")]:
         first = path.read_text().splitlines()[0]
