@@ -120,7 +120,11 @@ def schema(kind: str) -> None:
     "--mlflow", "with_mlflow", is_flag=True, help="Also ask MLflow for each version's number."
 )
 def status(as_json: bool, model_name: str | None, no_cache: bool, with_mlflow: bool) -> None:
-    """Show every version: git commit, MLflow version, CI run, channels, signed, published."""
+    """Show every version: git commit, MLflow version, CI run, channels, signed, published.
+
+    Manifests that do not load are printed one line each (file:line:col: message) after
+    the table, and the exit code is then 1.
+    """
     from registry.status_report import repository_status
 
     report = repository_status(Path.cwd(), model=model_name, cache=not no_cache)
@@ -155,7 +159,11 @@ def status(as_json: bool, model_name: str | None, no_cache: bool, with_mlflow: b
         else:
             click.echo(render_table(rows), nl=False)
         if report.problems:
-            error_lines([f"{len(report.problems)} manifest problem(s); run `modelreg validate`"])
+            # The table shows what loaded; a file that did not is a failure of the
+            # command, named where it is (a stray versions/v1.2.yaml has no row).
+            error_lines(str(p) for p in sorted(report.problems, key=Problem.sort_key))
+    if report.problems:
+        sys.exit(1)
 
 
 def _with_release_state(root: Path, rows: list[VersionStatus]) -> list[VersionStatus]:

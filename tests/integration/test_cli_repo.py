@@ -355,6 +355,33 @@ def test_validate_reports_all_problems_across_files(mlp_repo: Path, cli) -> None
     assert [p["field"] for p in report["problems"]] == ["spec.parent"]
 
 
+def test_stray_version_file_is_a_problem_not_a_crash(mlp_repo: Path, cli) -> None:
+    stray = mlp_repo / "manifests/mlp/versions/v1.2.yaml"
+    stray.write_text("apiVersion: modelreg/v1\n")
+    line = (
+        "manifests/mlp/versions/v1.2.yaml:1:1: file name 'v1.2' is not a SemVer version; "
+        "name it <MAJOR.MINOR.PATCH>.yaml"
+    )
+    for args in (("validate",), ("status",), ("status", "--json")):
+        r = cli(*args, cwd=mlp_repo)
+        assert r.code == 1, (args, r.err)
+        assert line in r.err.splitlines() or args[-1] == "--json", (args, r.err)
+        assert "internal error" not in r.err
+    assert cli("status", cwd=mlp_repo).out.splitlines()[1].split()[:2] == ["mlp", "1.0.0"]
+    base = git(mlp_repo, "rev-parse", "HEAD").strip()
+    git(mlp_repo, "checkout", "-qb", "stray")
+    git(mlp_repo, "add", str(stray))
+    git(mlp_repo, "commit", "-qm", "a stray file")
+    r = cli("ci", "pr", "--base", base, cwd=mlp_repo)
+    assert r.code == 1
+    assert line in r.err.splitlines()
+    assert "internal error" not in r.err
+    problems = json.loads(cli("status", "--json", cwd=mlp_repo).out)["problems"]
+    assert {(p["file"], p["line"], p["col"]) for p in problems} >= {
+        ("manifests/mlp/versions/v1.2.yaml", 1, 1)
+    }
+
+
 def test_real_entry_point_exit_codes(mlp_repo: Path) -> None:
     ok = run_modelreg("validate", cwd=mlp_repo)
     assert ok.code == 0
