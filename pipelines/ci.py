@@ -731,10 +731,11 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
 
     Raises:
         ManifestError: the manifests are invalid.
+        RepositoryError: manifests, pointers or goldens differ from the last commit.
         KeyMaterialError: an online key is missing.
         ToolError: git or DVC fails.
     """
-    from pipelines.ci_base import tracked_local_state
+    from pipelines.ci_base import refuse_uncommitted, tracked_local_state
     from pipelines.publish import publish
     from pipelines.register import register
 
@@ -743,6 +744,7 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
     # No local state from the checkout (no parse cache: see ci_release): a merged pull
     # request may have committed some (build records, keys, caches) for the signer.
     repo = load_repository(start)
+    refuse_uncommitted(repo)
     problems = validate_paths(repo) + tracked_local_state(repo.root)
     if problems:
         raise ManifestError(problems)

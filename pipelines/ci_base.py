@@ -32,14 +32,22 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Final
 
 from registry.config import CONFIG_FILE, RepoConfig
-from registry.errors import ManifestError, Problem, RegistryError, ToolError
-from registry.gitinfo import git
+from registry.errors import (
+    ManifestError,
+    Problem,
+    RegistryError,
+    RepositoryError,
+    ToolError,
+    quote,
+)
+from registry.gitinfo import dirty_paths, git, toplevel
 from registry.loader import validate_document
 from registry.yamlsrc import parse_yaml
 
 if TYPE_CHECKING:
     from tuf.api.metadata import Metadata, Root
 
+    from registry.repository import Repository
     from signing.tuf_repo import TrustRepo
 
 LOCAL_STATE: Final = ".modelreg/"
@@ -233,6 +241,52 @@ def tracked_local_state(root: Path) -> list[Problem]:
         meta, _, path = item.partition("\t")
         changes.append(Change(path, "A", meta.split()[0]))
     return change_problems(changes)  # links and submodules there too
+
+
+_NAMED: Final = 10
+"""Uncommitted files named in ``ci release``'s refusal before it only counts the rest."""
+_PATH_LIMIT: Final = 200
+"""Characters of each of those names shown (quoted: a name may hold a newline)."""
+
+
+def refuse_uncommitted(repo: Repository) -> None:
+    """Refuse a work tree whose content to release differs from its last commit.
+
+    A release signs and publishes what it finds, and a released version is immutable:
+    a manifest, a DVC pointer, a golden file or ``modelreg.yaml`` that differs from
+    HEAD (or is not in git at all) would be released without having been reviewed.
+
+    Raises:
+        RepositoryError: such files, named (the first few) on one line.
+        ToolError: git fails.
+    """
+    top = toplevel(repo.root)
+    if top is None:
+        return
+    prefix = repo.root.resolve().relative_to(top.resolve()).as_posix()
+    prefix = "" if prefix == "." else prefix + "/"
+    content = {CONFIG_FILE}
+    for entry in repo.all_versions():
+        spec = entry.manifest.spec
+        content.update((spec.artifact.path, f"{spec.artifact.path}.dvc"))
+        for case in spec.goldens.cases if spec.goldens else []:
+            content.update(v for v in (case.inputs, case.outputs) if isinstance(v, str))
+    manifests = repo.config.manifests.rstrip("/") + "/"
+    dirty = sorted(
+        path
+        for path in (
+            p.removeprefix(prefix) for p in dirty_paths(repo.root, ".") if p.startswith(prefix)
+        )
+        if path in content or path.startswith(manifests)
+    )
+    if not dirty:
+        return
+    named = ", ".join(quote(p, limit=_PATH_LIMIT) for p in dirty[:_NAMED])
+    more = f" and {len(dirty) - _NAMED} more" if len(dirty) > _NAMED else ""
+    raise RepositoryError(
+        f"uncommitted changes would be released: {named}{more}; commit them (or remove "
+        "them) first: ci release signs only committed content"
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,7 @@ def test_release_failure_still_reports(
     github_env(tmp_path, monkeypatch, "HEAD", "main")
     model = repo / "manifests/mlp/model.yaml"
     model.write_text(model.read_text().replace("canary: 1.0.0", "canary: 7.0.0"))
+    git(repo, "commit", "-qam", "a channel at an undeclared version")
     r = cli("ci", "release", "--json", cwd=repo)
     assert r.code == 1
     report = json.loads(r.out)
@@ -159,6 +160,30 @@ def test_release_failure_still_reports(
     assert "points at version 7.0.0, which is not declared" in report["problems"][0]
     assert "ok=false" in (tmp_path / "output.txt").read_text()
     assert (repo / ".modelreg/ci/release-report.json").is_file()
+
+
+def test_release_refuses_uncommitted_content(
+    repo: Path, cli, tmp_path: Path, example_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    github_env(tmp_path, monkeypatch, "HEAD", "main")
+    add_version(cli, repo, example_models, "1.1.0")  # untracked manifest, staged pointer
+    model = repo / "manifests/mlp/model.yaml"  # tracked and modified
+    model.write_text(model.read_text().replace("canary: 1.0.0", "canary: 1.1.0"))
+    head = git(repo, "rev-parse", "HEAD")
+    r = cli("ci", "release", cwd=repo)
+    assert r.code == 1
+    assert r.err == (
+        "uncommitted changes would be released: 'manifests/mlp/model.yaml', "
+        "'manifests/mlp/versions/1.1.0.yaml', 'models/mlp/1.1.0.onnx.dvc'; commit them "
+        "(or remove them) first: ci release signs only committed content\n"
+    )
+    assert not (repo / "trust/metadata/targets.json").exists()  # nothing signed
+    assert git(repo, "rev-parse", "HEAD") == head
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "mlp 1.1.0 to canary")
+    r = cli("ci", "release", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    assert "models/mlp/1.1.0.onnx" in json.loads(r.out)["published"]
 
 
 def test_pr_with_an_unreadable_event_file(
