@@ -19,7 +19,7 @@ from registry.checks import declared
 from registry.config import CONFIG_FILE
 from registry.edit import set_signature
 from registry.errors import ManifestError, RepositoryError, UsageError
-from registry.gitinfo import git, toplevel
+from registry.gitinfo import git, stage, toplevel
 from registry.jsonschema import schema_comment, write_schemas
 from registry.loader import load_manifest
 from registry.render import render_model, render_version
@@ -74,8 +74,7 @@ def _untracked(root: Path, path: Path) -> bool:
 
 
 def _stage(root: Path, paths: Sequence[Path]) -> None:
-    if toplevel(root) is not None and paths:
-        git(root, "add", "--", *(str(p) for p in paths))
+    stage(root, paths)
 
 
 def init_repo(

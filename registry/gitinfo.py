@@ -8,7 +8,7 @@ file has been seen.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +51,18 @@ def toplevel(path: Path) -> Path | None:
     """Root of the git work tree containing ``path``, or None outside any."""
     proc = git(path, "rev-parse", "--show-toplevel", check=False)
     return Path(proc.stdout.strip()) if proc.returncode == 0 else None
+
+
+def stage(root: Path, paths: Sequence[Path]) -> None:
+    """``git add`` what a command wrote, so that a plain ``git commit`` takes it.
+
+    Outside a git work tree this does nothing (the files are written all the same).
+
+    Raises:
+        ToolError: git is missing or fails.
+    """
+    if paths and toplevel(root) is not None:
+        git(root, "add", "--", *(str(p) for p in paths))
 
 
 def last_commits(root: Path, wanted: Iterable[str], under: str) -> dict[str, Commit]:

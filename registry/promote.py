@@ -8,6 +8,7 @@ from pathlib import Path
 from registry.atomic import write_atomic
 from registry.edit import set_channel
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
+from registry.gitinfo import stage
 from registry.loader import load_manifest
 from registry.policy import promotion_violations
 from registry.repository import load_repository
@@ -38,8 +39,8 @@ def promote(
 ) -> PromoteResult:
     """Point ``channel`` of model ``name`` at ``version`` in its ``model.yaml``.
 
-    The file is edited in place keeping comments and formatting, re-validated, and
-    replaced atomically; on any error it is left untouched.
+    The file is edited in place keeping comments and formatting, re-validated,
+    replaced atomically and staged in git; on any error it is left untouched.
 
     Args:
         start: a folder inside the repository.
@@ -56,7 +57,8 @@ def promote(
         RepositoryError: not inside a repository.
         ManifestError: the model is unknown or its manifest is invalid.
         PolicyError: the promotion breaks the model's policy.
-        ValueError: percent outside 0..100.
+        UsageError: percent outside 0..100.
+        ToolError: git fails to stage the file.
     """
     if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
         raise UsageError(f"--percent must be 0..100 with at most 3 decimals, got {percent:g}")
@@ -85,6 +87,9 @@ def promote(
     changed = new_text != text
     if changed:
         write_atomic(model.path, new_text.encode())
+        # Staged as ``model add`` and ``version add`` stage theirs: a plain
+        # ``git commit`` must not leave the channel change behind.
+        stage(repo.root, [model.path])
     return PromoteResult(
         file=model.file,
         channel=channel,

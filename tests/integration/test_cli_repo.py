@@ -303,6 +303,17 @@ def test_promote_keeps_comments_and_enforces_order(mlp_repo: Path, cli) -> None:
     assert cli("validate", cwd=mlp_repo).code == 0
 
 
+def test_promote_stages_its_edit_like_model_and_version_add(mlp_repo: Path, cli) -> None:
+    assert git(mlp_repo, "status", "--porcelain") == ""
+    r = cli("promote", "mlp", "1.0.0", "--channel", "canary", cwd=mlp_repo)
+    assert r.code == 0, r.err
+    assert git(mlp_repo, "diff", "--name-only") == ""  # nothing left unstaged
+    assert git(mlp_repo, "diff", "--cached", "--name-only") == "manifests/mlp/model.yaml\n"
+    git(mlp_repo, "commit", "-qm", "mlp 1.0.0 to canary")
+    assert git(mlp_repo, "status", "--porcelain") == ""
+    assert "canary: 1.0.0" in git(mlp_repo, "show", "HEAD:manifests/mlp/model.yaml")
+
+
 def test_status_table_and_json(mlp_repo: Path, cli) -> None:
     head = git(mlp_repo, "rev-parse", "HEAD").strip()
     assert (
