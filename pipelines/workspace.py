@@ -15,7 +15,7 @@ import semver
 from pipelines import dvc
 from pipelines.onnx_signature import read_signature
 from registry.atomic import AtomicFile, write_atomic
-from registry.checks import declared
+from registry.checks import declared, precedence_message, same_precedence
 from registry.config import CONFIG_FILE
 from registry.edit import set_signature
 from registry.errors import ManifestError, RepositoryError, UsageError
@@ -414,6 +414,9 @@ def add_version(
         raise ManifestError.single(
             shown, f"version {version} of {name!r} already exists; versions are immutable"
         )
+    equal = same_precedence(version, repo.versions.get(name, {}))
+    if equal is not None:
+        raise ManifestError.single(shown, precedence_message(version, equal))
     parent = _pick_parent(repo, name, version, parent, auto_parent)
     if not artifact.is_file():
         raise ManifestError.single(str(artifact), "artifact not found or not a file")

@@ -5,7 +5,7 @@ Each check yields ``Problem``s located in the manifest that must change to fix t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import semver
@@ -60,6 +60,43 @@ def _identity(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
             ("metadata", "name"),
             f"model {entry.name!r} is not declared "
             f"(add manifests/{entry.name}/model.yaml: `modelreg model add {entry.name}`)",
+        )
+
+
+def same_precedence(version: str, others: Iterable[str]) -> str | None:
+    """The first of ``others`` that SemVer ranks equal to ``version``, if any.
+
+    SemVer ignores build metadata when ordering (``1.2.0+build.5`` == ``1.2.0``), so
+    two such versions of one model would have no order: which one is newer, which
+    one a device may roll back to, which one is a parent's child.
+    """
+    ours = parse_version(version)
+    return next((o for o in others if o != version and parse_version(o) == ours), None)
+
+
+def precedence_message(version: str, other: str) -> str:
+    """One line refusing ``version`` beside ``other`` (equal SemVer precedence)."""
+    bare = str(parse_version(version).replace(build=None))
+    return (
+        f"version {version} ranks equal to {other} (SemVer ignores build metadata after "
+        f"'+'); declare a distinct version instead, e.g. {bare}-rc.1 or the next patch"
+    )
+
+
+def _unique_precedence(repo: Repository, name: str) -> Iterator[Problem]:
+    # Sorted, the version SemVer ranks first among equals (no build metadata, or the
+    # lowest file name) stands; each other one is the problem.
+    ordered = sorted(
+        repo.versions.get(name, {}).values(),
+        key=lambda e: (e.semver, e.semver.build is not None, e.version),
+    )
+    first: VersionEntry | None = None
+    for entry in ordered:
+        if first is None or entry.semver != first.semver:
+            first = entry
+            continue
+        yield _at(
+            entry.doc, ("metadata", "version"), precedence_message(entry.version, first.version)
         )
 
 
@@ -248,7 +285,8 @@ def _model(repo: Repository, model: ModelEntry) -> Iterator[Problem]:
 def check_repository(repo: Repository) -> list[Problem]:
     """Every cross-reference problem of a loaded repository.
 
-    Checks: names match paths, versions belong to a declared model, parents are
+    Checks: names match paths, versions belong to a declared model, no two versions
+    of a model rank equal in SemVer (build metadata aside), parents are
     declared and older, channels point at declared versions and follow the promotion
     order, targets are allowed by the model, version signatures fit the model's,
     golden files exist and name real tensors, every artifact has a valid DVC pointer
@@ -264,6 +302,8 @@ def check_repository(repo: Repository) -> list[Problem]:
     owners: dict[str, str] = {}
     for model in repo.models.values():
         problems.extend(_model(repo, model))
+    for name in repo.versions:
+        problems.extend(_unique_precedence(repo, name))
     for entry in repo.all_versions():
         problems.extend(_identity(repo, entry))
         problems.extend(_parent(repo, entry))

@@ -314,6 +314,30 @@ def test_promote_stages_its_edit_like_model_and_version_add(mlp_repo: Path, cli)
     assert "canary: 1.0.0" in git(mlp_repo, "show", "HEAD:manifests/mlp/model.yaml")
 
 
+def test_build_metadata_does_not_make_a_second_version(
+    mlp_repo: Path, cli, example_models: Path
+) -> None:
+    refusal = (
+        "version 1.1.0+build.5 ranks equal to 1.1.0 (SemVer ignores build metadata after "
+        "'+'); declare a distinct version instead, e.g. 1.1.0-rc.1 or the next patch"
+    )
+    r = cli("version", "add", "mlp", "1.1.0+build.5", "--artifact",
+            str(example_models / "mlp/1.1.0.onnx"), cwd=mlp_repo)  # fmt: skip
+    assert r.code == 1
+    assert r.err == f"manifests/mlp/versions/1.1.0+build.5.yaml: {refusal}\n"
+    assert not (mlp_repo / "manifests/mlp/versions/1.1.0+build.5.yaml").exists()
+    # written by hand, validate refuses it where the version is declared
+    text = (mlp_repo / "manifests/mlp/versions/1.1.0.yaml").read_text()
+    (mlp_repo / "manifests/mlp/versions/1.1.0+build.5.yaml").write_text(
+        text.replace("version: 1.1.0", "version: 1.1.0+build.5")
+    )
+    r = cli("validate", cwd=mlp_repo)
+    assert r.code == 1
+    assert f"manifests/mlp/versions/1.1.0+build.5.yaml:6:12: metadata.version: {refusal}" in (
+        r.err.splitlines()
+    )
+
+
 def test_status_table_and_json(mlp_repo: Path, cli) -> None:
     head = git(mlp_repo, "rev-parse", "HEAD").strip()
     assert (
