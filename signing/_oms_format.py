@@ -420,10 +420,18 @@ def check_digests(signed: Mapping[str, str], actual: Mapping[str, str], subject:
         DigestMismatchError: one or more files differ (named in the message).
     """
     bad = sorted((n for n in signed if actual.get(n) != signed[n]), key=_sort_key)
+    if bad == [SINGLE_FILE]:
+        # The resource of a single-file model is named "." (OMS); the subject names it.
+        raise DigestMismatchError(
+            f"content differs from its signed digest (sha256 {actual.get(SINGLE_FILE)}, "
+            f"signed {signed[SINGLE_FILE]})",
+            subject,
+        )
     if bad:
         detail = ", ".join(f"{n} (sha256 {actual.get(n)}, signed {signed[n]})" for n in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise DigestMismatchError(
-            f"{len(bad)} file(s) differ from their signed digest: {detail}", subject
+            f"{len(bad)} file(s) differ from their signed digest: {detail}{more}", subject
         )
 
 

@@ -169,6 +169,7 @@ def freshness_refresh(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the verified facts as JSON.")
 def verify(path: Path, bundle: Path, public_key: Path, as_json: bool) -> None:
     """Verify a model file or directory against its OMS signature bundle."""
+    from signing.hashing import SINGLE_FILE
     from signing.oms import verify_model
 
     result = verify_model(path, bundle, public_key)
@@ -180,12 +181,18 @@ def verify(path: Path, bundle: Path, public_key: Path, as_json: bool) -> None:
                 "path": str(path),
                 "name": result.name,
                 "digest": result.digest,
+                "sha256": result.files.get(SINGLE_FILE),
                 "files": dict(result.files),
                 "facts": facts,
             }
         )
         return
-    ok(f"verified {path}: {len(result.files)} file(s), sha256 {result.digest[:16]}")
+    if SINGLE_FILE in result.files:
+        # The file's own SHA-256, what `sha256sum` prints; the OMS subject digest
+        # (``digest``) is a digest over the file list, not of the file.
+        ok(f"verified {path}: sha256 {result.files[SINGLE_FILE]}")
+    else:
+        ok(f"verified {path}: {len(result.files)} file(s), model digest {result.digest}")
     if facts:
         click.echo(
             "  " + ", ".join(f"{k}={v}" for k, v in facts.items() if v not in (None, [], ()))

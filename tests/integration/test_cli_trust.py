@@ -159,7 +159,11 @@ def test_sign_and_verify_commands(repo: Path, cli, tmp_path: Path, example_model
     )
     assert ok.code == 0, ok.err
     report = json.loads(ok.out)
+    file_sha256 = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert report["sha256"] == file_sha256
     assert report["facts"]["model"] == "mlp"
+    text = cli("verify", str(model), "--bundle", str(bundle), "--public-key", str(public), cwd=repo)
+    assert text.out.splitlines()[0] == f"verified {model}: sha256 {file_sha256}"
     assert report["facts"]["git_commit"] == "abc123"
     wrong = cli("verify", str(model), "--bundle", str(bundle), "--public-key",
                 str(repo / ".modelreg/keys/snapshot.pub"), cwd=repo)  # fmt: skip
@@ -171,6 +175,9 @@ def test_sign_and_verify_commands(repo: Path, cli, tmp_path: Path, example_model
         "verify", str(model), "--bundle", str(bundle), "--public-key", str(public), cwd=repo
     )
     assert tampered.code == 1
-    assert len(tampered.err.strip().splitlines()) == 1
+    assert tampered.err == (
+        f"modelreg: {model}: content differs from its signed digest (sha256 "
+        f"{hashlib.sha256(bytes(data)).hexdigest()}, signed {file_sha256})\n"
+    )
     for result in (wrong, tampered):
         assert "Traceback" not in result.err

@@ -24,7 +24,7 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "must be promoted to 'canary' before 'production'" in out
     assert "unknown key 'fromat'; did you mean 'format'?" in out
     assert "a tampered copy on the remote is refused" in out
-    assert "differ from their signed digest" in out
+    assert "content differs from its signed digest (sha256 " in out
     # the MLflow mirror of the released v2 carries its diff and bundle
     assert "    diff: **Weights only**" in out
     assert "attached: modelreg/1.1.0.diff.md, modelreg/1.1.0.sigstore.json" in out
