@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.build_checks import ort_errors
+from pipelines.goldens import input_mismatches
 from registry.errors import GoldenError, one_line
 from registry.goldens import Comparison, tensor_set
 from registry.goldens import compare as compare_output
@@ -134,6 +135,11 @@ def run_goldens(
                 f"case {case.name!r}: outputs {unknown} are not outputs of the model "
                 f"({', '.join(model_outputs)})",
             )
+        mismatches = input_mismatches(session, inputs)
+        if mismatches:
+            source = case.inputs if isinstance(case.inputs, str) else "inline inputs"
+            fail((*loc, "inputs"), f"case {case.name!r}: {source}: {'; '.join(mismatches)}")
+            continue
         wanted = [n for n in model_outputs if n in expected]
         try:
             actual = dict(zip(wanted, session.run(wanted, inputs), strict=True))

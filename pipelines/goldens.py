@@ -8,6 +8,7 @@ with devices; this module re-exports its reader with the pipeline's error type
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "NpzLimits",
     "array_problem",
     "directory_problem",
+    "input_mismatches",
     "read_npz",
     "record_outputs",
 ]
@@ -52,6 +54,49 @@ def read_npz(
         return goldens.read_npz(path, display, root=root, limits=limits)
     except GoldenError as e:
         raise ArtifactError(e.path, e.reason) from None
+
+
+def _dtype_name(ort_type: str) -> str:
+    """numpy's name for an ONNX Runtime input type (``tensor(float)`` -> ``float32``)."""
+    inner = ort_type.removeprefix("tensor(").removesuffix(")")
+    return {"float": "float32", "double": "float64"}.get(inner, inner)
+
+
+def _dims(shape: Sequence[object]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def input_mismatches(session: Any, arrays: Mapping[str, npt.NDArray[Any]]) -> list[str]:
+    """One line per golden input whose dtype or shape the model does not take.
+
+    Checked before running: ONNX Runtime's own refusal is several lines of its
+    internals (``index: 1 Got: 8 Expected: 16``) and names neither file nor tensor.
+    Symbolic dimensions (``batch``) accept any size.
+
+    Args:
+        session: an ONNX Runtime ``InferenceSession``.
+        arrays: input name -> array; names the model does not take are not looked at.
+
+    Returns:
+        ``input 'x' expects float32 [batch, 16], given float64 [2, 8]`` lines.
+    """
+    found = []
+    for spec in session.get_inputs():
+        array = arrays.get(spec.name)
+        if array is None:
+            continue
+        want = _dtype_name(spec.type)
+        shape = list(spec.shape)
+        dtype_ok = str(array.dtype) == want or (want == "string" and array.dtype.kind in "OUS")
+        shape_ok = len(shape) == array.ndim and all(
+            not isinstance(w, int) or w == g for w, g in zip(shape, array.shape, strict=True)
+        )
+        if not (dtype_ok and shape_ok):
+            found.append(
+                f"input {spec.name!r} expects {want} {_dims(shape)}, "
+                f"given {array.dtype} {_dims(array.shape)}"
+            )
+    return found
 
 
 def record_outputs(model: Path, inputs_npz: Path) -> tuple[bytes, bytes]:
@@ -75,6 +120,9 @@ def record_outputs(model: Path, inputs_npz: Path) -> tuple[bytes, bytes]:
                 str(inputs_npz),
                 f"holds arrays {sorted(inputs)} but the model takes {sorted(wanted)}",
             )
+        mismatches = input_mismatches(session, inputs)
+        if mismatches:
+            raise ArtifactError(str(inputs_npz), "; ".join(mismatches))
         names = [o.name for o in session.get_outputs()]
         values = session.run(names, inputs)
     except ort_errors() as e:

@@ -219,6 +219,22 @@ def test_altered_golden_output_fails_naming_case_output_error_and_tolerances(
     assert record["problems"][0]["stage"] == "goldens"
 
 
+def test_golden_input_of_the_wrong_shape_or_dtype_is_one_line(repo: Path, cli) -> None:
+    inputs = repo / "manifests/mlp/goldens/1.0.0/inputs.npz"
+    with np.load(inputs) as data:
+        given = data["input"]
+    np.savez(inputs, input=given[:, :8].astype(np.float64))
+    r = cli("build", "mlp", "1.0.0", cwd=repo)
+    assert r.code == 1
+    (line,) = _error_lines(r.err)
+    assert re.fullmatch(
+        r"manifests/mlp/versions/1\.0\.0\.yaml:\d+:\d+: spec\.goldens\.cases\[0\]\.inputs: "
+        r"case 'default': manifests/mlp/goldens/1\.0\.0/inputs\.npz: input 'input' expects "
+        rf"float32 \[batch, 16\], given float64 \[{given.shape[0]}, 8\]",
+        line,
+    ), line
+
+
 def test_per_case_tolerance_overrides_the_default(repo: Path, cli) -> None:
     outputs = repo / "manifests/mlp/goldens/1.0.0/outputs.npz"
     with np.load(outputs) as data:

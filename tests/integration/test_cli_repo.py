@@ -338,6 +338,26 @@ def test_build_metadata_does_not_make_a_second_version(
     )
 
 
+def test_golden_inputs_that_do_not_fit_the_model_are_one_line(
+    mlp_repo: Path, cli, tmp_path: Path, example_models: Path
+) -> None:
+    cases = {
+        "shape.npz": np.zeros((2, 8), dtype=np.float32),
+        "dtype.npz": np.zeros((2, 16), dtype=np.float64),
+    }
+    for name, array in cases.items():
+        np.savez(tmp_path / name, input=array)
+        r = cli("version", "add", "mlp", "1.2.0", "--artifact",
+                str(example_models / "mlp/1.1.0.onnx"), "--golden-inputs",
+                str(tmp_path / name), cwd=mlp_repo)  # fmt: skip
+        assert r.code == 1
+        assert r.err == (
+            f"modelreg: {tmp_path / name}: input 'input' expects float32 [batch, 16], "
+            f"given {array.dtype} [{', '.join(map(str, array.shape))}]\n"
+        )
+        assert not (mlp_repo / "manifests/mlp/versions/1.2.0.yaml").exists()
+
+
 def test_status_table_and_json(mlp_repo: Path, cli) -> None:
     head = git(mlp_repo, "rev-parse", "HEAD").strip()
     assert (
