@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import difflib
+from collections.abc import Collection, Sequence
 
 from registry.schema import RegisteredModel
+
+
+def unknown_channel(name: str, order: Sequence[str], channel: str) -> str:
+    """Why ``channel`` is refused when the promotion order does not list it.
+
+    Mostly a typo: the closest listed name is offered.  A new channel is a change to
+    the policy itself, so the way to add one is named too (never ``--force``, which
+    would write a channel that validation then refuses).
+    """
+    close = difflib.get_close_matches(channel, order, n=1)
+    hint = f"; did you mean {close[0]!r}? To" if close else "; to"
+    return (
+        f"channel {channel!r} is not in the promotion order of {name!r} ({', '.join(order)})"
+        f"{hint} add a channel, list it in spec.promotion.order of the model"
+    )
 
 
 def promotion_violations(
@@ -34,9 +50,7 @@ def promotion_violations(
     if not order:
         return reasons
     if channel not in order:
-        reasons.append(
-            f"channel {channel!r} is not in the promotion order of {name!r} ({', '.join(order)})"
-        )
+        reasons.append(unknown_channel(name, order, channel))
         return reasons
     index = order.index(channel)
     if index == 0:

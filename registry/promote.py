@@ -10,7 +10,7 @@ from registry.edit import set_channel
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
 from registry.gitinfo import stage
 from registry.loader import load_manifest
-from registry.policy import promotion_violations
+from registry.policy import promotion_violations, unknown_channel
 from registry.repository import load_repository
 from registry.yamlsrc import parse_yaml
 
@@ -48,7 +48,8 @@ def promote(
         version: version to serve.
         channel: channel name.
         percent: rollout share (0..100), or None for the whole channel.
-        force: skip the promotion-order policy (still requires a declared version).
+        force: skip the promotion-order policy (still requires a declared version
+            and a channel that the order lists).
 
     Returns:
         What changed.
@@ -78,6 +79,10 @@ def promote(
     reasons = promotion_violations(model.manifest, declared, version, channel)
     if version not in declared:
         raise PolicyError([Problem(model.file, reasons[0])])
+    order = model.manifest.spec.promotion.order
+    if order and channel not in order:
+        # Forced, the channel would be written and then refused by validate.
+        raise PolicyError([Problem(model.file, unknown_channel(name, order, channel))])
     if reasons and not force:
         raise PolicyError([Problem(model.file, r + " (use --force to override)") for r in reasons])
     previous = model.manifest.spec.channels.get(channel)

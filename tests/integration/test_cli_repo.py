@@ -6,8 +6,10 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 import yaml
 
@@ -341,7 +343,7 @@ def test_build_metadata_does_not_make_a_second_version(
 def test_golden_inputs_that_do_not_fit_the_model_are_one_line(
     mlp_repo: Path, cli, tmp_path: Path, example_models: Path
 ) -> None:
-    cases = {
+    cases: dict[str, npt.NDArray[Any]] = {
         "shape.npz": np.zeros((2, 8), dtype=np.float32),
         "dtype.npz": np.zeros((2, 16), dtype=np.float64),
     }
@@ -356,6 +358,20 @@ def test_golden_inputs_that_do_not_fit_the_model_are_one_line(
             f"given {array.dtype} [{', '.join(map(str, array.shape))}]\n"
         )
         assert not (mlp_repo / "manifests/mlp/versions/1.2.0.yaml").exists()
+
+
+def test_promote_to_a_mistyped_channel_suggests_the_name_not_force(mlp_repo: Path, cli) -> None:
+    model = mlp_repo / "manifests/mlp/model.yaml"
+    before = model.read_text()
+    for args in ((), ("--force",)):
+        r = cli("promote", "mlp", "1.0.0", "--channel", "prodution", *args, cwd=mlp_repo)
+        assert r.code == 1
+        assert r.err == (
+            "manifests/mlp/model.yaml: channel 'prodution' is not in the promotion order of "
+            "'mlp' (canary, production); did you mean 'production'? To add a channel, list it "
+            "in spec.promotion.order of the model\n"
+        )
+        assert model.read_text() == before  # --force creates no channel validate refuses
 
 
 def test_status_table_and_json(mlp_repo: Path, cli) -> None:

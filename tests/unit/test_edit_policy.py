@@ -112,7 +112,8 @@ def test_set_signature_goes_before_channels() -> None:
         ("1.1.0", "production", {"production": "1.1.0"}, []),  # re-pin
         ("1.1.0", "production", {}, ["version 1.1.0 must be promoted to 'canary' before 'production' (promotion order: dev, canary, production)"]),
         ("1.1.0", "production", {"dev": "1.1.0"}, ["version 1.1.0 must be promoted to 'canary' before 'production' (promotion order: dev, canary, production)"]),
-        ("1.1.0", "beta", {}, ["channel 'beta' is not in the promotion order of 'mlp' (dev, canary, production)"]),
+        ("1.1.0", "beta", {}, ["channel 'beta' is not in the promotion order of 'mlp' (dev, canary, production); to add a channel, list it in spec.promotion.order of the model"]),
+        ("1.1.0", "prodution", {}, ["channel 'prodution' is not in the promotion order of 'mlp' (dev, canary, production); did you mean 'production'? To add a channel, list it in spec.promotion.order of the model"]),
         ("9.0.0", "dev", {}, ["version 9.0.0 is not declared for model 'mlp' (declared: 1.0.0, 1.1.0)"]),
     ],
 )  # fmt: skip
