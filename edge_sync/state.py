@@ -36,7 +36,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from registry.atomic import fsync_dir, replace_file, write_atomic
-from registry.errors import RegistryError, one_line
+from registry.errors import RegistryError, one_line, printable
 from registry.redact import redact
 
 __all__ = [
@@ -93,8 +93,7 @@ def reason_text(text: str) -> str:
     HTTP and ``edge status`` prints them on a terminal, where an escape sequence from a
     remote would act.
     """
-    printable = "".join(ch if ch.isprintable() else " " for ch in text)
-    return one_line(redact(printable), REASON_LIMIT)
+    return printable(one_line(redact(text), REASON_LIMIT))
 
 
 def now_iso() -> str:

@@ -24,6 +24,7 @@ Misuse of the API (a bad argument from a caller) raises :class:`UsageError`, a
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -45,6 +46,17 @@ def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
     """
     flat = " ".join(_ANSI.sub("", text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+_HIDDEN: Final = frozenset({"Cc", "Cf", "Cs", "Co", "Cn"})
+
+
+def printable(text: str, keep: str = "\n\t") -> str:
+    """``text`` without control and format characters (terminal escape sequences, a
+    carriage return that overwrites a line, bidi overrides that reorder it), but for
+    those in ``keep``.  Text from git history, a remote or a pull request reaches
+    terminals and CI logs through this."""
+    return "".join(ch for ch in text if ch in keep or unicodedata.category(ch) not in _HIDDEN)
 
 
 QUOTE_LIMIT: Final = 32

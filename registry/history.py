@@ -34,9 +34,11 @@ EventKind = Literal[
     "released",
 ]  # fmt: skip
 
-_SEP: Final = "\x1f"
-_START: Final = "\x00"
-_FORMAT: Final = "%x00%H%x1f%an%x1f%aI%x1f%s"  # the two separators above, as git writes them
+_START: Final = "\x01"
+_FORMAT: Final = "%x01%H%x00%aI%x00%an%x00%s"
+"""With ``-z``: every field ends with NUL, which no author name, subject or path holds
+(an author or a subject is whoever pushed it: a separator they can type, a tab or a
+carriage return, would shift or forge fields)."""
 _PR: Final = (re.compile(r"Merge pull request #(\d+)"), re.compile(r"\(#(\d+)\)\s*$"))
 
 
@@ -132,26 +134,32 @@ class ModelLog:
 
 
 def parse_log(text: str) -> list[LogCommit]:
-    """Commits from ``git log --format=<_FORMAT> --name-status`` output, as listed."""
+    """Commits from ``git log -z --format=<_FORMAT> --name-status`` output, as listed.
+
+    Fields are read by position between NULs: a commit's four fields, then (status,
+    path) pairs up to the next commit's mark, so no text inside a field is read as
+    structure.
+    """
     commits: list[LogCommit] = []
-    head: list[str] | None = None
-    changes: list[tuple[str, str]] = []
-
-    def close() -> None:
-        if head is not None:
-            commits.append(LogCommit(head[0], head[1], head[2], head[3], tuple(changes)))
-
-    for line in text.split("\n"):
-        if line.startswith(_START):
-            close()
-            parts = line[1:].split(_SEP, 3)
-            head = parts + [""] * (4 - len(parts))
-            changes = []
-        elif line and head is not None:
-            status, _, path = line.partition("\t")
-            if path:
-                changes.append((status[:1], path))
-    close()
+    tokens = text.split("\0")
+    pos = 0
+    while pos < len(tokens):
+        token = tokens[pos].lstrip("\n")
+        if not token.startswith(_START):
+            pos += 1  # the empty tail
+            continue
+        fields = [token[1:], *tokens[pos + 1 : pos + 4]]
+        fields += [""] * (4 - len(fields))
+        sha, date, author, subject = fields
+        pos += 4
+        changes: list[tuple[str, str]] = []
+        while pos + 1 < len(tokens):
+            status = tokens[pos].lstrip("\n")
+            if not status or status.startswith(_START):
+                break
+            changes.append((status[:1], tokens[pos + 1]))
+            pos += 2
+        commits.append(LogCommit(sha, author, date, subject, tuple(changes)))
     return commits
 
 
@@ -171,6 +179,7 @@ def read_log(root: Path, paths: Sequence[str]) -> list[LogCommit]:
         "-c",
         "core.quotePath=false",
         "log",
+        "-z",
         f"--format={_FORMAT}",
         "--name-status",
         "--no-renames",

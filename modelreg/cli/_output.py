@@ -2,7 +2,9 @@
 
 Everything these functions print is redacted first (:func:`registry.redact.redact`):
 CI logs are public, and messages from DVC, MLflow, git or the OS quote URLs with
-credentials and secret values verbatim.  Commands print through here, never with a
+credentials and secret values verbatim.  Control characters are dropped too
+(:func:`registry.errors.printable`): a commit's author or a remote's message must not
+drive the terminal that shows it.  Commands print through here, never with a
 bare ``print``.
 """
 
@@ -15,8 +17,12 @@ from typing import Any
 
 import click
 
-from registry.errors import Problem
+from registry.errors import Problem, printable
 from registry.redact import redact
+
+
+def _shown(text: str) -> str:
+    return printable(redact(text))
 
 
 def is_tty(stream: Any = None) -> bool:
@@ -46,19 +52,19 @@ def error_lines(lines: Iterable[str]) -> None:
     """One line per problem on stderr, red on a terminal; secrets redacted."""
     color = is_tty(sys.stderr)
     for line in lines:
-        click.secho(redact(line), fg="red" if color else None, err=True)
+        click.secho(_shown(line), fg="red" if color else None, err=True)
 
 
 def ok(message: str) -> None:
     """A success line on stdout; secrets redacted."""
-    click.secho(redact(message), fg="green" if is_tty() else None)
+    click.secho(_shown(message), fg="green" if is_tty() else None)
 
 
 def detail(message: str) -> None:
     """A plain line on stdout (details under a result), secrets redacted."""
-    click.echo(redact(message))
+    click.echo(_shown(message))
 
 
 def error_text(text: str) -> None:
     """Text written to stderr as it is (usage help, a traceback), secrets redacted."""
-    click.echo(redact(text), err=True, nl=False)
+    click.echo(_shown(text), err=True, nl=False)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from modelreg.cli._output import detail, emit_json, error_lines
+from registry.errors import one_line
 
 if TYPE_CHECKING:
     from registry.history import Event
@@ -39,7 +40,8 @@ def _git_relative(top: Path, path: Path) -> str:
 
 
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> None:
-    cells = [header, *rows]
+    # a cell is one line: an author or a subject may hold newlines and tabs
+    cells = [header, *(tuple(one_line(c) for c in row) for row in rows)]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     for row in cells:
         detail("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

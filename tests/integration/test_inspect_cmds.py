@@ -256,3 +256,20 @@ def test_list_models_versions_and_channels(fleet: Path, cli: Any, example_models
         "mlp", "2", "1.1.0", "1.0.0,", "1.1.0", "canary=1.0.0,", "production=1.0.0"
     ]  # fmt: skip
     assert lines[2].split() == ["tiny", "0", "-", "-", "-"]
+
+
+def test_a_hostile_author_name_cannot_drive_the_terminal(fleet: Path, cli: Any) -> None:
+    """A commit's author comes from whoever pushed it: escape sequences (retitle the
+    terminal, clear the screen), a carriage return that overwrites the line and a bidi
+    override reach ``history``'s table as text, never as control characters."""
+    hostile = "Eve\x1b]0;owned\x07\x1b[2J\rroot\u202e"
+    _promote(cli, fleet, "1.1.0", "-c", "canary")
+    git(fleet, "-c", f"user.name={hostile}", "commit", "-qam", "canary to 1.1.0")
+    r = cli("history", "mlp", cwd=fleet)
+    assert r.code == 0, r.err
+    line = next(x for x in r.out.splitlines() if "canary: 1.0.0 -> 1.1.0" in x)
+    assert "Eve]0;owned[2J root" in line  # the carriage return: a space in one line
+    assert not any(ch in r.out for ch in "\x1b\x07\r\u202e")
+    # JSON keeps the name as git gave it (a carriage return read as a newline), escaped
+    # by JSON itself
+    assert _events(cli, fleet)[0]["author"] == hostile.replace("\r", "\n")

@@ -28,13 +28,24 @@ def _model(channels: str) -> bytes:
     ).encode()
 
 
+def _log(*commits: tuple[str, str, str, str, list[tuple[str, str]]]) -> str:
+    """What ``git log -z --format=<_FORMAT> --name-status`` writes for ``commits``."""
+    out = ""
+    for sha, date, author, subject, changes in commits:
+        out += f"\x01{sha}\0{date}\0{author}\0{subject}\0"
+        pairs = [f"{st}\0{path}\0" for st, path in changes]
+        out += ("\n" if pairs else "") + "".join(pairs)
+    return out
+
+
 def test_parse_log_reads_commits_and_name_status() -> None:
-    text = (
-        "\x00aaa\x1fAda\x1f2024-01-02T03:04:05+00:00\x1fMerge pull request #12 from x/y\n"
-        "\nM\tmanifests/mlp/model.yaml\nA\tmanifests/mlp/versions/1.1.0.yaml\n"
-        "\x00bbb\x1fBo\x1f2024-01-01T00:00:00+00:00\x1fAdd mlp (#3)\n\nA\tmanifests/mlp/model.yaml\n"
-        "\x00ccc\x1fCy\x1f2023-12-31T00:00:00+00:00\x1fno files\n"
-    )
+    text = _log(
+        ("aaa", "2024-01-02T03:04:05+00:00", "Ada", "Merge pull request #12 from x/y",
+         [("M", "manifests/mlp/model.yaml"), ("A", "manifests/mlp/versions/1.1.0.yaml")]),
+        ("bbb", "2024-01-01T00:00:00+00:00", "Bo", "Add mlp (#3)",
+         [("A", "manifests/mlp/model.yaml")]),
+        ("ccc", "2023-12-31T00:00:00+00:00", "Cy", "no files", []),
+    )  # fmt: skip
     commits = parse_log(text)
     assert [(c.sha, c.author, c.pr) for c in commits] == [
         ("aaa", "Ada", 12), ("bbb", "Bo", 3), ("ccc", "Cy", None)
@@ -44,6 +55,23 @@ def test_parse_log_reads_commits_and_name_status() -> None:
         ("A", "manifests/mlp/versions/1.1.0.yaml"),
     )
     assert commits[2].changes == ()
+
+
+def test_text_inside_a_field_is_never_read_as_structure() -> None:
+    """An author and a subject are whoever pushed them: separators, newlines, tabs and
+    the commit mark inside them neither shift fields nor forge a changed file."""
+    author = "Eve\x1f2099-01-01\x1fforged\r\nM\tmanifests/other/model.yaml\n\x01fff"
+    subject = "\x01ddd (#99)\nA\tmanifests/x/model.yaml"
+    commits = parse_log(_log(
+        ("aaa", "2024-01-02T03:04:05+00:00", author, subject, [("M", "manifests/mlp/model.yaml")]),
+        ("bbb", "2024-01-01T00:00:00+00:00", "Bo", "ok", [("A", "\x01odd path")]),
+    ))  # fmt: skip
+    assert [(c.sha, c.date, c.author, c.subject) for c in commits] == [
+        ("aaa", "2024-01-02T03:04:05+00:00", author, subject),
+        ("bbb", "2024-01-01T00:00:00+00:00", "Bo", "ok"),
+    ]
+    assert commits[0].changes == (("M", "manifests/mlp/model.yaml"),)
+    assert commits[1].changes == (("A", "\x01odd path"),)
 
 
 def test_channel_map_reads_both_forms_and_tolerates_broken_files() -> None:
