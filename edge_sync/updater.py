@@ -506,6 +506,11 @@ class Updater:
         version = entry.version
         if not in_cohort(self.config.device.id, name, version, entry.percent):
             return None, model
+        why = channels.deprecation(name, version)
+        if why is not None:
+            # CI never assigns a deprecated version (validation refuses it), so this
+            # is a signing mistake or a compromise: never install it, keep serving.
+            return self._refuse_deprecated(model, version, why)
         if (
             model.serving is not None
             and model.serving.version == version
@@ -581,6 +586,18 @@ class Updater:
         finally:
             shutil.rmtree(self._work(name), ignore_errors=True)
         return record, model.model_copy(update={"last_update": record})
+
+    def _refuse_deprecated(
+        self, model: ModelState, version: str, why: str
+    ) -> tuple[UpdateRecord | None, ModelState]:
+        signed = hashlib.sha256(f"deprecated:{why}".encode()).hexdigest()
+        if any(r.version == version and r.signed == signed for r in model.rejected):
+            return None, model  # said once: not again at every poll
+        reason = reason_text(f"version {version} is deprecated in the signed channels ({why})")
+        refused = Rejected(version=version, sha256="", signed=signed, reason=reason, at=now_iso())
+        rejected = [*model.rejected, refused][-32:]
+        record = UpdateRecord(result="rejected", version=version, reason=reason, finished=now_iso())
+        return record, model.model_copy(update={"rejected": rejected, "last_update": record})
 
     # --- health gates ---------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import os
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -38,7 +38,7 @@ from registry.config import CONFIG_FILE, RepoConfig, find_root
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
 from registry.loader import load_manifest
-from registry.policy import promotion_violations
+from registry.policy import ChannelMove, channel_move, promotion_violations
 from registry.redact import redact
 from registry.render import md_code, md_code_block, md_cut
 from registry.repository import (
@@ -208,9 +208,31 @@ class _Promotion:
     what: str = "this promotion"
 
 
+def _served_on_base(
+    repo: Repository, pr: PullRequest, base_config: RepoConfig, name: str
+) -> dict[str, frozenset[str]]:
+    """Channel -> every version it served on the base's first-parent history.
+
+    Read from the base, never from the pull request: a rollback may skip the
+    promotion order only to a version that really served the channel (or a later one).
+    """
+    from registry.gitinfo import toplevel
+    from registry.history import channel_history
+
+    top = toplevel(repo.root)
+    if top is None:
+        return {}
+    path = (repo.root / base_config.manifests / name / "model.yaml").resolve()
+    try:
+        rel = path.relative_to(top.resolve()).as_posix()
+    except ValueError:
+        return {}
+    return channel_history(top, rel, pr.base).served()
+
+
 def _promotions(
-    repo: Repository, pr: PullRequest, on_base: _BaseModels
-) -> tuple[list[Problem], list[_Promotion]]:
+    repo: Repository, pr: PullRequest, on_base: _BaseModels, base_config: RepoConfig
+) -> tuple[list[Problem], list[_Promotion], list[ChannelMove]]:
     """Promotions in this pull request that break their model's policy, and every model
     whose channels or promotion policy it changes.
 
@@ -224,6 +246,7 @@ def _promotions(
     """
     problems: list[Problem] = []
     promotions: list[_Promotion] = []
+    moves: list[ChannelMove] = []
     base_models = on_base.models
     for name in sorted(set(base_models) - set(repo.models)):
         gone = base_models[name]
@@ -242,21 +265,38 @@ def _promotions(
             continue
         policy = (base or head).spec.promotion
         before = base.spec.channels if base is not None else {}
-        declared = set(repo.versions.get(name, {}))
+        versions = repo.versions.get(name, {})
+        deprecated = {
+            v: e.manifest.spec.deprecated.reason
+            for v, e in versions.items()
+            if e.manifest.spec.deprecated is not None
+        }
         # A model new in this pull request starts from no channels at all.
         reference = base or head.model_copy(
             update={"spec": head.spec.model_copy(update={"channels": {}})}
         )
         changes: list[Problem] = []
+        served: dict[str, frozenset[str]] | None = None
         for channel, assignment in sorted(head.spec.channels.items()):
             if channel in before and before[channel].version == assignment.version:
                 continue  # unchanged (a rollout percent may move freely)
+            if served is None:
+                served = _served_on_base(repo, pr, base_config, name) if base else {}
             line, col = entry.doc.position(("spec", "channels", channel))
             at = Problem(entry.file, "", line, col, f"spec.channels.{channel}")
             changes.append(at)
+            old = before[channel].version if channel in before else None
+            moves.append(channel_move(reference, channel, old, assignment.version, served))
             problems.extend(
                 _at(at, reason)
-                for reason in promotion_violations(reference, declared, assignment.version, channel)
+                for reason in promotion_violations(
+                    reference,
+                    set(versions),
+                    assignment.version,
+                    channel,
+                    served=served,
+                    deprecated=deprecated,
+                )
             )
         if set(before) - set(head.spec.channels):  # a channel removed
             line, col = entry.doc.position(("spec", "channels"))
@@ -274,7 +314,7 @@ def _promotions(
                         f"not {pr.target_branch!r}")
                 for at in changes
             )  # fmt: skip
-    return problems, promotions
+    return problems, promotions, moves
 
 
 def _unknown_policy(
@@ -572,11 +612,12 @@ def _ci_pr(
         )
     dvc_changed = dvc_config_changed(changes)
     waiting: list[Problem] = []
+    moves: list[ChannelMove] = []
     approvals = "not checked (invalid manifests)"
     if not problems:
         base_config = config_at(repo.root, pr.base) or repo.config
         on_base = _base_models(repo.root, base_config, pr.base)
-        problems, promotions = _promotions(repo, pr, on_base)
+        problems, promotions, moves = _promotions(repo, pr, on_base, base_config)
         promotions += _config_changes(repo, pr, base_config, on_base, dvc_changed)
         problems += _trust_problems(repo, pr, base_config)
         waiting, approvals = approval_problems(promotions, pr, env)
@@ -592,6 +633,7 @@ def _ci_pr(
     report.problems.extend(str(p) for p in sorted(problems + waiting, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
+    checks += _channel_lines(report, moves)
     if dvc_changed and not problems:
         checks.append("- build: skipped (DVC's configuration changes; no version changes)")
     elif not problems:  # built and diffed while approvals are awaited: reviewers need the diff
@@ -615,6 +657,12 @@ def _ci_pr(
     report.sections.insert(0, "\n".join(head))
     _write_outputs(repo.root, report, env)
     return report
+
+
+def _channel_lines(report: CiReport, moves: list[ChannelMove]) -> list[str]:
+    """What the pull request does to channels: one comment line each, and the JSON."""
+    report.data["channels"] = [asdict(move) for move in moves]
+    return [f"- {move.kind}: {md_code(move.text())}" for move in moves]
 
 
 def _check_history(repo: Repository) -> None:

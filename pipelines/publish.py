@@ -506,7 +506,15 @@ def publish(
         added.extend(
             _stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env, record=record)
         )
-    channels = next_channels(previous, desired)
+    deprecated = {
+        name: {
+            v: e.manifest.spec.deprecated.reason
+            for v, e in versions.items()
+            if e.manifest.spec.deprecated is not None
+        }
+        for name, versions in repo.versions.items()
+    }
+    channels = next_channels(previous, desired, deprecated)
     if channels is not previous:
         trust.set_channels(channels, previous)
         added.append("channels.json")

@@ -12,6 +12,7 @@ works for anyone, and tagged with where it came from::
     modelreg.parent         1.0.0              absent for a first version
     modelreg.bundle_digest  <hex>              SHA-256 of the OMS bundle, when given
     modelreg.diff_summary   <text>             when given
+    modelreg.deprecated     <reason>           when ``modelreg version deprecate`` marked it
     modelreg.ci_run_id/url                     the CI run that registered it (GitHub env)
 
 Aliases mirror the channels exactly: ``production`` in ``model.yaml`` is alias
@@ -37,6 +38,7 @@ from pipelines._mirror_plan import (
     TAG_BUNDLE_DIGEST,
     TAG_CI_RUN_ID,
     TAG_CI_RUN_URL,
+    TAG_DEPRECATED,
     TAG_DIFF_SUMMARY,
     TAG_DVC_MD5,
     TAG_GIT_COMMIT,
@@ -320,7 +322,16 @@ def _desired_version(
         tags[TAG_BUNDLE_DIGEST] = _digests(extras.bundle, str(extras.bundle))[0]
     if extras.diff_summary is not None:
         tags[TAG_DIFF_SUMMARY] = extras.diff_summary
-    absent = frozenset() if spec.parent is not None else frozenset({TAG_PARENT})
+    if spec.deprecated is not None:
+        tags[TAG_DEPRECATED] = spec.deprecated.reason
+    absent = frozenset(
+        tag
+        for tag, unset in (
+            (TAG_PARENT, spec.parent is None),
+            (TAG_DEPRECATED, spec.deprecated is None),
+        )
+        if unset
+    )
     return DesiredVersion(entry.version, tags, absent, ci), path
 
 

@@ -343,22 +343,68 @@ def _signature_problem(model_sig: Signature, version_sig: Signature) -> str | No
 
 
 def _model_signature_edit(
-    model: ModelEntry, signature: Signature, artifact: Path, update: bool
+    repo: Repository,
+    model: ModelEntry,
+    signature: Signature,
+    artifact: Path,
+    *,
+    update: bool,
+    change: str | None,
 ) -> str | None:
-    """New model.yaml text when the model takes this signature; None to leave it."""
+    """New model.yaml text when the model takes this signature; None to leave it.
+
+    A signature that differs from the model's is accepted in two ways: the version
+    declares the change (``change``: it serves its own signature, the model's stays
+    what its other versions and their clients rely on), or the model takes it
+    (``update``) when every other version fits it too.
+
+    Raises:
+        ManifestError: the signature differs and neither way is taken or possible,
+            or a change is declared for a signature that does not differ.
+    """
     model_sig = model.manifest.spec.signature
-    if model_sig is None or (update and model_sig != signature):
-        text = set_signature(model.path.read_text(encoding="utf-8"), model.file, signature)
-        load_manifest(parse_yaml(text.encode(), model.file), "RegisteredModel")
-        return text
+    if model_sig is None:
+        return _with_signature(model, signature)
     reason = _signature_problem(model_sig, signature)
-    if reason is not None:
+    if reason is None:
+        if change is not None:
+            raise ManifestError.single(
+                str(artifact),
+                f"its I/O signature matches model {model.name!r}: --signature-change is "
+                "for a version whose inputs or outputs differ",
+            )
+        return None
+    if change is not None:
+        return None
+    if update:
+        broken = [
+            f"{v.version} ({why})"
+            for v in repo.sorted_versions(model.name)
+            if v.manifest.spec.signature is not None
+            and v.manifest.spec.signature_change is None
+            and (why := _signature_problem(signature, v.manifest.spec.signature)) is not None
+        ]
+        if not broken:
+            return _with_signature(model, signature)
         raise ManifestError.single(
             str(artifact),
-            f"I/O signature does not match model {model.name!r}: {reason} "
-            "(pass --update-model-signature if the change is intended)",
+            f"--update-model-signature would leave versions of {model.name!r} that no longer "
+            f"fit the model: {'; '.join(broken)}; pass --signature-change TEXT instead "
+            "(this version serves its own signature), or declare a new model",
         )
-    return None
+    raise ManifestError.single(
+        str(artifact),
+        f"I/O signature does not match model {model.name!r}: {reason}; if this version "
+        "changes the model's inputs or outputs, pass --signature-change TEXT (why: the "
+        f"clients of its channels must change too), or declare a new model "
+        f"(modelreg model add {model.name}-v2)",
+    )
+
+
+def _with_signature(model: ModelEntry, signature: Signature) -> str:
+    text = set_signature(model.path.read_text(encoding="utf-8"), model.file, signature)
+    load_manifest(parse_yaml(text.encode(), model.file), "RegisteredModel")
+    return text
 
 
 def _declared_model(repo: Repository, name: str) -> ModelEntry:
@@ -386,6 +432,7 @@ def add_version(
     source: Mapping[str, Any] | None = None,
     golden_inputs: Path | None = None,
     update_model_signature: bool = False,
+    signature_change: str | None = None,
     targets: Sequence[Mapping[str, Any]] = (),
 ) -> AddVersionResult:
     """Declare version ``version`` of ``name`` with ``artifact`` as its ONNX file.
@@ -421,7 +468,11 @@ def add_version(
     if not artifact.is_file():
         raise ManifestError.single(str(artifact), "artifact not found or not a file")
     signature = read_signature(artifact)
-    model_text = _model_signature_edit(model, signature, artifact, update_model_signature)
+    if signature_change is not None and update_model_signature:
+        raise UsageError("--signature-change and --update-model-signature exclude each other")
+    model_text = _model_signature_edit(
+        repo, model, signature, artifact, update=update_model_signature, change=signature_change
+    )
     rel = PurePosixPath(repo.config.artifacts) / name / f"{version}.onnx"
     dest = repo.root / rel
     pointer = dest.with_name(dest.name + ".dvc")
@@ -441,7 +492,7 @@ def add_version(
         text = render_version(
             path, repo.root, name, version, artifact=rel.as_posix(), parent=parent,
             description=description, signature=signature, source=source, metrics=metrics,
-            goldens=goldens_spec, targets=targets,
+            goldens=goldens_spec, targets=targets, signature_change=signature_change,
         )  # fmt: skip
         _check_rendered(text, shown, "ModelVersion", _VERSION_OPTIONS)
         dvc.add(repo.root, dest)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Final
 
 import semver
 
@@ -205,10 +206,17 @@ def _dims_compatible(have: TensorSpec, want: TensorSpec) -> str | None:
     return None
 
 
+SIGNATURE_ADVICE: Final = (
+    "if this version changes the model's inputs or outputs, say why in "
+    "spec.signature_change (version add --signature-change TEXT) or declare a new model"
+)
+"""How to change a model's inputs or outputs without breaking the versions before."""
+
+
 def _signature(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
     want, have = model.manifest.spec.signature, entry.manifest.spec.signature
-    if want is None or have is None:
-        return
+    if want is None or have is None or entry.manifest.spec.signature_change is not None:
+        return  # a declared change serves its own signature
     for side in ("inputs", "outputs"):
         wanted = {t.name: t for t in getattr(want, side)}
         for i, tensor in enumerate(getattr(have, side)):
@@ -217,20 +225,18 @@ def _signature(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
                 yield _at(
                     entry.doc,
                     (*loc, "name"),
-                    f"{side[:-1]} {quote(tensor.name)} is not in the model's signature "
-                    f"({', '.join(wanted)}); update spec.signature in {model.file}",
+                    f"{side[:-1]} {quote(tensor.name)} is not in the signature of "
+                    f"{model.file} ({', '.join(wanted)}); {SIGNATURE_ADVICE}",
                 )
                 continue
             reason = _dims_compatible(tensor, wanted.pop(tensor.name))
             if reason:
-                yield _at(
-                    entry.doc, loc, f"{reason}; update spec.signature in {model.file} if intended"
-                )
+                yield _at(entry.doc, loc, f"{reason} in {model.file}; {SIGNATURE_ADVICE}")
         for name in wanted:
             yield _at(
                 entry.doc,
                 ("spec", "signature", side),
-                f"{side[:-1]} {name!r} of the model's signature is missing",
+                f"{side[:-1]} {name!r} of the model's signature is missing; {SIGNATURE_ADVICE}",
             )
 
 
@@ -271,6 +277,19 @@ def _model(repo: Repository, model: ModelEntry) -> Iterator[Problem]:
                 loc,
                 f"channel {channel!r} points at version {assignment.version}, which is not "
                 f"declared for model {model.name!r} (declared: {declared(repo, model.name)})",
+            )
+        served = versions.get(assignment.version)
+        gone = served.manifest.spec.deprecated if served is not None else None
+        if gone is not None:
+            loc = ("spec", "channels", channel, "version")
+            if loc not in model.doc.value_marks:
+                loc = loc[:-1]
+            yield _at(
+                model.doc,
+                loc,
+                f"channel {channel!r} points at version {assignment.version}, which is "
+                f"deprecated ({gone.reason}); point it at another version "
+                f"(modelreg rollback {model.name} --channel {channel})",
             )
         if spec.promotion.order and channel not in spec.promotion.order:
             yield _at(

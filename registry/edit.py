@@ -149,6 +149,18 @@ def set_signature(text: str, file: str, signature: Signature) -> str:
     return _dump(yaml, data)
 
 
+def set_deprecated(text: str, file: str, reason: str) -> str:
+    """Set ``spec.deprecated.reason`` of a ModelVersion (the key goes last in spec).
+
+    Raises:
+        ManifestError: the text has no spec mapping to edit.
+    """
+    yaml, data = _yaml_for(text)
+    spec = _spec(data, file)
+    spec["deprecated"] = CommentedMap(reason=reason)
+    return _dump(yaml, data)
+
+
 def signature_node(signature: Signature) -> CommentedMap:
     """A ruamel node for a signature, one tensor per item, shapes inline."""
     node = CommentedMap()

@@ -163,15 +163,15 @@ def parse_log(text: str) -> list[LogCommit]:
     return commits
 
 
-def read_log(root: Path, paths: Sequence[str]) -> list[LogCommit]:
-    """Every first-parent commit that changed ``paths`` (git-relative), newest first.
+def read_log(root: Path, paths: Sequence[str], rev: str = "HEAD") -> list[LogCommit]:
+    """Every first-parent commit of ``rev`` that changed ``paths`` (git-relative), newest first.
 
     Raises:
         ToolError: git is missing or fails.
     """
     if not paths:
         return []
-    head = git(root, "rev-parse", "--verify", "-q", "HEAD", check=False)
+    head = git(root, "rev-parse", "--verify", "-q", f"{rev}^{{commit}}", check=False)
     if head.returncode != 0:
         return []  # no commit yet
     proc = git(
@@ -185,7 +185,7 @@ def read_log(root: Path, paths: Sequence[str]) -> list[LogCommit]:
         "--no-renames",
         "--first-parent",
         "--diff-merges=first-parent",
-        "HEAD",
+        head.stdout.strip(),
         "--",
         *(f":(top,literal){p}" for p in paths),
     )
@@ -341,3 +341,66 @@ def model_history(root: Path, log: ModelLog) -> list[Event]:
         if path == log.model_file and status != "D"
     ]
     return derive_events(commits, log, read_blobs(root, specs))
+
+
+@dataclass(frozen=True)
+class ChannelHistory:
+    """What each channel of one model served, oldest first, from git history.
+
+    Attributes:
+        assignments: channel -> the versions it pointed at, in order, a version
+            repeated only when the channel left it and came back (a rollout step
+            that keeps the version is not a new assignment).
+    """
+
+    assignments: Mapping[str, Sequence[str]]
+
+    def served(self) -> dict[str, frozenset[str]]:
+        """Channel -> every version it served (the rollback policy's input)."""
+        return {c: frozenset(v) for c, v in self.assignments.items()}
+
+    def before(self, channel: str, current: str) -> str | None:
+        """The newest version ``channel`` served that ranks below ``current``.
+
+        After 1.0.0 -> 1.1.0 -> 1.2.0 -> 1.1.0 (a rollback) it is 1.0.0: going back
+        twice goes further back, never forward again.
+        """
+        now = parse_version(current)
+        for version in reversed(self.assignments.get(channel, ())):
+            if parse_version(version) < now:
+                return version
+        return None
+
+
+def timeline(maps: Iterable[Mapping[str, Assignment]]) -> ChannelHistory:
+    """A :class:`ChannelHistory` from a model's channel maps, oldest first (pure)."""
+    out: dict[str, list[str]] = {}
+    for channels in maps:
+        for channel, assignment in channels.items():
+            seen = out.setdefault(channel, [])
+            if not seen or seen[-1] != assignment.version:
+                seen.append(assignment.version)
+    return ChannelHistory(out)
+
+
+def channel_history(
+    root: Path, model_file: str, rev: str = "HEAD", *, current: bytes | None = None
+) -> ChannelHistory:
+    """Every assignment of one model's channels on ``rev``'s first-parent history.
+
+    Args:
+        root: the repository.
+        model_file: git-relative path of the ``model.yaml``.
+        rev: the commit whose history is read (``ci pr`` reads the base's).
+        current: the file as it is now (the work tree), read after the history.
+
+    Raises:
+        ToolError: git is missing or fails.
+    """
+    commits = read_log(root, [model_file], rev)
+    specs = [f"{c.sha}:{model_file}" for c in reversed(commits)]
+    blobs = read_blobs(root, specs)
+    maps = [channel_map(blobs.get(spec), model_file) for spec in specs]
+    if current is not None:
+        maps.append(channel_map(current, model_file))
+    return timeline(maps)

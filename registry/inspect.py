@@ -154,6 +154,8 @@ def version_facts(repo: Repository, model: ModelEntry, entry: VersionEntry) -> d
         },
         "signature": signature.model_dump(mode="json") if signature else None,
         "signature_from": ("version" if own else "model") if signature else None,
+        "signature_change": spec.signature_change,
+        "deprecated": spec.deprecated.reason if spec.deprecated else None,
         "metrics": dict(spec.metrics),
         "source": spec.source.model_dump(mode="json") if spec.source else None,
         "goldens": len(spec.goldens.cases) if spec.goldens else 0,

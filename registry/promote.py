@@ -1,17 +1,20 @@
-"""``modelreg promote``: point a channel at a version with a round-trip YAML edit."""
+"""``modelreg promote`` and ``modelreg rollback``: point a channel at a version with a
+round-trip YAML edit, staged in git."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from difflib import get_close_matches
 from pathlib import Path
 
 from registry.atomic import write_atomic
 from registry.edit import set_channel
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
-from registry.gitinfo import stage
+from registry.gitinfo import stage, toplevel
+from registry.history import ChannelHistory, channel_history, channel_map, timeline
 from registry.loader import load_manifest
-from registry.policy import promotion_violations, unknown_channel
-from registry.repository import load_repository
+from registry.policy import promotion_violations, served_channels, unknown_channel
+from registry.repository import ModelEntry, Repository, load_repository, parse_version
 from registry.yamlsrc import parse_yaml
 
 
@@ -28,6 +31,62 @@ class PromoteResult:
     previous_percent: float | None = None
 
 
+def declared_model(repo: Repository, name: str) -> ModelEntry:
+    """The model ``name``, or the problems of its files when they do not load.
+
+    Raises:
+        ManifestError: the model is not declared, or its files do not load.
+    """
+    model = repo.models.get(name)
+    if model is not None:
+        return model
+    broken = [p for p in repo.problems if f"/{name}/" in f"/{p.file}"]
+    if broken:  # the model's own files do not load: say where, not "not declared"
+        raise ManifestError(broken)
+    known = ", ".join(sorted(repo.models)) or "none"
+    raise ManifestError(
+        [
+            Problem(
+                f"manifests/{name}/model.yaml",
+                f"model {name!r} is not declared (declared: {known})",
+            )
+        ]
+    )
+
+
+def declared_versions(repo: Repository, model: ModelEntry) -> tuple[set[str], dict[str, str]]:
+    """Declared versions, and the deprecated ones with their reasons.
+
+    Raises:
+        ManifestError: a version file of the model does not load (it may be the very
+            version asked for: the broken file is named, not "not declared").
+    """
+    name = model.name
+    broken = [p for p in repo.problems if f"/{name}/" in f"/{p.file}"]
+    if broken:
+        raise ManifestError(broken)
+    versions = repo.versions.get(name, {})
+    deprecated = {
+        v: e.manifest.spec.deprecated.reason
+        for v, e in versions.items()
+        if e.manifest.spec.deprecated is not None
+    }
+    return set(versions), deprecated
+
+
+def served_history(repo: Repository, model: ModelEntry) -> ChannelHistory:
+    """What the model's channels served on HEAD's history and in the work tree now.
+
+    Raises:
+        ToolError: git fails.
+    """
+    top = toplevel(repo.root)
+    if top is None:
+        return timeline([channel_map(model.path.read_bytes(), model.file)])
+    rel = model.path.resolve().relative_to(top.resolve()).as_posix()
+    return channel_history(top, rel, current=model.path.read_bytes())
+
+
 def promote(
     start: Path,
     name: str,
@@ -40,7 +99,9 @@ def promote(
     """Point ``channel`` of model ``name`` at ``version`` in its ``model.yaml``.
 
     The file is edited in place keeping comments and formatting, re-validated,
-    replaced atomically and staged in git; on any error it is left untouched.
+    replaced atomically and staged in git; on any error it is left untouched.  A
+    version that served this channel or a later one before may come back without the
+    earlier steps of the order (a rollback; see ``registry.policy``).
 
     Args:
         start: a folder inside the repository.
@@ -49,35 +110,28 @@ def promote(
         channel: channel name.
         percent: rollout share (0..100), or None for the whole channel.
         force: skip the promotion-order policy (still requires a declared version
-            and a channel that the order lists).
+            that is not deprecated and a channel that the order lists).
 
     Returns:
         What changed.
 
     Raises:
         RepositoryError: not inside a repository.
-        ManifestError: the model is unknown or its manifest is invalid.
+        ManifestError: the model is unknown or one of its manifests is invalid.
         PolicyError: the promotion breaks the model's policy.
         UsageError: percent outside 0..100.
-        ToolError: git fails to stage the file.
+        ToolError: git fails.
     """
     if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
         raise UsageError(f"--percent must be 0..100 with at most 3 decimals, got {percent:g}")
     repo = load_repository(start, jobs=1)
-    model = repo.models.get(name)
-    if model is None:
-        known = ", ".join(sorted(repo.models)) or "none"
-        raise ManifestError(
-            [
-                Problem(
-                    f"manifests/{name}/model.yaml",
-                    f"model {name!r} is not declared (declared: {known})",
-                )
-            ]
-        )
-    declared = set(repo.versions.get(name, {}))
-    reasons = promotion_violations(model.manifest, declared, version, channel)
-    if version not in declared:
+    model = declared_model(repo, name)
+    declared, deprecated = declared_versions(repo, model)
+    reasons = promotion_violations(
+        model.manifest, declared, version, channel,
+        served=served_history(repo, model).served(), deprecated=deprecated,
+    )  # fmt: skip
+    if version not in declared or version in deprecated:
         raise PolicyError([Problem(model.file, reasons[0])])
     order = model.manifest.spec.promotion.order
     if order and channel not in order:
@@ -85,6 +139,12 @@ def promote(
         raise PolicyError([Problem(model.file, unknown_channel(name, order, channel))])
     if reasons and not force:
         raise PolicyError([Problem(model.file, r + " (use --force to override)") for r in reasons])
+    return _write_channel(repo, model, channel, version, percent)
+
+
+def _write_channel(
+    repo: Repository, model: ModelEntry, channel: str, version: str, percent: float | None
+) -> PromoteResult:
     previous = model.manifest.spec.channels.get(channel)
     text = model.path.read_text(encoding="utf-8")
     new_text = set_channel(text, model.file, channel, version, percent)
@@ -104,3 +164,92 @@ def promote(
         changed=changed,
         previous_percent=previous.rollout.percent if previous and previous.rollout else None,
     )
+
+
+def rollback(start: Path, name: str, channel: str, to: str | None = None) -> PromoteResult:
+    """Point ``channel`` back at the version it served before (or at ``to``), to all devices.
+
+    Without ``to``, the version is the newest one the channel served (git history of
+    ``model.yaml``) that ranks below what it serves now and is neither deprecated nor
+    removed.  With ``to``, that version must have served this channel or a later one
+    in the promotion order, and rank below the current one (going forward is a
+    promotion).  The edit is the one ``promote`` makes: validated, atomic, staged.
+
+    Raises:
+        RepositoryError: not inside a repository.
+        ManifestError: the model is unknown or one of its manifests is invalid.
+        PolicyError: nothing to go back to, or ``to`` is not a version to go back to.
+        ToolError: git fails.
+    """
+    repo = load_repository(start, jobs=1)
+    model = declared_model(repo, name)
+    declared, deprecated = declared_versions(repo, model)
+    order = model.manifest.spec.promotion.order
+    current = model.manifest.spec.channels.get(channel)
+    if current is None:
+        listed = ", ".join(sorted(model.manifest.spec.channels)) or "none"
+        why = f"channel {channel!r} of {name!r} serves nothing to roll back (serving: {listed})"
+        if order and channel not in order:
+            why = unknown_channel(name, order, channel)
+        raise PolicyError([Problem(model.file, why)])
+    now = current.version
+    history = served_history(repo, model)
+    target = to if to is not None else _choose(history, channel, now, declared, deprecated)
+    if target is None:
+        raise PolicyError([Problem(model.file, (
+            f"channel {channel!r} of {name!r} never served a version below {now} that "
+            "is still declared and not deprecated; name one with --to, or promote"
+        ))])  # fmt: skip
+    problem = rollback_problem(
+        model, history, channel, now=now, to=target, declared=declared, deprecated=deprecated
+    )
+    if problem is not None:
+        raise PolicyError([Problem(model.file, problem)])
+    return _write_channel(repo, model, channel, target, None)
+
+
+def _choose(
+    history: ChannelHistory, channel: str, now: str, declared: set[str], deprecated: dict[str, str]
+) -> str | None:
+    while True:
+        found = history.before(channel, now)
+        if found is None or (found in declared and found not in deprecated):
+            return found
+        now = found
+
+
+def rollback_problem(
+    model: ModelEntry,
+    history: ChannelHistory,
+    channel: str,
+    *,
+    now: str,
+    to: str,
+    declared: set[str],
+    deprecated: dict[str, str],
+) -> str | None:
+    """Why ``to`` is not a version ``channel`` may go back to (None if it is)."""
+    name = model.name
+    if to not in declared:
+        close = get_close_matches(to, sorted(declared), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        listed = ", ".join(sorted(declared, key=parse_version)) or "none"
+        return f"version {to} is not declared for model {name!r} (declared: {listed}){hint}"
+    if to in deprecated:
+        return f"version {to} of {name!r} is deprecated ({deprecated[to]}); it cannot serve again"
+    if to == now:
+        return f"channel {channel!r} of {name!r} already serves {to}"
+    if parse_version(to) > parse_version(now):
+        return (
+            f"version {to} is newer than what {channel!r} serves ({now}): going forward is "
+            f"a promotion (modelreg promote {name} {to} --channel {channel})"
+        )
+    order = model.manifest.spec.promotion.order
+    if order and not served_channels(order, channel, history.served(), to):
+        seen = ", ".join(sorted(history.served().get(channel, ()), key=parse_version))
+        return (
+            f"version {to} never served {channel!r} or a later channel of {name!r} "
+            f"({channel!r} served: {seen or 'nothing'}); a version that did not serve "
+            "it goes through the promotion order (modelreg promote)"
+        )
+    return None

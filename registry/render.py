@@ -98,6 +98,7 @@ def render_version(
     metrics: Mapping[str, float] | None = None,
     goldens: Mapping[str, Any] | None = None,
     targets: Sequence[Mapping[str, Any]] = (),
+    signature_change: str | None = None,
 ) -> str:
     """Text of a new ``ModelVersion`` manifest to be written at ``path``."""
     spec = _drop_empty(
@@ -106,6 +107,7 @@ def render_version(
             parent=parent,
             description=description,
             signature=signature_node(signature) if signature else None,
+            signature_change=signature_change,
             source=_drop_empty(CommentedMap(source or {})),
             metrics=dict(metrics or {}),
             goldens=goldens,

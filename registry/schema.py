@@ -365,8 +365,34 @@ class TensorRTTarget(_TargetBase):
 Target = Annotated[OnnxRuntimeTarget | TensorRTTarget, Field(discriminator="engine")]
 
 
+Reason = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]*\S[^\x00-\x1f\x7f]*$"
+    ),
+]
+"""Why something was decided: one line of text (no control characters)."""
+
+
+class Deprecation(Strict):
+    """A version that must not be served again (``modelreg version deprecate``).
+
+    No channel may point at it, ``promote`` and ``ci pr`` refuse it, the signed
+    channels document lists it so that devices refuse to install it, and its MLflow
+    version carries the reason as the ``modelreg.deprecated`` tag.
+    """
+
+    reason: Reason
+
+
 class ModelVersionSpec(Strict):
-    """What a ModelVersion declares."""
+    """What a ModelVersion declares.
+
+    ``signature_change`` says why this version's inputs or outputs differ from the
+    model's ``spec.signature`` (the contract the model's clients were written for):
+    such a version serves its own signature, and a reviewer sees the reason.  Without
+    it a version must fit the model's signature.
+    """
 
     artifact: Annotated[Artifact, BeforeValidator(_artifact_shorthand)]
     parent: SemVer | None = None
@@ -382,6 +408,8 @@ class ModelVersionSpec(Strict):
     ] = {}
     goldens: Goldens | None = None
     targets: Annotated[list[Target], Field(max_length=64)] = []
+    signature_change: Reason | None = None
+    deprecated: Deprecation | None = None
 
     @model_validator(mode="after")
     def _unique_targets(self) -> ModelVersionSpec:

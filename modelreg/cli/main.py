@@ -60,6 +60,7 @@ def _register() -> None:
     cli.add_command(repo_cmds.model)
     cli.add_command(repo_cmds.version)
     cli.add_command(repo_cmds.promote)
+    cli.add_command(repo_cmds.rollback)
     cli.add_command(check_cmds.validate)
     cli.add_command(check_cmds.schema)
     cli.add_command(check_cmds.status)

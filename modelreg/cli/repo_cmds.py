@@ -186,9 +186,15 @@ def version() -> None:
     help="Build target (repeatable): NAME=onnxruntime or NAME=tensorrt[:fp32|fp16|int8].",
 )
 @click.option(
+    "--signature-change",
+    metavar="TEXT",
+    help="This version changes the model's inputs or outputs, and why (it serves its own "
+    "signature; the model's stays).",
+)
+@click.option(
     "--update-model-signature",
     is_flag=True,
-    help="Accept an I/O signature that differs from the model's and update the model.",
+    help="Give the model this version's I/O signature (only when every other version fits it).",
 )
 @_json
 def version_add(
@@ -203,6 +209,7 @@ def version_add(
     datasets: tuple[str, ...],
     golden_inputs: Path | None,
     targets: tuple[str, ...],
+    signature_change: str | None,
     update_model_signature: bool,
     as_json: bool,
 ) -> None:
@@ -224,6 +231,7 @@ def version_add(
         source=source,
         golden_inputs=golden_inputs,
         update_model_signature=update_model_signature,
+        signature_change=" ".join(signature_change.split()) if signature_change else None,
         targets=[_target(t) for t in targets],
     )
     if as_json:
@@ -287,3 +295,67 @@ def promote(
     if result.previous_percent is not None and result.percent is None and result.changed:
         was += f" (rollout {result.previous_percent:g}% -> all devices)"
     ok(f"{verb} {name} {result.version} to {result.channel}{share}{was} in {result.file}")
+
+
+@click.command()
+@click.argument("name")
+@click.option("--channel", "-c", required=True, help="Channel to roll back.")
+@click.option(
+    "--to",
+    "to",
+    metavar="VERSION",
+    help="Version to go back to (default: the one the channel served before).",
+)
+@_json
+def rollback(name: str, channel: str, to: str | None, as_json: bool) -> None:
+    """Point CHANNEL of model NAME back at the version it served before.
+
+    The version comes from the git history of model.yaml (or --to); it must have
+    served this channel or a later one.  The policy accepts it without the earlier
+    steps of the promotion order, with the approvals the policy asks for.
+    """
+    from registry.promote import rollback as do_rollback
+
+    result = do_rollback(Path.cwd(), name, channel, to)
+    if as_json:
+        emit_json(
+            {
+                "model": name,
+                "channel": result.channel,
+                "version": result.version,
+                "previous": result.previous,
+                "changed": result.changed,
+                "manifest": result.file,
+            }
+        )
+        return
+    ok(
+        f"rolled back {name} {result.channel}: {result.previous} -> {result.version} "
+        f"in {result.file}; commit it and open a pull request"
+    )
+
+
+@version.command("deprecate")
+@click.argument("name")
+@click.argument("version_", metavar="VERSION")
+@click.option("--reason", required=True, help="Why it must not be served (one line).")
+@_json
+def version_deprecate(name: str, version_: str, reason: str, as_json: bool) -> None:
+    """Mark VERSION of model NAME deprecated: never promoted or installed again."""
+    from registry.deprecate import deprecate
+
+    result = deprecate(Path.cwd(), name, version_, reason)
+    if as_json:
+        emit_json(
+            {
+                "model": name,
+                "version": result.version,
+                "reason": result.reason,
+                "previous_reason": result.previous,
+                "changed": result.changed,
+                "manifest": result.file,
+            }
+        )
+        return
+    verb = "deprecated" if result.changed else "already deprecated:"
+    ok(f"{verb} {name} {result.version} ({result.reason}) in {result.file}")

@@ -10,6 +10,8 @@ import pytest
 
 from edge_sync.engine import Engine, LoadRequest
 from edge_sync.host import InProcessHost
+from registry.config import load_config
+from tests.conftest import git
 from tests.edge.conftest import EdgeRig
 
 pytestmark = pytest.mark.integration
@@ -212,3 +214,46 @@ def test_a_version_that_fails_its_signed_goldens_is_rejected_and_never_served(
     builds = len(host.built)
     assert "mlp" not in rig.sync().updates  # the same signed bytes are not tried again
     assert len(host.built) == builds
+
+
+def test_a_rollback_made_with_the_rollback_command_reaches_the_device(rig: EdgeRig) -> None:
+    rig.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    assert rig.sync().updates["mlp"].version == "1.1.0"
+    rig.run("rollback", "mlp", "--channel", "canary")  # staged: a plain commit takes it
+    git(rig.root, "commit", "-qm", "canary back to 1.0.0")
+    rig.run("ci", "release")
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version, update.method) == ("installed", "1.0.0", "cached")
+
+
+def test_a_deprecated_version_is_never_installed_even_when_assigned(rig: EdgeRig) -> None:
+    """CI refuses to assign a deprecated version; a device refuses it on its own too
+    (here the holder of the online keys signs such a document)."""
+    from pipelines.publish import TargetStore
+    from signing.tuf_facts import next_channels
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import signer, trust_paths
+
+    rig.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    assert rig.sync().updates["mlp"].version == "1.1.0"
+    paths = trust_paths(rig.root, load_config(rig.root))
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    store = TargetStore(rig.root, load_config(rig.root).remote)
+    previous = store.load_channels(trust)
+    assert previous is not None
+    doc = next_channels(
+        previous, {"mlp": {"canary": ("1.0.0", None)}}, {"mlp": {"1.0.0": "leaks PII"}}
+    )
+    trust.set_channels(doc, previous)
+    store.write(trust)
+    trust.publish({role: signer(paths, role) for role in ("targets", "snapshot", "timestamp")})
+    git(rig.root, "add", "-A")
+    git(rig.root, "commit", "-qm", "assign a deprecated version")
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version) == ("rejected", "1.0.0")
+    assert "version 1.0.0 is deprecated in the signed channels (leaks PII)" in (update.reason or "")
+    state = rig.state().models["mlp"]
+    assert state.serving.version == "1.1.0"
+    assert "mlp" not in rig.sync().updates  # refused once, not again at every poll

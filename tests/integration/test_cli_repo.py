@@ -245,21 +245,70 @@ def test_version_add_refusals_leave_nothing_behind(
         assert len(result.err.strip().splitlines()) == 1
 
 
-def test_signature_change_needs_explicit_consent(repo: Path, cli, example_models: Path) -> None:
+def test_a_signature_change_is_declared_by_the_version_and_the_repo_stays_valid(
+    repo: Path, cli, example_models: Path
+) -> None:
     assert cli("model", "add", "cnn", cwd=repo).code == 0
     assert cli("version", "add", "cnn", "1.0.0", "--artifact",
                str(example_models / "cnn/1.0.0.onnx"), cwd=repo).code == 0  # fmt: skip
-    refused = cli("version", "add", "cnn", "2.0.0", "--artifact",
-                  str(example_models / "cnn/2.0.0.onnx"), cwd=repo)  # fmt: skip
+    model_file = repo / "manifests/cnn/model.yaml"
+    contract = model_file.read_text()
+    add = ("version", "add", "cnn", "2.0.0", "--artifact", str(example_models / "cnn/2.0.0.onnx"))
+    refused = cli(*add, cwd=repo)
     assert refused.code == 1
     assert "input 'image' is float32[" in refused.err
-    accepted = cli("version", "add", "cnn", "2.0.0", "--artifact",
-                   str(example_models / "cnn/2.0.0.onnx"), "--update-model-signature",
-                   cwd=repo)  # fmt: skip
+    # the error names the path that works, not the one that breaks older versions
+    assert "--signature-change TEXT" in refused.err
+    assert "declare a new model (modelreg model add cnn-v2)" in refused.err
+    # giving the model the new signature would leave 1.0.0 invalid: refused, named
+    update = cli(*add, "--update-model-signature", cwd=repo)
+    assert update.code == 1
+    assert "would leave versions of 'cnn' that no longer fit the model: 1.0.0 (" in update.err
+    assert len(update.err.strip().splitlines()) == 1
+    assert not (repo / "manifests/cnn/versions/2.0.0.yaml").exists()
+    assert model_file.read_text() == contract
+    accepted = cli(*add, "--signature-change", "takes 32x32 images", cwd=repo)
     assert accepted.code == 0, accepted.err
+    assert model_file.read_text() == contract  # the model's contract stays
+    version = yaml.safe_load((repo / "manifests/cnn/versions/2.0.0.yaml").read_text())
+    assert version["spec"]["signature_change"] == "takes 32x32 images"
+    assert version["spec"]["signature"]["inputs"][0]["shape"] == ["batch", 1, 32, 32]
+    valid = cli("validate", cwd=repo)
+    assert valid.code == 0, valid.err
+    shown = json.loads(cli("show", "cnn:2.0.0", "--json", cwd=repo).out)
+    assert (shown["signature_change"], shown["signature_from"]) == ("takes 32x32 images", "version")
+    # without the declaration, validate names the field to set
+    path = repo / "manifests/cnn/versions/2.0.0.yaml"
+    path.write_text(path.read_text().replace("  signature_change: takes 32x32 images\n", ""))
+    broken = cli("validate", cwd=repo)
+    assert broken.code == 1
+    assert "manifests/cnn/versions/2.0.0.yaml:" in broken.err
+    assert "say why in spec.signature_change" in broken.err
+    # a declared change for a signature that does not differ is refused
+    same = cli("version", "add", "cnn", "1.1.0", "--artifact", str(example_models / "cnn/1.1.0.onnx"),
+               "--signature-change", "nothing changes", cwd=repo)  # fmt: skip
+    assert same.code == 1
+    assert "matches model 'cnn': --signature-change is for a version" in same.err
+
+
+def test_update_model_signature_when_every_version_fits(
+    repo: Path, cli, example_models: Path
+) -> None:
+    assert cli("model", "add", "cnn", cwd=repo).code == 0
+    assert cli("version", "add", "cnn", "2.0.0", "--artifact",
+               str(example_models / "cnn/2.0.0.onnx"), cwd=repo).code == 0  # fmt: skip
+    path = repo / "manifests/cnn/versions/2.0.0.yaml"
+    path.write_text(
+        path.read_text().replace("  signature:", "  signature_change: bigger\n  signature:")
+    )
+    r = cli("version", "add", "cnn", "3.0.0", "--artifact", str(example_models / "cnn/1.0.0.onnx"),
+            "--update-model-signature", cwd=repo)  # fmt: skip
+    # 2.0.0 declares its own signature, so nothing breaks: the model takes 3.0.0's
+    assert r.code == 0, r.err
+    assert "signature set from this version" in r.out
     model = yaml.safe_load((repo / "manifests/cnn/model.yaml").read_text())
-    assert model["spec"]["signature"]["inputs"][0]["shape"] == ["batch", 1, 32, 32]
-    assert cli("validate", cwd=repo).code == 1  # 1.0.0 no longer fits the model's contract
+    assert model["spec"]["signature"]["inputs"][0]["shape"] == ["batch", 1, 28, 28]
+    assert cli("validate", cwd=repo).code == 0
 
 
 def test_promote_keeps_comments_and_enforces_order(mlp_repo: Path, cli) -> None:

@@ -366,3 +366,30 @@ def test_register_against_real_mlflow_server(
     assert check.err.splitlines() == [
         "mlp@production: alias points at MLflow version 2 (1.1.0); Git says MLflow version 1 (1.0.0)"
     ]
+
+
+def test_a_deprecation_is_mirrored_as_a_tag_and_its_removal_too(
+    released: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = f"sqlite:///{released / '.modelreg/mlflow.db'}"
+    assert cli("register", cwd=released).code == 0
+    assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=released).code == 0
+    r = cli("version", "deprecate", "mlp", "1.1.0", "--reason", "bad recall", cwd=released)
+    assert r.code == 0, r.err
+    git(released, "commit", "-qm", "deprecate 1.1.0")
+    drift = cli("register", "--check", cwd=released)
+    assert drift.code == 1
+    assert (
+        "mlp 1.1.0: MLflow version 2: tag modelreg.deprecated is missing, Git says 'bad recall'"
+        in (drift.err)
+    )
+    assert cli("register", cwd=released).code == 0
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = _client(uri)
+    assert _versions(client)["1.1.0"].tags["modelreg.deprecated"] == "bad recall"
+    assert "modelreg.deprecated" not in _versions(client)["1.0.0"].tags
+    path = released / "manifests/mlp/versions/1.1.0.yaml"
+    path.write_text(path.read_text().replace("deprecated:\n    reason: bad recall\n", ""))
+    git(released, "commit", "-qam", "1.1.0 is fine after all")
+    assert cli("register", cwd=released).code == 0
+    assert "modelreg.deprecated" not in _versions(client)["1.1.0"].tags

@@ -1,0 +1,83 @@
+"""``modelreg version deprecate``: mark a version that must not be served again.
+
+The mark is ``spec.deprecated.reason`` in the version's own manifest (a released
+version's signed fields stay as they are): validation then refuses any channel that
+points at it, ``promote`` and ``ci pr`` refuse to promote it, ``publish`` lists it in
+the signed channels document so that devices refuse to install it, and ``register``
+tags its MLflow version ``modelreg.deprecated``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry.atomic import write_atomic
+from registry.edit import set_deprecated
+from registry.errors import ManifestError, PolicyError, Problem, UsageError
+from registry.gitinfo import stage
+from registry.loader import load_manifest
+from registry.repository import load_repository
+from registry.schema import ModelVersion
+from registry.yamlsrc import parse_yaml
+
+
+@dataclass(frozen=True, slots=True)
+class DeprecateResult:
+    """What ``deprecate`` changed."""
+
+    file: str
+    version: str
+    reason: str
+    previous: str | None
+    changed: bool
+
+
+def deprecate(start: Path, name: str, version: str, reason: str) -> DeprecateResult:
+    """Mark version ``version`` of ``name`` deprecated with ``reason``.
+
+    The version file is edited in place (comments kept), re-validated, replaced
+    atomically and staged.  A version a channel still serves is refused: move the
+    channel first (``modelreg rollback``), in the same pull request if need be.
+
+    Raises:
+        RepositoryError: not inside a repository.
+        ManifestError: the model or version is unknown, or one of its files is invalid.
+        PolicyError: a channel still serves the version.
+        UsageError: the reason is empty or not one line of at most 500 characters.
+        ToolError: git fails to stage the file.
+    """
+    from registry.promote import declared_model, declared_versions
+
+    text = " ".join(reason.split())
+    if not text or len(text) > 500:
+        raise UsageError("--reason must be one line of 1 to 500 characters")
+    repo = load_repository(start, jobs=1)
+    model = declared_model(repo, name)
+    declared, _ = declared_versions(repo, model)
+    entry = repo.versions.get(name, {}).get(version)
+    if entry is None:
+        from registry.inspect import suggest
+
+        raise suggest(version, sorted(declared), "version", f" for model {name!r}")
+    serving = sorted(c for c, a in model.manifest.spec.channels.items() if a.version == version)
+    if serving:
+        moves = "; ".join(f"modelreg rollback {name} --channel {c}" for c in serving)
+        raise PolicyError([Problem(
+            model.file,
+            f"version {version} of {name!r} still serves channel(s) {', '.join(serving)}; "
+            f"point them at another version first ({moves})",
+        )])  # fmt: skip
+    before = entry.manifest.spec.deprecated
+    original = entry.path.read_text(encoding="utf-8")
+    new = set_deprecated(original, entry.file, text)
+    manifest = load_manifest(parse_yaml(new.encode(), entry.file), "ModelVersion")
+    if not isinstance(manifest, ModelVersion):  # pragma: no cover - the kind was checked
+        raise ManifestError.single(entry.file, "is not a ModelVersion")
+    changed = new != original
+    if changed:
+        write_atomic(entry.path, new.encode())
+        stage(repo.root, [entry.path])
+    return DeprecateResult(
+        entry.file, version, text, before.reason if before is not None else None, changed
+    )

@@ -1,0 +1,210 @@
+"""``rollback`` and ``version deprecate`` on real git repositories, through ``ci pr``,
+``publish`` and MLflow: one pull request goes back, a deprecated version never serves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from signing.tuf_facts import ChannelsDoc
+from tests.conftest import git
+from tests.integration.test_ci import add_version, github_env
+
+pytestmark = pytest.mark.integration
+
+
+def _ok(cli: Any, root: Path, *args: str) -> Any:
+    r = cli(*args, cwd=root)
+    assert r.code == 0, r.err
+    return r
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, cli: Any, example_models: Path) -> Path:
+    """mlp: 1.0.0 served canary only; 1.1.0 then 2.0.0 went canary -> production."""
+    root = tmp_path / "fleet"
+    _ok(cli, tmp_path, "init", str(root))
+    _ok(cli, root, "model", "add", "mlp", "--channel-order", "canary,production")
+    for version in ("1.0.0", "1.1.0", "2.0.0"):
+        add_version(cli, root, example_models, version)
+    git(root, "commit", "-qm", "three versions")
+    steps = [("1.0.0", "canary"), ("1.1.0", "canary"), ("1.1.0", "production"),
+             ("2.0.0", "canary"), ("2.0.0", "production")]  # fmt: skip
+    for version, channel in steps:
+        _ok(cli, root, "promote", "mlp", version, "-c", channel)
+        git(root, "commit", "-qm", f"mlp {version} to {channel}")  # promote staged it
+    return root
+
+
+def _channels(root: Path) -> dict[str, Any]:
+    text = (root / "manifests/mlp/model.yaml").read_text()
+    import yaml
+
+    channels: dict[str, Any] = yaml.safe_load(text)["spec"]["channels"]
+    return channels
+
+
+def test_rollback_goes_back_to_what_the_channel_served_and_stages_it(fleet: Path, cli: Any) -> None:
+    r = _ok(cli, fleet, "rollback", "mlp", "--channel", "production")
+    assert "rolled back mlp production: 2.0.0 -> 1.1.0" in r.out
+    assert _channels(fleet)["production"] == "1.1.0"
+    # staged like promote: a plain commit takes it
+    assert git(fleet, "diff", "--cached", "--name-only").split() == ["manifests/mlp/model.yaml"]
+    assert _ok(cli, fleet, "validate").code == 0
+    git(fleet, "commit", "-qm", "production back to 1.1.0")
+    events = json.loads(_ok(cli, fleet, "history", "mlp", "-c", "production", "--json").out)
+    latest = events["events"][0]
+    assert (latest["kind"], latest["previous"], latest["version"]) == ("rollback", "2.0.0", "1.1.0")
+    # again: further back only to what production served; 1.0.0 served canary alone
+    again = cli("rollback", "mlp", "--channel", "production", cwd=fleet)
+    assert again.code == 1
+    assert "never served a version below 1.1.0" in again.err
+    assert len(again.err.strip().splitlines()) == 1
+
+
+def test_rollback_to_a_named_version(fleet: Path, cli: Any) -> None:
+    canary = _ok(cli, fleet, "rollback", "mlp", "-c", "canary", "--to", "1.0.0", "--json")
+    assert json.loads(canary.out) | {"manifest": None} == {
+        "model": "mlp", "channel": "canary", "version": "1.0.0", "previous": "2.0.0",
+        "changed": True, "manifest": None,
+    }  # fmt: skip
+    cases = {
+        ("production", "1.0.0"): "version 1.0.0 never served 'production' or a later channel",
+        ("production", "2.0.0"): "channel 'production' of 'mlp' already serves 2.0.0",
+        ("production", "1.1"): "version 1.1 is not declared for model 'mlp'",
+        ("canary", "2.0.0"): "going forward is a promotion (modelreg promote mlp 2.0.0",
+        ("prod", None): "channel 'prod' is not in the promotion order of 'mlp'",
+    }
+    before = (fleet / "manifests/mlp/model.yaml").read_text()
+    for (channel, to), message in cases.items():
+        args = ["rollback", "mlp", "-c", channel] + (["--to", to] if to else [])
+        r = cli(*args, cwd=fleet)
+        assert r.code == 1, (channel, to)
+        assert message in r.err
+        assert len(r.err.strip().splitlines()) == 1
+    assert (fleet / "manifests/mlp/model.yaml").read_text() == before
+
+
+def test_promote_accepts_a_version_that_served_the_channel_before(fleet: Path, cli: Any) -> None:
+    # 1.1.0 no longer serves canary, but it served production: going back needs no canary step
+    _ok(cli, fleet, "promote", "mlp", "1.1.0", "-c", "production")
+    # 1.0.0 never served production: the order still applies
+    r = cli("promote", "mlp", "1.0.0", "-c", "production", cwd=fleet)
+    assert r.code == 1
+    assert "must be promoted to 'canary' before 'production'" in r.err
+
+
+def test_ci_pr_accepts_a_rollback_and_says_so_in_its_comment(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    git(fleet, "checkout", "-qb", "rollback")
+    _ok(cli, fleet, "rollback", "mlp", "-c", "production")
+    git(fleet, "commit", "-qm", "production back to 1.1.0")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=fleet)
+    assert r.code == 0, r.err
+    comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
+    assert "ready for review" in comment
+    assert "rollback: `mlp production: 2.0.0 -> 1.1.0 (rollback; it served production before)`" in (
+        comment
+    )
+    report = json.loads((fleet / ".modelreg/ci/pr-report.json").read_text())
+    assert report["channels"] == [{
+        "model": "mlp", "channel": "production", "previous": "2.0.0", "version": "1.1.0",
+        "kind": "rollback", "served_before": ["production"],
+    }]  # fmt: skip
+
+
+def test_ci_pr_judges_served_versions_by_the_base_history_not_the_pull_request(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    git(fleet, "checkout", "-qb", "sneaky")
+    # a commit inside the pull request that "served" 1.0.0 on production does not count
+    _ok(cli, fleet, "promote", "mlp", "1.0.0", "-c", "production", "--force")
+    git(fleet, "commit", "-qm", "1.0.0 to production")
+    _ok(cli, fleet, "promote", "mlp", "2.0.0", "-c", "production")
+    git(fleet, "commit", "-qm", "and back")
+    _ok(cli, fleet, "promote", "mlp", "1.0.0", "-c", "production", "--force")
+    git(fleet, "commit", "-qm", "and again")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=fleet)
+    assert r.code == 1
+    assert "version 1.0.0 must be promoted to 'canary' before 'production'" in r.err
+
+
+def test_deprecate_marks_the_version_and_everything_refuses_it(fleet: Path, cli: Any) -> None:
+    serving = cli("version", "deprecate", "mlp", "2.0.0", "--reason", "bad recall", cwd=fleet)
+    assert serving.code == 1
+    assert "still serves channel(s) canary, production" in serving.err
+    assert "modelreg rollback mlp --channel canary" in serving.err
+    r = _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks  PII\n")
+    assert "deprecated mlp 1.0.0 (leaks PII)" in r.out
+    path = fleet / "manifests/mlp/versions/1.0.0.yaml"
+    assert "deprecated:\n    reason: leaks PII\n" in path.read_text()
+    assert "manifests/mlp/versions/1.0.0.yaml" in git(fleet, "diff", "--cached", "--name-only")
+    assert _ok(cli, fleet, "validate").code == 0
+    shown = json.loads(_ok(cli, fleet, "show", "mlp:1.0.0", "--json").out)
+    assert shown["deprecated"] == "leaks PII"
+    # promote and rollback refuse it, even forced
+    for args in (("promote", "mlp", "1.0.0", "-c", "canary", "--force"),
+                 ("rollback", "mlp", "-c", "canary", "--to", "1.0.0")):  # fmt: skip
+        refused = cli(*args, cwd=fleet)
+        assert refused.code == 1
+        assert "version 1.0.0 of 'mlp' is deprecated (leaks PII)" in refused.err
+    # rollback without --to skips it: canary served 1.1.0 after 1.0.0
+    _ok(cli, fleet, "rollback", "mlp", "-c", "canary")
+    assert _channels(fleet)["canary"] == "1.1.0"
+    # a hand edit that points a channel at it fails validation at the channel
+    model = fleet / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("canary: 1.1.0", "canary: 1.0.0"))
+    bad = cli("validate", cwd=fleet)
+    assert bad.code == 1
+    assert "manifests/mlp/model.yaml:" in bad.err
+    assert "points at version 1.0.0, which is deprecated (leaks PII)" in bad.err
+    unknown = cli("version", "deprecate", "mlp", "1.0", "--reason", "x", cwd=fleet)
+    assert unknown.code == 1
+    assert "version '1.0' is not declared for model 'mlp'" in unknown.err
+    empty = cli("version", "deprecate", "mlp", "1.1.0", "--reason", "  ", cwd=fleet)
+    assert empty.code == 2  # a usage error
+    assert "--reason must be one line" in empty.err
+
+
+def test_ci_pr_refuses_promoting_a_deprecated_version(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+    git(fleet, "commit", "-qm", "deprecate 1.0.0")
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    model = fleet / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("canary: 2.0.0", "canary: 1.0.0"))
+    git(fleet, "commit", "-qam", "canary to a deprecated version")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=fleet)
+    assert r.code == 1
+    assert "which is deprecated (leaks PII)" in r.err
+
+
+def test_publish_signs_the_deprecation_into_the_channels_document(
+    fleet: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ok(cli, fleet, "publish")
+    git(fleet, "add", "trust")
+    git(fleet, "commit", "-qm", "release [skip ci]")
+    remote = fleet / ".modelreg/remote/modelreg"
+    (first,) = [p for p in remote.rglob("*channels.json") if p.is_file()]
+    before = ChannelsDoc.from_bytes(first.read_bytes())
+    assert before.deprecated == {}
+    assert b"deprecated" not in first.read_bytes()  # bytes as before the field existed
+    _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+    git(fleet, "commit", "-qm", "deprecate 1.0.0")
+    _ok(cli, fleet, "publish")
+    docs = [ChannelsDoc.from_bytes(p.read_bytes()) for p in remote.rglob("*channels.json")]
+    newest = max(docs, key=lambda d: d.sequence)
+    assert newest.sequence == before.sequence + 1
+    assert newest.deprecation("mlp", "1.0.0") == "leaks PII"
+    assert newest.models == before.models
