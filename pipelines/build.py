@@ -30,7 +30,7 @@ from pipelines.build_fetch import fetch_artifact
 from pipelines.build_goldens import CaseResult, run_goldens
 from pipelines.errors import ArtifactError, PipelineError
 from registry.atomic import write_atomic
-from registry.checks import declared
+from registry.checks import declared, target_problems
 from registry.errors import ManifestError, Problem, UsageError
 from registry.gitinfo import git
 from registry.loader import format_loc
@@ -325,6 +325,12 @@ class _VersionBuild:
         targets = list(self.spec.targets)
         if not targets:
             self.record.skipped.append("engines")
+            return
+        owner = self.repo.models.get(self.entry.name)
+        refused = list(target_problems(owner, self.entry)) if owner is not None else []
+        for problem in refused:  # never built: a device would be sent a target the policy bars
+            self._problem("engines", problem)
+        if refused:
             return
         self.record.engines = build_engines(
             artifact, self.display, targets, self.out, self.repo.root

@@ -159,10 +159,33 @@ def _pull(root: Path, path: Path, display: str, pointer: DvcPointer) -> None:
             raise ArtifactError(
                 display,
                 f"missing from the workspace, the DVC cache and the DVC remote "
-                f"(md5 {pointer.md5}); upload it with `dvc push {display}`",
+                f"(md5 {pointer.md5}); {_push_advice(root, display)}",
             ) from None
         except DvcException as e:
             raise ArtifactError(display, f"dvc pull failed: {_one_line(str(e))}") from None
+
+
+def _push_advice(root: Path, display: str) -> str:
+    """How to get the file onto the remote: from here, or, when the remote is the folder
+    ``modelreg init`` makes inside each clone, from the clone that added it (nobody
+    else holds it) after pointing DVC at a shared remote."""
+    from pipelines.dvc import remote_url
+    from pipelines.workspace import DEFAULT_REMOTE_DIR, REMOTE_NAME
+
+    try:
+        url = Path(remote_url(root))
+    except (ToolError, ValueError):
+        return f"upload it with `dvc push {display}`"
+    local = (root / DEFAULT_REMOTE_DIR).resolve()
+    here = url if url.is_absolute() else (root / ".dvc" / url)
+    if here.resolve() != local:
+        return f"upload it with `dvc push {display}` from a clone that has it"
+    return (
+        f"the DVC remote is {DEFAULT_REMOTE_DIR}, a folder inside each clone (the "
+        "default of `modelreg init`), so only the clone that added the file has it: "
+        f"there, point DVC at a shared remote (`dvc remote modify {REMOTE_NAME} url "
+        "s3://bucket/path`, commit .dvc/config) and run `dvc push`"
+    )
 
 
 def _one_line(text: str) -> str:

@@ -50,6 +50,7 @@ from registry.repository import (
 )
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
+from signing.tuf_facts import TargetFacts
 from signing.tuf_repo import TrustRepo
 from signing.workspace import release_state, release_states
 
@@ -433,6 +434,7 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
         if base is not None:
             problems += released_changes(repo, base)
             problems += _released_spec_changes(repo, pr.base, base_config, base)
+            problems += _released_removed(repo, base)
             if head_rel != base_config.trust.metadata:
                 problems.append(Problem(CONFIG_FILE, _moved(base_config, repo.config)))
             if changed and head is None and not problems:
@@ -444,6 +446,34 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
                     problems.append(Problem(where, str(e)))
     if head is not None:  # a release published locally and not committed yet counts too
         problems += [p for p in released_changes(repo, head) if p not in problems]
+    return problems
+
+
+def _released_removed(repo: Repository, trust: TrustRepo) -> list[Problem]:
+    """Released versions whose manifest this pull request deletes (or moves away).
+
+    Devices hold them, channels' history names them, MLflow mirrors them: a released
+    version stays declared.  What a team means by removing one is deprecating it.
+    """
+    problems = []
+    for info in trust.targets.values():
+        try:
+            facts = TargetFacts.from_custom(info.custom)
+        except ValueError:
+            continue
+        if facts.kind != "artifact" or facts.model is None or facts.version is None:
+            continue
+        if facts.version in repo.versions.get(facts.model, {}):
+            continue
+        if (facts.model, facts.version) in repo.broken:
+            continue  # still there, and its load problem is reported already
+        rel = f"{repo.config.manifests}/{facts.model}/versions/{facts.version}.yaml"
+        problems.append(Problem(
+            rel,
+            f"version {facts.version} of {facts.model!r} is released; its manifest cannot "
+            f"be deleted (deprecate it: modelreg version deprecate {facts.model} "
+            f"{facts.version} --reason TEXT)",
+        ))  # fmt: skip
     return problems
 
 
@@ -485,8 +515,9 @@ def _released_spec_changes(
                 line, col = entry.doc.position(("spec", name))
                 problems.append(Problem(
                     entry.file,
-                    f"version {entry.version} is released and its {name} are signed with "
-                    "it; declare a new version to change them",
+                    f"version {entry.version} is released and its {name} "
+                    f"{'are' if name.endswith('s') else 'is'} signed with it; declare a new "
+                    "version to change it",
                     line, col, f"spec.{name}",
                 ))  # fmt: skip
         for index, case in enumerate(spec.goldens.cases if spec.goldens else []):

@@ -15,7 +15,7 @@ import semver
 from pipelines import dvc
 from pipelines.onnx_signature import read_signature
 from registry.atomic import AtomicFile, write_atomic
-from registry.checks import declared, precedence_message, same_precedence
+from registry.checks import declared, disallowed_target, precedence_message, same_precedence
 from registry.config import CONFIG_FILE
 from registry.edit import set_signature
 from registry.errors import ManifestError, RepositoryError, UsageError
@@ -361,7 +361,10 @@ def _model_signature_edit(
     Raises:
         ManifestError: the signature differs and neither way is taken or possible,
             or a change is declared for a signature that does not differ.
+        UsageError: both ways are asked for.
     """
+    if change is not None and update:
+        raise UsageError("--signature-change and --update-model-signature exclude each other")
     model_sig = model.manifest.spec.signature
     if model_sig is None:
         return _with_signature(model, signature)
@@ -405,6 +408,14 @@ def _with_signature(model: ModelEntry, signature: Signature) -> str:
     text = set_signature(model.path.read_text(encoding="utf-8"), model.file, signature)
     load_manifest(parse_yaml(text.encode(), model.file), "RegisteredModel")
     return text
+
+
+def _check_targets(model: ModelEntry, targets: Sequence[Mapping[str, Any]], shown: str) -> None:
+    """Refuse a target the model does not allow before anything is written."""
+    allowed = model.manifest.spec.targets
+    for target in targets:
+        if allowed and target.get("name") not in allowed:
+            raise ManifestError.single(shown, disallowed_target(model, str(target.get("name"))))
 
 
 def _declared_model(repo: Repository, name: str) -> ModelEntry:
@@ -465,11 +476,10 @@ def add_version(
     if equal is not None:
         raise ManifestError.single(shown, precedence_message(version, equal))
     parent = _pick_parent(repo, name, version, parent, auto_parent)
+    _check_targets(model, targets, shown)
     if not artifact.is_file():
         raise ManifestError.single(str(artifact), "artifact not found or not a file")
     signature = read_signature(artifact)
-    if signature_change is not None and update_model_signature:
-        raise UsageError("--signature-change and --update-model-signature exclude each other")
     model_text = _model_signature_edit(
         repo, model, signature, artifact, update=update_model_signature, change=signature_change
     )

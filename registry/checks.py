@@ -14,7 +14,7 @@ import semver
 from registry.dvcfile import check_pointer
 from registry.errors import Problem, UnsafeFileError, quote
 from registry.loader import format_loc
-from registry.repository import ModelEntry, Repository, VersionEntry, parse_version
+from registry.repository import MODEL_FILE, ModelEntry, Repository, VersionEntry, parse_version
 from registry.safe_io import check_regular
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc, YamlDocument
@@ -240,7 +240,8 @@ def _signature(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
             )
 
 
-def _targets(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
+def target_problems(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
+    """Targets of ``entry`` that its model's ``spec.targets`` does not allow."""
     allowed = model.manifest.spec.targets
     if not allowed:
         return
@@ -249,9 +250,17 @@ def _targets(model: ModelEntry, entry: VersionEntry) -> Iterator[Problem]:
             yield _at(
                 entry.doc,
                 ("spec", "targets", i, "name"),
-                f"target {target.name!r} is not allowed for model {model.name!r} "
-                f"(allowed: {', '.join(allowed)})",
+                disallowed_target(model, target.name),
             )
+
+
+def disallowed_target(model: ModelEntry, name: str) -> str:
+    """The message for a target the model does not allow, with both ways out."""
+    allowed = ", ".join(model.manifest.spec.targets)
+    return (
+        f"target {name!r} is not allowed for model {model.name!r} (allowed: {allowed}); "
+        f"use one of those, or add it to spec.targets in {model.file}"
+    )
 
 
 def _model(repo: Repository, model: ModelEntry) -> Iterator[Problem]:
@@ -332,7 +341,7 @@ def check_repository(repo: Repository) -> list[Problem]:
         signature = entry.manifest.spec.signature
         if owner is not None:
             problems.extend(_signature(owner, entry))
-            problems.extend(_targets(owner, entry))
+            problems.extend(target_problems(owner, entry))
             signature = signature or owner.manifest.spec.signature
         problems.extend(_golden_names(entry, signature))
     return problems
@@ -353,9 +362,24 @@ def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Pr
     if not paths:
         return problems
     selected = [p.resolve() for p in paths]
+    # A manifest is valid only with what it depends on: its model's model.yaml, and its
+    # parent or the versions the channels name.  Those are reported too when they are
+    # broken (a version file that does not load may be any of them).
+    folder = (repo.root / repo.config.manifests).resolve()
+    models = {
+        s.relative_to(folder).parts[0] for s in selected if s != folder and s.is_relative_to(folder)
+    }
+    broken = {id(p) for p in repo.problems}
 
     def wanted(problem: Problem) -> bool:
         where = Path(problem.file).resolve()
-        return any(where == s or s in where.parents for s in selected)
+        if any(where == s or s in where.parents for s in selected):
+            return True
+        if not where.is_relative_to(folder) or where == folder:
+            return False
+        parts = where.relative_to(folder).parts
+        if parts[0] not in models:
+            return False
+        return parts[1:] == (MODEL_FILE,) or id(problem) in broken
 
     return [p for p in problems if wanted(p)]

@@ -83,6 +83,10 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
                 "models": models,
                 "versions": versions,
                 "problems": [problem_json(p) for p in problems],
+                # the shape every command's --json gives its errors (modelreg.cli.main)
+                "errors": [
+                    {k: v for k, v in problem_json(p).items() if k != "text"} for p in problems
+                ],
             }
         )
     elif problems:

@@ -21,8 +21,8 @@ from typing import Any, NoReturn
 import click
 
 from modelreg import __version__
-from modelreg.cli._output import error_lines, error_text
-from registry.errors import ManifestError, RegistryError, UsageError
+from modelreg.cli._output import emit_json, error_lines, error_text, problem_json
+from registry.errors import ManifestError, Problem, RegistryError, UsageError
 
 _TRACEBACK_ENV = "MODELREG_TRACEBACK"
 
@@ -82,11 +82,37 @@ def _register() -> None:
 _register()
 
 
-def _fail(lines: Iterable[str], code: int, show_tb: bool) -> NoReturn:
+_JSON_ERRORS = False
+"""Set by ``main`` when the command was asked for ``--json``: errors are JSON too."""
+
+
+def _fail(
+    lines: Iterable[str], code: int, show_tb: bool, problems: Iterable[Problem] | None = None
+) -> NoReturn:
+    """Print the error lines on stderr and exit; with ``--json`` also the errors as JSON
+    on stdout, ``{"ok": false, "errors": [{"file", "line", "col", "field", "message"}]}``
+    (a file, line and column only where the error has them)."""
+    shown = list(lines)
     if show_tb:
         error_text(traceback.format_exc())
-    error_lines(lines)
+    error_lines(shown)
+    if _JSON_ERRORS:
+        found = (
+            list(problems)
+            if problems is not None
+            else [Problem("", t.removeprefix("modelreg: ").removeprefix("error: ")) for t in shown]
+        )
+        errors = [
+            {k: v for k, v in problem_json(p).items() if k != "text"} | {"file": p.file or None}
+            for p in found
+        ]
+        emit_json({"ok": False, "exit_code": code, "errors": errors})
     sys.exit(code)
+
+
+def _wants_json(args: list[str]) -> bool:
+    end = args.index("--") if "--" in args else len(args)
+    return "--json" in args[:end]
 
 
 def _traceback_first(args: list[str]) -> list[str]:
@@ -104,7 +130,9 @@ def _traceback_first(args: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> Any:
     """Run the CLI and exit with the documented code."""
+    global _JSON_ERRORS  # noqa: PLW0603 - one process, one command line
     args = sys.argv[1:] if argv is None else argv
+    _JSON_ERRORS = _wants_json(args)
     show_tb = "--traceback" in args or os.environ.get(_TRACEBACK_ENV, "") not in ("", "0")
     try:
         cli.main(args=_traceback_first(args), prog_name="modelreg", standalone_mode=False)
@@ -116,10 +144,12 @@ def main(argv: list[str] | None = None) -> Any:
         # click quotes the offending argument, which may be a secret pasted by mistake.
         shown = io.StringIO()
         e.show(file=shown)
+        if _JSON_ERRORS:
+            _fail([f"modelreg: error: {e.format_message()}"], e.exit_code, show_tb=False)
         error_text(shown.getvalue())
         sys.exit(e.exit_code)
     except ManifestError as e:
-        _fail((str(p) for p in e.problems), 1, show_tb)
+        _fail((str(p) for p in e.problems), 1, show_tb, e.problems)
     except RegistryError as e:
         lines = str(e).splitlines() or [""]
         _fail([f"modelreg: {lines[0]}", *lines[1:]], 1, show_tb)

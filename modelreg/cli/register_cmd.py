@@ -44,6 +44,25 @@ def _extras(
     }
 
 
+def _advice(kinds: list[str]) -> str | None:
+    """How to repair the drift ``register --check`` found (Git decides)."""
+    if not kinds:
+        return None
+    fixable = [k for k in kinds if k != "version-unknown"]
+    parts = []
+    if fixable:
+        parts.append(
+            "to fix: run `modelreg register` (Git decides: it sets tags and aliases back "
+            "and registers missing versions)"
+        )
+    if len(fixable) < len(kinds):
+        parts.append(
+            "MLflow versions that no manifest declares are never deleted by modelreg: "
+            "delete them in MLflow, or declare them with `modelreg version add`"
+        )
+    return "; ".join(parts)
+
+
 @click.command()
 @click.option(
     "--check", is_flag=True, help="Report drift from Git and exit 1 if any; change nothing."
@@ -97,10 +116,12 @@ def register(
     extras = _extras(bundles, reports, summaries)
     if check:
         drifts = check_drift(Path.cwd(), tracking_uri=tracking_uri, extras=extras)
+        advice = _advice([d.kind for d in drifts])
         if as_json:
-            emit_json({"ok": not drifts, "drift": [drift_json(d) for d in drifts]})
+            emit_json({"ok": not drifts, "drift": [drift_json(d) for d in drifts], "fix": advice})
         elif drifts:
             error_lines(str(d) for d in drifts)
+            error_lines([advice or ""])
         else:
             ok("MLflow mirrors Git: no drift")
         if drifts:

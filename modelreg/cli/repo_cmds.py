@@ -77,6 +77,7 @@ def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_js
             {
                 "root": str(result.root),
                 "remote": result.remote,
+                "remote_is_local_folder": remote is None,
                 "git_initialized": result.git_initialized,
                 "created": [str(p) for p in result.created],
                 "keys": [str(p) for p in result.keys],
@@ -85,6 +86,13 @@ def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_js
         return
     ok(f"initialized modelreg repository in {result.root}")
     detail(f"  DVC remote: {result.remote}")
+    if remote is None:
+        click.echo(
+            "  note: this DVC remote is a folder inside this clone: teammates' clones and CI "
+            "cannot reach it; for a team, use a shared one: modelreg init --remote "
+            "s3://bucket/path (or `dvc remote modify storage url URL`)",
+            err=True,
+        )
     if result.keys:
         keys_dir = display_path(result.keys[0].parent)
         click.echo(f"  trust root: trust/metadata/1.root.json; keys in {keys_dir}/")

@@ -29,6 +29,10 @@ pytestmark = pytest.mark.integration
 if "register" not in group.commands:  # main.py may register it itself one day
     group.add_command(register_command)
 
+FIX = (
+    "to fix: run `modelreg register` (Git decides: it sets tags and aliases back and "
+    "registers missing versions)"
+)
 CI_ENV = {
     "GITHUB_RUN_ID": "4242",
     "GITHUB_SERVER_URL": "https://github.example",
@@ -172,7 +176,8 @@ def test_register_embedded_store_mirrors_git(
     check = cli("register", "--check", cwd=released)
     assert check.code == 1
     assert check.err.splitlines() == [
-        "mlp@canary: alias points at MLflow version 2 (1.1.0); Git declares no channel 'canary'"
+        "mlp@canary: alias points at MLflow version 2 (1.1.0); Git declares no channel 'canary'",
+        FIX,
     ]
     dropped = cli("register", cwd=released)
     assert dropped.code == 0, dropped.err
@@ -217,6 +222,8 @@ def test_check_reports_hand_edits_and_register_repairs_them(
         "mlp 1.1.0: MLflow version 2: tag modelreg.semver is '9.9.9', Git says '1.1.0'",
         "mlp@production: alias points at MLflow version 2 (1.1.0); Git says MLflow version 1 (1.0.0)",
         "mlp@staging: alias points at MLflow version 1 (1.0.0); Git declares no channel 'staging'",
+        FIX + "; MLflow versions that no manifest declares are never deleted by modelreg: "
+        "delete them in MLflow, or declare them with `modelreg version add`",
     ]
     assert [d.kind for d in check_drift(released)] == [
         "version-unknown", "tag-missing", "tag-differs", "alias-moved", "alias-extra",
@@ -364,7 +371,8 @@ def test_register_against_real_mlflow_server(
     check = cli("register", "--check", cwd=released)
     assert check.code == 1
     assert check.err.splitlines() == [
-        "mlp@production: alias points at MLflow version 2 (1.1.0); Git says MLflow version 1 (1.0.0)"
+        "mlp@production: alias points at MLflow version 2 (1.1.0); Git says MLflow version 1 (1.0.0)",
+        FIX,
     ]
 
 

@@ -208,3 +208,28 @@ def test_publish_signs_the_deprecation_into_the_channels_document(
     assert newest.sequence == before.sequence + 1
     assert newest.deprecation("mlp", "1.0.0") == "leaks PII"
     assert newest.models == before.models
+
+
+def test_ci_pr_refuses_deleting_a_released_version_or_editing_its_parent(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ok(cli, fleet, "publish")
+    git(fleet, "add", "trust")
+    git(fleet, "commit", "-qm", "release [skip ci]")
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    github_env(tmp_path, monkeypatch, base, "main")
+    git(fleet, "checkout", "-qb", "cleanup")
+    git(fleet, "rm", "-q", "manifests/mlp/versions/1.0.0.yaml", "models/mlp/1.0.0.onnx.dvc")
+    # 1.1.0's parent was 1.0.0; a released version's parent is signed with it
+    path = fleet / "manifests/mlp/versions/1.1.0.yaml"
+    path.write_text(path.read_text().replace("  parent: 1.0.0\n", ""))
+    git(fleet, "commit", "-qam", "drop 1.0.0")
+    r = cli("ci", "pr", cwd=fleet)
+    assert r.code == 1
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("manifests/mlp/versions/1.0.0.yaml: version 1.0.0 of 'mlp' is "
+                               "released; its manifest cannot be deleted (deprecate it: "
+                               "modelreg version deprecate mlp 1.0.0 --reason TEXT)")  # fmt: skip
+    assert lines[1].startswith("manifests/mlp/versions/1.1.0.yaml:")
+    assert "spec.parent: version 1.1.0 is released and its parent is signed with it" in lines[1]
