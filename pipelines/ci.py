@@ -215,10 +215,14 @@ def _served_on_base(
     """Channel -> every version it served on the base's first-parent history.
 
     Read from the base, never from the pull request: a rollback may skip the
-    promotion order only to a version that really served the channel (or a later one).
+    promotion order only to a version that really served the channel (or a later one),
+    and that the base's signed metadata lists as released, so its files are the ones
+    that served (an unreleased version's files may still have changed since).
     """
+    from pipelines.ci_base import trust_at
     from registry.gitinfo import toplevel
     from registry.history import channel_history
+    from signing.target_names import artifact_path
 
     top = toplevel(repo.root)
     if top is None:
@@ -228,7 +232,14 @@ def _served_on_base(
         rel = path.relative_to(top.resolve()).as_posix()
     except ValueError:
         return {}
-    return channel_history(top, rel, pr.base).served()
+    served = channel_history(top, rel, pr.base).served()
+    with trust_at(repo.root, pr.base, base_config) as trust:
+        if trust is None:
+            return {}
+        return {
+            channel: frozenset(v for v in versions if trust.published(artifact_path(name, v)))
+            for channel, versions in served.items()
+        }
 
 
 def _promotions(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -570,11 +570,16 @@ def _missing_sqlite(uri: str) -> bool:
 
 
 def mlflow_versions(
-    start: Path, *, tracking_uri: str | None = None, env: Mapping[str, str] | None = None
+    start: Path,
+    *,
+    tracking_uri: str | None = None,
+    env: Mapping[str, str] | None = None,
+    models: Collection[str] | None = None,
 ) -> dict[tuple[str, str], str]:
-    """(model, SemVer) -> MLflow version number, for the status table.
+    """(model, SemVer) -> MLflow version number, for ``status`` and ``show``.
 
-    Reads only; an embedded store that was never written is empty (not created).
+    Reads only (the models named by ``models``, every model when None); an embedded
+    store that was never written is empty (not created).
 
     Raises:
         RepositoryError: not inside a repository.
@@ -587,7 +592,7 @@ def mlflow_versions(
     if _missing_sqlite(uri):
         return found
     with session(uri, None) as store:
-        for name in sorted(repo.models):
+        for name in sorted(repo.models if models is None else set(models) & set(repo.models)):
             for version in store.read_model(name).versions:
                 if version.semver is not None:
                     found[(name, version.semver)] = version.number

@@ -123,7 +123,13 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
 @click.argument("ref", metavar="NAME[:VERSION|@CHANNEL]")
 @_JSON
 @_NO_CACHE
-def show(ref: str, as_json: bool, no_cache: bool) -> None:
+@click.option(
+    "--mlflow",
+    "with_mlflow",
+    is_flag=True,
+    help="Also ask MLflow which model version mirrors each version.",
+)
+def show(ref: str, as_json: bool, no_cache: bool, with_mlflow: bool) -> None:
     """Show a model, a version (NAME:VERSION) or what a channel serves (NAME@CHANNEL).
 
     A model: description, owner, task, signature, channels and versions.  A version:
@@ -135,7 +141,7 @@ def show(ref: str, as_json: bool, no_cache: bool) -> None:
     Examples:
       modelreg show mlp
       modelreg show mlp:1.1.0 --json
-      modelreg show mlp@production
+      modelreg show mlp@production --mlflow
     """
     from registry.gitinfo import last_commits, toplevel
     from registry.inspect import model_facts, resolve, version_facts
@@ -167,6 +173,16 @@ def show(ref: str, as_json: bool, no_cache: bool) -> None:
             under = rel.rsplit("/", 1)[0]
             commit = last_commits(repo.root, [rel], under).get(rel)
         facts["commit"] = {"sha": commit.sha, "date": commit.date} if commit else None
+    if with_mlflow:
+        from pipelines.register import mlflow_versions
+
+        numbers = mlflow_versions(repo.root, models=[found.model.name])
+        if found.version is None:
+            facts["mlflow_versions"] = {
+                v: numbers.get((found.model.name, v)) for v in facts["versions"]
+            }
+        else:
+            facts["mlflow_version"] = numbers.get((found.model.name, found.version.version))
     if as_json:
         emit_json(facts)
     else:

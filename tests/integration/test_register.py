@@ -401,3 +401,18 @@ def test_a_deprecation_is_mirrored_as_a_tag_and_its_removal_too(
     git(released, "commit", "-qam", "1.1.0 is fine after all")
     assert cli("register", cwd=released).code == 0
     assert "modelreg.deprecated" not in _versions(client)["1.1.0"].tags
+
+
+def test_show_names_the_mlflow_version_of_a_version_and_of_a_model(released: Path, cli) -> None:
+    import json
+
+    before = json.loads(cli("show", "mlp:1.1.0", "--mlflow", "--json", cwd=released).out)
+    assert before["mlflow_version"] is None  # not registered yet (and nothing created)
+    assert not (released / ".modelreg/mlflow.db").exists()
+    assert cli("register", cwd=released).code == 0
+    one = json.loads(cli("show", "mlp@canary", "--mlflow", "--json", cwd=released).out)
+    assert (one["version"], one["mlflow_version"]) == ("1.1.0", "2")
+    model = json.loads(cli("show", "mlp", "--mlflow", "--json", cwd=released).out)
+    assert model["mlflow_versions"] == {"1.0.0": "1", "1.1.0": "2"}
+    text = cli("show", "mlp:1.0.0", "--mlflow", cwd=released)
+    assert "mlflow_version: 1\n" in text.out

@@ -100,11 +100,20 @@ def test_promote_accepts_a_version_that_served_the_channel_before(fleet: Path, c
 def test_ci_pr_accepts_a_rollback_and_says_so_in_its_comment(
     fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    base = git(fleet, "rev-parse", "HEAD").strip()
     git(fleet, "checkout", "-qb", "rollback")
     _ok(cli, fleet, "rollback", "mlp", "-c", "production")
     git(fleet, "commit", "-qm", "production back to 1.1.0")
-    github_env(tmp_path, monkeypatch, base, "main")
+    github_env(tmp_path, monkeypatch, "main", "main")
+    # nothing released on the base: 1.1.0's files may have changed since it served
+    unreleased = cli("ci", "pr", cwd=fleet)
+    assert unreleased.code == 1
+    assert "version 1.1.0 must be promoted to 'canary' before 'production'" in unreleased.err
+    git(fleet, "checkout", "-q", "main")
+    _ok(cli, fleet, "publish")
+    git(fleet, "add", "trust")
+    git(fleet, "commit", "-qm", "release [skip ci]")
+    git(fleet, "checkout", "-q", "rollback")
+    git(fleet, "rebase", "-q", "main")
     r = cli("ci", "pr", cwd=fleet)
     assert r.code == 0, r.err
     comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
