@@ -62,10 +62,6 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
 
     Read from the git history of the model's manifests and the trust metadata on the
     current branch (first parent: a merged pull request is one entry with its number).
-
-    \b
-    Example:
-      modelreg history mlp --channel production
     """
     from registry.gitinfo import toplevel
     from registry.history import ModelLog, Release, model_history
@@ -136,12 +132,6 @@ def show(ref: str, as_json: bool, no_cache: bool, with_mlflow: bool) -> None:
     parent, artifact and its digests, signature, metrics, goldens, targets, the
     channels that serve it, whether it is released (signed and published, by which CI
     run) and the commit that last changed its manifest.
-
-    \b
-    Examples:
-      modelreg show mlp
-      modelreg show mlp:1.1.0 --json
-      modelreg show mlp@production --mlflow
     """
     from registry.gitinfo import last_commits, toplevel
     from registry.inspect import model_facts, resolve, version_facts
@@ -231,10 +221,6 @@ def _text(key: str, value: Any) -> str:
 @_NO_CACHE
 def list_(as_json: bool, no_cache: bool) -> None:
     """List the models with their versions and channels.
-
-    \b
-    Example:
-      modelreg list --json
     """
     from registry.inspect import list_models
 

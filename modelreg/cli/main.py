@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import click
 
 from modelreg import __version__
+from modelreg.cli._examples import apply_examples
 from modelreg.cli._output import emit_json, error_lines, error_text, problem_json
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 
@@ -77,6 +78,8 @@ def _register() -> None:
     cli.add_command(inspect_cmds.history)
     cli.add_command(inspect_cmds.show)
     cli.add_command(inspect_cmds.list_)
+    # last: the examples of every command registered above (one table, _examples.py)
+    apply_examples(cli)
 
 
 _register()
