@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint format bench examples clean
+.PHONY: install demo test lint format bench examples lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ $(TOOLS): tests/tools/package.json tests/tools/package-lock.json
 
 test: $(STAMP) $(TOOLS)
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# The hash locks the workflows install modelreg's dependencies from (.github/ and the
+# templates `modelreg init` copies); run on Linux x86_64 with CPython 3.11, as CI.
+lock: $(STAMP)
+	$(BIN)/python scripts/lock_workflow_requirements.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

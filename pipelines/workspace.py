@@ -163,19 +163,24 @@ WORKFLOWS: Final = ("pr.yml", "review.yml", "release.yml", "freshness.yml")
 
 def write_workflows(root: Path) -> list[Path]:
     """Write the GitHub workflows (``ci pr`` and its review re-check, ``ci release``,
-    freshness) unless present.
+    freshness) and the hash locks they install modelreg's dependencies from, unless
+    present.
 
-    Returns the workflows that are modelreg's own (written now, or left by an init that
-    stopped half-way), for staging; a repository's own workflow file is left alone.
+    Returns the files that are modelreg's own (written now, or left by an init that
+    stopped half-way), for staging; a repository's own file of that name is left alone.
     """
     from importlib.resources import files
 
+    from pipelines.requirements_lock import LOCK_FILES
+
     folder = root / ".github" / "workflows"
     folder.mkdir(parents=True, exist_ok=True)
+    templates = files("pipelines").joinpath("templates")
+    shipped = [(folder / n, templates.joinpath("workflows", n)) for n in WORKFLOWS]
+    shipped += [(root / f, templates.joinpath(Path(f).name)) for f in LOCK_FILES]
     written = []
-    for name in WORKFLOWS:
-        target = folder / name
-        text = files("pipelines").joinpath("templates", "workflows", name).read_text("utf-8")
+    for target, template in shipped:
+        text = template.read_text("utf-8")
         if target.exists():
             if target.read_text(encoding="utf-8") == text:
                 written.append(target)  # ours, from an init that stopped half-way

@@ -220,8 +220,7 @@ def _text(key: str, value: Any) -> str:
 @_JSON
 @_NO_CACHE
 def list_(as_json: bool, no_cache: bool) -> None:
-    """List the models with their versions and channels.
-    """
+    """List the models with their versions and channels."""
     from registry.inspect import list_models
 
     repo = _load(no_cache)

@@ -42,12 +42,55 @@ def test_workflows_pass_actionlint(tmp_path: Path) -> None:
     assert any("nope" in str(f["message"]) for f in actionlint(broken))
 
 
-def test_repository_uses_the_templates() -> None:
-    from pipelines.workspace import WORKFLOWS
+def test_repository_uses_the_templates(tmp_path: Path) -> None:
+    from pipelines.requirements_lock import LOCK_FILES
+    from pipelines.workspace import WORKFLOWS, write_workflows
 
     assert {p.name for p in TEMPLATES.glob("*.yml")} == set(NAMES) == set(WORKFLOWS)
     for name in NAMES:
         assert (OURS / name).read_text() == (TEMPLATES / name).read_text(), name
+    for lock in LOCK_FILES:  # the locks the workflows install from, as init writes them
+        shipped = (TEMPLATES.parent / Path(lock).name).read_text()
+        assert (REPO_ROOT / lock).read_text() == shipped, lock
+    written = write_workflows(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in written} == {
+        *(f".github/workflows/{n}" for n in NAMES),
+        *LOCK_FILES,
+    }
+    for lock in LOCK_FILES:
+        assert (tmp_path / lock).read_text() == (REPO_ROOT / lock).read_text(), lock
+
+
+def _install_step(name: str) -> tuple[int, list[dict[str, object]]]:
+    steps = yaml.safe_load((TEMPLATES / name).read_text())["jobs"]
+    steps = next(job["steps"] for job in steps.values() if "Install modelreg" in str(job))
+    return next(i for i, s in enumerate(steps) if s.get("name") == "Install modelreg"), steps
+
+
+@pytest.mark.parametrize("name", ["pr.yml", "release.yml", "freshness.yml"])
+def test_modelreg_is_installed_pinned(name: str) -> None:
+    """Like the actions (by commit): every dependency by the SHA-256 of its file in the
+    locks, modelreg by its exact version (a lock inside modelreg's wheel cannot hold the
+    wheel's own hash), nothing else from the index and nothing resolved by pip."""
+    from modelreg import __version__
+    from pipelines.requirements_lock import BUILD_LOCK_FILE, LOCK_FILE
+
+    at, steps = _install_step(name)
+    folder = ".modelreg-base/" if name == "pr.yml" else ""
+    assert [shlex.split(line) for line in str(steps[at]["run"]).splitlines()[:4]] == [
+        ["python", "-m", "pip", "install", "--require-hashes", "--no-deps",
+         "-r", folder + BUILD_LOCK_FILE],
+        ["python", "-m", "pip", "install", "--require-hashes", "--no-deps",
+         "--no-build-isolation", "-r", folder + LOCK_FILE],
+        ["python", "-m", "pip", "install", "--no-deps", "--only-binary=:all:",
+         f"modelreg=={__version__}"],
+        ["python", "-m", "pip", "check"],  # the locks hold all modelreg needs
+    ]  # fmt: skip
+    text = (TEMPLATES / name).read_text()
+    assert text.count("pip install") == 3, name  # no other install anywhere
+    if name != "pr.yml":
+        setup = next(s for s in steps if "setup-python" in str(s.get("uses")))
+        assert setup["with"]["cache-dependency-path"] == LOCK_FILE  # type: ignore[index]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -124,19 +167,30 @@ def test_a_pull_request_cannot_change_what_judges_it() -> None:
     assert set(target["paths"]) - {".github/workflows/**"} <= set(release[True]["push"]["paths"])
     steps = pr["jobs"]["check"]["steps"]
     uses = [s["uses"].split("@")[0] for s in steps if "uses" in s]
-    assert uses == ["actions/setup-python", "actions/checkout"]  # no local or other action
-    checkout_at = next(i for i, s in enumerate(steps) if "actions/checkout" in s.get("uses", ""))
+    # no local or other action: Python, the base branch's locks, the pull request
+    assert uses == ["actions/setup-python", "actions/checkout", "actions/checkout"]
+    locks_at, checkout_at = (i for i, s in enumerate(steps) if "checkout" in s.get("uses", ""))
     checkout = steps[checkout_at]["with"]
     assert checkout == {
         "ref": "${{ github.event.pull_request.head.sha }}",
         "fetch-depth": 0,  # the base commit's policy and config are read from history
         "persist-credentials": False,  # no token in .git/config for the data to reach
     }
-    # modelreg comes from the package index, installed before any file of the pull
-    # request is on disk (`python -m` would import a `pip` package from the checkout)
-    install = next(i for i, s in enumerate(steps) if "pip install" in s.get("run", ""))
-    assert install < checkout_at
-    assert shlex.split(steps[install]["run"]) == ["python", "-m", "pip", "install", "modelreg[ci]"]
+    # The locks come from the commit this workflow comes from (no ref: on
+    # pull_request_target, the base branch), those two files only, in a folder of
+    # their own that the install step removes.
+    assert steps[locks_at]["with"] == {
+        "sparse-checkout": ".github/modelreg-build-requirements.txt\n"
+                           ".github/modelreg-requirements.txt\n",
+        "sparse-checkout-cone-mode": False,
+        "path": ".modelreg-base",
+        "persist-credentials": False,
+    }  # fmt: skip
+    # modelreg comes from the package index, pinned, installed before any file of the
+    # pull request is on disk (`python -m` would import a `pip` package from the checkout)
+    install, _ = _install_step("pr.yml")
+    assert locks_at < install < checkout_at
+    assert steps[install]["run"].splitlines()[-1] == "rm -rf .modelreg-base"
     # no step runs a file of the checkout: only modelreg and gh, by name, after it
     for step in steps[checkout_at + 1 :]:
         argv = shlex.split(step["run"].split("||")[0])
@@ -215,8 +269,10 @@ def test_workflows_run_on_fresh_checkouts(
     secrets."""
     dev = tmp_path / "dev"
     assert cli("init", str(dev), "--remote", str(tmp_path / "dvc-remote"), cwd=tmp_path).code == 0
-    for name in NAMES:  # init writes the workflows this test runs
+    for name in NAMES:  # init writes the workflows this test runs, and their locks
         assert (dev / ".github/workflows" / name).read_text() == (TEMPLATES / name).read_text()
+    for lock in (".github/modelreg-build-requirements.txt", ".github/modelreg-requirements.txt"):
+        assert (dev / lock).read_text() == (REPO_ROOT / lock).read_text()
     assert cli("model", "add", "mlp", "--channel-order", "canary,production", cwd=dev).code == 0
     r = cli("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
             "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"), cwd=dev)  # fmt: skip
@@ -278,8 +334,8 @@ def test_workflows_run_on_fresh_checkouts(
     # the whole history and puts the pull request's head commit in the work tree
     head = git(dev, "rev-parse", "HEAD").strip()
     pr = _job(origin, tmp_path, "pr", "main")
-    checkout = next(s for s in yaml.safe_load((TEMPLATES / "pr.yml").read_text())["jobs"]
-                    ["check"]["steps"] if "actions/checkout" in s.get("uses", ""))  # fmt: skip
+    checkout = [s for s in yaml.safe_load((TEMPLATES / "pr.yml").read_text())["jobs"]
+                ["check"]["steps"] if "actions/checkout" in s.get("uses", "")][-1]  # fmt: skip
     assert checkout["with"]["ref"] == "${{ github.event.pull_request.head.sha }}"
     git(pr, "checkout", "-q", "--detach", head)
     event = tmp_path / "event.json"
