@@ -44,6 +44,13 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         ),
         "modelreg version add mlp 1.1.0 --artifact ft.onnx --target jetson=tensorrt:fp16",
     ),
+    "version deprecate": (
+        'modelreg version deprecate mlp 1.1.0 --reason "drifts on night images"',
+    ),
+    "rollback": (
+        "modelreg rollback mlp --channel production   # to what it served before",
+        "modelreg rollback mlp -c canary --to 1.0.0 --json",
+    ),
     "promote": (
         "modelreg promote mlp 1.0.0 --channel canary --percent 10",
         "modelreg promote mlp 1.0.0 -c production   # all devices of the channel",
