@@ -38,7 +38,7 @@ def tour() -> str:
 def test_the_tour_is_a_tour() -> None:
     """What the run below relies on: the block is there and covers the main commands."""
     text = tour()
-    for command in ("init", "model add", "version add", "promote", "validate", "ci pr",
+    for command in ("init", "model add", "version add", "promote", "rollback", "validate", "ci pr",
                     "ci release", "register --check", "verify", "keys rotate"):  # fmt: skip
         assert f"modelreg {command}" in text, command
 
