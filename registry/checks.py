@@ -14,7 +14,7 @@ import semver
 from registry.dvcfile import check_pointer
 from registry.errors import Problem, UnsafeFileError, quote
 from registry.loader import format_loc
-from registry.repository import MODEL_FILE, ModelEntry, Repository, VersionEntry, parse_version
+from registry.repository import ModelEntry, Repository, VersionEntry, parse_version
 from registry.safe_io import check_regular
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc, YamlDocument
@@ -363,8 +363,9 @@ def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Pr
         return problems
     selected = [p.resolve() for p in paths]
     # A manifest is valid only with what it depends on: its model's model.yaml, and its
-    # parent or the versions the channels name.  Those are reported too when they are
-    # broken (a version file that does not load may be any of them).
+    # parent or the versions the channels name.  Those are reported too when they do
+    # not load (a broken version file may be any of them); their cross-reference
+    # problems stay theirs.
     folder = (repo.root / repo.config.manifests).resolve()
     models = {
         s.relative_to(folder).parts[0] for s in selected if s != folder and s.is_relative_to(folder)
@@ -377,9 +378,6 @@ def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Pr
             return True
         if not where.is_relative_to(folder) or where == folder:
             return False
-        parts = where.relative_to(folder).parts
-        if parts[0] not in models:
-            return False
-        return parts[1:] == (MODEL_FILE,) or id(problem) in broken
+        return where.relative_to(folder).parts[0] in models and id(problem) in broken
 
     return [p for p in problems if wanted(p)]
