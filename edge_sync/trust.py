@@ -67,6 +67,7 @@ from signing.errors import (
     TrustFetchError,
     VerificationError,
 )
+from signing.target_names import deprecation_path
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, TargetKind
 from signing.tuf_roles import HASH_ALGORITHM, METADATA_DIR, ONLINE_ROLES, TARGETS_DIR, stored_name
 
@@ -75,6 +76,9 @@ if TYPE_CHECKING:
 
 TRUST_DIR: Final = "trust"
 ANCHOR_FILE: Final = "anchor.root.json"
+
+_DEPRECATION_MAX_BYTES: Final = 4096
+"""A deprecation file holds one reason (at most 500 characters, UTF-8)."""
 
 
 @dataclass(frozen=True)
@@ -348,6 +352,32 @@ class DeviceTrust:
                 f"sequence {doc.sequence}, signed as {target.facts.sequence}", CHANNELS_PATH
             )
         return doc
+
+    def deprecation(self, model: str, version: str) -> str | None:
+        """Why ``version`` of ``model`` is deprecated, from its signed deprecation file
+        (``signing.target_names.deprecation_path``); None when none is signed.
+
+        Raises:
+            TargetMismatchError: the file is signed as another model, version or kind.
+            VerificationError: it is larger than a reason may be, or not UTF-8.
+            DigestMismatchError, TrustFetchError, SigningError: as :meth:`fetch`.
+        """
+        path = deprecation_path(model, version)
+        with _translated(path):
+            listed = self._refreshed().get_targetinfo(path)
+        if listed is None:
+            return None
+        if listed.length > _DEPRECATION_MAX_BYTES:
+            raise VerificationError(
+                f"{listed.length} bytes, over the {_DEPRECATION_MAX_BYTES} a reason may be", path
+            )
+        data = self.fetch(
+            path, self._dir / "deprecated", model=model, version=version, kind="deprecation"
+        ).read_bytes()
+        try:
+            return " ".join(data.decode("utf-8").split()) or "no reason given"
+        except UnicodeDecodeError:
+            raise VerificationError("the reason is not UTF-8", path) from None
 
     def trusted(self) -> dict[str, RoleState]:
         """Version and expiry of each role the device trusts now (empty roles omitted).

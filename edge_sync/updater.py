@@ -506,11 +506,6 @@ class Updater:
         version = entry.version
         if not in_cohort(self.config.device.id, name, version, entry.percent):
             return None, model
-        why = channels.deprecation(name, version)
-        if why is not None:
-            # CI never assigns a deprecated version (validation refuses it), so this
-            # is a signing mistake or a compromise: never install it, keep serving.
-            return self._refuse_deprecated(model, version, why)
         if (
             model.serving is not None
             and model.serving.version == version
@@ -523,6 +518,11 @@ class Updater:
         signed_key = ""
         try:
             with stages("plan"):
+                why = trust.deprecation(name, version)
+                if why is not None:
+                    # CI never assigns a deprecated version (validation refuses it): a
+                    # signing mistake or a compromise.  Never install it, keep serving.
+                    return self._refuse_deprecated(model, version, why)
                 art = trust.target_info(artifact_path(name, version))
                 # the facts signed with it, before any way to its bytes (a held blob too)
                 expect_facts(art, model=name, version=version, kind="artifact")
@@ -593,7 +593,7 @@ class Updater:
         signed = hashlib.sha256(f"deprecated:{why}".encode()).hexdigest()
         if any(r.version == version and r.signed == signed for r in model.rejected):
             return None, model  # said once: not again at every poll
-        reason = reason_text(f"version {version} is deprecated in the signed channels ({why})")
+        reason = reason_text(f"version {version} is deprecated ({why}); not installed")
         refused = Rejected(version=version, sha256="", signed=signed, reason=reason, at=now_iso())
         rejected = [*model.rejected, refused][-32:]
         record = UpdateRecord(result="rejected", version=version, reason=reason, finished=now_iso())

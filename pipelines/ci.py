@@ -37,6 +37,7 @@ from registry.checks import validate_paths
 from registry.config import CONFIG_FILE, RepoConfig, find_root
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
+from registry.history import channel_history
 from registry.loader import load_manifest
 from registry.policy import ChannelMove, channel_move, promotion_violations
 from registry.redact import redact
@@ -212,27 +213,21 @@ class _Promotion:
 def _served_on_base(
     repo: Repository, pr: PullRequest, base_config: RepoConfig, name: str
 ) -> dict[str, frozenset[str]]:
-    """Channel -> every version it served on the base's first-parent history.
+    """Channel -> every version it served in a release on the base's first-parent history.
 
     Read from the base, never from the pull request: a rollback may skip the
-    promotion order only to a version that really served the channel (or a later one),
-    and that the base's signed metadata lists as released, so its files are the ones
-    that served (an unreleased version's files may still have changed since).
+    promotion order only to a version that really served the channel (or a later one)
+    in a release, and that the base's signed metadata still lists as released.
     """
     from pipelines.ci_base import trust_at
-    from registry.gitinfo import toplevel
-    from registry.history import channel_history
+    from registry.promote import git_path
     from signing.target_names import artifact_path
 
-    top = toplevel(repo.root)
-    if top is None:
+    model_file = git_path(repo, f"{base_config.manifests}/{name}/model.yaml")
+    metadata = git_path(repo, base_config.trust.metadata)
+    if model_file is None or metadata is None:
         return {}
-    path = (repo.root / base_config.manifests / name / "model.yaml").resolve()
-    try:
-        rel = path.relative_to(top.resolve()).as_posix()
-    except ValueError:
-        return {}
-    served = channel_history(top, rel, pr.base).served()
+    served = channel_history(repo.root, model_file, pr.base, released=metadata).served()
     with trust_at(repo.root, pr.base, base_config) as trust:
         if trust is None:
             return {}
@@ -240,6 +235,69 @@ def _served_on_base(
             channel: frozenset(v for v in versions if trust.published(artifact_path(name, v)))
             for channel, versions in served.items()
         }
+
+
+@dataclass(frozen=True)
+class _Deprecation:
+    """A version's deprecation that a pull request adds, rewords or removes."""
+
+    model: str
+    version: str
+    before: str | None
+    after: str | None
+
+    def text(self) -> str:
+        if self.after is None:
+            return f"{self.model} {self.version} no longer deprecated (was: {self.before})"
+        return f"{self.model} {self.version} deprecated ({self.after})"
+
+
+def _deprecations(
+    repo: Repository, pr: PullRequest, base_config: RepoConfig, on_base: _BaseModels
+) -> tuple[list[_Deprecation], list[_Promotion]]:
+    """Deprecations the pull request changes, and the approvals an un-deprecation needs.
+
+    Deprecating only takes a version out of service: no approval.  Taking the mark
+    away lets the version be promoted again, so it needs the approvals of the model's
+    base policy (at least one when the base has none), and the comment says so.  A
+    released deprecation cannot be removed at all (``released_deprecations``).
+    """
+    from pipelines.ci_base import show
+    from registry.schema import ModelVersion
+
+    changed = git(
+        repo.root, "diff", "--name-only", "-z", "--relative", pr.base, "--",
+        repo.config.manifests, base_config.manifests,
+    ).stdout  # fmt: skip
+    paths = set(filter(None, changed.split("\x00")))
+    found: list[_Deprecation] = []
+    promotions: list[_Promotion] = []
+    for entry in repo.all_versions():
+        rel = f"{base_config.manifests}/{entry.name}/versions/{entry.version}.yaml"
+        if rel not in paths and repo.display(entry.path) not in paths:
+            continue
+        data = show(repo.root, pr.base, rel)
+        before = None
+        if data is not None:
+            try:
+                old = load_manifest(parse_yaml(data, f"{pr.base[:12]}:{rel}"))
+            except ManifestError:
+                old = None
+            if isinstance(old, ModelVersion) and old.spec.deprecated is not None:
+                before = old.spec.deprecated.reason
+        now = entry.manifest.spec.deprecated
+        after = now.reason if now is not None else None
+        if before == after:
+            continue
+        found.append(_Deprecation(entry.name, entry.version, before, after))
+        if after is None:
+            policy = on_base.models.get(entry.name)
+            needed = max(policy.spec.promotion.approvals if policy else on_base.strictest, 1)
+            line, col = entry.doc.position(("spec",))
+            where = Problem(entry.file, "", line, col, "spec.deprecated")
+            subject = f"taking the deprecation of {entry.name!r} {entry.version} away"
+            promotions.append(_Promotion(subject, needed, where, "this change"))
+    return found, promotions
 
 
 def _promotions(
@@ -308,6 +366,7 @@ def _promotions(
                     channel,
                     served=served,
                     deprecated=deprecated,
+                    previous=old,
                 )
             )
         if set(before) - set(head.spec.channels):  # a channel removed
@@ -421,7 +480,7 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
     metadata (a key rotation), the new metadata must verify and follow the base's.
     """
     from pipelines.ci_base import trust_at
-    from pipelines.publish import released_changes
+    from pipelines.publish import released_changes, released_deprecations
     from signing.workspace import trust_paths
 
     head_paths = trust_paths(repo.root, repo.config)
@@ -443,7 +502,7 @@ def _trust_problems(repo: Repository, pr: PullRequest, base_config: RepoConfig) 
                 problems.append(Problem(where, str(e).removeprefix(f"{where}: ")))
     with trust_at(repo.root, pr.base, base_config) as base:
         if base is not None:
-            problems += released_changes(repo, base)
+            problems += released_changes(repo, base) + released_deprecations(repo, base)
             problems += _released_spec_changes(repo, pr.base, base_config, base)
             problems += _released_removed(repo, base)
             if head_rel != base_config.trust.metadata:
@@ -629,7 +688,7 @@ def _ci_pr(
         ValueError: no base ref to compare against.
         ToolError: git or DVC fails.
     """
-    from pipelines.ci_base import change_problems, config_at, dvc_config_changed, pr_changes
+    from pipelines.ci_base import change_problems, dvc_config_changed, pr_changes
 
     env = os.environ if env is None else env
     # No parse cache (see ci_pr): .modelreg/ in a pull request's checkout is its own.
@@ -653,16 +712,15 @@ def _ci_pr(
             )
         )
     dvc_changed = dvc_config_changed(changes)
-    waiting: list[Problem] = []
-    moves: list[ChannelMove] = []
-    approvals = "not checked (invalid manifests)"
+    judged = _Judged([], "not checked (invalid manifests)")
     if not problems:
-        base_config = config_at(repo.root, pr.base) or repo.config
-        on_base = _base_models(repo.root, base_config, pr.base)
-        problems, promotions, moves = _promotions(repo, pr, on_base, base_config)
-        promotions += _config_changes(repo, pr, base_config, on_base, dvc_changed)
-        problems += _trust_problems(repo, pr, base_config)
-        waiting, approvals = approval_problems(promotions, pr, env)
+        problems, judged = _judge(repo, pr, dvc_changed, env)
+    waiting, approvals, moves, deprecations = (
+        judged.waiting,
+        judged.approvals,
+        judged.moves,
+        judged.deprecations,
+    )
     built_versions = changed_versions(repo, pr.base) if not problems else set()
     if dvc_changed and built_versions:
         problems.append(
@@ -675,7 +733,7 @@ def _ci_pr(
     report.problems.extend(str(p) for p in sorted(problems + waiting, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
-    checks += _channel_lines(report, moves)
+    checks += _channel_lines(report, moves, deprecations)
     if dvc_changed and not problems:
         checks.append("- build: skipped (DVC's configuration changes; no version changes)")
     elif not problems:  # built and diffed while approvals are awaited: reviewers need the diff
@@ -701,10 +759,42 @@ def _ci_pr(
     return report
 
 
-def _channel_lines(report: CiReport, moves: list[ChannelMove]) -> list[str]:
-    """What the pull request does to channels: one comment line each, and the JSON."""
+@dataclass
+class _Judged:
+    """What the base's policies say of a pull request whose manifests are valid."""
+
+    waiting: list[Problem]
+    approvals: str
+    moves: list[ChannelMove] = field(default_factory=list)
+    deprecations: list[_Deprecation] = field(default_factory=list)
+
+
+def _judge(
+    repo: Repository, pr: PullRequest, dvc_changed: list[str], env: Mapping[str, str]
+) -> tuple[list[Problem], _Judged]:
+    """Policy, trust and approvals, each as the base commit has them."""
+    from pipelines.ci_base import config_at
+
+    base_config = config_at(repo.root, pr.base) or repo.config
+    on_base = _base_models(repo.root, base_config, pr.base)
+    problems, promotions, moves = _promotions(repo, pr, on_base, base_config)
+    deprecations, undone = _deprecations(repo, pr, base_config, on_base)
+    promotions += undone + _config_changes(repo, pr, base_config, on_base, dvc_changed)
+    problems += _trust_problems(repo, pr, base_config)
+    waiting, approvals = approval_problems(promotions, pr, env)
+    return problems, _Judged(waiting, approvals, moves, deprecations)
+
+
+def _channel_lines(
+    report: CiReport, moves: list[ChannelMove], deprecations: list[_Deprecation]
+) -> list[str]:
+    """What the pull request does to channels and deprecations: a comment line each,
+    and the JSON."""
     report.data["channels"] = [asdict(move) for move in moves]
-    return [f"- {move.kind}: {md_code(move.text())}" for move in moves]
+    report.data["deprecations"] = [asdict(d) for d in deprecations]
+    return [f"- {move.kind}: {md_code(move.text())}" for move in moves] + [
+        f"- deprecation: {md_code(d.text())}" for d in deprecations
+    ]
 
 
 def _check_history(repo: Repository) -> None:

@@ -17,6 +17,7 @@ artifact remote.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -47,7 +48,13 @@ from signing import target_names
 from signing.errors import FileSetError
 from signing.keys import private_key_from_env
 from signing.oms import ModelFacts, sign_model
-from signing.target_names import artifact_path, bundle_path, delta_path, engine_path
+from signing.target_names import (
+    artifact_path,
+    bundle_path,
+    delta_path,
+    deprecation_path,
+    engine_path,
+)
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import TARGETS_DIR, stored_name
@@ -245,6 +252,11 @@ def _stage_version(
             added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
     # Last: the description names the engines staged above.
     added.extend(stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx)))
+    deprecated = entry.manifest.spec.deprecated
+    gone = deprecation_path(entry.name, entry.version)
+    if deprecated is not None and trust.published(gone) is None:
+        trust.add_target(gone, deprecated.reason.encode(), _facts(entry, "deprecation", ctx))
+        added.append(gone)
     return added
 
 
@@ -264,6 +276,33 @@ def _pointer_md5(repo: Repository, entry: VersionEntry) -> str | None:
     return check.md5
 
 
+def released_deprecations(repo: Repository, trust: TrustRepo) -> list[Problem]:
+    """Versions whose signed deprecation the manifests remove or reword.
+
+    A released deprecation is a signed file devices act on (they never install the
+    version); like every released file it is immutable.  A version deprecated by
+    mistake is declared again under a new version number.
+    """
+    problems = []
+    for entry in repo.all_versions():
+        info = trust.published(deprecation_path(entry.name, entry.version))
+        if info is None:
+            continue
+        deprecated = entry.manifest.spec.deprecated
+        now = deprecated.reason.encode() if deprecated is not None else None
+        if now is not None and hashlib.sha256(now).hexdigest() == info.hashes.get("sha256"):
+            continue
+        line, col = entry.doc.position(("spec", "deprecated") if now else ("spec",))
+        what = "changed" if now is not None else "removed"
+        problems.append(Problem(
+            entry.file,
+            f"version {entry.version} is released as deprecated (devices refuse it); the "
+            f"deprecation cannot be {what}: declare a new version to serve these weights",
+            line, col, "spec.deprecated",
+        ))  # fmt: skip
+    return problems
+
+
 def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
     """Released versions whose artifact no longer matches what was signed.
 
@@ -272,8 +311,6 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
     hashing); for releases signed before that fact existed, the workspace file's
     SHA-256 when it is present.
     """
-    import hashlib
-
     from registry.safe_io import open_regular
 
     problems = []
@@ -366,8 +403,6 @@ def _built_engine(folder: Path, name: str, engine: EngineResult) -> bytes:
         ArtifactError: the file is a link or not a regular file, or its size or
             SHA-256 differs from what the build recorded.
     """
-    import hashlib
-
     from registry.safe_io import open_regular
 
     path = folder / name
@@ -483,7 +518,7 @@ def publish(
     signers = {role: signer(paths, role, env) for role in ONLINE}
     store = TargetStore(repo.root, repo.config.remote)
     trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
-    swapped = released_changes(repo, trust)
+    swapped = released_changes(repo, trust) + released_deprecations(repo, trust)
     if swapped:
         raise ManifestError(swapped)
     previous = store.load_channels(trust)
@@ -506,15 +541,7 @@ def publish(
         added.extend(
             _stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env, record=record)
         )
-    deprecated = {
-        name: {
-            v: e.manifest.spec.deprecated.reason
-            for v, e in versions.items()
-            if e.manifest.spec.deprecated is not None
-        }
-        for name, versions in repo.versions.items()
-    }
-    channels = next_channels(previous, desired, deprecated)
+    channels = next_channels(previous, desired)
     if channels is not previous:
         trust.set_channels(channels, previous)
         added.append("channels.json")

@@ -385,13 +385,15 @@ def _model_signature_edit(
     if change is not None:
         return None
     if update:
-        broken = [
-            f"{v.version} ({why})"
-            for v in repo.sorted_versions(model.name)
-            if v.manifest.spec.signature is not None
-            and v.manifest.spec.signature_change is None
-            and (why := _signature_problem(signature, v.manifest.spec.signature)) is not None
-        ]
+        broken = []
+        for other in repo.sorted_versions(model.name):
+            spec = other.manifest.spec
+            if spec.signature_change is not None:
+                continue  # serves its own signature whatever the model's
+            if spec.signature is None:  # takes the model's: the update would change it
+                broken.append(f"{other.version} (it declares no signature of its own)")
+            elif (why := _signature_problem(signature, spec.signature)) is not None:
+                broken.append(f"{other.version} ({why})")
         if not broken:
             return _with_signature(model, signature)
         raise ManifestError.single(

@@ -14,7 +14,14 @@ import semver
 from registry.dvcfile import check_pointer
 from registry.errors import Problem, UnsafeFileError, quote
 from registry.loader import format_loc
-from registry.repository import ModelEntry, Repository, VersionEntry, parse_version
+from registry.repository import (
+    MODEL_FILE,
+    VERSIONS_DIR,
+    ModelEntry,
+    Repository,
+    VersionEntry,
+    parse_version,
+)
 from registry.safe_io import check_regular
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc, YamlDocument
@@ -347,6 +354,31 @@ def check_repository(repo: Repository) -> list[Problem]:
     return problems
 
 
+def _depends_on(repo: Repository, selected: list[Path]) -> set[Path]:
+    """The manifests that the selected files or folders depend on (resolved paths)."""
+    folder = (repo.root / repo.config.manifests).resolve()
+    needed: set[Path] = set()
+    for path in selected:
+        if path == folder or not path.is_relative_to(folder):
+            continue
+        name, *rest = path.relative_to(folder).parts
+        model_dir = folder / name
+        needed.add(model_dir / MODEL_FILE)
+        versions = repo.versions.get(name, {})
+        if len(rest) == 2 and rest[0] == VERSIONS_DIR:  # a version: its parent chain
+            entry, seen = versions.get(Path(rest[1]).stem), set[str]()
+            while entry is not None and entry.manifest.spec.parent not in (None, *seen):
+                parent = str(entry.manifest.spec.parent)
+                seen.add(parent)
+                needed.add(model_dir / VERSIONS_DIR / f"{parent}.yaml")
+                entry = versions.get(parent)
+        elif rest in ([], [MODEL_FILE]):  # the model: the versions its channels serve
+            model = repo.models.get(name)
+            for assignment in model.manifest.spec.channels.values() if model else ():
+                needed.add(model_dir / VERSIONS_DIR / f"{assignment.version}.yaml")
+    return needed
+
+
 def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Problem]:
     """Load problems plus cross-reference problems, limited to ``paths`` when given.
 
@@ -362,22 +394,16 @@ def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Pr
     if not paths:
         return problems
     selected = [p.resolve() for p in paths]
-    # A manifest is valid only with what it depends on: its model's model.yaml, and its
-    # parent or the versions the channels name.  Those are reported too when they do
-    # not load (a broken version file may be any of them); their cross-reference
-    # problems stay theirs.
-    folder = (repo.root / repo.config.manifests).resolve()
-    models = {
-        s.relative_to(folder).parts[0] for s in selected if s != folder and s.is_relative_to(folder)
-    }
+    # A manifest is valid only with what it depends on: its model's model.yaml, its
+    # parent chain, the versions its channels name.  Those are reported too when they
+    # do not load; their cross-reference problems stay theirs.
+    needed = _depends_on(repo, selected)
     broken = {id(p) for p in repo.problems}
 
     def wanted(problem: Problem) -> bool:
         where = Path(problem.file).resolve()
         if any(where == s or s in where.parents for s in selected):
             return True
-        if not where.is_relative_to(folder) or where == folder:
-            return False
-        return where.relative_to(folder).parts[0] in models and id(problem) in broken
+        return where in needed and id(problem) in broken
 
     return [p for p in problems if wanted(p)]

@@ -47,7 +47,7 @@ def deprecate(start: Path, name: str, version: str, reason: str) -> DeprecateRes
         UsageError: the reason is empty or not one line of at most 500 characters.
         ToolError: git fails to stage the file.
     """
-    from registry.promote import declared_model, declared_versions
+    from registry.promote import declared_model, declared_versions, served_history
 
     text = " ".join(reason.split())
     if not text or len(text) > 500:
@@ -68,6 +68,20 @@ def deprecate(start: Path, name: str, version: str, reason: str) -> DeprecateRes
             f"version {version} of {name!r} still serves channel(s) {', '.join(serving)}; "
             f"point them at another version first ({moves})",
         )])  # fmt: skip
+    # A partial rollout leaves the devices outside its share on what the channel
+    # served before: deprecating that version would strand them on it.
+    history = served_history(repo, model)
+    for channel, assignment in sorted(model.manifest.spec.channels.items()):
+        if assignment.rollout is None or assignment.rollout.percent >= 100:
+            continue
+        served = [v for v in history.assignments.get(channel, ()) if v != assignment.version]
+        if served and served[-1] == version:
+            raise PolicyError([Problem(model.file, (
+                f"channel {channel!r} of {name!r} rolls {assignment.version} out to "
+                f"{assignment.rollout.percent:g}% of its devices; the others still run "
+                f"{version}: finish the rollout first (modelreg promote {name} "
+                f"{assignment.version} --channel {channel}) or roll it back"
+            ))])  # fmt: skip
     before = entry.manifest.spec.deprecated
     original = entry.path.read_text(encoding="utf-8")
     new = set_deprecated(original, entry.file, text)

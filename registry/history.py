@@ -384,23 +384,51 @@ def timeline(maps: Iterable[Mapping[str, Assignment]]) -> ChannelHistory:
 
 
 def channel_history(
-    root: Path, model_file: str, rev: str = "HEAD", *, current: bytes | None = None
+    root: Path, model_file: str, rev: str = "HEAD", *, released: str | None = None
 ) -> ChannelHistory:
-    """Every assignment of one model's channels on ``rev``'s first-parent history.
+    """What one model's channels served on ``rev``'s first-parent history.
+
+    With ``released`` (the git-relative trust metadata folder), only what was released
+    counts: the channels as ``model.yaml`` stood at each commit that added or changed
+    signed targets metadata (a release commits its metadata on top of what it
+    published).  A state that was committed and changed again before any release
+    (inside a fast-forward or rebase merge, say) never reached a device and was never
+    judged as a whole: it is not history a rollback may lean on.
 
     Args:
         root: the repository.
         model_file: git-relative path of the ``model.yaml``.
         rev: the commit whose history is read (``ci pr`` reads the base's).
-        current: the file as it is now (the work tree), read after the history.
+        released: the trust metadata folder, git-relative; None counts every commit.
 
     Raises:
         ToolError: git is missing or fails.
     """
-    commits = read_log(root, [model_file], rev)
-    specs = [f"{c.sha}:{model_file}" for c in reversed(commits)]
-    blobs = read_blobs(root, specs)
-    maps = [channel_map(blobs.get(spec), model_file) for spec in specs]
-    if current is not None:
-        maps.append(channel_map(current, model_file))
+    paths = [model_file] + ([released] if released else [])
+    commits = list(reversed(read_log(root, paths, rev)))
+    blobs = read_blobs(
+        root,
+        [
+            f"{c.sha}:{model_file}"
+            for c in commits
+            for st, p in c.changes
+            if p == model_file and st != "D"
+        ],
+    )
+    maps: list[dict[str, Assignment]] = []
+    state: dict[str, Assignment] = {}
+    prefix = f"{released.rstrip('/')}/" if released else None
+    for commit in commits:
+        release = False
+        for status, path in commit.changes:
+            if path == model_file:
+                state = (
+                    {} if status == "D" else channel_map(blobs.get(f"{commit.sha}:{path}"), path)
+                )
+                if prefix is None:
+                    maps.append(state)
+            elif prefix and path.startswith(prefix) and path.endswith("targets.json"):
+                release = release or status in "AM"
+        if release:
+            maps.append(state)
     return timeline(maps)

@@ -48,14 +48,17 @@ def promotion_violations(
     *,
     served: Mapping[str, Collection[str]] | None = None,
     deprecated: Mapping[str, str] | None = None,
+    previous: str | None = None,
 ) -> list[str]:
     """Why promoting ``version`` to ``channel`` breaks the model's policy (empty if it doesn't).
 
     Rules: the version must be declared and not deprecated; when
     ``spec.promotion.order`` is set, the channel must be listed there, and a version
     may enter a channel only if it already serves the channel just before it in the
-    order, or this channel or a later one, or served this channel or a later one
-    before (a rollback, see :func:`served_channels`).
+    order, or this channel or a later one, or, going back (below ``previous``, what
+    the channel serves now), served this channel or a later one before (a rollback,
+    see :func:`served_channels`).  Going forward always follows the order: a version
+    pulled back from a channel has to pass the channels before it again.
 
     Args:
         model: the RegisteredModel.
@@ -64,6 +67,7 @@ def promotion_violations(
         channel: target channel.
         served: channel -> versions it served before (empty: no history known).
         deprecated: deprecated version -> the reason.
+        previous: the version the channel serves now (None: a new channel).
 
     Returns:
         Human-readable reasons, one per violated rule.
@@ -90,7 +94,8 @@ def promotion_violations(
     serving = {c for c, a in model.spec.channels.items() if a.version == version}
     if serving & {order[index - 1], *order[index:]}:
         return reasons
-    if served_channels(order, channel, served or {}, version):
+    back = previous is not None and parse_version(version) < parse_version(previous)
+    if back and served_channels(order, channel, served or {}, version):
         return reasons
     before = order[index - 1]
     reasons.append(

@@ -10,11 +10,17 @@ from pathlib import Path
 from registry.atomic import write_atomic
 from registry.edit import set_channel
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
-from registry.gitinfo import stage, toplevel
-from registry.history import ChannelHistory, channel_history, channel_map, timeline
+from registry.gitinfo import git, stage
+from registry.history import ChannelHistory, channel_history
 from registry.loader import load_manifest
 from registry.policy import promotion_violations, served_channels, unknown_channel
-from registry.repository import ModelEntry, Repository, load_repository, parse_version
+from registry.repository import (
+    MODEL_FILE,
+    ModelEntry,
+    Repository,
+    load_repository,
+    parse_version,
+)
 from registry.yamlsrc import parse_yaml
 
 
@@ -74,17 +80,27 @@ def declared_versions(repo: Repository, model: ModelEntry) -> tuple[set[str], di
     return set(versions), deprecated
 
 
+def git_path(repo: Repository, rel: str) -> str | None:
+    """``rel`` (relative to the modelreg root) as a path from the git top level, built
+    as text (nothing in the work tree is resolved: a link there is not followed);
+    None outside a git work tree."""
+    proc = git(repo.root, "rev-parse", "--show-prefix", check=False)
+    if proc.returncode != 0:
+        return None
+    return f"{proc.stdout.strip()}{rel}"
+
+
 def served_history(repo: Repository, model: ModelEntry) -> ChannelHistory:
-    """What the model's channels served on HEAD's history and in the work tree now.
+    """What the model's channels served in the releases on HEAD's history.
 
     Raises:
         ToolError: git fails.
     """
-    top = toplevel(repo.root)
-    if top is None:
-        return timeline([channel_map(model.path.read_bytes(), model.file)])
-    rel = model.path.resolve().relative_to(top.resolve()).as_posix()
-    return channel_history(top, rel, current=model.path.read_bytes())
+    model_file = git_path(repo, f"{repo.config.manifests}/{model.name}/{MODEL_FILE}")
+    trust = git_path(repo, repo.config.trust.metadata)
+    if model_file is None or trust is None:
+        return ChannelHistory({})
+    return channel_history(repo.root, model_file, released=trust)
 
 
 def promote(
@@ -127,9 +143,11 @@ def promote(
     repo = load_repository(start, jobs=1)
     model = declared_model(repo, name)
     declared, deprecated = declared_versions(repo, model)
+    now = model.manifest.spec.channels.get(channel)
     reasons = promotion_violations(
         model.manifest, declared, version, channel,
         served=served_history(repo, model).served(), deprecated=deprecated,
+        previous=now.version if now is not None else None,
     )  # fmt: skip
     if version not in declared or version in deprecated:
         raise PolicyError([Problem(model.file, reasons[0])])
@@ -194,10 +212,10 @@ def rollback(start: Path, name: str, channel: str, to: str | None = None) -> Pro
         raise PolicyError([Problem(model.file, why)])
     now = current.version
     history = served_history(repo, model)
-    target = to if to is not None else _choose(history, channel, now, declared, deprecated)
+    target = to if to is not None else rollback_target(history, channel, now, declared, deprecated)
     if target is None:
         raise PolicyError([Problem(model.file, (
-            f"channel {channel!r} of {name!r} never served a version below {now} that "
+            f"no release of {name!r} served a version below {now} on {channel!r} that "
             "is still declared and not deprecated; name one with --to, or promote"
         ))])  # fmt: skip
     problem = rollback_problem(
@@ -208,14 +226,15 @@ def rollback(start: Path, name: str, channel: str, to: str | None = None) -> Pro
     return _write_channel(repo, model, channel, target, None)
 
 
-def _choose(
+def rollback_target(
     history: ChannelHistory, channel: str, now: str, declared: set[str], deprecated: dict[str, str]
 ) -> str | None:
-    while True:
-        found = history.before(channel, now)
-        if found is None or (found in declared and found not in deprecated):
-            return found
-        now = found
+    """The newest version the channel served below ``now`` that may serve again."""
+    bound = parse_version(now)
+    for version in reversed(history.assignments.get(channel, ())):
+        if parse_version(version) < bound and version in declared and version not in deprecated:
+            return version
+    return None
 
 
 def rollback_problem(
@@ -248,8 +267,8 @@ def rollback_problem(
     if order and not served_channels(order, channel, history.served(), to):
         seen = ", ".join(sorted(history.served().get(channel, ()), key=parse_version))
         return (
-            f"version {to} never served {channel!r} or a later channel of {name!r} "
-            f"({channel!r} served: {seen or 'nothing'}); a version that did not serve "
-            "it goes through the promotion order (modelreg promote)"
+            f"version {to} never served {channel!r} or a later channel of {name!r} in a "
+            f"release ({channel!r} served: {seen or 'nothing'}); a version that did not "
+            "serve it goes through the promotion order (modelreg promote)"
         )
     return None

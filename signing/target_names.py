@@ -16,6 +16,7 @@ kind                   path                                          written
 ``engine``             ``engines/<model>/<version>/<target>.<ext>``  once per target
 ``version``            ``versions/<model>/<version>.json``           once per version
 ``golden``             ``goldens/<model>/<version>/<case>.<side>.npz``  once per case
+``deprecation``        ``deprecated/<model>/<version>.txt``          once per version
 ``channels``           ``channels.json``                             every change
 =====================  ============================================  =================
 """
@@ -36,6 +37,7 @@ __all__ = [
     "artifact_path",
     "bundle_path",
     "delta_path",
+    "deprecation_path",
     "engine_file_name",
     "engine_path",
     "golden_path",
@@ -71,6 +73,16 @@ def artifact_path(model: str, version: str) -> str:
 def bundle_path(model: str, version: str) -> str:
     """The OpenSSF Model Signing bundle of a version."""
     return f"bundles/{_name(model, 'model')}/{_version(version)}.sigstore.json"
+
+
+def deprecation_path(model: str, version: str) -> str:
+    """A version's deprecation: its reason, signed; devices never install the version.
+
+    A file of its own (not a field of ``channels.json``) so that a daemon older than
+    deprecation, which reads the channels document strictly, keeps working; once
+    released it is immutable, like every per-version file.
+    """
+    return f"deprecated/{_name(model, 'model')}/{_version(version)}.txt"
 
 
 def delta_path(model: str, version: str, base: str) -> str:

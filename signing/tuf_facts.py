@@ -26,11 +26,12 @@ CUSTOM_KEY: Final = "modelreg"
 CHANNELS_PATH: Final = "channels.json"
 """Target path of the channels document."""
 
-TargetKind = Literal["artifact", "delta", "engine", "bundle", "channels", "version", "golden"]
+TargetKind = Literal[
+    "artifact", "delta", "engine", "bundle", "channels", "version", "golden", "deprecation"
+]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{7,64}$")]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-Reason = Annotated[str, StringConstraints(min_length=1, max_length=500)]
 Percent = Annotated[float, Field(ge=0, le=100)]
 
 
@@ -41,7 +42,8 @@ class TargetFacts(Strict):
         kind: what the file is: a full ONNX ``artifact``, a ``delta`` from ``base``,
             a prebuilt ``engine`` for ``target``, an OMS signature ``bundle``, the
             ``channels`` document, a version's device-facing description
-            (``version``, see ``signing.version_doc``) or a ``golden`` case's arrays.
+            (``version``, see ``signing.version_doc``), a ``golden`` case's arrays, or
+            a version's ``deprecation`` (its reason, UTF-8: devices never install it).
         model, version: the model version the file belongs to (all kinds but channels).
         git_commit, ci_run: where the release was built.
         parent: the version's declared parent.
@@ -113,24 +115,11 @@ class ChannelsDoc(Strict):
 
     sequence: Annotated[int, Field(ge=0)]
     models: dict[Name, dict[Name, ChannelEntry]] = Field(default_factory=dict)
-    deprecated: dict[Name, dict[SemVer, Reason]] = Field(default_factory=dict)
-    """model -> deprecated version -> why: a device never installs one of them."""
 
     def to_bytes(self) -> bytes:
-        """Canonical bytes (sorted keys): the same document always hashes the same.
-
-        ``deprecated`` is written only when it lists something, so a document signed
-        before the field existed keeps its bytes.
-        """
-        data = self.model_dump(mode="json")
-        if not data["deprecated"]:
-            del data["deprecated"]
-        text = json.dumps(data, sort_keys=True, indent=1)
+        """Canonical bytes (sorted keys): the same document always hashes the same."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1)
         return (text + "\n").encode()
-
-    def deprecation(self, model: str, version: str) -> str | None:
-        """Why ``version`` of ``model`` is deprecated (None when it is not)."""
-        return self.deprecated.get(model, {}).get(version)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ChannelsDoc:
@@ -145,10 +134,8 @@ class ChannelsDoc(Strict):
 def next_channels(
     previous: ChannelsDoc | None,
     desired: Mapping[str, Mapping[str, tuple[str, float | None]]],
-    deprecated: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ChannelsDoc:
-    """The channels document that serves ``desired`` (model -> channel -> (version, %))
-    and lists ``deprecated`` (model -> version -> reason).
+    """The channels document that serves ``desired`` (model -> channel -> (version, %)).
 
     Unchanged assignments keep their sequence; changed or new ones get the new
     document sequence.  Returns ``previous`` itself when nothing changed, so that
@@ -174,12 +161,9 @@ def next_channels(
                 models[model][channel] = ChannelEntry(
                     version=version, percent=percent, sequence=base + 1
                 )
-    gone = {m: dict(v) for m, v in (deprecated or {}).items() if v}
-    if previous is not None and previous.deprecated != gone:
-        changed = True
     if previous is not None and not changed:
         return previous
-    return ChannelsDoc.model_validate({"sequence": base + 1, "models": models, "deprecated": gone})
+    return ChannelsDoc.model_validate({"sequence": base + 1, "models": models})
 
 
 def check_channels_successor(previous: ChannelsDoc, new: ChannelsDoc) -> None:

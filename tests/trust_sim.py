@@ -13,7 +13,6 @@ around the production ``LocalFetcher`` and records what the device fetched.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -388,7 +387,7 @@ def write_fixtures(out: Path) -> dict[str, object]:
     doc = sim.channels_doc()
     assert doc is not None
     return {
-        "channels": json.loads(doc.to_bytes()),
+        "channels": doc.model_dump(mode="json"),
         "targets": {
             path: {
                 "sha256": info.hashes["sha256"],

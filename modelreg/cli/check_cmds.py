@@ -82,6 +82,7 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
                 "files": files,
                 "models": models,
                 "versions": versions,
+                "exit_code": 1 if problems else 0,
                 "problems": [problem_json(p) for p in problems],
                 # the shape every command's --json gives its errors (modelreg.cli.main)
                 "errors": [

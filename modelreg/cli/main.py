@@ -93,7 +93,8 @@ def _fail(
     lines: Iterable[str], code: int, show_tb: bool, problems: Iterable[Problem] | None = None
 ) -> NoReturn:
     """Print the error lines on stderr and exit; with ``--json`` also the errors as JSON
-    on stdout, ``{"ok": false, "errors": [{"file", "line", "col", "field", "message"}]}``
+    on stdout, ``{"ok": false, "exit_code": N, "errors": [{"file", "line", "col",
+    "field", "message"}]}``
     (a file, line and column only where the error has them)."""
     shown = list(lines)
     if show_tb:
@@ -103,7 +104,10 @@ def _fail(
         found = (
             list(problems)
             if problems is not None
-            else [Problem("", t.removeprefix("modelreg: ").removeprefix("error: ")) for t in shown]
+            else [
+                Problem("", " ".join(t.removeprefix("modelreg: ").removeprefix("error: ").split()))
+                for t in shown
+            ]
         )
         errors = [
             {k: v for k, v in problem_json(p).items() if k != "text"} | {"file": p.file or None}
@@ -148,14 +152,19 @@ def main(argv: list[str] | None = None) -> Any:
         shown = io.StringIO()
         e.show(file=shown)
         if _JSON_ERRORS:
-            _fail([f"modelreg: error: {e.format_message()}"], e.exit_code, show_tb=False)
+            message = " ".join(e.format_message().split())  # click's may hold tabs, newlines
+            _fail([f"modelreg: error: {message}"], e.exit_code, show_tb=False)
         error_text(shown.getvalue())
         sys.exit(e.exit_code)
     except ManifestError as e:
         _fail((str(p) for p in e.problems), 1, show_tb, e.problems)
     except RegistryError as e:
         lines = str(e).splitlines() or [""]
-        _fail([f"modelreg: {lines[0]}", *lines[1:]], 1, show_tb)
+        path = getattr(e, "path", None)  # errors about one file carry it (ArtifactError)
+        subject = None
+        if isinstance(path, str) and path and len(lines) == 1:
+            subject = [Problem(path, lines[0].removeprefix(f"{path}: "))]
+        _fail([f"modelreg: {lines[0]}", *lines[1:]], 1, show_tb, subject)
     except UsageError as e:
         # An argument the library cannot accept; any other ValueError is a bug (below).
         _fail([f"modelreg: error: {e}"], 2, show_tb)

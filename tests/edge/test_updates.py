@@ -229,9 +229,10 @@ def test_a_rollback_made_with_the_rollback_command_reaches_the_device(rig: EdgeR
 
 def test_a_deprecated_version_is_never_installed_even_when_assigned(rig: EdgeRig) -> None:
     """CI refuses to assign a deprecated version; a device refuses it on its own too
-    (here the holder of the online keys signs such a document)."""
+    (here the holder of the online keys signs such a release)."""
     from pipelines.publish import TargetStore
-    from signing.tuf_facts import next_channels
+    from signing.target_names import deprecation_path
+    from signing.tuf_facts import TargetFacts, next_channels
     from signing.tuf_repo import TrustRepo
     from signing.workspace import signer, trust_paths
 
@@ -243,17 +244,18 @@ def test_a_deprecated_version_is_never_installed_even_when_assigned(rig: EdgeRig
     store = TargetStore(rig.root, load_config(rig.root).remote)
     previous = store.load_channels(trust)
     assert previous is not None
-    doc = next_channels(
-        previous, {"mlp": {"canary": ("1.0.0", None)}}, {"mlp": {"1.0.0": "leaks PII"}}
+    trust.add_target(
+        deprecation_path("mlp", "1.0.0"),
+        b"leaks PII",
+        TargetFacts(kind="deprecation", model="mlp", version="1.0.0"),
     )
-    trust.set_channels(doc, previous)
+    trust.set_channels(next_channels(previous, {"mlp": {"canary": ("1.0.0", None)}}), previous)
     store.write(trust)
     trust.publish({role: signer(paths, role) for role in ("targets", "snapshot", "timestamp")})
     git(rig.root, "add", "-A")
     git(rig.root, "commit", "-qm", "assign a deprecated version")
     update = rig.sync().updates["mlp"]
     assert (update.result, update.version) == ("rejected", "1.0.0")
-    assert "version 1.0.0 is deprecated in the signed channels (leaks PII)" in (update.reason or "")
-    state = rig.state().models["mlp"]
-    assert state.serving.version == "1.1.0"
+    assert update.reason == "version 1.0.0 is deprecated (leaks PII); not installed"
+    assert rig.state().models["mlp"].serving.version == "1.1.0"
     assert "mlp" not in rig.sync().updates  # refused once, not again at every poll

@@ -246,6 +246,7 @@ def test_a_signature_change_is_declared_by_the_version_and_the_repo_stays_valid(
     assert model_file.read_text() == contract
     accepted = cli(*add, "--signature-change", "takes 32x32 images", cwd=repo)
     assert accepted.code == 0, accepted.err
+    assert "declared cnn 2.0.0" in accepted.out
     assert model_file.read_text() == contract  # the model's contract stays
     version = yaml.safe_load((repo / "manifests/cnn/versions/2.0.0.yaml").read_text())
     assert version["spec"]["signature_change"] == "takes 32x32 images"
@@ -266,6 +267,26 @@ def test_a_signature_change_is_declared_by_the_version_and_the_repo_stays_valid(
                "--signature-change", "nothing changes", cwd=repo)  # fmt: skip
     assert same.code == 1
     assert "matches model 'cnn': --signature-change is for a version" in same.err
+
+
+def test_update_model_signature_refuses_versions_that_take_the_models(
+    repo: Path, cli, example_models: Path
+) -> None:
+    assert cli("model", "add", "cnn", cwd=repo).code == 0
+    assert cli("version", "add", "cnn", "1.0.0", "--artifact",
+               str(example_models / "cnn/1.0.0.onnx"), cwd=repo).code == 0  # fmt: skip
+    path = repo / "manifests/cnn/versions/1.0.0.yaml"
+    text = path.read_text()
+    start = text.index("  signature:")
+    end = text.index("\n  ", text.index("outputs:", start) + 1)
+    while text[end + 3 : end + 4] in (" ", "-"):  # the rest of the signature block
+        end = text.index("\n", end + 1)
+    path.write_text(text[:start] + text[end + 1 :])
+    assert cli("validate", cwd=repo).code == 0  # 1.0.0 takes the model's signature
+    r = cli("version", "add", "cnn", "2.0.0", "--artifact", str(example_models / "cnn/2.0.0.onnx"),
+            "--update-model-signature", cwd=repo)  # fmt: skip
+    assert r.code == 1
+    assert "1.0.0 (it declares no signature of its own)" in r.err
 
 
 def test_update_model_signature_when_every_version_fits(

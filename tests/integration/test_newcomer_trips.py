@@ -48,8 +48,23 @@ def test_validate_path_reports_the_broken_manifests_it_depends_on(
     r = cli("validate", "manifests/mlp/versions/1.1.0.yaml", cwd=mlp_repo)
     assert r.code == 1
     assert r.err.startswith("manifests/mlp/versions/1.0.0.yaml:")
-    # another model's problems stay out of it
+    # 1.0.0 does not depend on its child 1.1.0: a broken child stays out of its report
     git(mlp_repo, "checkout", "--", "manifests/mlp/versions/1.0.0.yaml")
+    child = mlp_repo / "manifests/mlp/versions/1.1.0.yaml"
+    child.write_text(child.read_text() + "bogus: 1\n")
+    assert cli("validate", "manifests/mlp/versions/1.0.0.yaml", cwd=mlp_repo).code == 0
+    # the model depends on the versions its channels serve
+    git(mlp_repo, "checkout", "--", "manifests/mlp/versions/1.1.0.yaml")
+    assert cli("promote", "mlp", "1.0.0", "-c", "canary", cwd=mlp_repo).code == 0
+    served = mlp_repo / "manifests/mlp/versions/1.0.0.yaml"
+    served.write_text(served.read_text() + "bogus: 1\n")
+    child.write_text(child.read_text() + "bogus: 1\n")
+    r = cli("validate", "manifests/mlp/model.yaml", cwd=mlp_repo)
+    assert r.code == 1
+    assert r.err.startswith("manifests/mlp/versions/1.0.0.yaml:")
+    assert "1.1.0.yaml" not in r.err
+    git(mlp_repo, "checkout", "--", "manifests/mlp")
+    # another model's problems stay out of it
     assert cli("model", "add", "other", cwd=mlp_repo).code == 0
     other = mlp_repo / "manifests/other/model.yaml"
     other.write_text(other.read_text() + "bogus: 1\n")
@@ -67,16 +82,20 @@ def test_json_errors_have_one_shape_for_every_command(
         (("promote", "mlp", "1.1.0", "-c", "canary", "--json"), 1),  # a manifest problem
         (("show", "nope", "--json"), 1),  # a registry error
         (("promote", "mlp", "--json"), 2),  # a usage error
+        (("keys", "generate", "--json"), 2),  # click's multi-line text: one line here
         (("validate", "--json"), 1),
     ):
         r = cli(*args, cwd=mlp_repo)
         assert r.code == code, args
         out = json.loads(r.out)
         assert out["ok"] is False
+        assert out["exit_code"] == code
         assert out["errors"], args
         for error in out["errors"]:
             assert set(error) == keys, args
             assert error["message"]
+            assert "\n" not in error["message"]
+            assert "\t" not in error["message"]
     promote = json.loads(cli("promote", "mlp", "1.1.0", "-c", "canary", "--json", cwd=mlp_repo).out)
     (error,) = promote["errors"]
     assert error["file"] == "manifests/mlp/versions/1.1.0.yaml"

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from signing.tuf_facts import ChannelsDoc
 from tests.conftest import git
 from tests.integration.test_ci import add_version, github_env
 
@@ -22,20 +22,30 @@ def _ok(cli: Any, root: Path, *args: str) -> Any:
     return r
 
 
+def _release(cli: Any, root: Path) -> None:
+    """What ``ci release`` signs and commits (publish, then the metadata on top)."""
+    _ok(cli, root, "publish")
+    git(root, "add", "trust")
+    if subprocess.run(["git", "diff", "--cached", "--quiet"], cwd=root, check=False).returncode:
+        git(root, "commit", "-qm", "release [skip ci]")  # as ci release: only when it signed
+
+
 @pytest.fixture
 def fleet(tmp_path: Path, cli: Any, example_models: Path) -> Path:
-    """mlp: 1.0.0 served canary only; 1.1.0 then 2.0.0 went canary -> production."""
+    """mlp: 1.0.0 served canary only; 1.1.0 then 2.0.0 went canary -> production, each
+    step released (a rollback leans on what was released, not on any commit)."""
     root = tmp_path / "fleet"
     _ok(cli, tmp_path, "init", str(root))
     _ok(cli, root, "model", "add", "mlp", "--channel-order", "canary,production")
     for version in ("1.0.0", "1.1.0", "2.0.0"):
         add_version(cli, root, example_models, version)
     git(root, "commit", "-qm", "three versions")
-    steps = [("1.0.0", "canary"), ("1.1.0", "canary"), ("1.1.0", "production"),
-             ("2.0.0", "canary"), ("2.0.0", "production")]  # fmt: skip
-    for version, channel in steps:
-        _ok(cli, root, "promote", "mlp", version, "-c", channel)
-        git(root, "commit", "-qm", f"mlp {version} to {channel}")  # promote staged it
+    for step in ([("1.0.0", "canary")], [("1.1.0", "canary"), ("1.1.0", "production")],
+                 [("2.0.0", "canary"), ("2.0.0", "production")]):  # fmt: skip
+        for version, channel in step:
+            _ok(cli, root, "promote", "mlp", version, "-c", channel)
+            git(root, "commit", "-qm", f"mlp {version} to {channel}")  # promote staged it
+        _release(cli, root)
     return root
 
 
@@ -61,7 +71,7 @@ def test_rollback_goes_back_to_what_the_channel_served_and_stages_it(fleet: Path
     # again: further back only to what production served; 1.0.0 served canary alone
     again = cli("rollback", "mlp", "--channel", "production", cwd=fleet)
     assert again.code == 1
-    assert "never served a version below 1.1.0" in again.err
+    assert "no release of 'mlp' served a version below 1.1.0 on 'production'" in again.err
     assert len(again.err.strip().splitlines()) == 1
 
 
@@ -100,20 +110,11 @@ def test_promote_accepts_a_version_that_served_the_channel_before(fleet: Path, c
 def test_ci_pr_accepts_a_rollback_and_says_so_in_its_comment(
     fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    base = git(fleet, "rev-parse", "HEAD").strip()
     git(fleet, "checkout", "-qb", "rollback")
     _ok(cli, fleet, "rollback", "mlp", "-c", "production")
     git(fleet, "commit", "-qm", "production back to 1.1.0")
-    github_env(tmp_path, monkeypatch, "main", "main")
-    # nothing released on the base: 1.1.0's files may have changed since it served
-    unreleased = cli("ci", "pr", cwd=fleet)
-    assert unreleased.code == 1
-    assert "version 1.1.0 must be promoted to 'canary' before 'production'" in unreleased.err
-    git(fleet, "checkout", "-q", "main")
-    _ok(cli, fleet, "publish")
-    git(fleet, "add", "trust")
-    git(fleet, "commit", "-qm", "release [skip ci]")
-    git(fleet, "checkout", "-q", "rollback")
-    git(fleet, "rebase", "-q", "main")
+    github_env(tmp_path, monkeypatch, base, "main")
     r = cli("ci", "pr", cwd=fleet)
     assert r.code == 0, r.err
     comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
@@ -128,6 +129,11 @@ def test_ci_pr_accepts_a_rollback_and_says_so_in_its_comment(
     }]  # fmt: skip
 
 
+def _pr(cli: Any, root: Path, base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    github_env(tmp_path, monkeypatch, base, "main")
+    return cli("ci", "pr", cwd=root)
+
+
 def test_ci_pr_judges_served_versions_by_the_base_history_not_the_pull_request(
     fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,10 +146,55 @@ def test_ci_pr_judges_served_versions_by_the_base_history_not_the_pull_request(
     git(fleet, "commit", "-qm", "and back")
     _ok(cli, fleet, "promote", "mlp", "1.0.0", "-c", "production", "--force")
     git(fleet, "commit", "-qm", "and again")
-    github_env(tmp_path, monkeypatch, base, "main")
-    r = cli("ci", "pr", cwd=fleet)
+    r = _pr(cli, fleet, base, tmp_path, monkeypatch)
     assert r.code == 1
     assert "version 1.0.0 must be promoted to 'canary' before 'production'" in r.err
+
+
+def test_history_merged_without_a_release_does_not_count(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast-forward merge of two commits (1.0.0 to production, then back) changes no
+    channel as a whole, so it needed no approval; the middle state was never released:
+    it is not history a rollback may lean on."""
+    git(fleet, "checkout", "-qb", "feature")
+    _ok(cli, fleet, "promote", "mlp", "1.0.0", "-c", "production", "--force")
+    git(fleet, "commit", "-qm", "1.0.0 to production")
+    _ok(cli, fleet, "promote", "mlp", "2.0.0", "-c", "production")
+    git(fleet, "commit", "-qm", "and back")
+    git(fleet, "checkout", "-q", "main")
+    git(fleet, "merge", "-q", "--ff-only", "feature")
+    _release(cli, fleet)
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    assert cli("rollback", "mlp", "-c", "production", "--to", "1.0.0", cwd=fleet).code == 1
+    git(fleet, "checkout", "-qb", "next")
+    model = fleet / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("production: 2.0.0", "production: 1.0.0"))
+    git(fleet, "commit", "-qam", "production to 1.0.0")
+    r = _pr(cli, fleet, base, tmp_path, monkeypatch)
+    assert r.code == 1
+    assert "version 1.0.0 must be promoted to 'canary' before 'production'" in r.err
+
+
+def test_a_version_pulled_back_goes_through_the_order_again(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ok(cli, fleet, "rollback", "mlp", "-c", "production")
+    _ok(cli, fleet, "rollback", "mlp", "-c", "canary", "--to", "1.1.0")
+    git(fleet, "commit", "-qm", "2.0.0 pulled back everywhere")
+    _release(cli, fleet)
+    # going forward again is a promotion: 2.0.0 must pass canary first, locally and in CI
+    local = cli("promote", "mlp", "2.0.0", "-c", "production", cwd=fleet)
+    assert local.code == 1
+    assert "must be promoted to 'canary' before 'production'" in local.err
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    git(fleet, "checkout", "-qb", "forward")
+    model = fleet / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("production: 1.1.0", "production: 2.0.0"))
+    git(fleet, "commit", "-qam", "production to 2.0.0 again")
+    r = _pr(cli, fleet, base, tmp_path, monkeypatch)
+    assert r.code == 1
+    assert "version 2.0.0 must be promoted to 'canary' before 'production'" in r.err
 
 
 def test_deprecate_marks_the_version_and_everything_refuses_it(fleet: Path, cli: Any) -> None:
@@ -198,34 +249,88 @@ def test_ci_pr_refuses_promoting_a_deprecated_version(
     assert "which is deprecated (leaks PII)" in r.err
 
 
-def test_publish_signs_the_deprecation_into_the_channels_document(
-    fleet: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
+def test_publish_signs_the_deprecation_as_a_file_of_its_own(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _ok(cli, fleet, "publish")
-    git(fleet, "add", "trust")
-    git(fleet, "commit", "-qm", "release [skip ci]")
-    remote = fleet / ".modelreg/remote/modelreg"
-    (first,) = [p for p in remote.rglob("*channels.json") if p.is_file()]
-    before = ChannelsDoc.from_bytes(first.read_bytes())
-    assert before.deprecated == {}
-    assert b"deprecated" not in first.read_bytes()  # bytes as before the field existed
+    from signing.target_names import deprecation_path
+    from signing.tuf_facts import TargetFacts
+    from signing.tuf_repo import TrustRepo
+
+    metadata = fleet / "trust/metadata"
+    channels_before = TrustRepo.load(metadata).published("channels.json")
     _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
     git(fleet, "commit", "-qm", "deprecate 1.0.0")
-    _ok(cli, fleet, "publish")
-    docs = [ChannelsDoc.from_bytes(p.read_bytes()) for p in remote.rglob("*channels.json")]
-    newest = max(docs, key=lambda d: d.sequence)
-    assert newest.sequence == before.sequence + 1
-    assert newest.deprecation("mlp", "1.0.0") == "leaks PII"
-    assert newest.models == before.models
+    _release(cli, fleet)
+    trust = TrustRepo.load(metadata)
+    info = trust.published(deprecation_path("mlp", "1.0.0"))
+    assert info is not None
+    facts = TargetFacts.from_custom(info.custom)
+    assert (facts.kind, facts.model, facts.version) == ("deprecation", "mlp", "1.0.0")
+    (stored,) = (fleet / ".modelreg/remote/modelreg").rglob("*1.0.0.txt")
+    assert stored.read_bytes() == b"leaks PII"
+    # the channels document a daemon older than deprecation reads is untouched
+    assert trust.published("channels.json") == channels_before
+    # a released deprecation is signed: it cannot be taken back, nor reworded
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    path = fleet / "manifests/mlp/versions/1.0.0.yaml"
+    for edit in ("    reason: no PII after all\n", ""):
+        git(fleet, "checkout", "-q", "-B", "undo", base)
+        path.write_text(
+            path.read_text()
+            .replace("    reason: leaks PII\n", edit)
+            .replace("  deprecated:\n", "  deprecated:\n" if edit else "")
+        )
+        git(fleet, "commit", "-qam", "undo")
+        r = _pr(cli, fleet, base, tmp_path, monkeypatch)
+        assert r.code == 1
+        assert "version 1.0.0 is released as deprecated (devices refuse it); the deprecation " in (
+            r.err
+        )
+        refused = cli("publish", cwd=fleet)
+        assert refused.code == 1
+        assert "the deprecation cannot be" in refused.err
+
+
+def test_taking_an_unreleased_deprecation_away_needs_approvals_and_is_said(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+    git(fleet, "commit", "-qm", "deprecate 1.0.0")  # merged, not released yet
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    git(fleet, "checkout", "-qb", "undo")
+    path = fleet / "manifests/mlp/versions/1.0.0.yaml"
+    path.write_text(path.read_text().replace("  deprecated:\n    reason: leaks PII\n", ""))
+    git(fleet, "commit", "-qam", "1.0.0 is fine")
+    event = tmp_path / "event.json"
+    github_env(tmp_path, monkeypatch, base, "main")
+    head = git(fleet, "rev-parse", "HEAD").strip()
+    event.write_text(json.dumps({"pull_request": {"number": 7, "base": {"sha": base, "ref": "main"},
+                                                  "head": {"sha": head}}}))  # fmt: skip
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    r = cli("ci", "pr", cwd=fleet)
+    assert r.code == 1
+    assert "cannot count the approvals this change needs" in r.err
+    comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
+    assert "deprecation: `mlp 1.0.0 no longer deprecated (was: leaks PII)`" in comment
+
+
+def test_deprecating_what_a_partial_rollout_leaves_running_is_refused(
+    fleet: Path, cli: Any
+) -> None:
+    _ok(cli, fleet, "rollback", "mlp", "-c", "canary", "--to", "1.1.0")
+    git(fleet, "commit", "-qm", "canary to 1.1.0")
+    _release(cli, fleet)
+    _ok(cli, fleet, "promote", "mlp", "2.0.0", "-c", "canary", "--percent", "10")
+    git(fleet, "commit", "-qm", "canary 2.0.0 at 10%")
+    r = cli("version", "deprecate", "mlp", "1.1.0", "--reason", "x", cwd=fleet)
+    assert r.code == 1
+    assert "rolls 2.0.0 out to 10% of its devices; the others still run 1.1.0" in r.err
 
 
 def test_ci_pr_refuses_deleting_a_released_version_or_editing_its_parent(
     fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _ok(cli, fleet, "publish")
-    git(fleet, "add", "trust")
-    git(fleet, "commit", "-qm", "release [skip ci]")
-    base = git(fleet, "rev-parse", "HEAD").strip()
+    base = git(fleet, "rev-parse", "HEAD").strip()  # every version released
     github_env(tmp_path, monkeypatch, base, "main")
     git(fleet, "checkout", "-qb", "cleanup")
     git(fleet, "rm", "-q", "manifests/mlp/versions/1.0.0.yaml", "models/mlp/1.0.0.onnx.dvc")
