@@ -187,7 +187,8 @@ def _print_facts(facts: dict[str, Any]) -> None:
     for key, value in facts.items():
         if key in ("kind", "model", "version", "via_channel"):
             continue
-        detail(f"  {key + ':':<16}{_text(key, value)}")
+        label = f"{key}:".ljust(16) if len(key) < 15 else f"{key}: "  # never run together
+        detail(f"  {label}{_text(key, value)}")
 
 
 def _text(key: str, value: Any) -> str:
