@@ -37,6 +37,7 @@ __all__ = [
     "EXAMPLE_VERSIONS",
     "ExampleFile",
     "build_model",
+    "save_external",
     "golden_inputs",
     "model_bytes",
     "run_onnxruntime",
@@ -378,3 +379,50 @@ def write_examples(
                 write_atomic(outputs_path, npz_bytes(outputs))
             written.append(ExampleFile(name, version, size, path, inputs_path, outputs_path))
     return written
+
+
+EXTERNAL_THRESHOLD = 1024
+"""Initializers of at least this many bytes go to the external data file."""
+_EXTERNAL_ALIGN = 64  # tensor offsets in the data file: aligned for mmap'd numpy views
+
+
+def save_external(model: onnx.ModelProto, path: Path, data_name: str | None = None) -> Path:
+    """Write ``model`` as ``path`` plus one external data file beside it (ONNX external
+    data, how every model over 2 GB is stored), deterministically.
+
+    Every top-level initializer of at least :data:`EXTERNAL_THRESHOLD` bytes is moved to
+    ``data_name`` (default ``<path name>.data``) at a 64-byte aligned offset; ``model``
+    itself is not changed.
+
+    Args:
+        model: the model (inline initializers).
+        path: the ``.onnx`` file to write.
+        data_name: the data file's name, in the same folder.
+
+    Returns:
+        The data file's path.
+    """
+    from registry.atomic import AtomicFile
+
+    data_path = path.with_name(data_name or f"{path.name}.data")
+    graph_model = onnx.ModelProto()
+    graph_model.CopyFrom(model)
+    with AtomicFile(data_path) as out:
+        offset = 0
+        for tensor in graph_model.graph.initializer:
+            raw = numpy_helper.to_array(tensor).tobytes() if not tensor.raw_data else tensor.raw_data
+            if len(raw) < EXTERNAL_THRESHOLD:
+                continue
+            pad = -offset % _EXTERNAL_ALIGN
+            out.file.write(bytes(pad))
+            offset += pad
+            out.file.write(raw)
+            for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data"):
+                tensor.ClearField(field)
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", data_path.name), ("offset", str(offset)),
+                               ("length", str(len(raw)))):  # fmt: skip
+                tensor.external_data.add(key=key, value=value)
+            offset += len(raw)
+    write_atomic(path, graph_model.SerializeToString(deterministic=True))
+    return data_path

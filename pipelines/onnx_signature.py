@@ -9,6 +9,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from pipelines.errors import ArtifactError
+from pipelines.onnx_external import ExternalData, external_data
 from registry.errors import quote
 from registry.schema import Signature, TensorSpec
 
@@ -75,19 +76,40 @@ def signature_from_model(model: object, display: str) -> Signature:
 
 
 def load_onnx(source: Path | bytes, display: str) -> Any:
-    """Parse an ONNX model from a file or bytes, refusing what is not one, and one
-    whose tensors live in other files (:func:`refuse_external_data`).
+    """Parse an ONNX model from a file or bytes, refusing what is not one, and external
+    data references that are not safe to follow (:mod:`pipelines.onnx_external`).
+
+    A file's external data must be plain files beside it; bytes have no folder, so a
+    model given as bytes must be self-contained.  The external data itself is not read.
 
     Args:
         source: the model file, or its bytes.
-        display: its name in error messages.
+        display: its name in messages.
 
     Returns:
-        The ``onnx.ModelProto``.
+        The ``onnx.ModelProto`` (external tensors left as references).
 
     Raises:
-        ArtifactError: unreadable, not protobuf, no graph, or external data.
+        ArtifactError: unreadable, not protobuf, no graph, or refused external data.
     """
+    model = _parse(source, display)
+    folder = source.parent if isinstance(source, Path) else None
+    name = source.name if isinstance(source, Path) else None
+    external_data(model, display, folder, model_name=name)
+    return model
+
+
+def load_onnx_external(path: Path, display: str) -> tuple[Any, ExternalData]:
+    """:func:`load_onnx` of a file, with its checked external data.
+
+    Raises:
+        ArtifactError: as :func:`load_onnx`.
+    """
+    model = _parse(path, display)
+    return model, external_data(model, display, path.parent, model_name=path.name)
+
+
+def _parse(source: Path | bytes, display: str) -> Any:
     import onnx
     from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
@@ -102,67 +124,11 @@ def load_onnx(source: Path | bytes, display: str) -> Any:
         raise ArtifactError(display, f"cannot read: {e.strerror or e}") from None
     if not model.graph.node and not model.graph.output:
         raise ArtifactError(display, "not an ONNX model (no graph)")
-    refuse_external_data(model, display)
     return model
 
 
-def refuse_external_data(model: Any, display: str) -> None:
-    """Refuse a model with a tensor stored outside the file (ONNX external data).
-
-    A version's artifact is one file, hashed, signed and fetched as one target; a
-    tensor whose bytes live in another file would be neither verified nor delivered,
-    and its ``location`` can name any file beside the model (a pull request once had
-    the build read the checkout's ``.git/config`` into a weight and print it back
-    through the goldens).  Initializers, sparse initializers and tensor attributes of
-    every node are checked, in subgraphs and functions too.
-
-    Raises:
-        ArtifactError: some tensor's data location is external.
-    """
-    from onnx import AttributeProto, TensorProto
-
-    def tensors(graph: Any) -> Any:
-        yield from graph.initializer
-        for sparse in graph.sparse_initializer:
-            yield sparse.values
-            yield sparse.indices
-        for node in graph.node:
-            yield from node_tensors(node)
-
-    def node_tensors(node: Any) -> Any:
-        for attr in node.attribute:
-            if attr.type == AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == AttributeProto.TENSORS:
-                yield from attr.tensors
-            elif attr.type == AttributeProto.SPARSE_TENSOR:
-                yield attr.sparse_tensor.values
-                yield attr.sparse_tensor.indices
-            elif attr.type == AttributeProto.GRAPH:
-                yield from tensors(attr.g)
-            elif attr.type == AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from tensors(sub)
-
-    def every_tensor() -> Any:
-        yield from tensors(model.graph)
-        for function in model.functions:
-            for node in function.node:
-                yield from node_tensors(node)
-
-    for tensor in every_tensor():
-        if tensor.data_location == TensorProto.EXTERNAL:
-            where = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            raise ArtifactError(
-                display,
-                f"tensor {quote(tensor.name)} is stored in another file "
-                f"({quote(where)}); a version's artifact is one self-contained ONNX file: "
-                "save it without external data (onnx.save(..., save_as_external_data=False))",
-            )
-
-
 def read_signature(path: Path, display: str | None = None) -> Signature:
-    """Load ``path`` as ONNX (refusing external data) and return its signature.
+    """Load ``path`` as ONNX (checking its external data) and return its signature.
 
     Raises:
         ArtifactError: not a readable ONNX model.

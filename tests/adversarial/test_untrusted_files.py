@@ -444,7 +444,7 @@ def test_a_graph_whose_signature_cannot_be_declared_is_one_problem(fleet: Fleet,
     assert "cannot be declared" in r.err
 
 
-# --- ONNX external data: an artifact is one file ---------------------------------------
+# --- ONNX external data: only plain files beside the model ------------------------------
 
 
 def test_ci_pr_refuses_external_data_that_points_at_the_checkout(fleet: Fleet) -> None:
@@ -473,9 +473,11 @@ def test_ci_pr_refuses_external_data_that_points_at_the_checkout(fleet: Fleet) -
     artifact.write_bytes(model.SerializeToString())
     subprocess.run([sys.executable, "-m", "dvc", "add", "-q", str(artifact)], cwd=fleet.root,
                    check=True)  # fmt: skip
-    (line,) = _refused_pr(fleet, base, "is stored in another file")
+    (line,) = _refused_pr(fleet, base, "is a path; it must be a file name")
     assert line.startswith("models/mlp/1.1.0.onnx: ") or "models/mlp/1.1.0.onnx" in line, line
-    assert f"tensor {weight.name!r} is stored in another file ('../../.git/config')" in line
+    assert (
+        f"tensor {weight.name!r}: external data location '../../.git/config' is a path" in line
+    )
 
 
 def _npz_of(shape: tuple[int, ...], descr: object, data: bytes) -> bytes:
