@@ -410,7 +410,9 @@ def save_external(model: onnx.ModelProto, path: Path, data_name: str | None = No
     with AtomicFile(data_path) as out:
         offset = 0
         for tensor in graph_model.graph.initializer:
-            raw = numpy_helper.to_array(tensor).tobytes() if not tensor.raw_data else tensor.raw_data
+            raw = (
+                numpy_helper.to_array(tensor).tobytes() if not tensor.raw_data else tensor.raw_data
+            )
             if len(raw) < EXTERNAL_THRESHOLD:
                 continue
             pad = -offset % _EXTERNAL_ALIGN

@@ -29,6 +29,7 @@ from pipelines.build_engines import FAILED, EngineResult, build_engines
 from pipelines.build_fetch import fetch_artifact
 from pipelines.build_goldens import CaseResult, run_goldens
 from pipelines.errors import ArtifactError, PipelineError
+from pipelines.onnx_signature import load_onnx_external
 from registry.atomic import write_atomic
 from registry.checks import declared, target_problems
 from registry.errors import ManifestError, Problem, UsageError
@@ -86,6 +87,8 @@ class BuildRecord:
         engines: per target: status, file, digest, size.
         timings_ms: milliseconds per stage that ran.
         problems: every problem found (empty when the build passed).
+        external_data: per external data file (ONNX external data), in manifest order:
+            its file name, SHA-256, size and MD5; empty for a self-contained model.
     """
 
     model: str
@@ -103,6 +106,7 @@ class BuildRecord:
     engines: list[EngineResult] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
     problems: list[BuildProblem] = field(default_factory=list)
+    external_data: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -128,6 +132,7 @@ class BuildRecord:
             "goldens": [g.to_json() for g in self.goldens],
             "engines": [e.to_json() for e in self.engines],
             "timings_ms": dict(self.timings_ms),
+            **({"external_data": list(self.external_data)} if self.external_data else {}),
             "tools": dict(_tool_versions()),
             "problems": [_problem_json(p) for p in self.problems],
         }
@@ -263,7 +268,7 @@ class _VersionBuild:
         artifact = self._stage("fetch", self._fetch)
         if artifact is None:
             return self.record
-        model = self._stage("check", lambda: check_onnx(artifact, self.display))
+        model = self._stage("check", lambda: self._check(artifact))
         if model is None:
             return self.record
         self._stage("signature", lambda: self._signature(model))
@@ -299,7 +304,36 @@ class _VersionBuild:
         record = self.record
         record.md5, record.fetched = fetched.pointer.md5, fetched.fetched
         record.sha256, record.size = fetched.sha256, fetched.size
+        # Each external data file is DVC-tracked on its own and verified the same way
+        # before any checker or session reads a byte of it.
+        for name, rel in zip(
+            self.spec.artifact.external_data, self.spec.artifact.files()[1:], strict=True
+        ):
+            data = fetch_artifact(self.repo.root, rel, self.repo.display(self.repo.root / rel))
+            record.fetched = record.fetched or data.fetched
+            record.external_data.append(
+                {"file": name, "sha256": data.sha256, "size": data.size, "md5": data.pointer.md5}
+            )
         return fetched.path
+
+    def _check(self, artifact: Path) -> Any:
+        _, external = load_onnx_external(artifact, self.display)
+        declared_files = sorted(self.spec.artifact.external_data)
+        if list(external.files) != declared_files:
+            shown = ", ".join(repr(f) for f in external.files) or "none"
+            listed = ", ".join(repr(f) for f in declared_files) or "none"
+            loc: Loc = ("spec", "artifact", "external_data")
+            if not self.spec.artifact.external_data:
+                loc = ("spec", "artifact")
+            problem = _at(
+                self.entry.doc,
+                loc,
+                f"the graph stores tensors in {shown} but spec.artifact.external_data lists "
+                f"{listed}; list exactly the files the graph names",
+            )
+            self._problem("check", problem)
+            return None
+        return check_onnx(artifact, self.display)
 
     def _signature(self, model: Any) -> None:
         graph = graph_signature(model, self.display)
@@ -457,7 +491,8 @@ def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
     selected: set[tuple[str, str]] = set()
     for entry in repo.all_versions():
         spec = entry.manifest.spec
-        inputs = {entry.path.relative_to(root).as_posix(), f"{spec.artifact.path}.dvc"}
+        inputs = {entry.path.relative_to(root).as_posix()}
+        inputs.update(f"{file}.dvc" for file in spec.artifact.files())
         for case in spec.goldens.cases if spec.goldens else []:
             inputs.update(v for v in (case.inputs, case.outputs) if isinstance(v, str))
         if inputs & changed or (spec.signature is None and entry.name in signature_changed):

@@ -93,8 +93,9 @@ def set_remote(root: Path, name: str, url: str) -> None:
             raise ToolError(f"cannot configure DVC remote {name!r}: {e}") from None
 
 
-def add(root: Path, path: Path) -> None:
-    """``dvc add path``: cache the file and write ``<path>.dvc`` beside it.
+def add(root: Path, path: Path, *more: Path) -> None:
+    """``dvc add path [more...]``: cache each file and write ``<file>.dvc`` beside it
+    (one DVC call for a model and its external data files).
 
     Raises:
         ToolError: DVC fails.
@@ -104,7 +105,7 @@ def add(root: Path, path: Path) -> None:
     with quiet():
         try:
             repo = open_repo(root)
-            repo.add(str(path))
+            repo.add([str(p) for p in (path, *more)] if more else str(path))
         except DvcException as e:
             raise ToolError(f"dvc add {path} failed: {e}") from None
 

@@ -11,9 +11,9 @@ through the goldens.  So a reference is accepted only when
 * it sits on a top-level graph initializer (what ``onnx.save(...,
   save_as_external_data=True)`` writes); tensors in node attributes, sparse initializers,
   subgraphs and functions must be inline;
-* its ``location`` is a plain file name in the model's own folder: no ``/``, ``\\``,
-  ``..``, leading dot, NUL or control character, not the model itself, not a ``.dvc``
-  pointer;
+* its ``location`` is a plain file name in the model's own folder
+  (:func:`registry.schema.file_name_problem`: no ``/``, ``\\``, ``..``, leading dot, NUL
+  or control character, not the model itself, not a ``.dvc`` pointer);
 * the file is a regular file, not a link (opened with ``O_NOFOLLOW``, checked with
   ``fstat``);
 * its keys are ONNX's (``location``, ``offset``, ``length``, ``checksum``), each once,
@@ -37,13 +37,13 @@ from typing import Any, Final
 
 from pipelines.errors import ArtifactError
 from registry.errors import quote
+from registry.schema import file_name_problem
 
 __all__ = [
     "ExternalData",
     "ExternalDataLimits",
     "ExternalTensor",
     "external_data",
-    "location_problem",
 ]
 
 # Bytes per element of TensorProto.DataType values stored as raw bytes (strings have no
@@ -105,30 +105,6 @@ class ExternalData:
     sizes: tuple[int, ...] = ()
 
 
-def location_problem(location: str, model_name: str | None = None) -> str | None:
-    """Why ``location`` is not a plain file name beside the model, or None (pure).
-
-    Args:
-        location: the ``location`` value of an external data entry.
-        model_name: the ``.onnx`` file's own name, which a location may not repeat.
-    """
-    if not location:
-        return "is empty"
-    if "/" in location or "\\" in location:
-        return "is a path; it must be a file name in the model's folder"
-    if location in (".", "..") or location.startswith("."):
-        return "starts with '.'; it must be a plain file name in the model's folder"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in location):
-        return "holds a control character"
-    if len(location.encode()) > 255:
-        return "is longer than a file name can be"
-    if location == model_name:
-        return "names the model file itself"
-    if location.endswith(".dvc"):
-        return "names a DVC pointer"
-    return None
-
-
 def _top_initializers(model: Any) -> Iterator[Any]:
     yield from model.graph.initializer
 
@@ -188,18 +164,18 @@ def _entry(tensor: Any, display: str, model_name: str | None) -> ExternalTensor:
             raise ArtifactError(display, f"{shown}: external data key {quote(entry.key)} repeated")
         values[entry.key] = entry.value
     location = values.get("location", "")
-    refused = location_problem(location, model_name)
+    refused = file_name_problem(location, model_name)
     if refused is not None:
-        raise ArtifactError(
-            display, f"{shown}: external data location {quote(location)} {refused}"
-        )
+        raise ArtifactError(display, f"{shown}: external data location {quote(location)} {refused}")
     numbers: dict[str, int] = {}
     for key in ("offset", "length"):
         text = values.get(key)
         if text is None:
             continue
         if not text.isascii() or not text.isdigit() or len(text) > 19:
-            raise ArtifactError(display, f"{shown}: external data {key} {quote(text)} is not a size")
+            raise ArtifactError(
+                display, f"{shown}: external data {key} {quote(text)} is not a size"
+            )
         numbers[key] = int(text)
     itemsize = _ITEMSIZE.get(tensor.data_type)
     if itemsize is None:
@@ -215,7 +191,9 @@ def _entry(tensor: Any, display: str, model_name: str | None) -> ExternalTensor:
         raise ArtifactError(
             display, f"{shown}: external data length {length} is not its shape's {size} bytes"
         )
-    return ExternalTensor(tensor.name, tensor.data_type, dims, location, numbers.get("offset", 0), length)
+    return ExternalTensor(
+        tensor.name, tensor.data_type, dims, location, numbers.get("offset", 0), length
+    )
 
 
 def _file_size(folder: Path, name: str, display: str) -> int:
@@ -231,7 +209,8 @@ def _file_size(folder: Path, name: str, display: str) -> int:
     except OSError as e:
         if os.path.islink(folder / name):
             raise ArtifactError(
-                display, f"external data file {quote(name)} is a symbolic link; links are never followed"
+                display,
+                f"external data file {quote(name)} is a symbolic link; links are never followed",
             ) from None
         raise ArtifactError(
             display, f"external data file {quote(name)} cannot be opened ({e.strerror})"

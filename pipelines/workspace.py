@@ -13,7 +13,7 @@ from typing import Any, Final
 import semver
 
 from pipelines import dvc
-from pipelines.onnx_signature import read_signature
+from pipelines.onnx_signature import load_onnx_external, read_signature, signature_from_model
 from registry.atomic import AtomicFile, write_atomic
 from registry.checks import declared, disallowed_target, precedence_message, same_precedence
 from registry.config import CONFIG_FILE
@@ -302,6 +302,7 @@ class AddVersionResult:
     signature: Signature
     model_signature_updated: bool
     goldens: list[Path] = field(default_factory=list)
+    external_data: list[Path] = field(default_factory=list)
 
 
 def _pick_parent(
@@ -486,34 +487,59 @@ def add_version(
     _check_targets(model, targets, shown)
     if not artifact.is_file():
         raise ManifestError.single(str(artifact), "artifact not found or not a file")
-    signature = read_signature(artifact)
+    onnx_model, external = load_onnx_external(artifact, str(artifact))
+    signature = signature_from_model(onnx_model, str(artifact))
     model_text = _model_signature_edit(
         repo, model, signature, artifact, update=update_model_signature, change=signature_change
     )
     rel = PurePosixPath(repo.config.artifacts) / name / f"{version}.onnx"
     dest = repo.root / rel
     pointer = dest.with_name(dest.name + ".dvc")
-    if dest.exists() and dest.resolve() != artifact.resolve():
+    in_place = dest.resolve() == artifact.resolve()
+    if dest.exists() and not in_place:
         raise ManifestError.single(
             display_path(dest), f"already exists; not overwriting it for {name} {version}"
         )
+    # Data files are renamed after the version (their names are in the graph, which is
+    # rewritten to match), so two versions exported as model.onnx + model.onnx.data can
+    # sit in one folder; a model already in place keeps the names its graph holds.
+    renamed = external.files if in_place else _data_names(version, external.files)
+    data_sources = [artifact.parent / f for f in external.files]
+    data_dests = [dest.parent / f for f in renamed]
+    for given, target in zip(data_sources, data_dests, strict=True):
+        if target.exists() and target.resolve() != given.resolve():
+            raise ManifestError.single(
+                display_path(target), f"already exists; not overwriting it for {name} {version}"
+            )
     written: list[Path] = []
     try:
-        if dest.resolve() != artifact.resolve():
+        if not in_place:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with AtomicFile(dest) as out, artifact.open("rb") as src:
-                shutil.copyfileobj(src, out.file, 1 << 20)
+            if external.files:
+                graph = _renamed_locations(
+                    onnx_model, dict(zip(external.files, renamed, strict=True))
+                )
+                write_atomic(dest, graph)
+            else:
+                with AtomicFile(dest) as out, artifact.open("rb") as src:
+                    shutil.copyfileobj(src, out.file, 1 << 20)
             written.append(dest)
+            for given, target in zip(data_sources, data_dests, strict=True):
+                with AtomicFile(target) as out, given.open("rb") as src:
+                    shutil.copyfileobj(src, out.file, 1 << 20)
+                written.append(target)
         goldens_spec, golden_files = _goldens(repo, name, version, dest, golden_inputs)
         written.extend(golden_files)
         text = render_version(
             path, repo.root, name, version, artifact=rel.as_posix(), parent=parent,
             description=description, signature=signature, source=source, metrics=metrics,
             goldens=goldens_spec, targets=targets, signature_change=signature_change,
+            external_data=renamed,
         )  # fmt: skip
         _check_rendered(text, shown, "ModelVersion", _VERSION_OPTIONS)
-        dvc.add(repo.root, dest)
-        written.append(pointer)
+        dvc.add(repo.root, dest, *data_dests)
+        data_pointers = [d.with_name(d.name + ".dvc") for d in data_dests]
+        written += [pointer, *data_pointers]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text.encode())
         written.append(path)
@@ -524,10 +550,31 @@ def add_version(
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
         raise
-    _stage(repo.root, [p for p in (path, pointer, model.path, *golden_files) if p.exists()])
+    staged = (path, pointer, *data_pointers, model.path, *golden_files)
+    _stage(repo.root, [p for p in staged if p.exists()])
     return AddVersionResult(
-        path, dest, pointer, parent, signature, model_text is not None, golden_files
+        path, dest, pointer, parent, signature, model_text is not None, golden_files, data_dests
     )
+
+
+def _data_names(version: str, files: tuple[str, ...]) -> tuple[str, ...]:
+    """The names a version's external data files get in the repository (pure)."""
+    if len(files) == 1:
+        return (f"{version}.onnx.data",)
+    return tuple(f"{version}.onnx.data{i}" for i in range(1, len(files) + 1))
+
+
+def _renamed_locations(model: Any, names: Mapping[str, str]) -> bytes:
+    """``model`` serialized with each external tensor's ``location`` renamed."""
+    from onnx import TensorProto
+
+    for tensor in model.graph.initializer:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = names[entry.value]
+    return bytes(model.SerializeToString(deterministic=True))
 
 
 def _goldens(

@@ -99,11 +99,15 @@ def render_version(
     goldens: Mapping[str, Any] | None = None,
     targets: Sequence[Mapping[str, Any]] = (),
     signature_change: str | None = None,
+    external_data: Sequence[str] = (),
 ) -> str:
     """Text of a new ``ModelVersion`` manifest to be written at ``path``."""
+    artifact_node = CommentedMap(path=artifact, format="onnx")
+    if external_data:  # a self-contained model's manifest stays as it always was
+        artifact_node["external_data"] = list(external_data)
     spec = _drop_empty(
         CommentedMap(
-            artifact=CommentedMap(path=artifact, format="onnx"),
+            artifact=artifact_node,
             parent=parent,
             description=description,
             signature=signature_node(signature) if signature else None,

@@ -82,6 +82,34 @@ def repo_path(value: str) -> str:
     return value
 
 
+_FILE_NAME_RE: Final = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,254}")
+
+
+def file_name_problem(value: str, model_name: str | None = None) -> str | None:
+    """Why ``value`` is not a plain file name beside a model (an ONNX external data
+    ``location``), or None (pure).  Shared by the manifests, CI and the device.
+
+    Args:
+        value: the name.
+        model_name: the ``.onnx`` file's own name, which the name may not repeat.
+    """
+    if not value:
+        return "is empty"
+    if "/" in value or "\\" in value:
+        return "is a path; it must be a file name in the model's folder"
+    if value.startswith("."):
+        return "starts with '.'; it must be a plain file name in the model's folder"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        return "holds a control character"
+    if not _FILE_NAME_RE.fullmatch(value):
+        return "is not a plain file name (letters, digits and . _ + -, at most 255)"
+    if value == model_name:
+        return "names the model file itself"
+    if value.endswith(".dvc"):
+        return "names a DVC pointer"
+    return None
+
+
 Name = Annotated[str, StringConstraints(pattern=DNS_LABEL_RE)]
 """A DNS label: lowercase letters, digits and '-', at most 63 characters."""
 SemVer = Annotated[str, AfterValidator(_semver)]
@@ -233,10 +261,30 @@ def _artifact_shorthand(value: Any) -> Any:
 
 
 class Artifact(Strict):
-    """The DVC-tracked model file (``<path>.dvc`` sits beside it)."""
+    """The DVC-tracked model file (``<path>.dvc`` sits beside it) and, for a model stored
+    with ONNX external data (every model over 2 GB), the data files its graph names: plain
+    file names in the same folder, each DVC-tracked too.  Build checks that the list is
+    exactly the set of ``location``s in the graph."""
 
     path: RepoPath
     format: Literal["onnx"] = "onnx"
+    external_data: Annotated[list[str], Field(max_length=64)] = []
+
+    @model_validator(mode="after")
+    def _plain_names(self) -> Artifact:
+        model_name = self.path.rsplit("/", 1)[-1]
+        for name in self.external_data:
+            problem = file_name_problem(name, model_name)
+            if problem is not None:
+                raise ValueError(f"external data file {quote(name)} {problem}")
+        if len(set(self.external_data)) != len(self.external_data):
+            raise ValueError("external data file names must be unique")
+        return self
+
+    def files(self) -> list[str]:
+        """Repository-relative paths of the ``.onnx`` and its external data files."""
+        folder = self.path.rsplit("/", 1)[0] + "/" if "/" in self.path else ""
+        return [self.path, *(folder + name for name in self.external_data)]
 
 
 class Source(Strict):

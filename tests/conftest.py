@@ -110,6 +110,20 @@ def example_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def external_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The small mlp versions stored with ONNX external data, as exporters name them:
+    ``<version>/model.onnx`` + ``<version>/model.onnx.data`` (the same names for every
+    version, so ``version add`` must rename them)."""
+    from modelreg.examples import EXAMPLE_VERSIONS, build_model, save_external
+
+    out = tmp_path_factory.mktemp("external")
+    for version in EXAMPLE_VERSIONS["mlp"]:
+        (out / version).mkdir()
+        save_external(build_model("mlp", version), out / version / "model.onnx")
+    return out
+
+
 GOLDEN_DIR = Path(__file__).parent / "golden"
 REGEN_ENV = "MODELREG_REGEN_GOLDEN"
 

@@ -220,9 +220,11 @@ def test_a_model_with_external_data_beside_it_loads_and_runs(tmp_path: Path) -> 
     model, external = load_onnx_external(path, "1.0.0.onnx")
     assert external.files == ("1.0.0.onnx.data",)
     assert external.sizes == (data.stat().st_size,)
-    assert len(external.tensors) == len(
-        [t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
-    ) > 0
+    assert (
+        len(external.tensors)
+        == len([t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL])
+        > 0
+    )
     assert read_signature(path).inputs[0].name == "input"
     x = np.ones((2, 16), np.float32)
     whole = ort.InferenceSession(

@@ -1,0 +1,114 @@
+"""A model stored with ONNX external data (every model over 2 GB is) through the whole
+flow: ``version add``, build, diff, ``ci release`` (OMS bundle, TUF targets, deltas),
+and a device that fetches, verifies and serves it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from modelreg.cli.build_cmd import build as build_command
+from tests.conftest import git
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _build_registered() -> None:
+    from modelreg.cli.main import cli as group
+
+    if "build" not in group.commands:
+        group.add_command(build_command)
+
+
+def _add(cli: Any, repo: Path, external_models: Path, version: str, *extra: str) -> None:
+    r = cli("version", "add", "mlp", version, "--artifact",
+            str(external_models / version / "model.onnx"), *extra, cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+
+
+@pytest.fixture
+def repo(tmp_path: Path, cli: Any, external_models: Path, example_models: Path) -> Path:
+    root = tmp_path / "models-repo"
+    assert cli("init", str(root), cwd=tmp_path).code == 0
+    assert cli("model", "add", "mlp", cwd=root).code == 0
+    _add(cli, root, external_models, "1.0.0",
+         "--golden-inputs", str(example_models / "mlp/1.0.0.inputs.npz"))  # fmt: skip
+    _add(cli, root, external_models, "1.1.0")
+    git(root, "commit", "-qm", "mlp 1.0.0 and 1.1.0, external data")
+    return root
+
+
+def test_version_add_copies_renames_and_tracks_every_file(repo: Path) -> None:
+    import onnx
+
+    folder = repo / "models/mlp"
+    for version in ("1.0.0", "1.1.0"):
+        manifest = yaml.safe_load((repo / f"manifests/mlp/versions/{version}.yaml").read_text())
+        assert manifest["spec"]["artifact"] == {
+            "path": f"models/mlp/{version}.onnx",
+            "format": "onnx",
+            "external_data": [f"{version}.onnx.data"],
+        }
+        for name in (f"{version}.onnx", f"{version}.onnx.data"):
+            assert (folder / f"{name}.dvc").is_file()
+            tracked = git(repo, "ls-files", f"models/mlp/{name}.dvc").strip()
+            assert tracked == f"models/mlp/{name}.dvc"
+        graph = onnx.load(str(folder / f"{version}.onnx"), load_external_data=False)
+        locations = {
+            e.value for t in graph.graph.initializer for e in t.external_data if e.key == "location"
+        }
+        assert locations == {f"{version}.onnx.data"}
+
+
+def test_build_verifies_and_runs_a_model_with_external_data(repo: Path, cli: Any) -> None:
+    r = cli("build", cwd=repo)
+    assert r.code == 0, r.err
+    record = json.loads((repo / ".modelreg/build/mlp/1.0.0/build.json").read_text())
+    assert record["ok"], record
+    assert "goldens" in record["checks_passed"]
+    data = repo / "models/mlp/1.0.0.onnx.data"
+    [entry] = record["external_data"]
+    assert entry["file"] == "1.0.0.onnx.data"
+    assert entry["size"] == data.stat().st_size
+    import hashlib
+
+    assert entry["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+
+
+def test_build_refuses_an_external_data_list_that_differs_from_the_graph(
+    repo: Path, cli: Any
+) -> None:
+    path = repo / "manifests/mlp/versions/1.1.0.yaml"
+    # A manifest that hides the data file from review (and from signing) is refused.
+    text = path.read_text()
+    kept = [
+        x
+        for x in text.splitlines(keepends=True)
+        if "external_data" not in x and x.strip() != "- 1.1.0.onnx.data"
+    ]
+    path.write_text("".join(kept))
+    r = cli("build", "mlp", "1.1.0", cwd=repo)
+    assert r.code == 1
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith("manifests/mlp/versions/1.1.0.yaml:"), lines[0]
+    assert lines[0].endswith(
+        "spec.artifact: the graph stores tensors in '1.1.0.onnx.data' but "
+        "spec.artifact.external_data lists none; list exactly the files the graph names"
+    ), lines[0]
+
+
+def test_build_refuses_a_tampered_external_data_file(repo: Path, cli: Any) -> None:
+    data = repo / "models/mlp/1.1.0.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    r = cli("build", "mlp", "1.1.0", cwd=repo)
+    assert r.code == 1
+    assert "models/mlp/1.1.0.onnx.data: md5" in r.err
+    assert "does not match models/mlp/1.1.0.onnx.data.dvc" in r.err
