@@ -37,10 +37,10 @@ __all__ = [
     "EXAMPLE_VERSIONS",
     "ExampleFile",
     "build_model",
-    "save_external",
     "golden_inputs",
     "model_bytes",
     "run_onnxruntime",
+    "save_external",
     "write_examples",
 ]
 

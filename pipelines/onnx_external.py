@@ -27,6 +27,7 @@ Nothing here reads tensor bytes: only ``fstat`` of each named file.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import stat
@@ -207,7 +208,7 @@ def _file_size(folder: Path, name: str, display: str) -> int:
     except FileNotFoundError:
         raise ArtifactError(display, f"external data file {quote(name)} is missing") from None
     except OSError as e:
-        if os.path.islink(folder / name):
+        if (folder / name).is_symlink():
             raise ArtifactError(
                 display,
                 f"external data file {quote(name)} is a symbolic link; links are never followed",
@@ -272,14 +273,13 @@ def external_data(
         entries.append(_entry(tensor, display, model_name))
         if len(entries) > limits.max_tensors:
             raise ArtifactError(display, f"more than {limits.max_tensors} external tensors")
-    if not entries:
+    if not entries or folder is None:  # no folder: refused in the loop above
         return ExternalData()
     files = tuple(sorted({e.location for e in entries}))
     if len(files) > limits.max_files:
         raise ArtifactError(
             display, f"{len(files)} external data files; at most {limits.max_files} are allowed"
         )
-    assert folder is not None  # entries are only collected with a folder
     sizes = tuple(_file_size(folder, name, display) for name in files)
     by_file = dict(zip(files, sizes, strict=True))
     _check_spans(entries, by_file, display)
@@ -300,7 +300,7 @@ def _check_spans(entries: list[ExternalTensor], sizes: dict[str, int], display: 
                 f"the end of {quote(e.location)} ({sizes[e.location]} bytes)",
             )
     ordered = sorted((e for e in entries if e.length), key=lambda e: (e.location, e.offset))
-    for prev, cur in zip(ordered, ordered[1:], strict=False):
+    for prev, cur in itertools.pairwise(ordered):
         if prev.location == cur.location and cur.offset < prev.offset + prev.length:
             raise ArtifactError(
                 display,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
@@ -473,16 +473,8 @@ def add_version(
         raise UsageError(f"{version!r} is not a SemVer version (expected e.g. 1.0.0)") from None
     repo = load_repository(start, jobs=1)
     model = _declared_model(repo, name)
-    manifests = repo.root / repo.config.manifests
-    path = manifests / name / VERSIONS_DIR / f"{version}.yaml"
+    path = _new_version_path(repo, name, version)
     shown = display_path(path)
-    if path.exists():
-        raise ManifestError.single(
-            shown, f"version {version} of {name!r} already exists; versions are immutable"
-        )
-    equal = same_precedence(version, repo.versions.get(name, {}))
-    if equal is not None:
-        raise ManifestError.single(shown, precedence_message(version, equal))
     parent = _pick_parent(repo, name, version, parent, auto_parent)
     _check_targets(model, targets, shown)
     if not artifact.is_file():
@@ -496,17 +488,13 @@ def add_version(
     dest = repo.root / rel
     pointer = dest.with_name(dest.name + ".dvc")
     in_place = dest.resolve() == artifact.resolve()
-    if dest.exists() and not in_place:
-        raise ManifestError.single(
-            display_path(dest), f"already exists; not overwriting it for {name} {version}"
-        )
     # Data files are renamed after the version (their names are in the graph, which is
     # rewritten to match), so two versions exported as model.onnx + model.onnx.data can
     # sit in one folder; a model already in place keeps the names its graph holds.
     renamed = external.files if in_place else _data_names(version, external.files)
     data_sources = [artifact.parent / f for f in external.files]
     data_dests = [dest.parent / f for f in renamed]
-    for given, target in zip(data_sources, data_dests, strict=True):
+    for given, target in ((artifact, dest), *zip(data_sources, data_dests, strict=True)):
         if target.exists() and target.resolve() != given.resolve():
             raise ManifestError.single(
                 display_path(target), f"already exists; not overwriting it for {name} {version}"
@@ -514,20 +502,11 @@ def add_version(
     written: list[Path] = []
     try:
         if not in_place:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            graph = None
             if external.files:
-                graph = _renamed_locations(
-                    onnx_model, dict(zip(external.files, renamed, strict=True))
-                )
-                write_atomic(dest, graph)
-            else:
-                with AtomicFile(dest) as out, artifact.open("rb") as src:
-                    shutil.copyfileobj(src, out.file, 1 << 20)
-            written.append(dest)
-            for given, target in zip(data_sources, data_dests, strict=True):
-                with AtomicFile(target) as out, given.open("rb") as src:
-                    shutil.copyfileobj(src, out.file, 1 << 20)
-                written.append(target)
+                names = dict(zip(external.files, renamed, strict=True))
+                graph = _renamed_locations(onnx_model, names)
+            _copy_in(artifact, dest, graph, zip(data_sources, data_dests, strict=True), written)
         goldens_spec, golden_files = _goldens(repo, name, version, dest, golden_inputs)
         written.extend(golden_files)
         text = render_version(
@@ -555,6 +534,46 @@ def add_version(
     return AddVersionResult(
         path, dest, pointer, parent, signature, model_text is not None, golden_files, data_dests
     )
+
+
+def _new_version_path(repo: Repository, name: str, version: str) -> Path:
+    """Where version ``version``'s manifest goes, refusing one already declared.
+
+    Raises:
+        ManifestError: the version exists, or SemVer ranks it equal to one that does.
+    """
+    path = repo.root / repo.config.manifests / name / VERSIONS_DIR / f"{version}.yaml"
+    shown = display_path(path)
+    if path.exists():
+        raise ManifestError.single(
+            shown, f"version {version} of {name!r} already exists; versions are immutable"
+        )
+    equal = same_precedence(version, repo.versions.get(name, {}))
+    if equal is not None:
+        raise ManifestError.single(shown, precedence_message(version, equal))
+    return path
+
+
+def _copy_in(
+    artifact: Path,
+    dest: Path,
+    graph: bytes | None,
+    data: Iterable[tuple[Path, Path]],
+    written: list[Path],
+) -> None:
+    """Copy the artifact (or write its rewritten ``graph``) and its data files in,
+    streaming (a data file may be many GB), appending each file to ``written``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if graph is not None:
+        write_atomic(dest, graph)
+    else:
+        with AtomicFile(dest) as out, artifact.open("rb") as src:
+            shutil.copyfileobj(src, out.file, 1 << 20)
+    written.append(dest)
+    for given, target in data:
+        with AtomicFile(target) as out, given.open("rb") as src:
+            shutil.copyfileobj(src, out.file, 1 << 20)
+        written.append(target)
 
 
 def _data_names(version: str, files: tuple[str, ...]) -> tuple[str, ...]:

@@ -475,9 +475,7 @@ def test_ci_pr_refuses_external_data_that_points_at_the_checkout(fleet: Fleet) -
                    check=True)  # fmt: skip
     (line,) = _refused_pr(fleet, base, "is a path; it must be a file name")
     assert line.startswith("models/mlp/1.1.0.onnx: ") or "models/mlp/1.1.0.onnx" in line, line
-    assert (
-        f"tensor {weight.name!r}: external data location '../../.git/config' is a path" in line
-    )
+    assert f"tensor {weight.name!r}: external data location '../../.git/config' is a path" in line
 
 
 def _npz_of(shape: tuple[int, ...], descr: object, data: bytes) -> bytes:
