@@ -67,11 +67,31 @@ def _load(source: ModelInput, shown: str) -> tuple[onnx.ModelProto, bytes]:
     return model, raw
 
 
-def _array(init: onnx.TensorProto, shown: str) -> Any:
+def _array(init: onnx.TensorProto, shown: str, folder: Path | None = None) -> Any:
+    if init.data_location == onnx.TensorProto.EXTERNAL and folder is not None:
+        return _mapped(init, shown, folder)
     try:
         return numpy_helper.to_array(init)
     except (ValueError, TypeError, OSError) as e:
         raise ArtifactError(shown, f"initializer {init.name!r} cannot be decoded ({e})") from None
+
+
+def _mapped(init: onnx.TensorProto, shown: str, folder: Path) -> Any:
+    """An external tensor as a read-only memory map of its span: a model over 2 GB is
+    compared without its weights ever being read into memory.  ``load_onnx`` checked
+    the location, the span and the file (a regular file beside the model) already."""
+    import numpy as np
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    entries = {e.key: e.value for e in init.external_data}
+    try:
+        dtype = np.dtype(tensor_dtype_to_np_dtype(init.data_type))
+        return np.memmap(
+            folder / entries["location"], dtype=dtype, mode="r",
+            offset=int(entries.get("offset", "0")), shape=tuple(int(d) for d in init.dims),
+        )  # fmt: skip
+    except (KeyError, ValueError, TypeError, OSError) as e:
+        raise ArtifactError(shown, f"initializer {init.name!r} cannot be mapped ({e})") from None
 
 
 def _domain(domain: str) -> str:
@@ -129,8 +149,9 @@ def diff_models(
         display_path(new) if isinstance(new, Path) else "new model",
     )
     (old_model, old_raw), (new_model, new_raw) = _load(old, shown[0]), _load(new, shown[1])
-    old_arrays = {i.name: _array(i, shown[0]) for i in old_model.graph.initializer}
-    new_arrays = {i.name: _array(i, shown[1]) for i in new_model.graph.initializer}
+    folders = tuple(side.parent if isinstance(side, Path) else None for side in (old, new))
+    old_arrays = {i.name: _array(i, shown[0], folders[0]) for i in old_model.graph.initializer}
+    new_arrays = {i.name: _array(i, shown[1], folders[1]) for i in new_model.graph.initializer}
     old_sig = signature_from_model(old_model, shown[0])
     new_sig = signature_from_model(new_model, shown[1])
     signature = diff_signature(old_sig.inputs, old_sig.outputs, new_sig.inputs, new_sig.outputs)
@@ -188,8 +209,10 @@ def _artifact(repo: Repository, entry: VersionEntry) -> Path:
     fresh CI checkout) and checked against its pointer either way."""
     from pipelines.build_fetch import fetch_artifact
 
-    rel = entry.manifest.spec.artifact.path
-    return fetch_artifact(repo.root, rel, repo.display(repo.root / rel)).path
+    first, *data = entry.manifest.spec.artifact.files()
+    for rel in data:  # external data files: pulled and verified as the model is
+        fetch_artifact(repo.root, rel, repo.display(repo.root / rel))
+    return fetch_artifact(repo.root, first, repo.display(repo.root / first)).path
 
 
 def _diff_entries(repo: Repository, old: VersionEntry, new: VersionEntry) -> ModelDiff:

@@ -112,3 +112,21 @@ def test_build_refuses_a_tampered_external_data_file(repo: Path, cli: Any) -> No
     assert r.code == 1
     assert "models/mlp/1.1.0.onnx.data: md5" in r.err
     assert "does not match models/mlp/1.1.0.onnx.data.dvc" in r.err
+
+
+def test_diff_compares_external_tensors_as_it_does_inline_ones(
+    repo: Path, cli: Any, example_models: Path, external_models: Path
+) -> None:
+    from pipelines.diff import diff_models
+
+    inline = diff_models(example_models / "mlp/1.0.0.onnx", example_models / "mlp/1.1.0.onnx")
+    split = diff_models(
+        external_models / "1.0.0/model.onnx", external_models / "1.1.0/model.onnx"
+    )
+    assert split.weights == inline.weights
+    assert split.weights.changed  # the fine-tune changed some tensors
+    assert split.new.parameters == inline.new.parameters
+    r = cli("diff", "mlp", "1.0.0", "1.1.0", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert report["weights"]["changed"], report["weights"]
