@@ -81,6 +81,10 @@ def describe(
         targets=list(spec.targets),
         engines=engines,
         goldens=cases,
+        external_data={
+            f: external_data_path(entry.name, entry.version, f)
+            for f in spec.artifact.external_data
+        },
     )
     return doc, files
 

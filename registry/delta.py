@@ -16,6 +16,11 @@ How ``new`` is described (mode ``onnx``, when both files parse as ONNX models):
 * ``INSERT length``: literal bytes (protobuf framing, graph nodes) taken in order from one
   zstd-compressed literal stream.
 
+An ONNX external data file (raw tensor bytes at spans its ``.onnx`` names) gets mode
+``onnx`` too, from :func:`encode_external`: the caller gives both files' tensors (from
+``registry.onnx_wire.external_initializers``), the bytes between them are literals, and
+the encoder streams both files by ranges (memory: a few 4 MiB pieces, whatever the size).
+
 A file that does not parse as ONNX gets mode ``patch``: one zstd frame of ``new`` compressed
 with ``base`` as a raw-content dictionary (what ``zstd --patch-from`` does).
 
@@ -69,11 +74,15 @@ Misuse (a bad argument) raises ``ValueError``; I/O failures raise ``OSError``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
 from registry.errors import RegistryError, UsageError
+
+if TYPE_CHECKING:
+    from registry.onnx_wire import Tensor
 
 # The implementation modules import the exceptions and limits defined here, so they are
 # imported inside the functions below; that also keeps ``import registry.delta`` free of
@@ -87,6 +96,7 @@ __all__ = [
     "DeltaLimits",
     "decode",
     "encode",
+    "encode_external",
     "read_header",
 ]
 
@@ -178,6 +188,44 @@ def encode(base: bytes | Path, new: bytes | Path, *, level: int = 3) -> bytes:
     if not 1 <= level <= 22:
         raise UsageError(f"zstd level must be within 1..22, got {level}")
     return _delta_encode.encode(base, new, level=level)
+
+
+def encode_external(
+    base: Path,
+    new: Path,
+    out: Path,
+    base_tensors: Sequence[Tensor],
+    new_tensors: Sequence[Tensor],
+    *,
+    level: int = 3,
+) -> Path:
+    """Write a delta between two ONNX external data files to ``out`` (atomically).
+
+    Tensors of the same name, dtype and shape are compared 4 MiB at a time: equal
+    pieces are copied from ``base``, changed ones XOR-patched; tensors ``base`` lacks
+    are byte-plane compressed.  :func:`decode` applies the result.
+
+    Args:
+        base: the data file the device has.
+        new: the data file the device should end up with.
+        out: where to write the delta (a temporary spool is made beside it).
+        base_tensors: the spans of ``base``'s tensors (``offset``/``length`` in it).
+        new_tensors: the spans of ``new``'s tensors; none may overlap another.
+        level: zstd compression level (1-22).
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: ``level`` is out of range, or a span of ``new`` overlaps another or
+            runs past its end.
+        OSError: a file cannot be read, or ``out`` cannot be written.
+    """
+    from registry import _delta_external
+
+    if not 1 <= level <= 22:
+        raise UsageError(f"zstd level must be within 1..22, got {level}")
+    return _delta_external.encode(base, new, out, base_tensors, new_tensors, level=level)
 
 
 @overload

@@ -216,3 +216,99 @@ def initializers(data: memoryview) -> list[Tensor]:
             if tensor is not None:
                 tensors.append(tensor)
     return tensors
+
+
+_TENSOR_EXTERNAL_DATA: Final = 13
+_TENSOR_DATA_LOCATION: Final = 14
+_ENTRY_KEY: Final = 1
+_ENTRY_VALUE: Final = 2
+_EXTERNAL: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalSpan:
+    """One top-level initializer stored as ONNX external data.
+
+    Attributes:
+        tensor: its name, dtype, shape and the span (``offset``, ``length``) of its bytes
+            in ``location``.
+        location: the data file's name, as the graph writes it (unchecked: see
+            ``registry.schema.file_name_problem``).
+    """
+
+    tensor: Tensor
+    location: str
+
+
+def _external(buf: Any, start: int, end: int) -> ExternalSpan | None:
+    name = b""
+    data_type = 0
+    dims: list[int] = []
+    external = False
+    entries: dict[bytes, bytes] = {}
+    for number, wire, _key_at, value, pos, stop in fields(buf, start, end):
+        if number == _TENSOR_DIMS and wire == _VARINT:
+            dims.append(value)
+        elif number == _TENSOR_DIMS and wire == _LEN:
+            p = pos
+            while p < stop:
+                dim, p = varint(buf, p, stop)
+                dims.append(dim)
+        elif number == _TENSOR_DATA_TYPE and wire == _VARINT:
+            data_type = value
+        elif number == _TENSOR_NAME and wire == _LEN:
+            name = bytes(buf[pos:stop])
+        elif number == _TENSOR_DATA_LOCATION and wire == _VARINT:
+            external = value == _EXTERNAL
+        elif number == _TENSOR_EXTERNAL_DATA and wire == _LEN:
+            key = val = b""
+            for e_number, e_wire, _k, _v, e_pos, e_stop in fields(buf, pos, stop):
+                if e_number == _ENTRY_KEY and e_wire == _LEN:
+                    key = bytes(buf[e_pos:e_stop])
+                elif e_number == _ENTRY_VALUE and e_wire == _LEN:
+                    val = bytes(buf[e_pos:e_stop])
+            if key in entries:
+                raise WireFormatError(f"external data key {key!r} repeated")
+            entries[key] = val
+    if not external:
+        return None
+    try:
+        location = entries.get(b"location", b"").decode()
+        offset = int(entries.get(b"offset", b"0").decode() or "0")
+        length_text = entries.get(b"length")
+    except (UnicodeDecodeError, ValueError):
+        raise WireFormatError(f"external data of {name!r} is not readable") from None
+    size = _ELEMENT_SIZE.get(data_type, 1)
+    count = 1
+    for d in dims:
+        count *= d
+    try:
+        length = int(length_text.decode()) if length_text is not None else count * size
+    except (UnicodeDecodeError, ValueError):
+        raise WireFormatError(f"external data length of {name!r} is not a number") from None
+    if offset < 0 or length < 0:
+        raise WireFormatError(f"external data span of {name!r} is negative")
+    return ExternalSpan(Tensor(name, data_type, tuple(dims), offset, length), location)
+
+
+def external_initializers(data: Any) -> list[ExternalSpan]:
+    """The top-level initializers of a serialized ``ModelProto`` stored as external data,
+    in graph order (``data``: bytes, a memoryview or a memory map of the ``.onnx``).
+
+    Only the graph's own initializers are read (the only place ``pipelines.onnx_external``
+    lets external data be); spans are not checked against any file here.
+
+    Raises:
+        WireFormatError: not a well-formed protobuf message, or an external data entry
+            that does not parse.
+    """
+    spans: list[ExternalSpan] = []
+    for number, wire, _key_at, _value, pos, stop in fields(data, 0, len(data)):
+        if number != _MODEL_GRAPH or wire != _LEN:
+            continue
+        for g_number, g_wire, _g_key, _g_value, g_pos, g_stop in fields(data, pos, stop):
+            if g_number == _GRAPH_INITIALIZER and g_wire == _LEN:
+                span = _external(data, g_pos, g_stop)
+                if span is not None:
+                    spans.append(span)
+    return spans

@@ -11,8 +11,10 @@ could climb out of its folder.
 kind                   path                                          written
 =====================  ============================================  =================
 ``artifact``           ``models/<model>/<version>.onnx``             once per version
+``external_data``      ``models/<model>/<version>.data/<file>``      once per data file
 ``bundle``             ``bundles/<model>/<version>.sigstore.json``   once per version
 ``delta``              ``deltas/<model>/<version>.from-<base>.delta``  once per pair
+``delta`` (data file)  ``deltas/<model>/<version>.from-<base>.data/<file>.delta``  per pair
 ``engine``             ``engines/<model>/<version>/<target>.<ext>``  once per target
 ``version``            ``versions/<model>/<version>.json``           once per version
 ``golden``             ``goldens/<model>/<version>/<case>.<side>.npz``  once per case
@@ -27,7 +29,7 @@ import re
 from typing import Final, Literal
 
 from registry.errors import UsageError
-from registry.schema import DNS_LABEL_RE, SYMBOL_RE, is_semver
+from registry.schema import DNS_LABEL_RE, SYMBOL_RE, file_name_problem, is_semver
 from signing.tuf_facts import CHANNELS_PATH
 
 __all__ = [
@@ -40,6 +42,8 @@ __all__ = [
     "deprecation_path",
     "engine_file_name",
     "engine_path",
+    "external_data_delta_path",
+    "external_data_path",
     "golden_path",
     "version_path",
 ]
@@ -68,6 +72,27 @@ def _version(value: str) -> str:
 def artifact_path(model: str, version: str) -> str:
     """The full ONNX file of a version."""
     return f"models/{_name(model, 'model')}/{_version(version)}.onnx"
+
+
+def _file(value: str) -> str:
+    problem = file_name_problem(value)
+    if problem is not None:
+        raise UsageError(f"external data file {value!r} {problem}")
+    return value
+
+
+def external_data_path(model: str, version: str, file: str) -> str:
+    """One external data file of a version (ONNX external data), by its name beside the
+    ``.onnx`` (which its graph uses)."""
+    return f"models/{_name(model, 'model')}/{_version(version)}.data/{_file(file)}"
+
+
+def external_data_delta_path(model: str, version: str, base: str, file: str) -> str:
+    """The delta that turns ``base``'s external data file into ``version``'s ``file``."""
+    return (
+        f"deltas/{_name(model, 'model')}/{_version(version)}.from-{_version(base)}.data/"
+        f"{_file(file)}.delta"
+    )
 
 
 def bundle_path(model: str, version: str) -> str:

@@ -18,7 +18,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from registry.schema import Name, SemVer, Strict
+from registry.schema import Name, SemVer, Strict, file_name_problem
 from signing.errors import RollbackError
 
 CUSTOM_KEY: Final = "modelreg"
@@ -27,7 +27,8 @@ CHANNELS_PATH: Final = "channels.json"
 """Target path of the channels document."""
 
 TargetKind = Literal[
-    "artifact", "delta", "engine", "bundle", "channels", "version", "golden", "deprecation"
+    "artifact", "external_data", "delta", "engine", "bundle", "channels", "version", "golden",
+    "deprecation",
 ]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{7,64}$")]
@@ -39,7 +40,8 @@ class TargetFacts(Strict):
     """modelreg's facts about one target file, signed with it as TUF custom data.
 
     Attributes:
-        kind: what the file is: a full ONNX ``artifact``, a ``delta`` from ``base``,
+        kind: what the file is: a full ONNX ``artifact``, one of its ``external_data``
+            files (``file``, its name beside the ``.onnx``), a ``delta`` from ``base``,
             a prebuilt ``engine`` for ``target``, an OMS signature ``bundle``, the
             ``channels`` document, a version's device-facing description
             (``version``, see ``signing.version_doc``), a ``golden`` case's arrays, or
@@ -53,6 +55,8 @@ class TargetFacts(Strict):
         sequence: the channels document's sequence number.
         dvc_md5: for an artifact, the md5 its DVC pointer records (lets CI prove a
             released version's file was not swapped without hashing it again).
+        file: for an external data file and its delta, the file's name beside the
+            ``.onnx``.
     """
 
     kind: TargetKind
@@ -67,6 +71,7 @@ class TargetFacts(Strict):
     base_sha256: Sha256Hex | None = None
     sequence: Annotated[int, Field(ge=0)] | None = None
     dvc_md5: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")] | None = None
+    file: Annotated[str, StringConstraints(max_length=255)] | None = None
 
     @model_validator(mode="after")
     def _complete(self) -> TargetFacts:
@@ -77,6 +82,10 @@ class TargetFacts(Strict):
             raise ValueError(f"{self.kind} facts need a model and a version")
         if self.kind == "delta" and (self.base is None or self.base_sha256 is None):
             raise ValueError("delta facts need base and base_sha256")
+        if self.kind == "external_data" and self.file is None:
+            raise ValueError("external_data facts need the file's name")
+        if self.file is not None and file_name_problem(self.file) is not None:
+            raise ValueError(f"file {self.file!r} {file_name_problem(self.file)}")
         if self.kind == "engine" and self.target is None:
             raise ValueError("engine facts need the target it was built for")
         return self

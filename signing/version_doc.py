@@ -19,9 +19,18 @@ from __future__ import annotations
 import json
 from typing import Annotated, Final
 
-from pydantic import Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints
 
-from registry.schema import Labels, Name, SemVer, Signature, Strict, Target, Tolerance
+from registry.schema import (
+    Labels,
+    Name,
+    SemVer,
+    Signature,
+    Strict,
+    Target,
+    Tolerance,
+    file_name_problem,
+)
 
 __all__ = ["MAX_VERSION_DOC_BYTES", "GoldenCaseDoc", "VersionDoc"]
 
@@ -29,6 +38,17 @@ MAX_VERSION_DOC_BYTES: Final = 1 << 20
 """Largest description a device reads (a few KiB in practice)."""
 
 TargetPath = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+
+def _plain_file(value: str) -> str:
+    problem = file_name_problem(value)
+    if problem is not None:
+        raise ValueError(f"external data file {value!r} {problem}")
+    return value
+
+
+DataFile = Annotated[str, AfterValidator(_plain_file)]
+"""An external data file's name: a plain name beside the ``.onnx`` (never a path)."""
 
 
 class GoldenCaseDoc(Strict):
@@ -54,6 +74,10 @@ class VersionDoc(Strict):
         engines: prebuilt engine target path by device target name (targets whose
             engine is built on the device are absent).
         goldens: the golden cases, run as the self-test before a swap.
+        external_data: for a model stored with ONNX external data, each data file's
+            target path by its file name (the name its graph uses, beside the ``.onnx``);
+            left out of the document when empty, so a single-file version's description
+            is byte for byte what it always was.
     """
 
     model: Name
@@ -65,10 +89,13 @@ class VersionDoc(Strict):
     targets: list[Target] = Field(default_factory=list, max_length=64)
     engines: dict[Name, TargetPath] = Field(default_factory=dict, max_length=64)
     goldens: list[GoldenCaseDoc] = Field(default_factory=list, max_length=256)
+    external_data: dict[DataFile, TargetPath] = Field(default_factory=dict, max_length=64)
 
     def to_bytes(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace variation."""
         data = self.model_dump(mode="json", by_alias=True)
+        if not data["external_data"]:
+            del data["external_data"]
         return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
 
     @classmethod
