@@ -32,6 +32,7 @@ from signing.target_names import (
     GoldenSide,
     artifact_path,
     engine_path,
+    external_data_path,
     golden_path,
     version_path,
 )
@@ -82,8 +83,7 @@ def describe(
         engines=engines,
         goldens=cases,
         external_data={
-            f: external_data_path(entry.name, entry.version, f)
-            for f in spec.artifact.external_data
+            f: external_data_path(entry.name, entry.version, f) for f in spec.artifact.external_data
         },
     )
     return doc, files

@@ -86,7 +86,11 @@ class _Writer:
 
     def copy(self, base_offset: int, length: int) -> None:
         last = self.table[-1] if self.table else None
-        if last is not None and last.op is Op.COPY and last.base_offset + last.length == base_offset:
+        if (
+            last is not None
+            and last.op is Op.COPY
+            and last.base_offset + last.length == base_offset
+        ):
             self.table[-1] = Instruction(Op.COPY, 0, last.base_offset, last.length + length, 0)
         else:
             self.table.append(Instruction(Op.COPY, 0, base_offset, length, 0))
@@ -94,7 +98,9 @@ class _Writer:
     def payload(self, op: Op, planes: int, base_offset: int, length: int, data: bytes) -> None:
         self.spool.write(data)
         self.payload_size += len(data)
-        self.table.append(Instruction(op, planes, base_offset if op is Op.XOR else 0, length, len(data)))
+        self.table.append(
+            Instruction(op, planes, base_offset if op is Op.XOR else 0, length, len(data))
+        )
 
     def literal_frame(self) -> bytes:
         return bytes(self.literal + self._literal.flush()) if self.inserted else b""
@@ -130,7 +136,7 @@ def encode(
                         same.length != t.length or same.offset + same.length > base_size
                     ):
                         same = None
-                    _tensor(base_fd, new_fd, t, same, writer, new_digest)
+                    _tensor(base_fd, new_fd, t, same=same, writer=writer, digest=new_digest)
                     pos = t.offset + t.length
                 _literals(new_fd, pos, new_size, writer, new_digest)
                 literal = writer.literal_frame()
@@ -159,6 +165,7 @@ def _tensor(
     base_fd: int,
     new_fd: int,
     t: Tensor,
+    *,
     same: Tensor | None,
     writer: _Writer,
     digest: hashlib._Hash,

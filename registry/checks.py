@@ -148,6 +148,32 @@ def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> 
         yield _at(
             entry.doc, loc, f"{path} is a symbolic link; links in a repository are never followed"
         )
+    yield from _external_data(repo, entry, owners)
+
+
+def _external_data(
+    repo: Repository, entry: VersionEntry, owners: dict[str, str]
+) -> Iterator[Problem]:
+    """Each external data file: owned by this version alone, DVC-tracked, not a link."""
+    artifact = entry.manifest.spec.artifact
+    for i, path in enumerate(artifact.files()[1:]):
+        loc: Loc = ("spec", "artifact", "external_data", i)
+        other = owners.setdefault(path, f"{entry.name} {entry.version}")
+        if other != f"{entry.name} {entry.version}":
+            yield _at(entry.doc, loc, f"{path} is already a file of {other}")
+        check = check_pointer(repo.show.root, repo.show.prefix, path)
+        if not check.exists:
+            yield _at(
+                entry.doc, loc, f"no DVC pointer {path}.dvc; track the file with `dvc add {path}`"
+            )
+            continue
+        yield from check.problems
+        if (repo.root / path).is_symlink():
+            yield _at(
+                entry.doc,
+                loc,
+                f"{path} is a symbolic link; links in a repository are never followed",
+            )
 
 
 def _files_exist(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:

@@ -240,6 +240,17 @@ class ExternalSpan:
     location: str
 
 
+def _entry(buf: Any, start: int, end: int) -> tuple[bytes, bytes]:
+    """(key, value) of a ``StringStringEntryProto``."""
+    key = val = b""
+    for number, wire, _key_at, _value, pos, stop in fields(buf, start, end):
+        if number == _ENTRY_KEY and wire == _LEN:
+            key = bytes(buf[pos:stop])
+        elif number == _ENTRY_VALUE and wire == _LEN:
+            val = bytes(buf[pos:stop])
+    return key, val
+
+
 def _external(buf: Any, start: int, end: int) -> ExternalSpan | None:
     name = b""
     data_type = 0
@@ -261,17 +272,23 @@ def _external(buf: Any, start: int, end: int) -> ExternalSpan | None:
         elif number == _TENSOR_DATA_LOCATION and wire == _VARINT:
             external = value == _EXTERNAL
         elif number == _TENSOR_EXTERNAL_DATA and wire == _LEN:
-            key = val = b""
-            for e_number, e_wire, _k, _v, e_pos, e_stop in fields(buf, pos, stop):
-                if e_number == _ENTRY_KEY and e_wire == _LEN:
-                    key = bytes(buf[e_pos:e_stop])
-                elif e_number == _ENTRY_VALUE and e_wire == _LEN:
-                    val = bytes(buf[e_pos:e_stop])
+            key, val = _entry(buf, pos, stop)
             if key in entries:
                 raise WireFormatError(f"external data key {key!r} repeated")
             entries[key] = val
     if not external:
         return None
+    return _span(name, data_type, tuple(dims), entries)
+
+
+def _span(
+    name: bytes, data_type: int, dims: tuple[int, ...], entries: dict[bytes, bytes]
+) -> ExternalSpan:
+    """The span an external tensor's entries describe.
+
+    Raises:
+        WireFormatError: a value is not text or not a non-negative number.
+    """
     try:
         location = entries.get(b"location", b"").decode()
         offset = int(entries.get(b"offset", b"0").decode() or "0")
@@ -288,7 +305,7 @@ def _external(buf: Any, start: int, end: int) -> ExternalSpan | None:
         raise WireFormatError(f"external data length of {name!r} is not a number") from None
     if offset < 0 or length < 0:
         raise WireFormatError(f"external data span of {name!r} is negative")
-    return ExternalSpan(Tensor(name, data_type, tuple(dims), offset, length), location)
+    return ExternalSpan(Tensor(name, data_type, dims, offset, length), location)
 
 
 def external_initializers(data: Any) -> list[ExternalSpan]:

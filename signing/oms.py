@@ -190,6 +190,51 @@ def sign_model(
     return build_bundle(statement, private_key)
 
 
+def sign_files(
+    files: Mapping[str, Path],
+    private_key: ec.EllipticCurvePrivateKey,
+    *,
+    model_name: str,
+    facts: ModelFacts | None = None,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Sign an OMS bundle over a named set of files, as if they were one model folder.
+
+    A model stored with ONNX external data is its ``.onnx`` and the data files beside
+    it; its folder also holds other versions, so it is not walked: the files are named
+    here.  The bundle is the ``files`` serialization ``model_signing`` would write for a
+    folder holding exactly these files, so ``model_signing verify key`` accepts it for
+    one (``.git`` and friends ignored, as it does).
+
+    Args:
+        files: each file by its resource name (a plain name or relative POSIX path).
+        private_key: the ECDSA P-256 signing key.
+        model_name: the subject name.
+        facts: release facts to sign in the ``"modelreg"`` predicate field.
+        workers: hashing threads (default :func:`default_workers`).
+
+    Returns:
+        The bundle's JSON object.
+
+    Raises:
+        KeyMaterialError: the key is not ECDSA P-256.
+        ValueError: no files, an empty model name, or a name that is not a clean
+            relative path.
+        OSError: a file cannot be read.
+    """
+    check_p256(private_key, "private key")
+    if not files or not model_name:
+        raise UsageError("sign_files needs files and a model name")
+    for name in files:
+        parts = name.split("/")
+        if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise UsageError(f"resource name {name!r} is not a clean relative path")
+    digests = sha256_files(files.values(), workers=workers or default_workers())
+    by_name = {name: digests[p] for name, p in files.items()}
+    statement = build_statement(model_name, by_name, set(GIT_PATHS), facts)
+    return build_bundle(statement, private_key)
+
+
 def write_bundle(bundle: Mapping[str, Any], dest: Path) -> None:
     """Write a bundle atomically as compact JSON (as ``model_signing`` does).
 
@@ -333,6 +378,7 @@ __all__ = [
     "public_key_from",
     "read_bundle",
     "root_digest",
+    "sign_files",
     "sign_model",
     "verify_model",
     "write_bundle",

@@ -120,9 +120,7 @@ def test_diff_compares_external_tensors_as_it_does_inline_ones(
     from pipelines.diff import diff_models
 
     inline = diff_models(example_models / "mlp/1.0.0.onnx", example_models / "mlp/1.1.0.onnx")
-    split = diff_models(
-        external_models / "1.0.0/model.onnx", external_models / "1.1.0/model.onnx"
-    )
+    split = diff_models(external_models / "1.0.0/model.onnx", external_models / "1.1.0/model.onnx")
     assert split.weights == inline.weights
     assert split.weights.changed  # the fine-tune changed some tensors
     assert split.new.parameters == inline.new.parameters
@@ -130,3 +128,108 @@ def test_diff_compares_external_tensors_as_it_does_inline_ones(
     assert r.code == 0, r.err
     report = json.loads(r.out)
     assert report["weights"]["changed"], report["weights"]
+
+
+@pytest.fixture
+def released(repo: Path, cli: Any) -> Path:
+    assert cli("promote", "mlp", "1.0.0", "-c", "production", cwd=repo).code == 0
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "promote")
+    r = cli("publish", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)
+    assert report["pushed"] == 4  # two graphs and two data files
+    assert sorted(report["added"]) == [
+        "bundles/mlp/1.0.0.sigstore.json",
+        "bundles/mlp/1.1.0.sigstore.json",
+        "channels.json",
+        "deltas/mlp/1.1.0.from-1.0.0.data/1.1.0.onnx.data.delta",
+        "deltas/mlp/1.1.0.from-1.0.0.delta",
+        "goldens/mlp/1.0.0/default.inputs.npz",
+        "goldens/mlp/1.0.0/default.outputs.npz",
+        "models/mlp/1.0.0.data/1.0.0.onnx.data",
+        "models/mlp/1.0.0.onnx",
+        "models/mlp/1.1.0.data/1.1.0.onnx.data",
+        "models/mlp/1.1.0.onnx",
+        "versions/mlp/1.0.0.json",
+        "versions/mlp/1.1.0.json",
+    ]
+    return repo
+
+
+def _device(root: Path, tmp_path: Path) -> Any:
+    from edge_sync.trust import DeviceTrust
+
+    state = tmp_path / "device"
+    DeviceTrust.provision(state, (root / "trust/metadata/1.root.json").read_bytes())
+    trust = DeviceTrust(state, root, root / ".modelreg/remote/modelreg")
+    trust.refresh()
+    return trust
+
+
+def test_publish_signs_every_file_and_a_tensor_aware_delta_per_data_file(
+    released: Path, tmp_path: Path, cli: Any
+) -> None:
+    import hashlib
+
+    from registry.delta import decode
+    from signing.oms import verify_model
+    from signing.version_doc import VersionDoc
+
+    trust = _device(released, tmp_path)
+    got = tmp_path / "got"
+    doc = VersionDoc.from_bytes(
+        trust.fetch("versions/mlp/1.1.0.json", got, kind="version").read_bytes()
+    )
+    assert doc.external_data == {"1.1.0.onnx.data": "models/mlp/1.1.0.data/1.1.0.onnx.data"}
+    info = trust.target_info("models/mlp/1.1.0.data/1.1.0.onnx.data")
+    assert info.facts.kind == "external_data"
+    assert info.facts.file == "1.1.0.onnx.data"
+    # the device's files, side by side under the names the graph uses
+    model = tmp_path / "model"
+    model.mkdir()
+    for target, name in (("models/mlp/1.1.0.onnx", "1.1.0.onnx"),
+                         ("models/mlp/1.1.0.data/1.1.0.onnx.data", "1.1.0.onnx.data")):  # fmt: skip
+        (model / name).write_bytes(trust.fetch(target, got).read_bytes())
+    for name in ("1.1.0.onnx", "1.1.0.onnx.data"):
+        assert (model / name).read_bytes() == (released / "models/mlp" / name).read_bytes()
+    bundle = trust.fetch("bundles/mlp/1.1.0.sigstore.json", got, kind="bundle")
+    verified = verify_model(model, bundle, released / ".modelreg/keys/targets.pub")
+    assert sorted(verified.files) == ["1.1.0.onnx", "1.1.0.onnx.data"]
+    # a device holding 1.0.0's data file rebuilds 1.1.0's from the signed delta
+    delta_target = "deltas/mlp/1.1.0.from-1.0.0.data/1.1.0.onnx.data.delta"
+    delta_info = trust.target_info(delta_target)
+    assert delta_info.facts.base == "1.0.0"
+    assert delta_info.facts.file == "1.1.0.onnx.data"
+    base = released / "models/mlp/1.0.0.onnx.data"
+    assert delta_info.facts.base_sha256 == hashlib.sha256(base.read_bytes()).hexdigest()
+    delta = trust.fetch(delta_target, got, kind="delta")
+    new = (model / "1.1.0.onnx.data").read_bytes()
+    assert decode(base, delta, expected_sha256=hashlib.sha256(new).hexdigest()) == new
+    assert delta.stat().st_size < len(new) / 2
+    # publishing again signs nothing new
+    r = cli("publish", "--json", cwd=released)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["added"] == []
+
+
+def test_our_external_data_bundle_verifies_with_model_signing(
+    released: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from tests.integration.test_oms_interop import their_verify
+
+    folder = tmp_path / "mlp-1.1.0"
+    folder.mkdir()
+    for name in ("1.1.0.onnx", "1.1.0.onnx.data"):
+        shutil.copy(released / "models/mlp" / name, folder / name)
+    bundle = released / ".modelreg/release/bundles/mlp/1.1.0.sigstore.json"
+    proc = their_verify(folder, bundle, released / ".modelreg/keys/targets.pub")
+    assert proc.returncode == 0, proc.stderr
+    # a changed data file fails their verification too
+    data = folder / "1.1.0.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 1
+    data.write_bytes(bytes(raw))
+    assert their_verify(folder, bundle, released / ".modelreg/keys/targets.pub").returncode != 0
