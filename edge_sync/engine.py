@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from edge_sync import tensorrt
-from edge_sync.weights import WeightError, Weights, split_model
+from edge_sync.weights import WeightError, Weights, external_tensors, split_model
 from registry.errors import RegistryError
 
 if TYPE_CHECKING:
@@ -330,6 +330,12 @@ class OrtEngine:
                 graph = split_model(view, path.name)
         base_weights = base.weights if base is not None and base.shared else None
         weights = Weights.load(path, graph.tensors, base_weights, self.sha256)
+        # ONNX external data (a model over 2 GB): each data file beside the .onnx (the
+        # updater's view of verified blobs, hard links) is memory-mapped the same way,
+        # never read.  Its values name the .onnx's blob: pinning that keeps the view,
+        # whose links keep the data files, for a reload after eviction.
+        for file, tensors in external_tensors(graph.graph).items():
+            weights.merge(Weights.load(path.parent / file, tensors, base_weights, self.sha256))
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(path.parent)
         )

@@ -116,6 +116,8 @@ class Installed(_Model):
         target: the device target whose settings run it.
         kind: ``artifact`` (an ONNX file run by ONNX Runtime) or ``engine`` (a
             prebuilt engine file).
+        external: for an artifact stored with ONNX external data, each data file's blob
+            digest by the name its graph uses (empty for a self-contained model).
     """
 
     version: str
@@ -123,6 +125,7 @@ class Installed(_Model):
     artifact_sha256: str | None = None
     target: str | None = None
     kind: Literal["artifact", "engine"] = "artifact"
+    external: dict[str, str] = Field(default_factory=dict)
 
 
 class Rejected(_Model):
@@ -214,6 +217,7 @@ class DeviceState(_Model):
                 found.add(installed.sha256)
                 if installed.artifact_sha256:
                     found.add(installed.artifact_sha256)
+                found.update(installed.external.values())
         return found
 
 

@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
+from edge_sync._external import collect_views, model_view, obtain_data
 from edge_sync.config import EdgeConfig
 from edge_sync.engine import (
     Engine,
@@ -347,10 +348,11 @@ class Updater:
                 target = next((t for t in doc.targets if t.name == installed.target), None)
             except ValueError:
                 target = None
-        return LoadRequest(
-            name, installed.version, self.state.blobs.path(installed.sha256), installed.sha256,
-            installed.kind, target,
-        )  # fmt: skip
+        path = self.state.blobs.path(installed.sha256)
+        if installed.external:  # the .onnx with its data files beside it
+            path = model_view(self.state.root, self.state.blobs, installed.sha256,
+                              installed.external)  # fmt: skip
+        return LoadRequest(name, installed.version, path, installed.sha256, installed.kind, target)
 
     # --- one sync ------------------------------------------------------------------------
 
@@ -456,6 +458,7 @@ class Updater:
         mapped = getattr(self.host, "mapped_blobs", None)
         pinned = mapped() if callable(mapped) else set()
         self.state.blobs.collect(committed.referenced_blobs() | pinned)
+        collect_views(self.state.root, committed.referenced_blobs() | pinned)
         self._collect_descriptions(committed)
         self.state.blobs.clear_tmp()
         if not resumable:
@@ -533,6 +536,9 @@ class Updater:
                 target = self._target(doc)
                 plan = self._plan(trust, name, version, art, model, target)
             path, method = self._obtain(trust, name, version, plan, stages)
+            path, method, external = self._external_data(
+                trust, (name, version), doc, art, (path, method, plan), stages=stages
+            )
             plan = _Plan(method, plan.kind, plan.sha256, plan.target_path)
             installed = Installed(
                 version=version,
@@ -540,6 +546,7 @@ class Updater:
                 artifact_sha256=art.sha256 if plan.kind == "artifact" else None,
                 target=target.name if target is not None else None,
                 kind=plan.kind,
+                external=external,
             )
             self._keep_description(name, version, doc)
             request = LoadRequest(name, version, path, plan.sha256, plan.kind, target)
@@ -598,6 +605,31 @@ class Updater:
         rejected = [*model.rejected, refused][-32:]
         record = UpdateRecord(result="rejected", version=version, reason=reason, finished=now_iso())
         return record, model.model_copy(update={"rejected": rejected, "last_update": record})
+
+    def _external_data(
+        self,
+        trust: DeviceTrust,
+        which: tuple[str, str],
+        doc: VersionDoc | None,
+        art: SignedTarget,
+        obtained: tuple[Path, Literal["cached", "delta", "full", "engine"], _Plan],
+        *,
+        stages: _Stages,
+    ) -> tuple[Path, Literal["cached", "delta", "full", "engine"], dict[str, str]]:
+        """The version's ONNX external data files in the blob store, verified, and the
+        file to load: the ``.onnx`` in a view beside them (``edge_sync._external``)."""
+        path, method, plan = obtained
+        if plan.kind != "artifact":  # a prebuilt engine is one self-contained file
+            return path, method, {}
+        name, version = which
+        external, data_method = obtain_data(
+            trust, self.state.blobs, name, version, doc, art.facts.parent,
+            self._work(name), self.state.partials, stages,
+        )  # fmt: skip
+        if not external:
+            return path, method, {}
+        view = model_view(self.state.root, self.state.blobs, plan.sha256, external)
+        return view, _worst(method, data_method), external
 
     # --- health gates ---------------------------------------------------------------------
 
@@ -1011,6 +1043,17 @@ def _trusted_targets(state_root: Path) -> dict[str, str]:
 def _now() -> datetime:
     """The device's clock (one place, so tests can move it)."""
     return datetime.now(UTC)
+
+
+def _worst(
+    method: Literal["cached", "delta", "full", "engine"],
+    data: Literal["cached", "delta", "full"] | None,
+) -> Literal["cached", "delta", "full", "engine"]:
+    """How a version with external data came: the costliest way any of its files did."""
+    order = ("cached", "delta", "full")
+    if data is None or method == "engine":
+        return method
+    return method if order.index(method) >= order.index(data) else data
 
 
 def _said(method: str) -> Literal["delta", "full", "cached"]:

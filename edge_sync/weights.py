@@ -33,12 +33,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from registry.onnx_wire import WireFormatError, encode_varint, fields, varint
+from registry.onnx_wire import (
+    WireFormatError,
+    encode_varint,
+    external_initializers,
+    fields,
+    varint,
+)
+from registry.schema import file_name_problem
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["ONNX_DTYPES", "Graph", "Held", "Tensor", "WeightError", "Weights", "split_model"]
+__all__ = [
+    "ONNX_DTYPES",
+    "Graph",
+    "Held",
+    "Tensor",
+    "WeightError",
+    "Weights",
+    "external_tensors",
+    "split_model",
+]
 
 MAP_AT_LEAST: Final = 64 << 10
 """Tensors at least this large are memory-mapped; smaller ones are read (a mapping
@@ -243,6 +259,32 @@ def split_model(buf: Any, location: str) -> Graph:
     return Graph(bytes(out), tuple(tensors))
 
 
+def external_tensors(graph: Any) -> dict[str, tuple[Tensor, ...]]:
+    """The graph's initializers stored as ONNX external data, by data file name.
+
+    Raises:
+        WeightError: the graph does not parse, a location is not a plain file name
+            (the signed graph passed CI's check; this one would not), or a tensor has no
+            numpy dtype.
+    """
+    try:
+        spans = external_initializers(graph)
+    except WireFormatError as e:
+        raise WeightError(str(e)) from None
+    found: dict[str, list[Tensor]] = {}
+    for span in spans:
+        t = span.tensor
+        problem = file_name_problem(span.location)
+        if problem is not None:
+            raise WeightError(f"external data location {span.location!r} {problem}")
+        dtype = ONNX_DTYPES.get(t.data_type)
+        if dtype is None:
+            raise WeightError(f"external tensor {t.name!r} has type {t.data_type}")
+        name = t.name.decode("utf-8", "replace")
+        found.setdefault(span.location, []).append(Tensor(name, dtype, t.dims, t.offset, t.length))
+    return {file: tuple(tensors) for file, tensors in found.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """One tensor's value: the array (over a memory map), the OrtValue over it, and the
@@ -265,6 +307,12 @@ class Weights:
     def blobs(self) -> set[str]:
         """The blobs these values map (the engine's own and those it shares)."""
         return {held.blob for held in self.values.values()}
+
+    def merge(self, other: Weights) -> None:
+        """Add the values of another file of the same model (an external data file)."""
+        self.values.update(other.values)
+        self.own_bytes += other.own_bytes
+        self.shared_bytes += other.shared_bytes
 
     @classmethod
     def load(
