@@ -244,17 +244,27 @@ class Store:
         import onnx
         from mlflow.exceptions import MlflowException
 
+        from registry.onnx_wire import WireFormatError, external_initializers
+
         tags = {**want.tags, **want.creation_tags}
         try:
             experiment = self._experiment(model)
             with mlflow.start_run(
                 experiment_id=experiment, run_name=f"{model} {want.semver}", tags=tags
             ) as run:
+                raw = artifact.read_bytes()
+                external = bool(external_initializers(raw))
                 info = mlflow.onnx.log_model(
-                    onnx_model=onnx.load_model_from_string(artifact.read_bytes()),
+                    # A model with ONNX external data (over 2 GB) cannot be one protobuf
+                    # message: loaded from its path (the data files beside it, verified
+                    # against their pointers) and saved by the flavor as external data,
+                    # which mlflow.onnx.load_model reads back.
+                    onnx_model=onnx.load_model(str(artifact))
+                    if external
+                    else onnx.load_model_from_string(raw),
                     name=model,
                     # One file: byte-for-byte the artifact Git and DVC track.
-                    save_as_external_data=False,
+                    save_as_external_data=external,
                     # Inferring requirements loads the model in a subprocess; the
                     # flavor's defaults are what inference would find anyway.
                     pip_requirements=mlflow.onnx.get_default_pip_requirements(),
@@ -269,7 +279,7 @@ class Store:
                 tags=tags,
                 model_id=info.model_id,
             )
-        except (MlflowException, OSError) as e:
+        except (MlflowException, OSError, WireFormatError) as e:
             raise self.fail(f"cannot register {model} {want.semver}", e) from e
         return str(version.version)
 

@@ -273,6 +273,10 @@ def _workspace_artifact(repo: Repository, entry: VersionEntry, *, fetch: bool) -
     rel = entry.manifest.spec.artifact.path
     artifact, display = repo.root / rel, repo.display(repo.root / rel)
     if fetch:
+        # ONNX external data: MLflow's flavor reads the data files beside the .onnx, so
+        # each is pulled and held to its pointer first, as the .onnx is.
+        for data in entry.manifest.spec.artifact.files()[1:]:
+            fetch_artifact(repo.root, data, repo.display(repo.root / data))
         return fetch_artifact(repo.root, rel, display).path
     pointer = read_pointer(
         artifact.with_name(artifact.name + ".dvc"), display + ".dvc", artifact.name

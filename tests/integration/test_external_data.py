@@ -233,3 +233,30 @@ def test_our_external_data_bundle_verifies_with_model_signing(
     raw[-1] ^= 1
     data.write_bytes(bytes(raw))
     assert their_verify(folder, bundle, released / ".modelreg/keys/targets.pub").returncode != 0
+
+
+def test_register_logs_external_data_that_mlflow_loads_back(
+    repo: Path, cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnx import numpy_helper
+
+    from modelreg.examples import build_model
+    from tests.integration.test_register import quiet_mlflow
+
+    assert cli("promote", "mlp", "1.0.0", "-c", "production", cwd=repo).code == 0
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "promote")
+    r = cli("register", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{repo / '.modelreg/mlflow.db'}")
+    with quiet_mlflow() as mlflow:
+        import mlflow.onnx
+
+        loaded = mlflow.onnx.load_model("models:/mlp@production")
+    expected = {
+        t.name: numpy_helper.to_array(t) for t in build_model("mlp", "1.0.0").graph.initializer
+    }
+    got = {t.name: numpy_helper.to_array(t) for t in loaded.graph.initializer}
+    assert got.keys() == expected.keys()
+    for name, array in expected.items():
+        assert (got[name] == array).all(), name
