@@ -42,6 +42,7 @@ __all__ = [
     "run_onnxruntime",
     "save_external",
     "write_examples",
+    "write_large_external",
 ]
 
 EXAMPLE_VERSIONS: dict[str, tuple[str, ...]] = {
@@ -428,3 +429,92 @@ def save_external(model: onnx.ModelProto, path: Path, data_name: str | None = No
             offset += len(raw)
     write_atomic(path, graph_model.SerializeToString(deterministic=True))
     return data_path
+
+
+LARGE_WIDTH = 8192
+"""Hidden width of :func:`write_large_external`'s MLP: one layer is 256 MiB of float32."""
+_LARGE_SIZE_ID = 3
+_PAGE = 4096  # large tensors page-aligned, so readers can map them
+
+
+def write_large_external(
+    folder: Path, version: str, gib: float, *, width: int = LARGE_WIDTH
+) -> tuple[Path, Path]:
+    """Write a ``mlp`` version of at least ``gib`` GiB as ``folder/model.onnx`` plus
+    ``folder/model.onnx.data`` (ONNX external data), streaming: one layer in memory
+    at a time, never the whole model (the benchmark's model over 2 GB).
+
+    Its layers are ``16 -> width -> ... -> width -> 4``; ``1.1.0`` fine-tunes the last
+    hidden layer and the head (as the small ``mlp`` does), every other tensor is
+    byte-identical to ``1.0.0``'s.  Deterministic, like every example.
+
+    Args:
+        folder: created if missing.
+        version: ``"1.0.0"`` or ``"1.1.0"``.
+        gib: least size of the weights, in GiB.
+        width: hidden width (the default makes 256 MiB layers; tests use less).
+
+    Returns:
+        The ``.onnx`` file and the data file.
+
+    Raises:
+        ValueError: an unknown version or a size below one layer.
+    """
+    from registry.atomic import AtomicFile
+
+    if version not in ("1.0.0", "1.1.0"):
+        raise UsageError(f"large example versions are 1.0.0 and 1.1.0, not {version!r}")
+    layer = width * width * 4
+    hidden = int(np.ceil(gib * (1 << 30) / layer))
+    if hidden < 1 or width < 1:
+        raise UsageError(f"{gib} GiB at width {width} holds no layer")
+    dims = [_MLP_IN, *[width] * hidden, _MLP_OUT]
+    layers = len(dims) - 1
+    fine_tuned = {layers - 2, layers - 1} if version == "1.1.0" else set()
+    folder.mkdir(parents=True, exist_ok=True)
+    path, data_path = folder / "model.onnx", folder / "model.onnx.data"
+    initializers: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+    x = "input"
+    with AtomicFile(data_path) as out:
+        offset = 0
+        for i in range(layers):
+            fan_in, fan_out = dims[i], dims[i + 1]
+            key = (1, _LARGE_SIZE_ID, i, 0)
+            w = _weights((fan_in, fan_out), fan_in, (*key, 0))
+            b = _weights((fan_out,), fan_in, (*key, 1)) * np.float32(0.1)
+            if i in fine_tuned:
+                w = _fine_tune(w, fan_in, (*key, 10))
+                b = _fine_tune(b, fan_in, (*key, 11))
+            for name, array in ((f"fc{i}.weight", w), (f"fc{i}.bias", b)):
+                pad = -offset % _PAGE
+                out.file.write(bytes(pad))
+                offset += pad
+                out.file.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+                tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT)
+                tensor.dims.extend(array.shape)
+                tensor.data_location = TensorProto.EXTERNAL
+                for k, v in (("location", data_path.name), ("offset", str(offset)),
+                             ("length", str(array.nbytes))):  # fmt: skip
+                    tensor.external_data.add(key=k, value=v)
+                initializers.append(tensor)
+                offset += array.nbytes
+            del w, b
+            nodes.append(helper.make_node("MatMul", [x, f"fc{i}.weight"], [f"fc{i}/mm"]))
+            nodes.append(helper.make_node("Add", [f"fc{i}/mm", f"fc{i}.bias"], [f"fc{i}/add"]))
+            if i == layers - 1:
+                nodes.append(helper.make_node("Softmax", [f"fc{i}/add"], ["probs"], axis=1))
+            else:
+                nodes.append(helper.make_node("Relu", [f"fc{i}/add"], [f"fc{i}/relu"]))
+                x = f"fc{i}/relu"
+    graph = helper.make_graph(
+        nodes, "mlp", [_value_info("input", [_BATCH, _MLP_IN])],
+        [_value_info("probs", [_BATCH, _MLP_OUT])], initializer=initializers,
+    )  # fmt: skip
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name=_PRODUCER,
+        producer_version=_PRODUCER_VERSION, ir_version=_IR_VERSION,
+        doc_string=f"modelreg example mlp {version} (large, external data)",
+    )  # fmt: skip
+    write_atomic(path, model.SerializeToString(deterministic=True))
+    return path, data_path

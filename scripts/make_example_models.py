@@ -4,6 +4,11 @@
 Usage::
 
     python scripts/make_example_models.py --out DIR [--size small|large] [--models mlp,cnn]
+    python scripts/make_example_models.py --out DIR --large-external GIB
+
+The second form writes ``DIR/mlp-large/<version>/model.onnx`` and ``model.onnx.data``
+(ONNX external data, how every model over 2 GB is stored) for 1.0.0 and its fine-tune
+1.1.0, each with at least GIB GiB of weights, streaming (one layer in memory at a time).
 """
 
 from __future__ import annotations
@@ -13,7 +18,12 @@ import hashlib
 import sys
 from pathlib import Path
 
-from modelreg.examples import EXAMPLE_SIZES, EXAMPLE_VERSIONS, write_examples
+from modelreg.examples import (
+    EXAMPLE_SIZES,
+    EXAMPLE_VERSIONS,
+    write_examples,
+    write_large_external,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-goldens", action="store_true", help="skip golden inputs/outputs (.npz)"
+    )
+    parser.add_argument(
+        "--large-external",
+        type=float,
+        metavar="GIB",
+        help="write only the large mlp (1.0.0, 1.1.0) with external data of GIB GiB each",
     )
     return parser
 
@@ -51,6 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = _parser()
     args = parser.parse_args(argv)  # exits with status 2 on a usage error
+    if args.large_external is not None:
+        if args.large_external <= 0:
+            parser.error("--large-external needs a positive size in GiB")
+        for version in ("1.0.0", "1.1.0"):
+            for path in write_large_external(
+                args.out / "mlp-large" / version, version, args.large_external
+            ):
+                print(f"{path}\t{path.stat().st_size}")
+        return 0
     models = None
     if args.models is not None:
         models = [name.strip() for name in str(args.models).split(",") if name.strip()]

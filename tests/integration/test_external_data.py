@@ -241,7 +241,7 @@ def test_register_logs_external_data_that_mlflow_loads_back(
     from onnx import numpy_helper
 
     from modelreg.examples import build_model
-    from tests.integration.test_register import quiet_mlflow
+    from tests.integration.test_register import quiet_mlflow  # type: ignore[attr-defined]
 
     assert cli("promote", "mlp", "1.0.0", "-c", "production", cwd=repo).code == 0
     git(repo, "add", "-A")
