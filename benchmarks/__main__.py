@@ -1,4 +1,5 @@
-"""Run the benchmark suite: ``python -m benchmarks [--only NAME] [--quick] [--json-out PATH]``.
+"""Run the benchmark suite: ``python -m benchmarks [--only NAME] [--skip NAME] [--quick]
+[--json-out PATH]``.
 
 Every module in ``BENCHMARKS`` runs in turn; a table of its timings, ratios and goals
 is printed, and all results go to one JSON file (``benchmarks/results/latest.json`` by
@@ -20,7 +21,9 @@ from typing import Any, Final
 
 from benchmarks._util import REPO_ROOT, BenchmarkError, fmt_seconds, machine_info
 
-BENCHMARKS: Final = ("registry_scale", "hashing", "delta", "release", "edge_update", "serving")
+BENCHMARKS: Final = (
+    "registry_scale", "hashing", "delta", "release", "edge_update", "serving", "large_model",
+)  # fmt: skip
 """Modules of this package run by default, in order; each has ``run(quick) -> dict``."""
 
 DEFAULT_JSON: Final = REPO_ROOT / "benchmarks" / "results" / "latest.json"
@@ -32,6 +35,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--only", choices=BENCHMARKS, action="append", help="run only this benchmark (repeatable)"
+    )
+    parser.add_argument(
+        "--skip",
+        choices=BENCHMARKS,
+        action="append",
+        default=[],
+        help="leave this benchmark out (repeatable; large_model needs ~25 GB of disk)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smaller inputs: a fast check, not the figures"
@@ -106,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code: 0, or 1 when a benchmark failed to run.
     """
     args = _parse(argv)
-    names = tuple(args.only) if args.only else BENCHMARKS
+    names = tuple(n for n in (args.only or BENCHMARKS) if n not in args.skip)
     report: dict[str, Any] = {
         "started": datetime.now(UTC).isoformat(timespec="seconds"),
         "quick": args.quick,

@@ -58,13 +58,14 @@ def stage(argv: list[str], *, cwd: Path, env: dict[str, str]) -> tuple[float, in
         BenchmarkError: it exits non-zero.
     """
     start = time.perf_counter()
-    proc = subprocess.Popen(  # noqa: S603 - our own interpreter and CLI
+    with subprocess.Popen(
         argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    assert proc.stdout is not None  # noqa: S101 - PIPE was asked for
-    output = proc.stdout.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    ) as proc:
+        output = proc.stdout.read() if proc.stdout is not None else b""
+        # wait4, not wait: it returns this child's own resource usage (with the
+        # children it waited for), where RUSAGE_CHILDREN would mix every stage's peak.
+        _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
         tail = output.decode(errors="replace").strip()[-2000:]
@@ -180,7 +181,9 @@ def run(
         f"({rss / model_bytes:.1%} of the model)"
         for name, (secs, rss) in stages.items()
     ]
-    notes.append(f"delta {delta_bytes / 2**20:.1f} MiB for a {data_bytes / 2**30:.2f} GiB data file")
+    notes.append(
+        f"delta {delta_bytes / 2**20:.1f} MiB for a {data_bytes / 2**30:.2f} GiB data file"
+    )
     return {
         "name": NAME,
         "quick": quick,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -211,3 +212,43 @@ def test_goals_cover_cold_and_warm() -> None:
     assert [by_name[n] for n in cold] == [False, True]
     assert [by_name[n] for n in warm] == [True, True]
     assert all("--no-cache" in n for n in cold)
+
+
+# --- large_model: a model over 2 GB, stage by stage -----------------------------------
+
+
+def test_large_model_stage_reports_a_childs_peak_rss(tmp_path: Path) -> None:
+    """The benchmark's one RSS probe: a child that touches 200 MiB peaks above it."""
+    from benchmarks.large_model import stage
+
+    grow = "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+    seconds, rss = stage([sys.executable, "-c", grow], cwd=tmp_path, env=dict(os.environ))
+    assert seconds > 0
+    assert 200 << 20 <= rss < 400 << 20
+    with pytest.raises(_util.BenchmarkError, match="exited 3"):
+        stage([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=dict(os.environ))
+
+
+def test_large_model_fixture_is_an_external_data_pair_that_checks(tmp_path: Path) -> None:
+    """The generator the benchmark times against: two versions, each an ``.onnx`` and
+    one data file, accepted by the build's checks, 1.1.0 a fine-tune of 1.0.0."""
+    from benchmarks.large_model import ensure_models
+    from pipelines.build_checks import check_onnx
+    from pipelines.onnx_signature import load_onnx_external
+
+    models = ensure_models(0.001, width=128, root=tmp_path / "models")
+    assert (tmp_path / "models/done").exists()
+    spans = {}
+    for version in ("1.0.0", "1.1.0"):
+        path = models / version / "model.onnx"
+        check_onnx(path, str(path))
+        _, external = load_onnx_external(path, str(path))
+        assert external.files == ("model.onnx.data",)
+        assert all(t.offset % 4096 == 0 for t in external.tensors)  # mappable
+        spans[version] = external
+    old = (models / "1.0.0/model.onnx.data").read_bytes()
+    new = (models / "1.1.0/model.onnx.data").read_bytes()
+    same = [t for t in spans["1.1.0"].tensors if old[t.offset : t.offset + t.length]
+            == new[t.offset : t.offset + t.length]]  # fmt: skip
+    assert 0 < len(same) < len(spans["1.1.0"].tensors)
+    assert ensure_models(0.001, width=128, root=tmp_path / "models") == models  # reused
