@@ -465,10 +465,10 @@ def write_large_external(
     if version not in ("1.0.0", "1.1.0"):
         raise UsageError(f"large example versions are 1.0.0 and 1.1.0, not {version!r}")
     layer = width * width * 4
-    hidden = int(np.ceil(gib * (1 << 30) / layer))
-    if hidden < 1 or width < 1:
+    square = int(np.ceil(gib * (1 << 30) / layer))  # width x width matrices
+    if square < 1 or width < 1:
         raise UsageError(f"{gib} GiB at width {width} holds no layer")
-    dims = [_MLP_IN, *[width] * hidden, _MLP_OUT]
+    dims = [_MLP_IN, *[width] * (square + 1), _MLP_OUT]
     layers = len(dims) - 1
     fine_tuned = {layers - 2, layers - 1} if version == "1.1.0" else set()
     folder.mkdir(parents=True, exist_ok=True)
@@ -490,7 +490,7 @@ def write_large_external(
                 pad = -offset % _PAGE
                 out.file.write(bytes(pad))
                 offset += pad
-                out.file.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+                out.file.write(np.ascontiguousarray(array).data)
                 tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT)
                 tensor.dims.extend(array.shape)
                 tensor.data_location = TensorProto.EXTERNAL

@@ -268,7 +268,8 @@ def refuse_uncommitted(repo: Repository) -> None:
     content = {CONFIG_FILE}
     for entry in repo.all_versions():
         spec = entry.manifest.spec
-        content.update((spec.artifact.path, f"{spec.artifact.path}.dvc"))
+        for file in spec.artifact.files():  # the .onnx and its external data files
+            content.update((file, f"{file}.dvc"))
         for case in spec.goldens.cases if spec.goldens else []:
             content.update(v for v in (case.inputs, case.outputs) if isinstance(v, str))
     manifests = repo.config.manifests.rstrip("/") + "/"

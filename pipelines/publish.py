@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pipelines import dvc
 from pipelines.build import BuildRecord, BuildReport
@@ -32,6 +32,13 @@ from pipelines.build_engines import BUILT, EngineResult
 from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
 from pipelines.publish_description import stage_description
+from pipelines.publish_external import (
+    data_changed,
+    data_rel,
+    md5_of,
+    sign_version,
+    stage_data_deltas,
+)
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.errors import (
@@ -47,14 +54,13 @@ from registry.repository import Repository, VersionEntry, load_repository
 from signing import target_names
 from signing.errors import FileSetError
 from signing.keys import private_key_from_env
-from signing.oms import ModelFacts, sign_files, sign_model
+from signing.oms import ModelFacts
 from signing.target_names import (
     artifact_path,
     bundle_path,
     delta_path,
     deprecation_path,
     engine_path,
-    external_data_delta_path,
     external_data_path,
 )
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
@@ -62,12 +68,7 @@ from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import TARGETS_DIR, stored_name
 from signing.workspace import ONLINE, TrustPaths, signer, trust_paths
 
-if TYPE_CHECKING:
-    from cryptography.hazmat.primitives.asymmetric import ec
-
 TUF_SUBDIR: Final = "modelreg"
-MAX_GRAPH_BYTES: Final = 2**31
-"""Largest ``.onnx`` read whole to find external tensors (protobuf's own 2 GB cap)."""
 RELEASE_DIR: Final = ".modelreg/release"
 
 
@@ -241,7 +242,7 @@ def _stage_version(
     for name in entry.manifest.spec.artifact.external_data:
         data_target = external_data_path(entry.name, entry.version, name)
         if trust.published(data_target) is None:
-            md5 = _md5_of(repo, _data_rel(entry, name))
+            md5 = md5_of(repo, data_rel(entry, name))
             extra = {"dvc_md5": md5} if md5 else {}
             facts_data = _facts(entry, "external_data", ctx, file=name, **extra)
             trust.add_target(data_target, artifact.parent / name, facts_data)
@@ -256,7 +257,7 @@ def _stage_version(
             parent=entry.manifest.spec.parent,
             targets=tuple(t.name for t in entry.manifest.spec.targets),
         )
-        bundle = _sign(artifact, entry, key, facts)
+        bundle = sign_version(artifact, entry, key, facts)
         data = json.dumps(bundle, separators=(",", ":")).encode()
         trust.add_target(bundle_target, data, _facts(entry, "bundle", ctx))
         # Kept beside the build records, so the MLflow mirror can attach it.
@@ -270,7 +271,13 @@ def _stage_version(
         delta_target = delta_path(entry.name, entry.version, parent)
         if trust.published(delta_target) is None:
             added.extend(_stage_delta(repo, trust, entry, delta_target, ctx))
-        added.extend(_stage_data_deltas(repo, trust, entry, parent, ctx))
+        added.extend(
+            stage_data_deltas(
+                repo, trust, entry, parent,
+                fetch=_fetch, facts=lambda kind, **extra: _facts(entry, kind, ctx, **extra),
+                out_dir=repo.root / RELEASE_DIR,
+            )
+        )  # fmt: skip
     # Last: the description names the engines staged above.
     added.extend(stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx)))
     deprecated = entry.manifest.spec.deprecated
@@ -291,78 +298,9 @@ def _fetch(repo: Repository, entry: VersionEntry) -> Path:
     return fetch_artifact(repo.root, first, repo.display(repo.root / first)).path
 
 
-def _sign(
-    artifact: Path, entry: VersionEntry, key: ec.EllipticCurvePrivateKey, facts: ModelFacts
-) -> dict[str, Any]:
-    """The OMS bundle of a version: over its one file, or over the ``.onnx`` and its
-    external data files by their names (what ``model_signing`` signs for a folder that
-    holds exactly them)."""
-    name = f"{entry.name}-{entry.version}"
-    external = entry.manifest.spec.artifact.external_data
-    if not external:
-        return sign_model(artifact, key, model_name=name, facts=facts)
-    files = {artifact.name: artifact, **{f: artifact.parent / f for f in external}}
-    return sign_files(files, key, model_name=name, facts=facts)
-
-
-def _stage_data_deltas(
-    repo: Repository, trust: TrustRepo, entry: VersionEntry, parent: str, ctx: CiContext
-) -> list[str]:
-    """A delta per external data file from the parent's file at the same place in its
-    sorted list (a model keeps its layout across fine-tunes; another count of files
-    gets no data deltas and devices fetch those files in full).  The tensors come from
-    each version's graph, so the delta is tensor-aware; it is encoded streaming."""
-    from registry.delta import encode_external
-    from registry.onnx_wire import external_initializers
-    from registry.safe_io import read_regular
-    from signing.hashing import sha256_file
-
-    base_entry = repo.versions.get(entry.name, {}).get(parent)
-    new_files = sorted(entry.manifest.spec.artifact.external_data)
-    if base_entry is None or not new_files:
-        return []
-    base_files = sorted(base_entry.manifest.spec.artifact.external_data)
-    if len(base_files) != len(new_files):
-        return []
-    todo = [
-        (old, new, external_data_delta_path(entry.name, entry.version, parent, new))
-        for old, new in zip(base_files, new_files, strict=True)
-    ]
-    todo = [t for t in todo if trust.published(t[2]) is None]
-    if not todo:
-        return []
-    base_onnx, new_onnx = _fetch(repo, base_entry), _fetch(repo, entry)
-    spans = {}
-    for side, onnx_path in (("base", base_onnx), ("new", new_onnx)):
-        graph = read_regular(onnx_path, root=repo.root, max_bytes=MAX_GRAPH_BYTES)
-        spans[side] = external_initializers(graph)
-    added = []
-    for old, new, target in todo:
-        base_tensors = [s.tensor for s in spans["base"] if s.location == old]
-        new_tensors = [s.tensor for s in spans["new"] if s.location == new]
-        out = repo.root / RELEASE_DIR / target
-        out.parent.mkdir(parents=True, exist_ok=True)
-        base_file = base_onnx.parent / old
-        encode_external(base_file, new_onnx.parent / new, out, base_tensors, new_tensors)
-        facts = _facts(
-            entry, "delta", ctx, base=parent, base_sha256=sha256_file(base_file), file=new
-        )
-        trust.add_target(target, out, facts)
-        added.append(target)
-    return added
-
-
 def _pointer_md5(repo: Repository, entry: VersionEntry) -> str | None:
     """The md5 the version's DVC pointer records (checked while loading, else now)."""
-    return _md5_of(repo, entry.manifest.spec.artifact.path)
-
-
-def _md5_of(repo: Repository, path: str) -> str | None:
-    """The md5 the DVC pointer of ``path`` records (checked while loading, else now)."""
-    from registry.dvcfile import check_pointer
-
-    check = repo.pointers.get(path) or check_pointer(str(repo.root), "", path)
-    return check.md5
+    return md5_of(repo, entry.manifest.spec.artifact.path)
 
 
 def released_deprecations(repo: Repository, trust: TrustRepo) -> list[Problem]:
@@ -390,12 +328,6 @@ def released_deprecations(repo: Repository, trust: TrustRepo) -> list[Problem]:
             line, col, "spec.deprecated",
         ))  # fmt: skip
     return problems
-
-
-def _data_rel(entry: VersionEntry, name: str) -> str:
-    """The repository path of external data file ``name`` (beside the ``.onnx``)."""
-    artifact = entry.manifest.spec.artifact
-    return artifact.files()[1 + artifact.external_data.index(name)]
 
 
 def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
@@ -427,7 +359,7 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
             except (RegistryError, OSError):
                 continue  # not in the work tree (or a link, which validation reports)
             changed = digest != info.hashes.get("sha256")
-        changed = changed or _data_changed(repo, trust, entry)
+        changed = changed or data_changed(repo, trust, entry)
         if changed:
             line, col = entry.doc.position(("spec", "artifact"))
             problems.append(
@@ -441,18 +373,6 @@ def released_changes(repo: Repository, trust: TrustRepo) -> list[Problem]:
                 )
             )
     return problems
-
-
-def _data_changed(repo: Repository, trust: TrustRepo, entry: VersionEntry) -> bool:
-    """Whether a released external data file's DVC pointer names other bytes now."""
-    for name in entry.manifest.spec.artifact.external_data:
-        info = trust.published(external_data_path(entry.name, entry.version, name))
-        if info is None:
-            continue
-        signed = TargetFacts.from_custom(info.custom).dvc_md5
-        if signed is not None and _md5_of(repo, _data_rel(entry, name)) not in (None, signed):
-            return True
-    return False
 
 
 def _stage_engines(

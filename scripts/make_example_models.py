@@ -71,10 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.large_external <= 0:
             parser.error("--large-external needs a positive size in GiB")
         for version in ("1.0.0", "1.1.0"):
-            for path in write_large_external(
+            pair = write_large_external(
                 args.out / "mlp-large" / version, version, args.large_external
-            ):
-                print(f"{path}\t{path.stat().st_size}")
+            )
+            for written_file in pair:
+                print(f"{written_file}\t{written_file.stat().st_size}")
         return 0
     models = None
     if args.models is not None:

@@ -310,7 +310,9 @@ def verify_model(
     """Verify a model file or folder against an OMS bundle signed by ``public_key``.
 
     The file set must be exactly the signed one, less the paths the statement ignores,
-    ``ignore_paths`` and the bundle file itself when it lies in the model folder.
+    ``ignore_paths`` and the bundle file itself when it lies in the model folder.  For a
+    bundle over an ``.onnx`` and its external data files (:func:`sign_files`), ``path``
+    may be the ``.onnx``: the other signed files are then looked for beside it.
 
     Args:
         path: the model file or folder.
@@ -342,12 +344,36 @@ def verify_model(
     ignore = set(signed.ignore_paths) | _relative_ignores(path, ignore_paths)
     if isinstance(bundle, Path):
         ignore |= _bundle_inside(path, bundle)
-    files = list_model_files(path, ignore)
+    if path.is_file() and SINGLE_FILE not in signed.files and path.name in signed.files:
+        files = _beside(path, signed.files)  # an .onnx with its external data files
+    else:
+        files = list_model_files(path, ignore)
     check_file_set(signed.files, files, str(path))
     digests = sha256_files(files.values(), workers=workers or default_workers())
     check_digests(signed.files, {name: digests[p] for name, p in files.items()}, str(path))
     files_view = MappingProxyType(dict(signed.files))
     return VerifiedModel(path, signed.name, signed.digest, files_view, signed.facts)
+
+
+def _beside(path: Path, signed: Mapping[str, str]) -> dict[str, Path]:
+    """The signed files found beside ``path`` (a bundle from :func:`sign_files` of an
+    ``.onnx`` and its ONNX external data): plain names only, regular files, no links.
+
+    Raises:
+        VerificationError: a signed name is a path, or the file is a link or not regular.
+    """
+    files: dict[str, Path] = {}
+    for name in signed:
+        if "/" in name or name in (".", ".."):
+            raise VerificationError(f"{name}: not a file beside the model", str(path))
+        candidate = path.parent / name
+        if candidate.is_symlink():
+            raise VerificationError(f"{name}: symbolic links are not allowed in a model", str(path))
+        if candidate.is_file():
+            files[name] = candidate
+        elif candidate.exists():
+            raise VerificationError(f"{name}: not a regular file", str(path))
+    return files
 
 
 __all__ = [

@@ -260,3 +260,23 @@ def test_register_logs_external_data_that_mlflow_loads_back(
     assert got.keys() == expected.keys()
     for name, array in expected.items():
         assert (got[name] == array).all(), name
+
+
+def test_verify_an_onnx_with_its_external_data_beside_it(released: Path, cli: Any) -> None:
+    bundle = released / ".modelreg/release/bundles/mlp/1.1.0.sigstore.json"
+    key = released / ".modelreg/keys/targets.pub"
+    onnx_file = released / "models/mlp/1.1.0.onnx"
+    r = cli("verify", str(onnx_file), "--bundle", str(bundle), "--public-key", str(key),
+            "--json", cwd=released)  # fmt: skip
+    assert r.code == 0, r.err
+    assert sorted(json.loads(r.out)["files"]) == ["1.1.0.onnx", "1.1.0.onnx.data"]
+    data = released / "models/mlp/1.1.0.onnx.data"
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 1
+    data.chmod(0o644)
+    data.write_bytes(bytes(raw))
+    r = cli("verify", str(onnx_file), "--bundle", str(bundle), "--public-key", str(key),
+            cwd=released)  # fmt: skip
+    assert r.code == 1
+    assert len(r.err.strip().splitlines()) == 1, r.err
+    assert "1.1.0.onnx.data" in r.err
