@@ -328,13 +328,15 @@ class OrtEngine:
                 raise WeightError("the file is empty")
             with mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
                 graph = split_model(view, path.name)
+                # the file's own external data, not what the split just made external
+                external = external_tensors(view)
         base_weights = base.weights if base is not None and base.shared else None
         weights = Weights.load(path, graph.tensors, base_weights, self.sha256)
         # ONNX external data (a model over 2 GB): each data file beside the .onnx (the
         # updater's view of verified blobs, hard links) is memory-mapped the same way,
         # never read.  Its values name the .onnx's blob: pinning that keeps the view,
         # whose links keep the data files, for a reload after eviction.
-        for file, tensors in external_tensors(graph.graph).items():
+        for file, tensors in external.items():
             weights.merge(Weights.load(path.parent / file, tensors, base_weights, self.sha256))
         options.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", str(path.parent)

@@ -102,3 +102,17 @@ def test_a_restarted_device_serves_its_external_data_model_without_the_network(
     with rig.updater(artifacts={"url": str(rig.tmp / "nowhere")}) as updater:
         assert updater.resume() == {}
     _answer(rig, "1.0.0")
+
+
+def test_a_corrupt_data_delta_falls_back_to_the_full_file(rig: EdgeRig) -> None:
+    assert rig.sync().updates["mlp"].method == "full"
+    rig.release_version("1.1.0", "1.0.0", artifact=rig.models / "1.1.0/model.onnx")
+    (delta,) = (rig.remote / "targets/deltas/mlp/1.1.0.from-1.0.0.data").glob("*.delta")
+    raw = bytearray(delta.read_bytes())
+    raw[200] ^= 0xFF
+    delta.chmod(0o644)
+    delta.write_bytes(bytes(raw))
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version, update.method) == ("installed", "1.1.0", "full")
+    assert update.bytes_fetched >= _data(rig, "1.1.0").stat().st_size
+    _answer(rig, "1.1.0")
