@@ -494,11 +494,9 @@ def add_version(
     renamed = external.files if in_place else _data_names(version, external.files)
     data_sources = [artifact.parent / f for f in external.files]
     data_dests = [dest.parent / f for f in renamed]
-    for given, target in ((artifact, dest), *zip(data_sources, data_dests, strict=True)):
-        if target.exists() and target.resolve() != given.resolve():
-            raise ManifestError.single(
-                display_path(target), f"already exists; not overwriting it for {name} {version}"
-            )
+    _refuse_overwrites(
+        [(artifact, dest), *zip(data_sources, data_dests, strict=True)], f"{name} {version}"
+    )
     written: list[Path] = []
     try:
         if not in_place:
@@ -552,6 +550,19 @@ def _new_version_path(repo: Repository, name: str, version: str) -> Path:
     if equal is not None:
         raise ManifestError.single(shown, precedence_message(version, equal))
     return path
+
+
+def _refuse_overwrites(pairs: Sequence[tuple[Path, Path]], what: str) -> None:
+    """Refuse to copy a file onto another one already in the repository.
+
+    Raises:
+        ManifestError: a destination exists and is not the file being added.
+    """
+    for given, target in pairs:
+        if target.exists() and target.resolve() != given.resolve():
+            raise ManifestError.single(
+                display_path(target), f"already exists; not overwriting it for {what}"
+            )
 
 
 def _copy_in(
