@@ -27,7 +27,14 @@ CHANNELS_PATH: Final = "channels.json"
 """Target path of the channels document."""
 
 TargetKind = Literal[
-    "artifact", "external_data", "delta", "engine", "bundle", "channels", "version", "golden",
+    "artifact",
+    "external_data",
+    "delta",
+    "engine",
+    "bundle",
+    "channels",
+    "version",
+    "golden",
     "deprecation",
 ]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
