@@ -207,7 +207,9 @@ def run(quick: bool) -> dict[str, Any]:
             [*modelreg, "show", last, "--no-cache"], mr_repo, check_output=_contains(last)
         ),
         HISTORY_COLD: Command(
-            [*modelreg, "history", last, "--no-cache"], mr_repo, check_output=_contains(last)
+            [*modelreg, "history", last, "--no-cache"],
+            mr_repo,
+            check_output=_contains("version 1.0.0 added"),
         ),
         GTO_SHOW: Command(
             [str(gto.exe), "show"],

@@ -181,10 +181,11 @@ def _push_advice(root: Path, display: str) -> str:
     if here.resolve() != local:
         return f"upload it with `dvc push {display}` from a clone that has it"
     return (
-        f"the DVC remote is {DEFAULT_REMOTE_DIR}, a folder inside each clone (the "
-        "default of `modelreg init`), so only the clone that added the file has it: "
-        f"there, point DVC at a shared remote (`dvc remote modify {REMOTE_NAME} url "
-        "s3://bucket/path`, commit .dvc/config) and run `dvc push`"
+        f"upload it with `dvc push {display}` from the clone that added it; the DVC "
+        f"remote is {DEFAULT_REMOTE_DIR}, a folder inside each clone (the default of "
+        "`modelreg init`) that no teammate or CI job reaches: point DVC at a shared "
+        f"remote first (`dvc remote modify {REMOTE_NAME} url s3://bucket/path`, commit "
+        ".dvc/config)"
     )
 
 

@@ -185,7 +185,10 @@ def test_artifact_missing_everywhere_is_one_fetch_line(repo: Path, cli) -> None:
     md5 = yaml.safe_load((repo / "models/mlp/1.1.0.onnx.dvc").read_text())["outs"][0]["md5"]
     expected = (
         f"models/mlp/1.1.0.onnx: missing from the workspace, the DVC cache and the DVC remote "
-        f"(md5 {md5}); upload it with `dvc push models/mlp/1.1.0.onnx`"
+        f"(md5 {md5}); upload it with `dvc push models/mlp/1.1.0.onnx` from the clone that added it; "
+        f"the DVC remote is .modelreg/remote, a folder inside each clone (the default of "
+        f"`modelreg init`) that no teammate or CI job reaches: point DVC at a shared remote "
+        f"first (`dvc remote modify storage url s3://bucket/path`, commit .dvc/config)"
     )
     assert _error_lines(r.err) == [expected]
     record = _record(repo, "1.1.0")

@@ -121,7 +121,10 @@ def test_diff_domain_errors_exit_1_with_one_line(repo: Path, cli) -> None:
     assert missing.err.strip() == (
         "modelreg: models/mlp/1.1.0.onnx: missing from the workspace, the DVC cache and the "
         f"DVC remote (md5 {hashlib.md5(data, usedforsecurity=False).hexdigest()}); upload it with "
-        "`dvc push models/mlp/1.1.0.onnx`"
+        "`dvc push models/mlp/1.1.0.onnx` from the clone that added it; the DVC remote is "
+        ".modelreg/remote, a folder inside each clone (the default of `modelreg init`) that no "
+        "teammate or CI job reaches: point DVC at a shared remote first (`dvc remote modify "
+        "storage url s3://bucket/path`, commit .dvc/config)"
     )
     bad_ref = cli("diff", "--base", "no-such-ref", cwd=repo)
     assert bad_ref.code == 1

@@ -153,5 +153,6 @@ def test_init_says_the_default_remote_is_local_and_a_teammate_learns_why(
     shutil.rmtree(teammate / ".modelreg", ignore_errors=True)
     r = cli("build", "mlp", "1.0.0", cwd=teammate)
     assert r.code == 1
-    assert "only the clone that added the file has it" in r.err
+    assert "from the clone that added it" in r.err
+    assert "a folder inside each clone" in r.err
     assert "dvc remote modify storage url" in r.err
