@@ -14,7 +14,7 @@ import functools
 import gc
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -202,7 +202,9 @@ def _linked(path: str, show: _Display) -> Problem:
     return Problem(show(path), f"{_LINK}; links in a repository are never followed")
 
 
-def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Task]:
+def _scan(
+    manifests: Path, show: _Display, problems: list[Problem], only: Collection[str] | None = None
+) -> list[_Task]:
     tasks: list[_Task] = []
     try:
         check_folder(manifests, root=Path(show.root))
@@ -215,6 +217,8 @@ def _scan(manifests: Path, show: _Display, problems: list[Problem]) -> list[_Tas
         )
         return tasks
     for model_dir in sorted(os.scandir(manifests), key=lambda e: e.name):
+        if only is not None and model_dir.name not in only:
+            continue
         # A linked folder would move every manifest below it out of the repository
         # (manifests/mlp -> /etc); a linked file would read whatever it points at.
         if model_dir.is_symlink():
@@ -379,7 +383,13 @@ def untrusted_checkout() -> Iterator[None]:
         _UNTRUSTED_CHECKOUT.reset(token)
 
 
-def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True) -> Repository:
+def load_repository(
+    start: Path,
+    *,
+    jobs: int | None = None,
+    cache: bool = True,
+    models: Collection[str] | None = None,
+) -> Repository:
     """Load the repository containing ``start``; problems are collected, not raised.
 
     Args:
@@ -388,6 +398,9 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
         cache: reuse parsed data of files unchanged since the last load
             (``.modelreg/cache/``); results are the same either way.  Ignored (no
             cache) inside :func:`untrusted_checkout`.
+        models: load only these model folders (``show`` and ``history`` of one model
+            need nothing else); cross-references to other models are then unknown,
+            so such a repository is for reading one model, never for validation.
 
     Returns:
         The repository with every manifest that loaded and every problem found.  Cross-
@@ -401,12 +414,12 @@ def load_repository(start: Path, *, jobs: int | None = None, cache: bool = True)
     config = load_config(root, display_path(root / CONFIG_FILE))
     repo = Repository(root=root, config=config)
     repo.show = _Display(root)
-    tasks = _scan(root / config.manifests, repo.show, repo.problems)
+    tasks = _scan(root / config.manifests, repo.show, repo.problems, models)
     use_cache = cache and not _UNTRUSTED_CHECKOUT.get()
     parse_cache = ParseCache(root, _cache_key()) if use_cache else None
     with _no_gc():
         results = _run(tasks, jobs, parse_cache, repo.show)
-    if parse_cache is not None:
+    if parse_cache is not None and models is None:  # a partial load would prune the rest
         parse_cache.save()
     for loaded in results:
         result = _named_by_version(loaded)

@@ -23,10 +23,24 @@ _NO_CACHE = click.option(
 _JSON = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
 
-def _load(no_cache: bool) -> Repository:
+def _load(no_cache: bool, model: str | None = None) -> Repository:
+    """The repository; with ``model``, only that model's folder is parsed (what one
+    model's ``show`` or ``history`` needs), and everything when it is not there (the
+    error then suggests the closest name)."""
     from registry.repository import load_repository
 
+    if model is not None:
+        repo = load_repository(Path.cwd(), cache=not no_cache, models=[model])
+        if model in repo.models or any(m == model for m, _ in repo.broken):
+            return repo
     return load_repository(Path.cwd(), cache=not no_cache)
+
+
+def _model_of(ref: str) -> str:
+    for mark in ("@", ":"):
+        if mark in ref:
+            return ref.partition(mark)[0]
+    return ref
 
 
 def _releases(repo: Repository) -> dict[tuple[str, str], ReleaseState]:
@@ -70,7 +84,7 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
     from signing.target_names import artifact_path
     from signing.workspace import trust_paths
 
-    repo = _load(no_cache)
+    repo = _load(no_cache, name)
     model_entry(repo, name)
     top = toplevel(repo.root)
     events: list[Event] = []
@@ -136,7 +150,7 @@ def show(ref: str, as_json: bool, no_cache: bool, with_mlflow: bool) -> None:
     from registry.gitinfo import last_commits, toplevel
     from registry.inspect import model_facts, resolve, version_facts
 
-    repo = _load(no_cache)
+    repo = _load(no_cache, _model_of(ref))
     found = resolve(repo, ref)
     releases = _releases(repo)
     facts: dict[str, Any]

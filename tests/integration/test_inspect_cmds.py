@@ -273,3 +273,20 @@ def test_a_hostile_author_name_cannot_drive_the_terminal(fleet: Path, cli: Any) 
     # JSON keeps the name as git gave it (a carriage return read as a newline), escaped
     # by JSON itself
     assert _events(cli, fleet)[0]["author"] == hostile.replace("\r", "\n")
+
+
+def test_show_and_history_of_one_model_read_only_its_folder(fleet: Path, cli: Any) -> None:
+    """At 10,000 versions a fresh CI checkout has no parse cache: one model's show or
+    history must not parse every other model's manifests."""
+    other = fleet / "manifests/other"
+    other.mkdir()
+    (other / "model.yaml").write_text("this: [is not a manifest\n")
+    for args in (("show", "mlp"), ("show", "mlp:1.0.0"), ("history", "mlp")):
+        r = cli(*args, "--no-cache", cwd=fleet)
+        assert r.code == 0, r.err
+        assert "manifest problem" not in r.err  # the broken model was never read
+    # a name that is not there still gets the closest one, from a full load
+    r = cli("show", "mpl", cwd=fleet)
+    assert r.code == 1
+    assert "did you mean 'mlp'?" in r.err
+    assert cli("validate", cwd=fleet).code == 1  # validation reads everything
