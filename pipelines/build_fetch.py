@@ -17,6 +17,7 @@ from typing import Final
 
 from pipelines.dvc import open_repo, quiet
 from pipelines.errors import ArtifactError
+from registry import progress
 from registry.dvcfile import DvcPointer, read_pointer
 from registry.errors import ManifestError, ToolError, UnsafeFileError
 from registry.safe_io import open_regular
@@ -148,7 +149,7 @@ def _pull(root: Path, path: Path, display: str, pointer: DvcPointer) -> None:
         from dvc.exceptions import CheckoutError, DvcException
     except ImportError:
         raise ToolError("DVC is not installed; install modelreg[ci]") from None
-    with quiet():
+    with quiet(), progress.stage("dvc pull", display):
         try:
             repo = open_repo(root)
             try:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from registry import progress
 from registry.errors import ToolError
 
 _LOGGERS = ("dvc", "dvc_data", "dvc_objects")
@@ -136,7 +137,7 @@ def push(root: Path, remote: str | None = None) -> int:
     """
     from dvc.exceptions import DvcException
 
-    with quiet():
+    with quiet(), progress.stage("dvc push", remote or "(default remote)"):
         try:
             return int(open_repo(root).push(remote=remote) or 0)
         except DvcException as e:
