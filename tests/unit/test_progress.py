@@ -78,9 +78,12 @@ def test_rich_display_on_a_terminal() -> None:
 def test_rich_marks_a_failed_stage_however_short() -> None:
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=100)
-    with progress.reporting(progress.RichReporter(console, min_seconds=60)):
-        with pytest.raises(OSError, match="disk"), progress.stage("publish", "sign"):
-            raise OSError("disk full")
+    with (
+        progress.reporting(progress.RichReporter(console, min_seconds=60)),
+        pytest.raises(OSError, match="disk"),
+        progress.stage("publish", "sign"),
+    ):
+        raise OSError("disk full")
     assert "✗ publish: sign" in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
 
 
