@@ -18,16 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-_HTTP_SCHEMES: Final = frozenset({"http", "https"})
+from pipelines._probe import first_answer, http_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,30 +76,6 @@ def bounded_client(limits: MlflowLimits = DEFAULT_LIMITS) -> Iterator[None]:
             os.environ.pop(key, None)
 
 
-def _probe_url(uri: str) -> str | None:
-    """The URL to probe for ``uri``, credentials removed; None when it is not HTTP."""
-    parts = urllib.parse.urlsplit(uri)
-    if parts.scheme not in _HTTP_SCHEMES or not parts.hostname:
-        return None
-    # Credentials in the netloc would be taken for a host by urllib; the probe needs
-    # none (any HTTP answer, 401 included, shows the server is there).
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/") + "/health", "", ""))
-
-
-def _reason(error: BaseException, timeout: float) -> str:
-    reason = getattr(error, "reason", error)
-    if isinstance(reason, TimeoutError):
-        return f"no answer within {timeout:g} s"
-    if isinstance(reason, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(reason, socket.gaierror):
-        return f"cannot resolve the host ({reason.strerror or reason})"
-    if isinstance(reason, OSError):
-        return reason.strerror or str(reason) or type(reason).__name__
-    return str(reason) or type(reason).__name__
-
-
 def unreachable(uri: str, limits: MlflowLimits = DEFAULT_LIMITS) -> str | None:
     """Why the MLflow server at ``uri`` cannot be reached, or None if it answers.
 
@@ -113,22 +84,13 @@ def unreachable(uri: str, limits: MlflowLimits = DEFAULT_LIMITS) -> str | None:
     be resolved or silence past ``limits.probe_timeout`` is reported.  URIs that are
     not HTTP (a local store, ``databricks``) are not probed.
     """
-    url = _probe_url(uri)
-    if url is None:
+    base = http_url(uri)
+    if base is None:
         return None
-    request = urllib.request.Request(url, headers={"User-Agent": "modelreg"})  # noqa: S310 - http(s) only
-    why = ""
-    for attempt in range(limits.probe_attempts):
-        if attempt:
-            time.sleep(limits.probe_pause)
-        try:
-            with urllib.request.urlopen(request, timeout=limits.probe_timeout):  # noqa: S310
-                return None
-        except urllib.error.HTTPError as e:
-            e.close()
-            return None
-        except (urllib.error.URLError, OSError) as e:
-            why = _reason(e, limits.probe_timeout)
-            if not isinstance(getattr(e, "reason", e), ConnectionRefusedError):
-                break
-    return f"unreachable ({why})"
+    why = first_answer(
+        base.rstrip("/") + "/health",  # MLflow's own liveness endpoint
+        timeout=limits.probe_timeout,
+        attempts=limits.probe_attempts,
+        pause=limits.probe_pause,
+    )
+    return None if why is None else f"unreachable ({why})"

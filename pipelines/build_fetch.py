@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pipelines.dvc import open_repo, quiet
+from pipelines.dvc import bounded_repo, open_repo, quiet
 from pipelines.errors import ArtifactError
 from registry import progress
 from registry.dvcfile import DvcPointer, read_pointer
@@ -152,6 +152,16 @@ def _pull(root: Path, path: Path, display: str, pointer: DvcPointer) -> None:
     with quiet(), progress.stage("dvc pull", display):
         try:
             repo = open_repo(root)
+            try:
+                # From DVC's cache no remote is needed, and none is asked (``pull``
+                # would query it anyway): a remote that is down or silent must not
+                # hold up a build that has the bytes at hand.
+                if repo.cache.local.exists(pointer.md5):
+                    repo.checkout(targets=[str(path)])
+                    return
+            finally:
+                repo.close()
+            repo = bounded_repo(root)
             try:
                 repo.pull(targets=[str(path)])
             finally:

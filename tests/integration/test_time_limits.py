@@ -125,3 +125,75 @@ def test_client_limits_respect_the_users_settings(monkeypatch: pytest.MonkeyPatc
         assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "7"
     assert "MLFLOW_HTTP_REQUEST_TIMEOUT" not in os.environ
     assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "9"
+
+
+def _point_dvc_at(fleet: Path, url: str) -> None:
+    """Make ``url`` the default DVC remote and lose the local copies of mlp 1.0.0."""
+    from pipelines import dvc
+
+    dvc.set_remote(fleet, "far", url)
+    (fleet / "models/mlp/1.0.0.onnx").unlink()
+    shutil.rmtree(fleet / ".dvc/cache")
+
+
+@pytest.mark.parametrize("kind", ["closed", "blackhole"])
+def test_a_build_that_must_pull_from_a_dead_remote_fails_fast(
+    fleet: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    url: str = request.getfixturevalue(f"{kind}_url")
+    _point_dvc_at(fleet, url.replace("http://", "http://ci:hunter2@") + "/store")
+    elapsed, r = _timed("build", cwd=fleet)
+    assert r.code == 1
+    why = "connection refused" if kind == "closed" else "no answer within 10 s"
+    shown = url.replace("http://", "http://***@")
+    assert r.err.splitlines() == [
+        f"modelreg: DVC remote 'far' at {shown}/store: unreachable ({why})"
+    ]
+    assert "hunter2" not in r.out + r.err
+    assert elapsed < LIMIT_S
+
+
+def test_a_push_to_a_silent_remote_fails_fast(fleet: Path, blackhole_url: str) -> None:
+    from pipelines import dvc
+    from registry.errors import ToolError
+
+    dvc.set_remote(fleet, "far", blackhole_url)
+    start = time.monotonic()
+    with pytest.raises(ToolError) as info:
+        dvc.push(fleet)
+    assert time.monotonic() - start < LIMIT_S
+    assert str(info.value) == (
+        f"DVC remote 'far' at {blackhole_url}: unreachable (no answer within 10 s)"
+    )
+
+
+def test_a_pull_from_the_cache_does_not_ask_the_remote(fleet: Path, blackhole_url: str) -> None:
+    from pipelines import dvc
+    from pipelines.build_fetch import fetch_artifact
+
+    dvc.set_remote(fleet, "far", blackhole_url)
+    (fleet / "models/mlp/1.0.0.onnx").unlink()  # still in DVC's cache
+    start = time.monotonic()
+    fetched = fetch_artifact(fleet, "models/mlp/1.0.0.onnx", "models/mlp/1.0.0.onnx")
+    assert fetched.fetched
+    assert time.monotonic() - start < 5  # no 10 s probe of the silent remote
+
+
+def test_network_remotes_get_timeouts_unless_configured(fleet: Path, closed_url: str) -> None:
+    from pipelines import dvc
+
+    dvc.set_remote(fleet, "far", closed_url)
+    repo = dvc.bounded_repo(fleet, probe=False)
+    try:
+        assert repo.config["remote"]["far"]["connect_timeout"] == 10
+        assert repo.config["remote"]["far"]["read_timeout"] == 60
+    finally:
+        repo.close()
+    with (fleet / ".dvc/config").open("a") as fh:
+        fh.write("    read_timeout = 600\n")  # the user's choice stands
+    repo = dvc.bounded_repo(fleet, probe=False)
+    try:
+        assert repo.config["remote"]["far"]["read_timeout"] == 600
+    finally:
+        repo.close()
+    assert "connect_timeout" not in (fleet / ".dvc/config").read_text()
