@@ -69,11 +69,17 @@ def digest_file(path: Path, *, root: Path | None = None) -> Digests:
     md5 = hashlib.md5(usedforsecurity=False)  # DVC's content address, not a security check
     sha256 = hashlib.sha256()
     size = 0
-    with open_regular(path, root=root) as fh:
+    with (
+        open_regular(path, root=root) as fh,
+        progress.stage(
+            "hash", path.name, total=os.fstat(fh.fileno()).st_size, logged=False
+        ) as shown,
+    ):
         while chunk := fh.read(_CHUNK):
             md5.update(chunk)
             sha256.update(chunk)
             size += len(chunk)
+            shown.advance(len(chunk))
     return Digests(md5.hexdigest(), sha256.hexdigest(), size)
 
 

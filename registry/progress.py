@@ -67,11 +67,14 @@ class Stage:
         started: ``time.perf_counter()`` at its start.
         elapsed: seconds it took, once finished.
         failed: whether it ended with an exception.
+        logged: whether it gets a line in CI logs; a detail inside a logged stage
+            (hashing one file) shows only on a terminal, as a bar.
     """
 
     subject: str
     name: str
     total: int | None = None
+    logged: bool = True
     done: int = 0
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0
@@ -123,6 +126,8 @@ class LineReporter(Reporter):
 
     def finished(self, stage: Stage) -> None:
         """Write ``subject: name (0.41 s)``, ``failed`` added when it failed."""
+        if not stage.logged:
+            return
         stream = self._stream
         outcome = " failed" if stage.failed else ""
         stream.write(_clean(f"{stage.label}{outcome} ({stage.elapsed:.2f} s)") + "\n")
@@ -261,19 +266,23 @@ def reporting(reporter: Reporter) -> Iterator[Reporter]:
 
 
 @contextlib.contextmanager
-def stage(subject: str, name: str, *, total: int | None = None) -> Iterator[Stage]:
+def stage(
+    subject: str, name: str, *, total: int | None = None, logged: bool = True
+) -> Iterator[Stage]:
     """Run the block as step ``name`` of ``subject``, shown by the current reporter.
 
     Args:
         subject: what the step works on (``build mlp 1.1.0``).
         name: the step (``fetch``).
         total: its size, when known (then ``Stage.advance`` moves a bar).
+        logged: False for a detail of a logged stage: a bar on a terminal, no line
+            in CI logs.
 
     Yields:
         The stage: ``advance`` it as work is done; ``elapsed`` is set at the end.
     """
     reporter = _CURRENT.get() or _SILENT
-    current = Stage(subject, name, total, _reporter=reporter)
+    current = Stage(subject, name, total, logged=logged, _reporter=reporter)
     reporter.started(current)
     try:
         yield current

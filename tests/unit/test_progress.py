@@ -107,3 +107,23 @@ def test_reporter_follows_the_environment(
 def test_an_unknown_mode_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="MODELREG_PROGRESS='fancy'"):
         progress.for_environment({"MODELREG_PROGRESS": "fancy"}, io.StringIO())
+
+
+def test_details_show_on_a_terminal_but_not_in_ci_logs() -> None:
+    out = io.StringIO()
+    with (
+        progress.reporting(progress.LineReporter(out)),
+        progress.stage("build mlp 1.1.0", "fetch"),
+        progress.stage("hash", "1.1.0.onnx", total=4, logged=False) as detail,
+    ):
+        detail.advance(4)
+    assert out.getvalue().splitlines()[0].startswith("build mlp 1.1.0: fetch (")
+    assert len(out.getvalue().splitlines()) == 1
+    screen = io.StringIO()
+    console = Console(file=screen, force_terminal=True, width=100)
+    with (
+        progress.reporting(progress.RichReporter(console, min_seconds=0)),
+        progress.stage("hash", "1.1.0.onnx", total=4, logged=False) as detail,
+    ):
+        detail.advance(4)
+    assert "hash: 1.1.0.onnx" in screen.getvalue()
