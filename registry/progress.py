@@ -142,16 +142,23 @@ class RichReporter(Reporter):
     ``min_seconds`` or more leave a line; shorter ones only flash by.
 
     Args:
-        console: the terminal (stderr by default).
+        console: the terminal; by default one over ``stream``, made at the first stage
+            (importing rich costs more than many commands take, and most run none).
+        stream: the terminal's stream when no console is given (stderr by default).
         min_seconds: the shortest stage that leaves a line.
     """
 
-    def __init__(self, console: Console | None = None, *, min_seconds: float = 0.5) -> None:
-        from rich.console import Console
-
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        stream: IO[str] | None = None,
+        min_seconds: float = 0.5,
+    ) -> None:
+        self._console = console
         # The stream is bound now, as LineReporter's is: rich would otherwise look
         # sys.stderr up at each write and draw into a tool's silenced buffer.
-        self.console = console or Console(file=sys.stderr)
+        self._stream = stream or sys.stderr
         self.min_seconds = min_seconds
         self._progress: Progress | None = None
         self._tasks: dict[int, TaskID] = {}
@@ -167,13 +174,17 @@ class RichReporter(Reporter):
         )
 
         if self._progress is None:
+            if self._console is None:
+                from rich.console import Console
+
+                self._console = Console(file=self._stream)
             self._progress = Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
                 BarColumn(),
                 DownloadColumn(),
                 TimeElapsedColumn(),
-                console=self.console,
+                console=self._console,
                 transient=True,
                 # stdout carries --json: never route it through the stderr console.
                 redirect_stdout=False,
@@ -248,9 +259,7 @@ def for_environment(
     if mode == "lines":
         return LineReporter(stream)
     if mode == "rich":
-        from rich.console import Console
-
-        return RichReporter(Console(file=stream))
+        return RichReporter(stream=stream)
     return Reporter()
 
 
