@@ -167,7 +167,13 @@ def _pull(root: Path, path: Path, display: str, pointer: DvcPointer) -> None:
                     return
             finally:
                 repo.close()
-            repo = bounded_repo(root)
+            try:
+                repo = bounded_repo(root)
+            except ToolError as e:
+                # A problem of this artifact's build, reported beside the others.
+                raise ArtifactError(
+                    display, f"missing from the workspace and the DVC cache; {e}"
+                ) from None
             try:
                 repo.pull(targets=[str(path)])
             finally:

@@ -13,6 +13,7 @@ import contextlib
 import io
 import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,28 @@ class RemoteLimits:
 
 
 DEFAULT_REMOTE_LIMITS: Final = RemoteLimits()
+_DEAD_FOR: Final = 60.0
+# Remotes the probe found dead in this process, by URL: (when, why).  A build pulls
+# each version's artifact on its own; a remote that gave no answer a moment ago is not
+# waited on again for every one of them.
+_dead: dict[str, tuple[float, str]] = {}
+
+
+def _shown(url: str) -> str:
+    """``url`` for a message: no query (tokens live there), credentials redacted."""
+    parts = urlsplit(url)
+    return redact(parts._replace(query="", fragment="").geturl())
+
+
+def _probe(target: str, limits: RemoteLimits) -> str | None:
+    now = time.monotonic()
+    seen = _dead.get(target)
+    if seen is not None and now - seen[0] < _DEAD_FOR:
+        return seen[1]
+    why = first_answer(target, timeout=limits.probe_timeout, attempts=limits.probe_attempts)
+    if why is not None:
+        _dead[target] = (now, why)
+    return why
 
 
 @contextlib.contextmanager
@@ -190,10 +213,10 @@ def bounded_repo(
         return repo
     target = http_url(str(conf.get("endpointurl", "")) if scheme == "s3" else url)
     if probe and target is not None:
-        why = first_answer(target, timeout=limits.probe_timeout, attempts=limits.probe_attempts)
+        why = _probe(target, limits)
         if why is not None:
             repo.close()
-            raise ToolError(f"DVC remote {name!r} at {redact(url)}: unreachable ({why})")
+            raise ToolError(f"DVC remote {name!r} at {_shown(url)}: unreachable ({why})")
     missing = {
         key: value
         for key, value in (
