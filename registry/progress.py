@@ -26,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Final
+from typing import IO, TYPE_CHECKING, Any, Final
 
 from registry.errors import UsageError, printable
 from registry.redact import redact
@@ -168,10 +168,23 @@ class RichReporter(Reporter):
             BarColumn,
             DownloadColumn,
             Progress,
+            ProgressColumn,
             SpinnerColumn,
+            Task,
             TextColumn,
             TimeElapsedColumn,
         )
+        from rich.text import Text
+
+        class _Sized(ProgressColumn):
+            # A stage of unknown size shows a spinner and its time: a pulsing bar
+            # and "0/? bytes" would only say that nothing is known.
+            def __init__(self, inner: ProgressColumn) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def render(self, task: Task) -> Any:
+                return Text("") if task.total is None else self.inner.render(task)
 
         if self._progress is None:
             if self._console is None:
@@ -181,8 +194,8 @@ class RichReporter(Reporter):
             self._progress = Progress(
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
-                BarColumn(),
-                DownloadColumn(),
+                _Sized(BarColumn()),
+                _Sized(DownloadColumn()),
                 TimeElapsedColumn(),
                 console=self._console,
                 transient=True,

@@ -127,3 +127,21 @@ def test_details_show_on_a_terminal_but_not_in_ci_logs() -> None:
     ):
         detail.advance(4)
     assert "hash: 1.1.0.onnx" in screen.getvalue()
+
+
+def test_a_stage_of_unknown_size_has_no_bar_and_a_sized_one_counts_bytes() -> None:
+    def draw(total: int | None) -> str:
+        screen = io.StringIO()
+        console = Console(file=screen, force_terminal=True, width=100)
+        with (
+            progress.reporting(progress.RichReporter(console)),
+            progress.stage("dvc push", "storage", total=total) as running,
+        ):
+            running.advance(total or 0)
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.getvalue())
+
+    unknown = draw(None)
+    assert "dvc push: storage" in unknown
+    assert "?" not in unknown
+    assert "━" not in unknown
+    assert "/2.0 kB" in draw(2000)  # drawn at the start: 0.0 of 2.0 kB
