@@ -146,10 +146,11 @@ def test_a_build_that_must_pull_from_a_dead_remote_fails_fast(
     assert r.code == 1
     why = "connection refused" if kind == "closed" else "no answer within 10 s"
     shown = url.replace("http://", "http://***@")
-    assert r.err.splitlines() == [
+    expected = (
         "models/mlp/1.0.0.onnx: missing from the workspace and the DVC cache; "
         f"DVC remote 'far' at {shown}/store: unreachable ({why})"
-    ]
+    )
+    assert r.err.splitlines() == [expected]
     assert "hunter2" not in r.out + r.err
     assert elapsed < LIMIT_S
 
