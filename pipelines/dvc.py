@@ -254,13 +254,16 @@ def push(root: Path, remote: str | None = None) -> int:
 def remote_fs(root: Path, name: str | None = None) -> Any:
     """DVC's remote object for ``name`` (default remote): ``.fs`` (fsspec-style) and ``.path``.
 
+    A network remote is probed and gets the timeouts of :func:`bounded_repo`, as a push
+    does: the same settings give the same (cached) file system, not a second one.
+
     Raises:
-        ToolError: DVC is missing or the remote is not configured.
+        ToolError: DVC is missing, the remote is not configured or is unreachable.
     """
     from dvc.exceptions import DvcException
 
     with quiet():
         try:
-            return open_repo(root).cloud.get_remote(name)
+            return bounded_repo(root, name).cloud.get_remote(name)
         except DvcException as e:
             raise ToolError(f"DVC remote {name or '(default)'}: {e}") from None
