@@ -25,6 +25,7 @@ from pipelines._mirror_plan import (
     ObservedModel,
     ObservedVersion,
 )
+from pipelines._mlflow_http import DEFAULT_LIMITS, MlflowLimits, bounded_client, unreachable
 from pipelines.errors import PipelineError
 from registry.schema import Signature
 
@@ -378,17 +379,29 @@ def _mlflow_signature(signature: Signature | None) -> Any:
 
 
 @contextlib.contextmanager
-def session(uri: str, artifact_root: Path | None) -> Iterator[Store]:
+def session(
+    uri: str, artifact_root: Path | None, *, limits: MlflowLimits = DEFAULT_LIMITS
+) -> Iterator[Store]:
     """Open MLflow at ``uri`` for the duration of the block.
+
+    A tracking server is probed first, and MLflow's client retries within ``limits``
+    (see :mod:`pipelines._mlflow_http`): an unreachable server fails in seconds.
 
     Args:
         uri: tracking and registry URI.
         artifact_root: artifact folder for new experiments of a local store.
+        limits: timeouts and retries of the HTTP client.
 
     Raises:
-        RegistryMirrorError: MLflow is not installed or the store cannot be opened.
+        RegistryMirrorError: MLflow is not installed, the server is unreachable or the
+            store cannot be opened.
     """
-    with _quiet():
+    # Before MLflow is even imported (a few seconds): an unreachable server is known
+    # at once.
+    why = unreachable(uri, limits)
+    if why is not None:
+        raise RegistryMirrorError(redact(uri), why)
+    with _quiet(), bounded_client(limits):
         try:
             import mlflow
             from mlflow.exceptions import MlflowException

@@ -30,6 +30,7 @@ from pipelines.build_fetch import fetch_artifact
 from pipelines.build_goldens import CaseResult, run_goldens
 from pipelines.errors import ArtifactError, PipelineError
 from pipelines.onnx_signature import load_onnx_external
+from registry import progress
 from registry.atomic import write_atomic
 from registry.checks import declared, target_problems
 from registry.errors import ManifestError, Problem, UsageError
@@ -283,13 +284,16 @@ class _VersionBuild:
     def _stage(self, stage: Stage, work: Callable[[], _T]) -> _T | None:
         before = len(self.record.problems)
         start = time.perf_counter_ns()
-        try:
-            result: _T | None = work()
-        except ArtifactError as e:
-            self._problem(stage, Problem(e.path, str(e).removeprefix(f"{e.path}: ")))
-            result = None
-        finally:
-            self.record.timings_ms[stage] = round((time.perf_counter_ns() - start) / 1e6, 3)
+        with progress.stage(f"build {self.entry.name} {self.entry.version}", stage) as shown:
+            try:
+                result: _T | None = work()
+            except ArtifactError as e:
+                self._problem(stage, Problem(e.path, str(e).removeprefix(f"{e.path}: ")))
+                result = None
+            finally:
+                self.record.timings_ms[stage] = round((time.perf_counter_ns() - start) / 1e6, 3)
+            # A problem is collected, not raised, so that one build shows them all.
+            shown.failed = len(self.record.problems) > before
         if len(self.record.problems) == before and stage not in self.record.skipped:
             self.record.checks_passed.append(stage)
         return result

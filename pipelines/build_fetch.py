@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from pipelines.dvc import open_repo, quiet
+from pipelines.dvc import bounded_repo, open_repo, quiet
 from pipelines.errors import ArtifactError
+from registry import progress
 from registry.dvcfile import DvcPointer, read_pointer
 from registry.errors import ManifestError, ToolError, UnsafeFileError
 from registry.safe_io import open_regular
@@ -68,11 +69,17 @@ def digest_file(path: Path, *, root: Path | None = None) -> Digests:
     md5 = hashlib.md5(usedforsecurity=False)  # DVC's content address, not a security check
     sha256 = hashlib.sha256()
     size = 0
-    with open_regular(path, root=root) as fh:
+    with (
+        open_regular(path, root=root) as fh,
+        progress.stage(
+            "hash", path.name, total=os.fstat(fh.fileno()).st_size, logged=False
+        ) as shown,
+    ):
         while chunk := fh.read(_CHUNK):
             md5.update(chunk)
             sha256.update(chunk)
             size += len(chunk)
+            shown.advance(len(chunk))
     return Digests(md5.hexdigest(), sha256.hexdigest(), size)
 
 
@@ -148,9 +155,25 @@ def _pull(root: Path, path: Path, display: str, pointer: DvcPointer) -> None:
         from dvc.exceptions import CheckoutError, DvcException
     except ImportError:
         raise ToolError("DVC is not installed; install modelreg[ci]") from None
-    with quiet():
+    with quiet(), progress.stage("dvc pull", display):
         try:
             repo = open_repo(root)
+            try:
+                # From DVC's cache no remote is needed, and none is asked (``pull``
+                # would query it anyway): a remote that is down or silent must not
+                # hold up a build that has the bytes at hand.
+                if repo.cache.local.exists(pointer.md5):
+                    repo.checkout(targets=[str(path)])
+                    return
+            finally:
+                repo.close()
+            try:
+                repo = bounded_repo(root)
+            except ToolError as e:
+                # A problem of this artifact's build, reported beside the others.
+                raise ArtifactError(
+                    display, f"missing from the workspace and the DVC cache; {e}"
+                ) from None
             try:
                 repo.pull(targets=[str(path)])
             finally:

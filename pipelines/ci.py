@@ -20,11 +20,12 @@ the run, which a re-run or a manual run may have moved past.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 from pipelines.build import BuildError, build, changed_versions
 from pipelines.diff import diff_against_base
 from pipelines.diff_report import append_step_summary, base_json, base_markdown
+from registry import progress
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.config import CONFIG_FILE, RepoConfig, find_root
@@ -56,7 +58,7 @@ from signing.tuf_repo import TrustRepo
 from signing.workspace import release_state, release_states
 
 if TYPE_CHECKING:
-    from pipelines.register import ReleaseExtras
+    from pipelines.register import RegisterReport, ReleaseExtras
 
 CI_DIR: Final = ".modelreg/ci"
 
@@ -890,16 +892,19 @@ def _commit_metadata(repo: Repository, targets: int) -> str | None:
 
 
 class _Stopwatch:
-    """Milliseconds per named stage, in order (reported by ``ci release``)."""
+    """Milliseconds per named stage, in order (reported by ``ci release``), each stage
+    shown while it runs (:mod:`registry.progress`)."""
 
     def __init__(self) -> None:
         self.timings: dict[str, float] = {}
-        self._last = time.perf_counter()
 
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.timings[stage] = round((now - self._last) * 1000, 1)
-        self._last = now
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        with progress.stage("release", name) as running:
+            try:
+                yield
+            finally:
+                self.timings[name] = round((time.perf_counter() - running.started) * 1000, 1)
 
 
 def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiReport:
@@ -921,16 +926,17 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
 
     env = os.environ if env is None else env
     clock = _Stopwatch()
-    # No local state from the checkout (no parse cache: see ci_release): a merged pull
-    # request may have committed some (build records, keys, caches) for the signer.
-    repo = load_repository(start)
-    refuse_uncommitted(repo)
-    problems = validate_paths(repo) + tracked_local_state(repo.root)
-    if problems:
-        raise ManifestError(problems)
     report = CiReport("release", data={"timings_ms": clock.timings})
-    _check_history(repo)
-    clock.lap("validate")
+    with clock.stage("validate"):
+        # No local state from the checkout (no parse cache: see ci_release): a merged
+        # pull request may have committed some (build records, keys, caches) for the
+        # signer.
+        repo = load_repository(start)
+        refuse_uncommitted(repo)
+        problems = validate_paths(repo) + tracked_local_state(repo.root)
+        if problems:
+            raise ManifestError(problems)
+        _check_history(repo)
     state = release_state(repo.root, repo.config) or {}
     pending = [
         (e.name, e.version)
@@ -942,7 +948,8 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         built = None
         if pending:
             try:
-                built = build(repo.root, versions=pending, out_root=Path(out))
+                with clock.stage("build"):
+                    built = build(repo.root, versions=pending, out_root=Path(out))
             except BuildError as e:
                 report.problems.extend(str(p) for p in e.problems)
                 report.data["build"] = e.report.to_json()
@@ -952,33 +959,43 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
                 _write_outputs(repo.root, report, env)
                 return report
             report.data["build"] = built.to_json()
-        clock.lap("build")
-        published = publish(repo.root, env=env, built=built)
+        else:
+            clock.timings["build"] = 0.0
+        with clock.stage("publish"):
+            published = publish(repo.root, env=env, built=built)
     report.data["published"] = published.added
-    clock.lap("publish")
     committed = None
-    if published.changed:
-        committed = _commit_metadata(repo, len(published.added))
+    with clock.stage("commit"):
+        if published.changed:
+            committed = _commit_metadata(repo, len(published.added))
     report.data["commit"] = committed
-    clock.lap("commit")
     # Git is the source of truth; MLflow mirrors what was just released.  Versions
     # MLflow lacks (new ones, or ones a failed run did not mirror) get their OMS bundle
     # and their diff report attached.
-    extras, summaries, failures = _mirror_extras(repo, env)
+    with clock.stage("diff"):
+        extras, summaries, failures = _mirror_extras(repo, env)
     report.problems.extend(failures)
-    clock.lap("diff")
-    mirrored = register(repo.root, env=env, extras=extras)
+    with clock.stage("register"):
+        mirrored = register(repo.root, env=env, extras=extras)
     report.data["mlflow"] = {"changes": len(mirrored.changes), "uri": mirrored.tracking_uri}
     report.problems.extend(str(d) for d in mirrored.drifts)
-    clock.lap("register")
-    lines = [f"- `{t}`" for t in published.added] or ["- nothing new: every version is released"]
+    report.sections.append(_release_section(published.added, summaries, mirrored, clock))
+    _write_outputs(repo.root, report, env)
+    return report
+
+
+def _release_section(
+    added: list[str],
+    summaries: Mapping[tuple[str, str], str],
+    mirrored: RegisterReport,
+    clock: _Stopwatch,
+) -> str:
+    lines = [f"- `{t}`" for t in added] or ["- nothing new: every version is released"]
     lines.extend(f"- {model} {version}: {text}" for (model, version), text in summaries.items())
     lines.append(f"- MLflow: {len(mirrored.changes)} change(s) at {mirrored.tracking_uri}")
     stages = ", ".join(f"{k} {v / 1000:.1f} s" for k, v in clock.timings.items())
     lines.append(f"- stages: {stages}")
-    report.sections.append("\n".join(["## modelreg release", "", *lines]))
-    _write_outputs(repo.root, report, env)
-    return report
+    return "\n".join(["## modelreg release", "", *lines])
 
 
 def _mirror_extras(

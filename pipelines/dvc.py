@@ -1,4 +1,11 @@
-"""DVC operations through DVC's Python API (authoring and CI only, never on devices)."""
+"""DVC operations through DVC's Python API (authoring and CI only, never on devices).
+
+Transfers to an HTTP(S) or S3 remote run under :class:`RemoteLimits`: DVC's HTTP
+client otherwise waits 60 s to connect and 60 s for each read, five times over, and a
+push to a remote that accepts connections but never answers sat silent for minutes.
+Before a transfer the remote is asked once (:func:`pipelines._probe.first_answer`),
+so that one that is down fails in seconds with one line naming it.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +13,65 @@ import contextlib
 import io
 import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
+from pipelines._probe import first_answer, http_url
+from registry import progress
 from registry.errors import ToolError
+from registry.redact import redact
 
 _LOGGERS = ("dvc", "dvc_data", "dvc_objects")
+_NETWORK_SCHEMES: Final = frozenset({"http", "https", "s3"})
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteLimits:
+    """How long a transfer waits on a network remote, unless its DVC config says.
+
+    Attributes:
+        connect_timeout: seconds to connect (DVC's ``connect_timeout`` of the remote).
+        read_timeout: seconds to wait for each part of an answer (``read_timeout``);
+            not for a whole upload, so large artifacts still go through.
+        probe_timeout: seconds the probe before a transfer waits to connect, and
+            again for an answer.
+        probe_attempts: tries of the probe when the connection is refused.
+    """
+
+    connect_timeout: int = 10
+    read_timeout: int = 60
+    probe_timeout: float = 10.0
+    probe_attempts: int = 2
+
+
+DEFAULT_REMOTE_LIMITS: Final = RemoteLimits()
+_DEAD_FOR: Final = 60.0
+# Remotes the probe found dead in this process, by URL: (when, why).  A build pulls
+# each version's artifact on its own; a remote that gave no answer a moment ago is not
+# waited on again for every one of them.
+_dead: dict[str, tuple[float, str]] = {}
+
+
+def _shown(url: str) -> str:
+    """``url`` for a message: no query (tokens live there), credentials redacted."""
+    parts = urlsplit(url)
+    return redact(parts._replace(query="", fragment="").geturl())
+
+
+def _probe(target: str, limits: RemoteLimits) -> str | None:
+    now = time.monotonic()
+    seen = _dead.get(target)
+    if seen is not None and now - seen[0] < _DEAD_FOR:
+        return seen[1]
+    why = first_answer(target, timeout=limits.probe_timeout, attempts=limits.probe_attempts)
+    if why is not None:
+        _dead[target] = (now, why)
+    return why
 
 
 @contextlib.contextmanager
@@ -128,6 +186,53 @@ def remote_url(root: Path, name: str | None = None) -> str:
         return str(remotes[remote]["url"])
 
 
+def bounded_repo(
+    root: Path,
+    remote: str | None = None,
+    *,
+    probe: bool = True,
+    limits: RemoteLimits = DEFAULT_REMOTE_LIMITS,
+) -> Any:
+    """A ``dvc.repo.Repo`` whose remote ``remote`` (the default when None) has time limits.
+
+    A network remote (http, https, s3) gets ``limits``' timeouts where its config sets
+    none, in memory only (the user's config is not rewritten); with ``probe``, its
+    URL (an S3 remote's ``endpointurl``) is asked once first.  Close the repo after use.
+
+    Raises:
+        ToolError: DVC is not installed, or the probe gets no answer from the remote.
+    """
+    repo = open_repo(root)
+    name = remote or repo.config["core"].get("remote")
+    conf = repo.config["remote"].get(name) if name else None
+    if conf is None:
+        return repo  # no such remote: DVC says so in its own words
+    url = str(conf.get("url", ""))
+    scheme = urlsplit(url).scheme
+    if scheme not in _NETWORK_SCHEMES:
+        return repo
+    target = http_url(str(conf.get("endpointurl", "")) if scheme == "s3" else url)
+    if probe and target is not None:
+        why = _probe(target, limits)
+        if why is not None:
+            repo.close()
+            raise ToolError(f"DVC remote {name!r} at {_shown(url)}: unreachable ({why})")
+    missing = {
+        key: value
+        for key, value in (
+            ("connect_timeout", limits.connect_timeout),
+            ("read_timeout", limits.read_timeout),
+        )
+        if key not in conf
+    }
+    if not missing:
+        return repo
+    from dvc.repo import Repo
+
+    repo.close()
+    return Repo(str(root), remote=name, remote_config=missing)
+
+
 def push(root: Path, remote: str | None = None) -> int:
     """``dvc push``: upload every tracked file the remote lacks; returns how many.
 
@@ -136,23 +241,29 @@ def push(root: Path, remote: str | None = None) -> int:
     """
     from dvc.exceptions import DvcException
 
-    with quiet():
+    with quiet(), progress.stage("dvc push", remote or "(default remote)"):
+        repo = bounded_repo(root, remote)
         try:
-            return int(open_repo(root).push(remote=remote) or 0)
+            return int(repo.push(remote=remote) or 0)
         except DvcException as e:
             raise ToolError(f"dvc push failed: {e}") from None
+        finally:
+            repo.close()
 
 
 def remote_fs(root: Path, name: str | None = None) -> Any:
     """DVC's remote object for ``name`` (default remote): ``.fs`` (fsspec-style) and ``.path``.
 
+    A network remote is probed and gets the timeouts of :func:`bounded_repo`, as a push
+    does: the same settings give the same (cached) file system, not a second one.
+
     Raises:
-        ToolError: DVC is missing or the remote is not configured.
+        ToolError: DVC is missing, the remote is not configured or is unreachable.
     """
     from dvc.exceptions import DvcException
 
     with quiet():
         try:
-            return open_repo(root).cloud.get_remote(name)
+            return bounded_repo(root, name).cloud.get_remote(name)
         except DvcException as e:
             raise ToolError(f"DVC remote {name or '(default)'}: {e}") from None

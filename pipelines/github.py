@@ -15,13 +15,17 @@ permission of each candidate (:func:`approval_candidates`) and decides.  The
 workflow's token is sent to the API host only (never along a redirect or a
 pagination link to another host), every answer is read up to a bound
 (:class:`GitHubLimits`), and anything unexpected is a :class:`GitHubError`, so that
-the caller fails closed.
+the caller fails closed.  Every request has a timeout; a server error (5xx) or a
+refused or dropped connection is retried a bounded number of times with exponential
+backoff (GitHub has short outages), a request that timed out is not (it already
+waited), so an unreachable API fails in seconds, not minutes.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -60,7 +64,10 @@ class GitHubLimits:
         max_body: bytes read of any one answer.
         max_lookups: distinct reviewers whose permission is asked (drive-by approvals
             by strangers are not asked about, see :data:`TRUSTED`).
-        timeout: seconds per request.
+        timeout: seconds to connect, and to wait for each part of an answer.
+        retries: further tries of a request that met a server error (5xx) or a
+            refused or dropped connection.
+        backoff: seconds before the first retry, doubled before each next one.
     """
 
     page_size: int = 100
@@ -68,6 +75,8 @@ class GitHubLimits:
     max_body: int = 8 << 20
     max_lookups: int = 100
     timeout: float = 20
+    retries: int = 2
+    backoff: float = 0.5
 
 
 DEFAULT_LIMITS: Final = GitHubLimits()
@@ -197,6 +206,10 @@ def _parse_access(payload: object, login: str) -> Access:
     return Access(permission, role)
 
 
+class _Retry(Exception):  # noqa: N818 - a signal between two methods, never raised out
+    """A transient failure worth another try."""
+
+
 class _SameHostRedirects(urllib.request.HTTPRedirectHandler):
     """Follows redirects within the API host only (the token is not resent anyway)."""
 
@@ -249,6 +262,25 @@ class _Api:
         )
         # Unredirected: urllib would otherwise copy the token into a redirected request.
         request.add_unredirected_header("Authorization", f"Bearer {self.token}")
+        for attempt in range(self.limits.retries + 1):
+            if attempt:
+                time.sleep(self.limits.backoff * 2 ** (attempt - 1))
+            last = attempt == self.limits.retries
+            try:
+                return self._once(request, what, missing=missing, retry=not last)
+            except _Retry:
+                continue
+        raise AssertionError("unreachable: the last attempt raises or answers")  # pragma: no cover
+
+    def _once(
+        self, request: urllib.request.Request, what: str, *, missing: bool, retry: bool
+    ) -> tuple[object, str] | None:
+        """One request; None for a 404 that ``missing`` allows.
+
+        Raises:
+            _Retry: a transient failure, when ``retry`` allows another try.
+            GitHubError: any other failure, or a transient one on the last try.
+        """
         limit = self.limits.max_body
         try:
             with self.opener.open(request, timeout=self.limits.timeout) as response:
@@ -258,9 +290,15 @@ class _Api:
             e.close()
             if missing and e.code == HTTPStatus.NOT_FOUND:
                 return None
+            if retry and e.code >= HTTPStatus.INTERNAL_SERVER_ERROR:
+                raise _Retry from None
             raise GitHubError(f"GitHub API: {what}: HTTP {e.code} {e.reason}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
+            if isinstance(reason, TimeoutError):
+                reason = f"no answer within {self.limits.timeout:g} s"
+            elif retry and isinstance(reason, ConnectionError):
+                raise _Retry from None
             raise GitHubError(f"GitHub API unreachable at {self.api}: {reason}") from None
         if len(body) > limit:
             raise GitHubError(f"GitHub API: {what}: answer larger than {limit} bytes")

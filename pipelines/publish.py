@@ -39,6 +39,7 @@ from pipelines.publish_external import (
     sign_version,
     stage_data_deltas,
 )
+from registry import progress
 from registry.atomic import write_atomic
 from registry.checks import validate_paths
 from registry.errors import (
@@ -257,7 +258,8 @@ def _stage_version(
             parent=entry.manifest.spec.parent,
             targets=tuple(t.name for t in entry.manifest.spec.targets),
         )
-        bundle = sign_version(artifact, entry, key, facts)
+        with progress.stage(f"publish {entry.name} {entry.version}", "sign"):
+            bundle = sign_version(artifact, entry, key, facts)
         data = json.dumps(bundle, separators=(",", ":")).encode()
         trust.add_target(bundle_target, data, _facts(entry, "bundle", ctx))
         # Kept beside the build records, so the MLflow mirror can attach it.
@@ -456,8 +458,9 @@ def _stage_delta(
     if parent is None:
         return []  # validation already reported the dangling parent
     base, new = _fetch(repo, parent), _fetch(repo, entry)
-    facts = _facts(entry, "delta", ctx, base=parent.version, base_sha256=sha256_file(base))
-    trust.add_target(target, encode(base, new), facts)
+    with progress.stage(f"publish {entry.name} {entry.version}", f"delta from {parent.version}"):
+        facts = _facts(entry, "delta", ctx, base=parent.version, base_sha256=sha256_file(base))
+        trust.add_target(target, encode(base, new), facts)
     return [target]
 
 
@@ -573,6 +576,8 @@ def publish(
     if channels is not previous:
         trust.set_channels(channels, previous)
         added.append("channels.json")
-    store.write(trust)
-    result = trust.publish(signers)
+    with progress.stage("publish", f"upload targets to {store.url}"):
+        store.write(trust)
+    with progress.stage("publish", "sign metadata"):
+        result = trust.publish(signers)
     return PublishReport(store.url, pushed, added, dict(result.versions), list(result.written))

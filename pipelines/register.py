@@ -62,6 +62,7 @@ from pipelines._mirror_plan import (
 from pipelines._mlflow_store import RegistryMirrorError, Store, is_local, redact, session
 from pipelines.build_fetch import fetch_artifact
 from pipelines.errors import ArtifactError
+from registry import progress
 from registry.checks import validate_paths
 from registry.dvcfile import read_pointer
 from registry.errors import ManifestError, RepositoryError, UsageError
@@ -400,13 +401,10 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
             source = plan.sources[(name, action.semver)]
             want = desired.versions[action.semver]
             artifact = source.hashed or _signed_artifact(plan, source.entry, want)
-            number = store.create_version(
-                name,
-                want,
-                artifact,
-                source.signature,
-                _extra_files(source.extras),
-            )
+            with progress.stage(f"register {name} {action.semver}", "upload to MLflow"):
+                number = store.create_version(
+                    name, want, artifact, source.signature, _extra_files(source.extras)
+                )
             numbers[action.semver] = number
             changes.append(
                 Change(name, f" {action.semver}", f"registered as MLflow version {number}")

@@ -43,6 +43,9 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
     for var in (
         "MLFLOW_TRACKING_URI",
         "GITHUB_ACTIONS",
+        # progress lines on stderr only where a test asks for them (CI=true on a runner)
+        "CI",
+        "MODELREG_PROGRESS",
         "MODELREG_TRACEBACK",
         "GIT_DIR",
         "GIT_WORK_TREE",
@@ -171,6 +174,8 @@ def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models:
         mp.setenv("DVC_NO_ANALYTICS", "1")
         for var in (
             "MLFLOW_TRACKING_URI",
+            "CI",
+            "MODELREG_PROGRESS",
             "GITHUB_EVENT_PATH",
             "GITHUB_REF",
             "GITHUB_OUTPUT",

@@ -30,6 +30,9 @@ class FakeGitHub:
     requests: list[str] = field(default_factory=list)
     authorizations: list[str | None] = field(default_factory=list)
     broken: int | None = None  # answer every request with this HTTP status
+    # answer the next requests with these HTTP statuses, one each (0: close the
+    # connection without an answer), then as usual: a flaky API
+    flaky: list[int] = field(default_factory=list)
     redirect: str | None = None  # answer every request with a 302 to this URL
     next_link: str | None = None  # the Link of the first page points here instead
     # role_name by (repository, user); None: not a collaborator (404)
@@ -78,6 +81,13 @@ def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Location", fake.redirect)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
+                return
+            if fake.flaky:
+                status = fake.flaky.pop(0)
+                if status == 0:
+                    self.close_connection = True  # no status line: RemoteDisconnected
+                    return
+                self._send(status, {"message": "flaky on purpose"})
                 return
             if fake.broken is not None:
                 self._send(fake.broken, {"message": "broken on purpose"})

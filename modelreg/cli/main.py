@@ -23,6 +23,7 @@ import click
 from modelreg import __version__
 from modelreg.cli._examples import apply_examples
 from modelreg.cli._output import emit_json, error_lines, error_text, problem_json
+from registry import progress
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 
 _TRACEBACK_ENV = "MODELREG_TRACEBACK"
@@ -142,7 +143,10 @@ def main(argv: list[str] | None = None) -> Any:
     _JSON_ERRORS = _wants_json(args)
     show_tb = "--traceback" in args or os.environ.get(_TRACEBACK_ENV, "") not in ("", "0")
     try:
-        cli.main(args=_traceback_first(args), prog_name="modelreg", standalone_mode=False)
+        # Long steps show progress on stderr (rich on a terminal, lines in CI); the
+        # display is closed before any error line below is printed.
+        with progress.reporting(progress.for_environment()):
+            cli.main(args=_traceback_first(args), prog_name="modelreg", standalone_mode=False)
     except click.exceptions.Abort:
         _fail(["modelreg: aborted"], 1, show_tb=False)
     except click.exceptions.Exit as e:

@@ -339,3 +339,37 @@ def test_release_mirrors_what_it_can_when_a_bundle_is_unreadable(
         version = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}").get_model_version("mlp", "1")
     assert version.tags["modelreg.semver"] == "1.0.0"
     assert "modelreg.bundle_digest" not in version.tags
+
+
+def test_release_logs_one_line_per_stage_in_ci_and_keeps_stdout_json(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    github_env(tmp_path, monkeypatch, "HEAD", "main")
+    monkeypatch.setenv("CI", "true")
+    r = cli("ci", "release", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    report = json.loads(r.out)  # stdout is the report alone
+    lines = r.err.splitlines()
+    timed = [re.fullmatch(r"(.+?) \((\d+\.\d\d) s\)", line) for line in lines]
+    assert all(timed), lines
+    labels = [m[1] for m in timed if m]
+    # each stage of the release, in order, with its time (the same as the report's)
+    assert [x for x in labels if x.startswith("release: ")] == [
+        f"release: {stage}" for stage in report["timings_ms"]
+    ]
+    for step in ("fetch", "check", "load", "goldens", "engines"):
+        assert f"build mlp 1.0.0: {step}" in labels
+    assert "publish mlp 1.0.0: sign" in labels
+    assert "dvc push: storage" in labels
+    assert "register mlp 1.0.0: upload to MLflow" in labels
+    seconds = {m[1]: float(m[2]) for m in timed if m}
+    assert seconds["release: register"] == pytest.approx(
+        report["timings_ms"]["register"] / 1000, abs=0.01
+    )
+    # the same command outside CI and off a terminal says nothing on stderr
+    monkeypatch.delenv("CI")
+    quiet = cli("ci", "release", "--json", cwd=repo)
+    assert quiet.code == 0, quiet.err
+    assert quiet.err == ""

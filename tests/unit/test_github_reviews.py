@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 
@@ -253,3 +254,65 @@ def test_permission_lookups_keep_the_token_on_the_api_host_and_are_bounded() -> 
                               limits=GitHubLimits(max_body=32))  # fmt: skip
     assert elsewhere.requests == []
     assert set(gh.authorizations) == {f"Bearer {TOKEN}"}
+
+
+def test_server_errors_and_dropped_connections_are_retried_with_backoff() -> None:
+    with fake_github() as gh:
+        gh.review("acme/fleet", 3, "ann", "APPROVED", HEAD)
+        gh.flaky = [503, 0]  # an outage, then a connection closed without an answer
+        start = time.monotonic()
+        reviews = fetch_reviews(
+            "acme/fleet", 3, TOKEN, api=gh.url, limits=GitHubLimits(retries=2, backoff=0.2)
+        )
+        elapsed = time.monotonic() - start
+        assert [r.reviewer for r in reviews] == ["ann"]
+        assert len(gh.requests) == 3
+    assert 0.2 + 0.4 <= elapsed < 10  # backoff doubles between tries
+
+
+def test_retries_are_bounded_and_the_last_error_is_one_line() -> None:
+    with fake_github() as gh:
+        gh.review("acme/fleet", 3, "ann", "APPROVED", HEAD)
+        gh.flaky = [502, 502, 502, 502]
+        with pytest.raises(GitHubError) as info:
+            fetch_reviews(
+                "acme/fleet", 3, TOKEN, api=gh.url, limits=GitHubLimits(retries=2, backoff=0.01)
+            )
+        assert len(gh.requests) == 3  # one try and two retries, no more
+    assert str(info.value) == "GitHub API: reviews of pull request #3: HTTP 502 Bad Gateway"
+
+
+def test_client_errors_are_not_retried() -> None:
+    with fake_github() as gh:
+        gh.flaky = [403]
+        with pytest.raises(GitHubError, match="HTTP 403 Forbidden"):
+            fetch_reviews("acme/fleet", 3, TOKEN, api=gh.url)
+        assert len(gh.requests) == 1
+
+
+def test_a_silent_api_fails_after_one_timeout() -> None:
+    with socket.socket() as s:  # listens, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        start = time.monotonic()
+        with pytest.raises(GitHubError) as info:
+            fetch_reviews("acme/fleet", 3, TOKEN, api=f"http://127.0.0.1:{s.getsockname()[1]}",
+                          limits=GitHubLimits(timeout=1, retries=2))  # fmt: skip
+        elapsed = time.monotonic() - start
+    assert str(info.value).endswith(": no answer within 1 s")
+    assert elapsed < 5  # not retried: the timeout already waited
+
+
+def test_an_unreachable_api_is_retried_then_one_line() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(GitHubError) as info:
+        fetch_reviews("acme/fleet", 3, TOKEN, api=f"http://127.0.0.1:{port}",
+                      limits=GitHubLimits(retries=2, backoff=0.1))  # fmt: skip
+    assert 0.1 + 0.2 <= time.monotonic() - start < 5
+    assert (
+        str(info.value)
+        == f"GitHub API unreachable at http://127.0.0.1:{port}: [Errno 111] Connection refused"
+    )
