@@ -20,9 +20,12 @@ the hashes to build requirements); the workflows instead install setuptools from
 hashes); this module renders and checks the format, as pure functions.
 
 modelreg itself is in neither and cannot be: the locks ship inside modelreg's wheel,
-and a file cannot hold the hash of the archive that contains it. The workflows
-install it by exact version with ``--no-deps``, so nothing they install is unpinned,
-and only modelreg's own archive is taken by version rather than by hash.
+and a file cannot hold the hash of the archive that contains it.  ``modelreg init``
+writes a third file, :data:`SELF_LOCK_FILE`, with ``modelreg==<its version>`` and the
+SHA-256 of that release's files as the package index lists them (asked once, at
+init); pip then checks modelreg's own archive by hash too.  Where the index cannot be
+asked (offline, or a version not published there) the pin is by version only, and
+``init`` says so.
 """
 
 from __future__ import annotations
@@ -36,11 +39,14 @@ __all__ = [
     "BUILD_LOCK_FILE",
     "LOCK_FILE",
     "LOCK_FILES",
+    "SELF_LOCK_FILE",
+    "SELF_LOCK_HEADER",
     "Pin",
     "lock_problems",
     "normalized",
     "parse_lock",
     "render_lock",
+    "render_self_lock",
 ]
 
 LOCK_FILE: Final = ".github/modelreg-requirements.txt"
@@ -48,6 +54,14 @@ LOCK_FILE: Final = ".github/modelreg-requirements.txt"
 
 BUILD_LOCK_FILE: Final = ".github/modelreg-build-requirements.txt"
 """The build backend for the lock's sdists, installed before it."""
+
+SELF_LOCK_FILE: Final = ".github/modelreg-self-requirements.txt"
+"""modelreg itself, by exact version and (when the index was reachable at init) hash."""
+
+SELF_LOCK_HEADER: Final = (
+    "# modelreg itself, installed by the workflows after its locked dependencies;"
+)
+"""The first line of :data:`SELF_LOCK_FILE` as ``modelreg init`` writes it."""
 
 LOCK_FILES: Final = (BUILD_LOCK_FILE, LOCK_FILE)
 """Both locks, in install order; each ships as ``pipelines/templates/<file name>``."""
@@ -79,6 +93,23 @@ def render_lock(pins: Iterable[Pin], header: str) -> str:
         entry = [f"{normalized(pin.name)}=={pin.version}", *hashes]
         lines.append(" \\\n".join(entry))
     return "\n".join(lines) + "\n"
+
+
+def render_self_lock(version: str, sha256: Iterable[str], index: str) -> str:
+    """:data:`SELF_LOCK_FILE`: modelreg at ``version``, with the hashes ``index`` lists
+    for its files (none: pinned by version only, and the file says so)."""
+    hashes = sorted(set(sha256))
+    if hashes:
+        how = f"by the SHA-256 of its files as {index} listed them when `modelreg init` ran"
+    else:
+        how = (
+            f"by version only: {index} listed no hash of it when `modelreg init` ran\n"
+            "# (offline, or not published there); add --hash=sha256:<digest> lines, from\n"
+            "# `pip hash <file>` of the release's wheel"
+        )
+    header = f"{SELF_LOCK_HEADER}\n# pinned {how}.\n"
+    entry = [f"modelreg=={version}", *(f"    --hash=sha256:{h}" for h in hashes)]
+    return header + " \\\n".join(entry) + "\n"
 
 
 def _entries(text: str) -> Iterable[tuple[int, str]]:

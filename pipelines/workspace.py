@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class InitResult:
     created: list[Path] = field(default_factory=list)
     git_initialized: bool = False
     keys: list[Path] = field(default_factory=list)
+    self_pin: str | None = None
+    """Why the workflows pin modelreg by version only (None: by hash too)."""
 
 
 def _write_new(path: Path, text: str, created: list[Path]) -> None:
@@ -134,7 +137,8 @@ def init_repo(
         write_atomic(gitignore, (existing + sep + _GITIGNORE).encode())
         created.append(gitignore)
     created.extend(write_schemas(root))
-    created.extend(write_workflows(root))
+    workflows, self_pin = write_workflows(root)
+    created.extend(workflows)
     keys: list[Path] = []
     if trust:
         from registry.config import RepoConfig
@@ -155,23 +159,70 @@ def init_repo(
     if gitignore not in created and _untracked(root, gitignore):
         staged.append(gitignore)  # written by an init that stopped before staging it
     _stage(root, staged)
-    return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys)
+    return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys, self_pin)
 
 
 WORKFLOWS: Final = ("pr.yml", "review.yml", "release.yml", "freshness.yml")
 
 
-def write_workflows(root: Path) -> list[Path]:
+INDEX_ENV: Final = "MODELREG_INDEX_URL"
+"""The package index whose JSON API lists modelreg's release hashes (default PyPI)."""
+_INDEX_DEFAULT: Final = "https://pypi.org"
+_INDEX_TIMEOUT_S: Final = 10.0
+_INDEX_MAX_BYTES: Final = 1 << 20
+
+
+def release_hashes(version: str, index: str) -> tuple[list[str], str | None]:
+    """The SHA-256 of each file of modelreg ``version`` as ``index``'s JSON API lists
+    them (``<index>/pypi/modelreg/<version>/json``), or why there are none.
+
+    One bounded request with a time limit: ``init`` must not hang offline.
+    """
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = f"{index.rstrip('/')}/pypi/modelreg/{version}/json"
+    try:
+        with urllib.request.urlopen(url, timeout=_INDEX_TIMEOUT_S) as response:  # noqa: S310 - https or a configured index
+            data = json.loads(response.read(_INDEX_MAX_BYTES + 1)[:_INDEX_MAX_BYTES])
+    except urllib.error.HTTPError as e:
+        return [], f"{index} answered {e.code} for modelreg {version}"
+    except (OSError, ValueError) as e:
+        return [], f"{index} could not be asked ({type(e).__name__})"
+    files = data.get("urls") if isinstance(data, dict) else None
+    hashes = [
+        f["digests"]["sha256"]
+        for f in files or []
+        if isinstance(f, dict)
+        and isinstance(f.get("digests"), dict)
+        and isinstance(f["digests"].get("sha256"), str)
+        and re.fullmatch(r"[0-9a-f]{64}", f["digests"]["sha256"])
+    ]
+    return hashes, None if hashes else f"{index} lists no file of modelreg {version}"
+
+
+def write_workflows(
+    root: Path, env: Mapping[str, str] | None = None
+) -> tuple[list[Path], str | None]:
     """Write the GitHub workflows (``ci pr`` and its review re-check, ``ci release``,
-    freshness) and the hash locks they install modelreg's dependencies from, unless
-    present.
+    freshness), the hash locks they install modelreg's dependencies from, and the pin
+    of modelreg itself (hashes from the package index), unless present.
 
     Returns the files that are modelreg's own (written now, or left by an init that
-    stopped half-way), for staging; a repository's own file of that name is left alone.
+    stopped half-way), for staging, a repository's own file of that name left alone;
+    and why modelreg is pinned by version only (None when by hash too, or when the
+    repository already had its pin).
     """
+    from importlib.metadata import version as installed
     from importlib.resources import files
 
-    from pipelines.requirements_lock import LOCK_FILES
+    from pipelines.requirements_lock import (
+        LOCK_FILES,
+        SELF_LOCK_FILE,
+        SELF_LOCK_HEADER,
+        render_self_lock,
+    )
 
     folder = root / ".github" / "workflows"
     folder.mkdir(parents=True, exist_ok=True)
@@ -187,7 +238,15 @@ def write_workflows(root: Path) -> list[Path]:
             continue  # the repository already has its own; never overwrite it
         write_atomic(target, text.encode())
         written.append(target)
-    return written
+    pin = root / SELF_LOCK_FILE
+    if pin.exists():
+        ours = pin.read_text(encoding="utf-8").startswith(SELF_LOCK_HEADER)
+        return [*written, pin] if ours else written, None  # ours: an init stopped half-way
+    index = (os.environ if env is None else env).get(INDEX_ENV) or _INDEX_DEFAULT
+    version = installed("modelreg")  # the release that writes these workflows
+    hashes, why = release_hashes(version, index)
+    write_atomic(pin, render_self_lock(version, hashes, index).encode())
+    return [*written, pin], why
 
 
 def add_model(

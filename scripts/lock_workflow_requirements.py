@@ -18,11 +18,12 @@ index gives for it. Written:
   ``.github/modelreg-requirements.txt``, and that copy in this repository;
 * ``modelreg-build-requirements.txt`` beside it: setuptools, the build backend of the
   lock's one sdist (see ``pipelines/requirements_lock.py``);
-* the ``modelreg==VERSION`` pin of every workflow (templates and ``.github/workflows``),
-  set to the version in ``pyproject.toml``.
+* this repository's ``.github/modelreg-self-requirements.txt``, the pin of modelreg
+  itself at the version in ``pyproject.toml`` (by version: ``modelreg init`` writes a
+  repository's own with the hashes the index lists for the release).
 
 With ``--out``, only the two locks, into ``OUT/.github/`` (a repository ``modelreg
-init`` made, whose workflows already pin this version).
+init`` made).
 
 Environment markers and wheel tags are those of the interpreter that runs this, so it
 must be what the workflows run: CPython 3.11 on Linux x86_64 (``actions/setup-python``
@@ -47,11 +48,12 @@ from pathlib import Path
 from pipelines.requirements_lock import (
     BUILD_LOCK_FILE,
     LOCK_FILE,
+    SELF_LOCK_FILE,
     Pin,
     lock_problems,
     render_lock,
+    render_self_lock,
 )
-from pipelines.workspace import WORKFLOWS
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "pipelines" / "templates"
@@ -61,7 +63,6 @@ MAX_GLIBC = (2, 35)
 # setuptools builds wheels without the `wheel` package from 70.1 on (the runner's
 # Python 3.11 comes with setuptools 65.5 and no `wheel`)
 _BUILD_BACKEND = "setuptools>=70.1"
-_PIN_IN_WORKFLOW = re.compile(r"\bmodelreg==[0-9A-Za-z.+!_-]+")
 
 
 def _check_platform() -> None:
@@ -149,10 +150,11 @@ def main() -> None:
     if args.out is not None:
         print(f"locked {len(pins)} distributions for modelreg {version} in {args.out}")
         return
-    for name in WORKFLOWS:
-        for path in (TEMPLATES / "workflows" / name, ROOT / ".github" / "workflows" / name):
-            old = path.read_text(encoding="utf-8")
-            path.write_text(_PIN_IN_WORKFLOW.sub(f"modelreg=={version}", old), encoding="utf-8")
+    # This repository's own pin of modelreg (a repository made by `modelreg init` gets
+    # the index's hashes then); the workflows read it, so they name no version.
+    (ROOT / SELF_LOCK_FILE).write_text(
+        render_self_lock(version, [], args.index_url.removesuffix("/simple")), encoding="utf-8"
+    )
     print(f"locked {len(pins)} distributions for modelreg {version} in {LOCK_FILE}")
 
 

@@ -24,6 +24,11 @@ from modelreg.cli.main import main
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+# `modelreg init` asks the package index for the hashes of modelreg's own release; the
+# tests never leave loopback (a closed port: refused at once), whatever a fixture runs.
+os.environ["MODELREG_INDEX_URL"] = "http://127.0.0.1:9"
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private HOME and git config so tests never read or write the developer's."""

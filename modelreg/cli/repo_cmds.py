@@ -78,6 +78,7 @@ def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_js
                 "root": str(result.root),
                 "remote": result.remote,
                 "remote_is_local_folder": remote is None,
+                "modelreg_pinned_by_version_only": result.self_pin,
                 "git_initialized": result.git_initialized,
                 "created": [str(p) for p in result.created],
                 "keys": [str(p) for p in result.keys],
@@ -86,6 +87,12 @@ def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_js
         return
     ok(f"initialized modelreg repository in {result.root}")
     detail(f"  DVC remote: {result.remote}")
+    if result.self_pin is not None:
+        click.echo(
+            f"  note: the workflows pin modelreg by version only ({result.self_pin}); "
+            "see .github/modelreg-self-requirements.txt",
+            err=True,
+        )
     if remote is None:
         click.echo(
             "  note: this DVC remote is a folder inside this clone: teammates' clones and CI "

@@ -43,7 +43,8 @@ def test_workflows_pass_actionlint(tmp_path: Path) -> None:
 
 
 def test_repository_uses_the_templates(tmp_path: Path) -> None:
-    from pipelines.requirements_lock import LOCK_FILES
+    from modelreg import __version__
+    from pipelines.requirements_lock import LOCK_FILES, SELF_LOCK_FILE
     from pipelines.workspace import WORKFLOWS, write_workflows
 
     assert {p.name for p in TEMPLATES.glob("*.yml")} == set(NAMES) == set(WORKFLOWS)
@@ -52,13 +53,68 @@ def test_repository_uses_the_templates(tmp_path: Path) -> None:
     for lock in LOCK_FILES:  # the locks the workflows install from, as init writes them
         shipped = (TEMPLATES.parent / Path(lock).name).read_text()
         assert (REPO_ROOT / lock).read_text() == shipped, lock
-    written = write_workflows(tmp_path)
+    written, why = write_workflows(tmp_path)
     assert {p.relative_to(tmp_path).as_posix() for p in written} == {
         *(f".github/workflows/{n}" for n in NAMES),
         *LOCK_FILES,
+        SELF_LOCK_FILE,
     }
     for lock in LOCK_FILES:
         assert (tmp_path / lock).read_text() == (REPO_ROOT / lock).read_text(), lock
+    # no index on loopback's closed port: modelreg by version only, and why
+    assert why == "http://127.0.0.1:9 could not be asked (URLError)"
+    assert (tmp_path / SELF_LOCK_FILE).read_text().endswith(f"\nmodelreg=={__version__}\n")
+    # this repository's own pin is the one the lock script writes (by version)
+    assert (REPO_ROOT / SELF_LOCK_FILE).read_text().endswith(f"\nmodelreg=={__version__}\n")
+
+
+def test_init_pins_modelreg_by_the_hashes_the_index_lists(tmp_path: Path) -> None:
+    """A loopback index in PyPI's JSON API shape: the pin carries every file's SHA-256,
+    so pip checks modelreg's own archive too (hash-checking mode, set by the hashes)."""
+    import http.server
+    import json
+    import threading
+
+    from modelreg import __version__
+    from pipelines.requirements_lock import SELF_LOCK_FILE, parse_lock
+    from pipelines.workspace import write_workflows
+
+    digests = ["a" * 64, "b" * 64]
+    asked: list[str] = []
+
+    class Index(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = json.dumps({"urls": [
+                {"filename": f"modelreg-{__version__}-py3-none-any.whl",
+                 "digests": {"sha256": digests[0]}},
+                {"filename": f"modelreg-{__version__}.tar.gz", "digests": {"sha256": digests[1]}},
+                {"filename": "junk", "digests": {"sha256": "not-hex"}},
+            ]}).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}"
+        _, why = write_workflows(tmp_path, env={"MODELREG_INDEX_URL": index})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert why is None
+    assert asked == [f"/pypi/modelreg/{__version__}/json"]
+    (pin,) = parse_lock((tmp_path / SELF_LOCK_FILE).read_text())
+    assert (pin.name, pin.version, sorted(pin.sha256)) == ("modelreg", __version__, digests)
+    # a repository's own pin is never overwritten
+    (tmp_path / SELF_LOCK_FILE).write_text("modelreg==9.9.9\n")
+    assert write_workflows(tmp_path, env={"MODELREG_INDEX_URL": index})[1] is None
+    assert (tmp_path / SELF_LOCK_FILE).read_text() == "modelreg==9.9.9\n"
 
 
 def _install_step(name: str) -> tuple[int, list[dict[str, object]]]:
@@ -72,8 +128,7 @@ def test_modelreg_is_installed_pinned(name: str) -> None:
     """Like the actions (by commit): every dependency by the SHA-256 of its file in the
     locks, modelreg by its exact version (a lock inside modelreg's wheel cannot hold the
     wheel's own hash), nothing else from the index and nothing resolved by pip."""
-    from modelreg import __version__
-    from pipelines.requirements_lock import BUILD_LOCK_FILE, LOCK_FILE
+    from pipelines.requirements_lock import BUILD_LOCK_FILE, LOCK_FILE, SELF_LOCK_FILE
 
     at, steps = _install_step(name)
     folder = ".modelreg-base/" if name == "pr.yml" else ""
@@ -83,7 +138,7 @@ def test_modelreg_is_installed_pinned(name: str) -> None:
         ["python", "-m", "pip", "install", "--require-hashes", "--no-deps",
          "--no-build-isolation", "-r", folder + LOCK_FILE],
         ["python", "-m", "pip", "install", "--no-deps", "--only-binary=:all:",
-         f"modelreg=={__version__}"],
+         "-r", folder + SELF_LOCK_FILE],
         ["python", "-m", "pip", "check"],  # the locks hold all modelreg needs
     ]  # fmt: skip
     text = (TEMPLATES / name).read_text()
@@ -177,11 +232,12 @@ def test_a_pull_request_cannot_change_what_judges_it() -> None:
         "persist-credentials": False,  # no token in .git/config for the data to reach
     }
     # The locks come from the commit this workflow comes from (no ref: on
-    # pull_request_target, the base branch), those two files only, in a folder of
+    # pull_request_target, the base branch), those three files only, in a folder of
     # their own that the install step removes.
     assert steps[locks_at]["with"] == {
         "sparse-checkout": ".github/modelreg-build-requirements.txt\n"
-                           ".github/modelreg-requirements.txt\n",
+                           ".github/modelreg-requirements.txt\n"
+                           ".github/modelreg-self-requirements.txt\n",
         "sparse-checkout-cone-mode": False,
         "path": ".modelreg-base",
         "persist-credentials": False,
