@@ -37,6 +37,12 @@ class PromoteResult:
     previous_percent: float | None = None
 
 
+def _model_problems(repo: Repository, name: str) -> list[Problem]:
+    """The load problems of the files in model ``name``'s folder."""
+    folder = (repo.root / repo.config.manifests / name).resolve()
+    return [p for p in repo.problems if Path(p.file).resolve().is_relative_to(folder)]
+
+
 def declared_model(repo: Repository, name: str) -> ModelEntry:
     """The model ``name``, or the problems of its files when they do not load.
 
@@ -46,7 +52,7 @@ def declared_model(repo: Repository, name: str) -> ModelEntry:
     model = repo.models.get(name)
     if model is not None:
         return model
-    broken = [p for p in repo.problems if f"/{name}/" in f"/{p.file}"]
+    broken = _model_problems(repo, name)
     if broken:  # the model's own files do not load: say where, not "not declared"
         raise ManifestError(broken)
     known = ", ".join(sorted(repo.models)) or "none"
@@ -67,10 +73,10 @@ def declared_versions(repo: Repository, model: ModelEntry) -> tuple[set[str], di
         ManifestError: a version file of the model does not load (it may be the very
             version asked for: the broken file is named, not "not declared").
     """
-    name = model.name
-    broken = [p for p in repo.problems if f"/{name}/" in f"/{p.file}"]
+    broken = _model_problems(repo, model.name)
     if broken:
         raise ManifestError(broken)
+    name = model.name
     versions = repo.versions.get(name, {})
     deprecated = {
         v: e.manifest.spec.deprecated.reason
