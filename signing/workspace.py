@@ -256,6 +256,24 @@ def release_state(root: Path, config: RepoConfig) -> dict[tuple[str, str], Relea
     return release_states(TrustRepo.load(paths.metadata, expiry=paths.expiry))
 
 
+def released_deprecation(root: Path, config: RepoConfig, model: str, version: str) -> str | None:
+    """The SHA-256 of the deprecation reason released for ``model`` ``version`` (None:
+    no deprecation of it is released, or the repository has no trust metadata).
+
+    Raises:
+        VerificationError: the trust metadata in the repository does not verify.
+    """
+    from signing.target_names import deprecation_path
+
+    paths = trust_paths(root, config)
+    if not (paths.metadata / "1.root.json").is_file():
+        return None
+    info = TrustRepo.load(paths.metadata, expiry=paths.expiry).published(
+        deprecation_path(model, version)
+    )
+    return info.hashes.get("sha256") if info is not None else None
+
+
 def release_states(trust: TrustRepo) -> dict[tuple[str, str], ReleaseState]:
     """Per (model, version): whether its OMS bundle and its artifact are released, by
     which CI run, and the released artifact's digests."""

@@ -357,8 +357,27 @@ def rollback(name: str, channel: str, to: str | None, as_json: bool) -> None:
 @_json
 def version_deprecate(name: str, version_: str, reason: str, as_json: bool) -> None:
     """Mark VERSION of model NAME deprecated: never promoted or installed again."""
-    from registry.deprecate import deprecate
+    import hashlib
+    import re
 
+    from registry.config import find_root, load_config
+    from registry.deprecate import deprecate
+    from registry.errors import PolicyError, Problem
+    from registry.schema import DNS_LABEL_RE, is_semver
+    from signing.workspace import released_deprecation
+
+    root = find_root(Path.cwd())
+    config = load_config(root)
+    # names that are no model or version are for deprecate() to answer (closest one)
+    valid = is_semver(version_) and re.fullmatch(DNS_LABEL_RE, name) is not None
+    signed = released_deprecation(root, config, name, version_) if valid else None
+    wanted = hashlib.sha256(" ".join(reason.split()).encode()).hexdigest()
+    if signed is not None and signed != wanted:
+        raise PolicyError([Problem(
+            f"{config.manifests}/{name}/versions/{version_}.yaml",
+            f"version {version_} is released as deprecated and its reason is signed; a "
+            "released deprecation cannot change",
+        )])  # fmt: skip
     result = deprecate(Path.cwd(), name, version_, reason)
     if as_json:
         emit_json(

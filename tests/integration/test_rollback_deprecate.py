@@ -270,6 +270,12 @@ def test_publish_signs_the_deprecation_as_a_file_of_its_own(
     assert stored.read_bytes() == b"leaks PII"
     # the channels document a daemon older than deprecation reads is untouched
     assert trust.published("channels.json") == channels_before
+    # the command itself refuses to reword it, and says nothing changes for the same words
+    reword = cli("version", "deprecate", "mlp", "1.0.0", "--reason", "other", cwd=fleet)
+    assert reword.code == 1
+    assert "released as deprecated and its reason is signed" in reword.err
+    same = _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+    assert "already deprecated: mlp 1.0.0" in same.out
     # a released deprecation is signed: it cannot be taken back, nor reworded
     base = git(fleet, "rev-parse", "HEAD").strip()
     path = fleet / "manifests/mlp/versions/1.0.0.yaml"
