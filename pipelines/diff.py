@@ -13,7 +13,7 @@ drift in :mod:`pipelines.diff_drift`; the result types are re-exported from here
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -47,7 +47,6 @@ from pipelines.diff_types import (
 from pipelines.errors import ArtifactError
 from pipelines.onnx_signature import load_onnx, signature_from_model
 from registry.errors import ManifestError
-from registry.gitinfo import git
 from registry.repository import (
     Repository,
     VersionEntry,
@@ -249,23 +248,18 @@ def diff_versions(repo_root: Path, name: str, old: str, new: str) -> ModelDiff:
 
 
 def changed_versions(repo: Repository, base: str) -> list[tuple[str, str]]:
-    """(model, version) of every version manifest that differs from git ref ``base``.
-
-    Manifests of deleted or invalid versions are left out (validation reports them).
+    """(model, version) of every version whose inputs differ from git ref ``base``, in
+    SemVer order: the versions the build rebuilds (``pipelines.build.changed_versions``:
+    its manifest, its artifact's DVC pointers, its golden files, or the model signature
+    it takes), so that what a pull request builds is also what its comment diffs.
 
     Raises:
-        ToolError: git fails (unknown ref, not a git work tree).
+        ValueError: ``base`` does not name a commit.
+        ToolError: git fails.
     """
-    manifests = PurePosixPath(repo.config.manifests)
-    # --relative: paths relative to the repository root even when it is not git's top.
-    out = git(repo.root, "diff", "--name-only", "--relative", base, "--", str(manifests)).stdout
-    found: list[tuple[str, str]] = []
-    for line in out.splitlines():
-        parts = PurePosixPath(line).relative_to(manifests).parts
-        if len(parts) == 3 and parts[1] == "versions" and parts[2].endswith(".yaml"):
-            name, version = parts[0], parts[2].removesuffix(".yaml")
-            if version in repo.versions.get(name, {}):
-                found.append((name, version))
+    from pipelines.build import changed_versions as rebuilt
+
+    found = [(n, v) for n, v in rebuilt(repo, base) if v in repo.versions.get(n, {})]
     return sorted(found, key=lambda nv: (nv[0], parse_version(nv[1])))
 
 

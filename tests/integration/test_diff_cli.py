@@ -102,6 +102,33 @@ def test_diff_against_base_ref(repo: Path, cli) -> None:
     assert "No model version changed." in same.out
 
 
+def test_a_changed_dvc_pointer_alone_is_built_and_diffed(
+    repo: Path, cli, example_models: Path
+) -> None:
+    """What a pull request builds is what its comment diffs: one rule for both
+    (before, a pull request that swapped only an artifact was built but not diffed)."""
+    from pipelines import dvc
+    from pipelines.build import changed_versions as built
+    from pipelines.diff import changed_versions as diffed
+    from registry.repository import load_repository
+
+    base = git(repo, "rev-parse", "HEAD").strip()
+    artifact = repo / "models/mlp/1.1.0.onnx"
+    artifact.chmod(0o644)
+    shutil.copyfile(example_models / "mlp/1.0.0.onnx", artifact)  # same graph, other weights
+    dvc.add(repo, artifact)
+    git(repo, "commit", "-qam", "retrain 1.1.0 in place")
+    changed = git(repo, "diff", "--name-only", base).split()
+    assert changed == ["models/mlp/1.1.0.onnx.dvc"]
+    loaded = load_repository(repo, jobs=1)
+    assert built(loaded, base) == {("mlp", "1.1.0")}
+    assert diffed(loaded, base) == [("mlp", "1.1.0")]
+    r = cli("diff", "--base", base, "--json", cwd=repo)
+    assert r.code == 0, r.err
+    (one,) = json.loads(r.out)["diffs"]
+    assert (one["old"]["label"], one["new"]["label"]) == ("1.0.0", "1.1.0")
+
+
 def test_diff_domain_errors_exit_1_with_one_line(repo: Path, cli) -> None:
     unknown = cli("diff", "mlp", "1.0.0", "9.9.9", cwd=repo)
     assert unknown.code == 1
@@ -126,10 +153,10 @@ def test_diff_domain_errors_exit_1_with_one_line(repo: Path, cli) -> None:
         "teammate or CI job reaches: point DVC at a shared remote first (`dvc remote modify "
         "storage url s3://bucket/path`, commit .dvc/config)"
     )
+    # a ref that names no commit is a usage error, as for build --base (one rule)
     bad_ref = cli("diff", "--base", "no-such-ref", cwd=repo)
-    assert bad_ref.code == 1
-    assert bad_ref.err.startswith("modelreg: git diff")
-    assert len(bad_ref.err.strip().splitlines()) == 1
+    assert bad_ref.code == 2
+    assert bad_ref.err == "modelreg: error: git ref 'no-such-ref' does not name a commit\n"
 
 
 def test_diff_usage_errors_exit_2(repo: Path, cli) -> None:
