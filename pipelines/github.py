@@ -390,3 +390,28 @@ def fetch_approvers(
     candidates = approval_candidates(reviews, head=head, author=author)
     permissions = fetch_permissions(repository, candidates, token, api=api, limits=limits)
     return approvers(reviews, permissions, head=head, author=author)
+
+
+@dataclass(frozen=True)
+class ActionsRun:
+    """The GitHub Actions run this process is part of, from its environment.
+
+    Attributes:
+        run_id: ``GITHUB_RUN_ID`` (None outside Actions).
+        url: the run's page, when ``GITHUB_SERVER_URL`` and ``GITHUB_REPOSITORY`` say
+            where it is.
+    """
+
+    run_id: str | None = None
+    url: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ActionsRun:
+        """Read the run from ``env`` (the one place the CI run is named from it)."""
+        run = env.get("GITHUB_RUN_ID") or None
+        server, repository = env.get("GITHUB_SERVER_URL"), env.get("GITHUB_REPOSITORY")
+        url = None
+        if run and server and repository:
+            url = f"{server.rstrip('/')}/{repository}/actions/runs/{run}"
+        return cls(run, url)
+

@@ -92,13 +92,11 @@ class CiContext:
         Raises:
             ToolError: git is missing or the work tree has no commit.
         """
-        env = os.environ if env is None else env
+        from pipelines.github import ActionsRun
+
+        run = ActionsRun.from_env(os.environ if env is None else env)
         commit = git(root, "rev-parse", "HEAD").stdout.strip()
-        run = env.get("GITHUB_RUN_ID")
-        url = None
-        if run and env.get("GITHUB_SERVER_URL") and env.get("GITHUB_REPOSITORY"):
-            url = f"{env['GITHUB_SERVER_URL']}/{env['GITHUB_REPOSITORY']}/actions/runs/{run}"
-        return cls(commit, run, url)
+        return cls(commit, run.run_id, run.url)
 
 
 @dataclass(frozen=True)

@@ -221,13 +221,14 @@ def _digests(path: Path, display: str) -> tuple[str, str]:
 
 
 def _ci_tags(env: Mapping[str, str]) -> dict[str, str]:
-    run_id = env.get("GITHUB_RUN_ID")
-    if not run_id:
+    from pipelines.github import ActionsRun
+
+    run = ActionsRun.from_env(env)
+    if run.run_id is None:
         return {}
-    tags = {TAG_CI_RUN_ID: run_id}
-    server, repository = env.get("GITHUB_SERVER_URL"), env.get("GITHUB_REPOSITORY")
-    if server and repository:
-        tags[TAG_CI_RUN_URL] = f"{server.rstrip('/')}/{repository}/actions/runs/{run_id}"
+    tags = {TAG_CI_RUN_ID: run.run_id}
+    if run.url is not None:
+        tags[TAG_CI_RUN_URL] = run.url
     return tags
 
 

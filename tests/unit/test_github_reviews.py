@@ -316,3 +316,24 @@ def test_an_unreachable_api_is_retried_then_one_line() -> None:
         str(info.value)
         == f"GitHub API unreachable at http://127.0.0.1:{port}: [Errno 111] Connection refused"
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "run_id", "url"),
+    [
+        ({}, None, None),
+        ({"GITHUB_RUN_ID": ""}, None, None),
+        ({"GITHUB_RUN_ID": "42"}, "42", None),
+        ({"GITHUB_RUN_ID": "42", "GITHUB_SERVER_URL": "https://github.example/",
+          "GITHUB_REPOSITORY": "acme/fleet"}, "42",
+         "https://github.example/acme/fleet/actions/runs/42"),
+        ({"GITHUB_SERVER_URL": "https://github.example", "GITHUB_REPOSITORY": "a/b"},
+         None, None),
+    ],
+)  # fmt: skip
+def test_the_actions_run_is_read_from_the_environment_in_one_place(
+    env: dict[str, str], run_id: str | None, url: str | None
+) -> None:
+    from pipelines.github import ActionsRun
+
+    assert ActionsRun.from_env(env) == ActionsRun(run_id, url)
