@@ -414,4 +414,3 @@ class ActionsRun:
         if run and server and repository:
             url = f"{server.rstrip('/')}/{repository}/actions/runs/{run}"
         return cls(run, url)
-
