@@ -160,8 +160,13 @@ def compare_signatures(declared: Signature, graph: Signature) -> list[SignatureM
     return found
 
 
-def load_session(path: Path, display: str, providers: list[str] | None = None) -> Any:
-    """An ONNX Runtime ``InferenceSession`` over ``path`` (CPU unless told otherwise).
+def load_session(
+    model: Path | str | bytes, display: str, providers: list[str] | None = None
+) -> Any:
+    """An ONNX Runtime ``InferenceSession`` over ``model`` (CPU unless told otherwise):
+    the one place the CI side opens a session (build, goldens, diff drift).
+
+    ``model`` is a path (external data is resolved beside it) or the model's bytes.
 
     Raises:
         ArtifactError: ONNX Runtime cannot load the model.
@@ -170,9 +175,10 @@ def load_session(path: Path, display: str, providers: list[str] | None = None) -
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: warnings would go to the CI log unasked
+    source = model if isinstance(model, bytes) else str(model)
     try:
         return ort.InferenceSession(
-            str(path), sess_options=options, providers=providers or ["CPUExecutionProvider"]
+            source, sess_options=options, providers=providers or ["CPUExecutionProvider"]
         )
     except ort_errors() as e:
         raise ArtifactError(display, f"ONNX Runtime cannot load it: {one_line(str(e))}") from None

@@ -16,6 +16,8 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
+from pipelines.build_checks import load_session
+from pipelines.errors import ArtifactError
 from registry.errors import GoldenError
 from registry.goldens import compare, inline_array, read_npz
 from registry.schema import Goldens, Tensor, TensorSet
@@ -101,14 +103,6 @@ def _tensor_set(spec: TensorSet, root: Path | None) -> dict[str, Array]:
         raise _Skip(str(e)) from None
 
 
-def _session(model: ModelSource) -> Any:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # ORT's warnings are not the reviewer's business
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
 def _fits(session: Any, inputs: Mapping[str, Array], which: str) -> None:
     wanted = {str(i.name): i for i in session.get_inputs()}
     if set(inputs) != set(wanted):
@@ -184,9 +178,9 @@ def golden_drift(
     sessions: dict[str, Any] = {}
     for which, model in (("old", old), ("new", new)):
         try:
-            sessions[which] = _session(model)
-        except (RuntimeError, ValueError) as e:
-            reason = f"ONNX Runtime cannot load the {which} model: {e}"
+            sessions[which] = load_session(model, f"the {which} model")
+        except ArtifactError as e:
+            reason = str(e)  # "the old model: ONNX Runtime cannot load it: ..."
             return GoldenDrift((), tuple(SkippedCase(c.name, reason) for c in goldens.cases))
     measured: list[OutputDrift] = []
     skipped: list[SkippedCase] = []

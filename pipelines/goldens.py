@@ -109,11 +109,11 @@ def record_outputs(model: Path, inputs_npz: Path) -> tuple[bytes, bytes]:
         ArtifactError: the inputs are not a readable ``.npz`` within caps, don't match
             the model, or the model does not run.
     """
-    import onnxruntime as ort
+    from pipelines.build_checks import load_session
 
     inputs = read_npz(inputs_npz, str(inputs_npz))
+    session = load_session(model, str(model))
     try:
-        session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
         wanted = {i.name for i in session.get_inputs()}
         if set(inputs) != wanted:
             raise ArtifactError(
