@@ -23,6 +23,7 @@ from registry.errors import ManifestError, RepositoryError, UsageError
 from registry.gitinfo import git, stage, toplevel
 from registry.jsonschema import schema_comment, write_schemas
 from registry.loader import load_manifest
+from registry.redact import redact
 from registry.render import render_model, render_version
 from registry.repository import (
     MODEL_FILE,
@@ -245,8 +246,10 @@ def write_workflows(
     index = (os.environ if env is None else env).get(INDEX_ENV) or _INDEX_DEFAULT
     version = installed("modelreg")  # the release that writes these workflows
     hashes, why = release_hashes(version, index)
-    write_atomic(pin, render_self_lock(version, hashes, index).encode())
-    return [*written, pin], why
+    # A private index URL may carry a token: the file is committed and `why` printed.
+    shown = redact(index)
+    write_atomic(pin, render_self_lock(version, hashes, shown).encode())
+    return [*written, pin], why.replace(index, shown) if why is not None else None
 
 
 def add_model(

@@ -442,3 +442,19 @@ def test_workflows_run_on_fresh_checkouts(
     report = json.loads((again / ".modelreg/ci/release-report.json").read_text())
     assert report["published"] == []
     assert report["mlflow"]["changes"] == 0
+
+
+def test_a_token_in_the_index_url_is_never_committed_or_printed(
+    tmp_path: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A private index is often given as https://user:token@host: the pin file is
+    committed and the note printed, so neither may carry the token."""
+    from pipelines.requirements_lock import SELF_LOCK_FILE
+
+    monkeypatch.setenv("MODELREG_INDEX_URL", "http://ci-bot:s3cr3t-t0ken@127.0.0.1:9/simple")
+    r = cli("init", str(tmp_path / "r"), cwd=tmp_path)
+    assert r.code == 0, r.err
+    pin = (tmp_path / "r" / SELF_LOCK_FILE).read_text()
+    assert "s3cr3t-t0ken" not in pin + r.out + r.err
+    assert "http://***@127.0.0.1:9/simple" in pin
+    assert "pin modelreg by version only (http://***@127.0.0.1:9/simple could" in r.err
