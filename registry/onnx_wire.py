@@ -166,19 +166,25 @@ def encode_varint(value: int) -> bytes:
         out.append(low | 0x80)
 
 
+def _dims(buf: Any, wire: int, value: int, pos: int, stop: int) -> list[int]:
+    """The dimensions in one ``dims`` field: one varint, or a packed run of them."""
+    if wire == _VARINT:
+        return [value]
+    dims: list[int] = []
+    while wire == _LEN and pos < stop:
+        dim, pos = varint(buf, pos, stop)
+        dims.append(dim)
+    return dims
+
+
 def _tensor(buf: Any, start: int, end: int) -> Tensor | None:
     name = b""
     data_type = 0
     dims: list[int] = []
     raw: tuple[int, int] | None = None
     for number, wire, _key_at, value, pos, stop in fields(buf, start, end):
-        if number == _TENSOR_DIMS and wire == _VARINT:
-            dims.append(value)
-        elif number == _TENSOR_DIMS and wire == _LEN:  # packed repeated int64
-            p = pos
-            while p < stop:
-                dim, p = varint(buf, p, stop)
-                dims.append(dim)
+        if number == _TENSOR_DIMS:
+            dims.extend(_dims(buf, wire, value, pos, stop))
         elif number == _TENSOR_DATA_TYPE and wire == _VARINT:
             data_type = value
         elif number == _TENSOR_NAME and wire == _LEN:
@@ -258,13 +264,8 @@ def _external(buf: Any, start: int, end: int) -> ExternalSpan | None:
     external = False
     entries: dict[bytes, bytes] = {}
     for number, wire, _key_at, value, pos, stop in fields(buf, start, end):
-        if number == _TENSOR_DIMS and wire == _VARINT:
-            dims.append(value)
-        elif number == _TENSOR_DIMS and wire == _LEN:
-            p = pos
-            while p < stop:
-                dim, p = varint(buf, p, stop)
-                dims.append(dim)
+        if number == _TENSOR_DIMS:
+            dims.extend(_dims(buf, wire, value, pos, stop))
         elif number == _TENSOR_DATA_TYPE and wire == _VARINT:
             data_type = value
         elif number == _TENSOR_NAME and wire == _LEN:
