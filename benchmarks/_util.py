@@ -317,7 +317,8 @@ def status(key):
     raise KeyError(key)
 
 import numpy, zstandard  # noqa: F401 - loaded before the baseline, as on a device
-from registry import delta, _delta_decode  # noqa: F401
+from registry import delta
+from registry.delta import _decode as _delta_decode  # noqa: F401
 baseline = status("VmRSS:")
 delta.decode(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]))
 print(status("VmHWM:") - baseline)

@@ -159,7 +159,7 @@ def _update(config_path: Path, state_from: Path | None, prepack: str = "off") ->
     state serves loaded first, as a running daemon holds it), timed from "new metadata
     seen" to "committed"."""
     from edge_sync.config import load_edge_config
-    from edge_sync.daemon import _provision
+    from edge_sync.daemon import provision
     from edge_sync.host import InProcessHost
     from edge_sync.state import StateDir
     from edge_sync.updater import Updater
@@ -176,7 +176,7 @@ def _update(config_path: Path, state_from: Path | None, prepack: str = "off") ->
     state = StateDir(config.state_path)
     host = InProcessHost(prepack=prepack)
     with state.locked():
-        _provision(config, state)
+        provision(config, state)
         updater = Updater(config, state, host, observer=observer)
         updater.resume()
         marks.clear()

@@ -37,7 +37,7 @@ from edge_sync.updater import GATE_CHECK_S, StoppedError, SyncReport, Updater
 from registry.errors import UsageError
 from signing.errors import VerificationError
 
-__all__ = ["Daemon", "backoff_delay", "next_delay", "status_document", "systemd_unit"]
+__all__ = ["Daemon", "backoff_delay", "next_delay", "provision", "status_document", "systemd_unit"]
 
 ENGINE_CACHE_DIR: Final = "engines"
 """In the state dir: TensorRT engines built on this device (``edge_sync.tensorrt``)."""
@@ -265,7 +265,7 @@ class Daemon:
         try:
             if install_signals:
                 self._signals(wakeup)
-            _provision(self.config, state)
+            provision(self.config, state)
             serve = self.config.serve
             if self.host is None:
                 self.host = InProcessHost(
@@ -397,7 +397,7 @@ def _guarded(updater: Updater) -> SyncReport:
         return SyncReport("failed", reason)
 
 
-def _provision(config: EdgeConfig, state: StateDir) -> None:
+def provision(config: EdgeConfig, state: StateDir) -> None:
     """Install the configured trust root on first run (a no-op once it is there).
 
     Raises:

@@ -13,6 +13,10 @@ from tuf.ngclient.config import UpdaterConfig
 
 from registry.errors import UsageError
 
+__all__ = [
+    "TrustLimits",
+]
+
 
 @dataclass(frozen=True)
 class TrustLimits:

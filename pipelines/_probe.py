@@ -1,7 +1,7 @@
 """One short HTTP request that tells whether a server is there at all.
 
 Private: used before long work against a tracking server or an artifact remote
-(:mod:`pipelines._mlflow_http`, :mod:`pipelines.dvc`), whose own clients retry for
+(:mod:`pipelines.register`, :mod:`pipelines.dvc`), whose own clients retry for
 minutes before they give up.  A refused connection, a name that does not resolve or
 silence past the timeout is reported in a few words; any HTTP answer, an error
 status included, means the server is there (what it says is for the real request).

@@ -29,6 +29,11 @@ from registry.redact import redact
 _LOGGERS = ("dvc", "dvc_data", "dvc_objects")
 _NETWORK_SCHEMES: Final = frozenset({"http", "https", "s3"})
 
+DEFAULT_REMOTE_DIR: Final = ".modelreg/remote"
+"""The artifact remote ``modelreg init`` sets up when given none (inside the clone)."""
+REMOTE_NAME: Final = "storage"
+"""The DVC remote modelreg pushes to and pulls from."""
+
 
 @dataclass(frozen=True, slots=True)
 class RemoteLimits:

@@ -32,9 +32,11 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any, Final, Literal, overload
 
-from pipelines.errors import PipelineError
+from pipelines.errors import GitHubError
+from registry.errors import UsageError
 
 DEFAULT_API: Final = "https://api.github.com"
 _NEXT: Final = re.compile(r'<([^>]+)>;\s*rel="next"')
@@ -48,10 +50,6 @@ WRITE: Final = frozenset({"admin", "maintain", "write"})
 """Permissions whose holders may approve a promotion (they could push it anyway)."""
 _BELOW_WRITE: Final = frozenset({"none", "read", "triage"})
 """Built-in role names below write: a ``role_name`` among them vetoes the permission."""
-
-
-class GitHubError(PipelineError):
-    """The GitHub API could not be asked, or its answer could not be read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,3 +412,71 @@ class ActionsRun:
         if run and server and repository:
             url = f"{server.rstrip('/')}/{repository}/actions/runs/{run}"
         return cls(run, url)
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """What the CI run knows about the pull request.
+
+    Attributes:
+        base: the commit the pull request is compared with.
+        target_branch: the branch it would merge into, when known.
+        number, head, author: the pull request's number, head commit and author's
+            login; known only from a pull-request event (``GITHUB_EVENT_PATH``).
+    """
+
+    base: str
+    target_branch: str | None = None
+    number: int | None = None
+    head: str | None = None
+    author: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], base: str | None) -> PullRequest:
+        """From ``GITHUB_EVENT_PATH`` (a pull_request or pull_request_review event),
+        else ``base``.
+
+        Raises:
+            ValueError: no base given and no pull-request event to read it from.
+            GitHubError: ``GITHUB_EVENT_PATH`` names a file that is not a JSON object.
+        """
+        event: object = {}
+        path = env.get("GITHUB_EVENT_PATH")
+        if path and Path(path).is_file():
+            try:
+                with Path(path).open("rb") as fh:
+                    raw = fh.read(_MAX_EVENT + 1)
+                event = json.loads(raw) if len(raw) <= _MAX_EVENT else None
+            except (OSError, ValueError, RecursionError) as e:
+                raise GitHubError(f"{path}: not a readable GitHub event ({e})") from None
+            if event is None:
+                raise GitHubError(f"{path}: larger than {_MAX_EVENT} bytes; not a GitHub event")
+        if not isinstance(event, dict):
+            raise GitHubError(f"{path}: not a GitHub event (a JSON object)")
+        pr = _obj(event, "pull_request")
+        found = base or _text(_obj(pr, "base"), "sha")
+        if not found:
+            raise UsageError("no base to compare against: pass --base REF or run on a pull_request")
+        branch = _text(_obj(pr, "base"), "ref") or env.get("GITHUB_BASE_REF")
+        number = pr.get("number")
+        return cls(
+            found,
+            branch,
+            number if isinstance(number, int) and not isinstance(number, bool) else None,
+            _text(_obj(pr, "head"), "sha"),
+            _text(_obj(pr, "user"), "login"),
+        )
+
+
+_MAX_EVENT: Final = 64 << 20
+"""Largest GitHub event file read (GitHub caps webhook payloads at 25 MB)."""
+
+
+def _obj(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _text(data: Mapping[str, Any], key: str) -> str | None:
+    value = data.get(key)
+    return value if isinstance(value, str) and value else None

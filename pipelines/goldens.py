@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.build_checks import ort_errors
 from pipelines.errors import ArtifactError
+from pipelines.onnx import ort_errors
 from registry import goldens
 from registry.errors import GoldenError
 from registry.goldens import (
@@ -109,7 +109,7 @@ def record_outputs(model: Path, inputs_npz: Path) -> tuple[bytes, bytes]:
         ArtifactError: the inputs are not a readable ``.npz`` within caps, don't match
             the model, or the model does not run.
     """
-    from pipelines.build_checks import load_session
+    from pipelines.onnx import load_session
 
     inputs = read_npz(inputs_npz, str(inputs_npz))
     session = load_session(model, str(model))

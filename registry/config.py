@@ -12,6 +12,16 @@ from registry.loader import validate_document
 from registry.schema import RepoPath, Strict
 from registry.yamlsrc import read_yaml
 
+__all__ = [
+    "CONFIG_FILE",
+    "ExpiryDays",
+    "MlflowConfig",
+    "RepoConfig",
+    "TrustConfig",
+    "find_root",
+    "load_config",
+]
+
 CONFIG_FILE: Final = "modelreg.yaml"
 
 

@@ -29,6 +29,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+__all__ = [
+    "MESSAGE_LIMIT",
+    "QUOTE_LIMIT",
+    "FileTooLargeError",
+    "GoldenError",
+    "ManifestError",
+    "PolicyError",
+    "Problem",
+    "RegistryError",
+    "RepositoryError",
+    "ToolError",
+    "UnsafeFileError",
+    "UsageError",
+    "one_line",
+    "printable",
+    "quote",
+]
+
 _ONE_LINE = str.maketrans(
     {"\n": "\\n", "\r": "\\r", "\x85": "\\x85", "\u2028": "\\u2028", "\u2029": "\\u2029"}
 )

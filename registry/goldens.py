@@ -1,8 +1,8 @@
 """Golden tensors: read ``.npz`` files within caps, write them canonically, compare (stable API).
 
 One module for every side that handles golden cases: the build runs them
-(``pipelines.build_goldens``), the semantic diff measures drift on them
-(``pipelines.diff_drift``), ``publish`` re-writes them as signed targets, and a device
+(``pipelines.build``), the semantic diff measures drift on them
+(``pipelines.diff``), ``publish`` re-writes them as signed targets, and a device
 runs them as its self-test before a swap.  It imports numpy only (lazily), never ONNX
 Runtime, MLflow, DVC nor ``pipelines``: a device has none of them.
 

@@ -313,7 +313,7 @@ def external_initializers(data: Any) -> list[ExternalSpan]:
     """The top-level initializers of a serialized ``ModelProto`` stored as external data,
     in graph order (``data``: bytes, a memoryview or a memory map of the ``.onnx``).
 
-    Only the graph's own initializers are read (the only place ``pipelines.onnx_external``
+    Only the graph's own initializers are read (the only place ``pipelines.onnx``
     lets external data be); spans are not checked against any file here.
 
     Raises:

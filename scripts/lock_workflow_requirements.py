@@ -45,7 +45,7 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from pipelines.requirements_lock import (
+from pipelines.authoring.requirements_lock import (
     BUILD_LOCK_FILE,
     LOCK_FILE,
     SELF_LOCK_FILE,

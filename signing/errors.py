@@ -23,6 +23,21 @@ from __future__ import annotations
 
 from registry.errors import RegistryError
 
+__all__ = [
+    "DigestMismatchError",
+    "ExpiredError",
+    "FileSetError",
+    "HistoryError",
+    "KeyMaterialError",
+    "RollbackError",
+    "SignatureError",
+    "SigningError",
+    "StaleKeyError",
+    "TargetMismatchError",
+    "TrustFetchError",
+    "VerificationError",
+]
+
 
 class SigningError(RegistryError):
     """Base of the trust layer's errors."""

@@ -31,6 +31,19 @@ from typing import Final, Protocol
 from registry.errors import UsageError
 from signing.errors import FileSetError, SigningError, VerificationError
 
+__all__ = [
+    "DEFAULT_CHUNK",
+    "MIN_CHUNK",
+    "RING_BUFFERS",
+    "SINGLE_FILE",
+    "HashSettings",
+    "default_workers",
+    "hash_file",
+    "list_model_files",
+    "sha256_file",
+    "sha256_files",
+]
+
 DEFAULT_CHUNK: Final = 1 << 20
 """Bytes per read.  1 MiB: larger reads stop fitting in L2 and were slower here."""
 

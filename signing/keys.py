@@ -26,6 +26,24 @@ from registry.atomic import write_atomic
 from registry.redact import decodes_to_pem
 from signing.errors import KeyMaterialError
 
+__all__ = [
+    "PEM_HEADER",
+    "ROLES",
+    "SCHEME",
+    "KeyFiles",
+    "env_var",
+    "generate",
+    "key_value_kind",
+    "load_private_key",
+    "load_public_key",
+    "private_key_from_env",
+    "private_pem",
+    "public_key_of",
+    "public_pem",
+    "signer_from_env",
+    "write_keypair",
+]
+
 ROLES: Final = ("root", "targets", "snapshot", "timestamp")
 SCHEME: Final = "ecdsa-sha2-nistp256"
 PEM_HEADER: Final = "-----BEGIN"

@@ -30,8 +30,8 @@ def build(name: str | None, version_: str | None, base: str | None, as_json: boo
     REF; otherwise every version. Records go to .modelreg/build/<model>/<version>/.
     Every problem is printed, one line each; the exit code is 1 if there are any.
     """
-    from pipelines.build import BuildError
     from pipelines.build import build as run_build
+    from pipelines.errors import BuildError
 
     if name is not None and version_ is None:
         raise click.UsageError("give both NAME and VERSION, or neither")

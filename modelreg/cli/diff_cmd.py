@@ -48,11 +48,12 @@ def diff(
     --base REF, diffs every version changed against REF instead. Inside GitHub
     Actions the markdown is also appended to the job summary.
     """
-    from pipelines.diff import diff_against_base, diff_versions
-    from pipelines.diff_report import (
+    from pipelines.diff import (
         append_step_summary,
         base_json,
         base_markdown,
+        diff_against_base,
+        diff_versions,
         to_json,
         to_markdown,
     )

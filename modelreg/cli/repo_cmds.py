@@ -69,7 +69,7 @@ def init(directory: Path, remote: str | None, branch: str, no_trust: bool, as_js
     manifests/ and the manifest JSON Schemas, and creates the trust root (TUF root
     metadata and keys for the root, targets, snapshot and timestamp roles).
     """
-    from pipelines.workspace import init_repo
+    from pipelines.authoring import init_repo
 
     result = init_repo(directory, remote=remote, branch=branch, trust=not no_trust)
     if as_json:
@@ -147,7 +147,7 @@ def model_add(
     as_json: bool,
 ) -> None:
     """Declare model NAME (writes manifests/NAME/model.yaml)."""
-    from pipelines.workspace import add_model
+    from pipelines.authoring import add_model
 
     path = add_model(
         Path.cwd(),
@@ -229,7 +229,7 @@ def version_add(
     as_json: bool,
 ) -> None:
     """Declare VERSION of model NAME with its ONNX artifact (tracked by DVC)."""
-    from pipelines.workspace import add_version
+    from pipelines.authoring import add_version
 
     if parent and no_parent:
         raise click.UsageError("--parent and --no-parent exclude each other")

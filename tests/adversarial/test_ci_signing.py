@@ -107,9 +107,9 @@ def test_release_publishes_engines_from_its_own_build_only(fleet: Fleet) -> None
 def test_engine_checks_refuse_links_changes_and_undeclared_targets(tmp_path: Path) -> None:
     import hashlib
 
-    from pipelines.build_engines import BUILT, EngineResult
+    from pipelines.build import BUILT, EngineResult
     from pipelines.errors import ArtifactError
-    from pipelines.publish import _built_engine, engine_file_name
+    from pipelines.publish._stage import _built_engine, engine_file_name
 
     data = b"engine bytes"
     (tmp_path / "cpu.ort.onnx").write_bytes(data)
@@ -295,7 +295,7 @@ def test_a_merge_that_keeps_an_old_tree_cannot_hide_releases(fleet: Fleet) -> No
 def test_the_release_continues_the_branch_it_was_merged_into(fleet: Fleet) -> None:
     """The second line of defence, on its own: whatever git history shows, the metadata
     must follow the first parent's (the branch before the merge)."""
-    from pipelines.ci import _check_follows_parent
+    from pipelines.ci._release import _check_follows_parent
     from registry.repository import load_repository
     from signing.errors import RollbackError
     from signing.tuf_repo import TrustRepo

@@ -424,7 +424,7 @@ def test_a_graph_whose_signature_cannot_be_declared_is_one_problem(fleet: Fleet,
     from onnx import TensorProto, helper
 
     from pipelines.errors import ArtifactError
-    from pipelines.onnx_signature import signature_from_model
+    from pipelines.onnx import signature_from_model
 
     long = "b" * 300
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [long, 4])
@@ -537,7 +537,7 @@ def test_ci_pr_reports_a_golden_of_complex_numbers_as_a_problem(fleet: Fleet) ->
 
 
 def test_golden_outputs_of_strings_for_a_numeric_output_are_a_mismatch() -> None:
-    from pipelines.build_goldens import compare_output
+    from pipelines.build._goldens import compare_output
 
     found = compare_output(np.array(["a", "b"]), np.array([1.0, 2.0], np.float32), 0.0, 0.0)
     assert not found.ok

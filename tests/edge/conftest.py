@@ -108,7 +108,7 @@ class EdgeRig:
     def updater(self, name: str = "device", /, **overrides: Any) -> Iterator[Any]:
         """A locked state dir and an Updater for device ``name`` (its host kept)."""
         from edge_sync.config import load_edge_config
-        from edge_sync.daemon import _provision
+        from edge_sync.daemon import provision
         from edge_sync.host import InProcessHost
         from edge_sync.state import StateDir
         from edge_sync.updater import Updater
@@ -117,7 +117,7 @@ class EdgeRig:
         state = StateDir(config.state_path)
         host = self.hosts.setdefault(name, InProcessHost())
         with state.locked():
-            _provision(config, state)
+            provision(config, state)
             yield Updater(config, state, host, **self.updater_options)
 
     def sync(self, name: str = "device", /, **overrides: Any) -> Any:

@@ -35,7 +35,7 @@ from typing import Any
 
 def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> None:
     from edge_sync.config import load_edge_config
-    from edge_sync.daemon import _provision
+    from edge_sync.daemon import provision
     from edge_sync.host import InProcessHost
     from edge_sync.state import StateDir
     from edge_sync.updater import Updater
@@ -50,7 +50,7 @@ def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> N
             os.kill(os.getpid(), signal.SIGKILL)
 
     state.lock()
-    _provision(config, state)
+    provision(config, state)
     Updater(config, state, InProcessHost(), observer=observer).sync()
     if events_out is not None:
         events_out.write_text(json.dumps(seen))

@@ -53,7 +53,7 @@ def test_backoff_survives_a_long_outage() -> None:
 def test_a_forged_golden_case_name_is_rejected_not_a_crash(
     rig: EdgeRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.publish_description as pd
+    import pipelines.publish._description as pd
     from signing.version_doc import VersionDoc
 
     rig.sync()

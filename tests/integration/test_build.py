@@ -18,9 +18,10 @@ import pytest
 import yaml
 
 from modelreg.cli.build_cmd import build as build_command
-from pipelines.build import STAGES, BuildError, build, build_version
-from pipelines.build_checks import compare_signatures
-from pipelines.build_goldens import compare_output
+from pipelines.build import STAGES, build, build_version
+from pipelines.build._checks import compare_signatures
+from pipelines.build._goldens import compare_output
+from pipelines.errors import BuildError
 from registry.repository import load_repository
 from registry.schema import Signature
 from tests.conftest import git

@@ -151,7 +151,7 @@ def test_status_shows_signed_and_published(released: Path, cli, example_models: 
 def test_an_interrupted_publish_resumes(
     tmp_path: Path, cli, example_models: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipelines import publish as publish_module
+    from pipelines.publish import _stage as publish_module
     from signing.tuf_repo import TrustRepo
 
     root = tmp_path / "fleet"

@@ -186,11 +186,11 @@ def test_descriptions_and_goldens_are_the_same_bytes_in_every_run(
 def test_a_version_released_before_descriptions_gets_one_and_nothing_released_changes(
     repo: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipelines.publish
+    import pipelines.publish._stage
 
     # The release an older modelreg made: artifacts, bundles, delta, engines, channels.
     with monkeypatch.context() as older:
-        older.setattr(pipelines.publish, "stage_description", lambda *args, **kwargs: [])
+        older.setattr(pipelines.publish._stage, "stage_description", lambda *args, **kwargs: [])
         first = cli("ci", "release", "--json", cwd=repo)
     assert first.code == 0, first.err
     assert not any(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines._mlflow_http import MlflowLimits, bounded_client, unreachable
+from pipelines.register._http import MlflowLimits, bounded_client, unreachable
 from tests.conftest import Result, git, run_modelreg
 
 pytestmark = pytest.mark.integration
@@ -171,7 +171,7 @@ def test_a_push_to_a_silent_remote_fails_fast(fleet: Path, blackhole_url: str) -
 
 def test_a_pull_from_the_cache_does_not_ask_the_remote(fleet: Path, blackhole_url: str) -> None:
     from pipelines import dvc
-    from pipelines.build_fetch import fetch_artifact
+    from pipelines.fetch import fetch_artifact
 
     dvc.set_remote(fleet, "far", blackhole_url)
     (fleet / "models/mlp/1.0.0.onnx").unlink()  # still in DVC's cache

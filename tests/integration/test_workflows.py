@@ -44,8 +44,8 @@ def test_workflows_pass_actionlint(tmp_path: Path) -> None:
 
 def test_repository_uses_the_templates(tmp_path: Path) -> None:
     from modelreg import __version__
-    from pipelines.requirements_lock import LOCK_FILES, SELF_LOCK_FILE
-    from pipelines.workspace import WORKFLOWS, write_workflows
+    from pipelines.authoring import WORKFLOWS, write_workflows
+    from pipelines.authoring.requirements_lock import LOCK_FILES, SELF_LOCK_FILE
 
     assert {p.name for p in TEMPLATES.glob("*.yml")} == set(NAMES) == set(WORKFLOWS)
     for name in NAMES:
@@ -76,8 +76,8 @@ def test_init_pins_modelreg_by_the_hashes_the_index_lists(tmp_path: Path) -> Non
     import threading
 
     from modelreg import __version__
-    from pipelines.requirements_lock import SELF_LOCK_FILE, parse_lock
-    from pipelines.workspace import write_workflows
+    from pipelines.authoring import write_workflows
+    from pipelines.authoring.requirements_lock import SELF_LOCK_FILE, parse_lock
 
     digests = ["a" * 64, "b" * 64]
     asked: list[str] = []
@@ -128,7 +128,7 @@ def test_modelreg_is_installed_pinned(name: str) -> None:
     """Like the actions (by commit): every dependency by the SHA-256 of its file in the
     locks, modelreg by its exact version (a lock inside modelreg's wheel cannot hold the
     wheel's own hash), nothing else from the index and nothing resolved by pip."""
-    from pipelines.requirements_lock import BUILD_LOCK_FILE, LOCK_FILE, SELF_LOCK_FILE
+    from pipelines.authoring.requirements_lock import BUILD_LOCK_FILE, LOCK_FILE, SELF_LOCK_FILE
 
     at, steps = _install_step(name)
     folder = ".modelreg-base/" if name == "pr.yml" else ""
@@ -449,7 +449,7 @@ def test_a_token_in_the_index_url_is_never_committed_or_printed(
 ) -> None:
     """A private index is often given as https://user:token@host: the pin file is
     committed and the note printed, so neither may carry the token."""
-    from pipelines.requirements_lock import SELF_LOCK_FILE
+    from pipelines.authoring.requirements_lock import SELF_LOCK_FILE
 
     monkeypatch.setenv("MODELREG_INDEX_URL", "http://ci-bot:s3cr3t-t0ken@127.0.0.1:9/simple")
     r = cli("init", str(tmp_path / "r"), cwd=tmp_path)

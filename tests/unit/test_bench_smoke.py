@@ -233,8 +233,8 @@ def test_large_model_fixture_is_an_external_data_pair_that_checks(tmp_path: Path
     """The generator the benchmark times against: two versions, each an ``.onnx`` and
     one data file, accepted by the build's checks, 1.1.0 a fine-tune of 1.0.0."""
     from benchmarks.large_model import ensure_models
-    from pipelines.build_checks import check_onnx
-    from pipelines.onnx_signature import load_onnx_external
+    from pipelines.build._checks import check_onnx
+    from pipelines.onnx import load_onnx_external
 
     models = ensure_models(0.001, width=128, root=tmp_path / "models")
     assert (tmp_path / "models/done").exists()

@@ -24,8 +24,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks._util import decode_peak_rss
 from modelreg.examples import EXAMPLE_VERSIONS, model_bytes
-from registry import _delta_format as fmt
-from registry._delta_encode import CHUNK, plan
 from registry.delta import (
     BaseMismatchError,
     CorruptDeltaError,
@@ -35,6 +33,8 @@ from registry.delta import (
     encode,
     read_header,
 )
+from registry.delta import _format as fmt
+from registry.delta._encode import CHUNK, plan
 from registry.onnx_wire import initializers
 
 REPO = Path(__file__).resolve().parents[2]

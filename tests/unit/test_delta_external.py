@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from modelreg.examples import build_model, save_external
-from registry._delta_format import Op, unpack_header
 from registry.delta import BaseMismatchError, decode, encode_external, read_header
+from registry.delta._format import Op, unpack_header
 from registry.onnx_wire import Tensor, external_initializers
 
 

@@ -17,16 +17,17 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from modelreg.examples import model_bytes
-from pipelines.diff import diff_models, diff_versions
-from pipelines.diff_compare import compare_tensors, diff_nodes, diff_signature
-from pipelines.diff_report import (
+from pipelines.diff import (
+    MetricDelta,
     ReportLimits,
     append_step_summary,
+    diff_models,
+    diff_versions,
     summary,
     to_json,
     to_markdown,
 )
-from pipelines.diff_types import MetricDelta
+from pipelines.diff._compare import compare_tensors, diff_nodes, diff_signature
 from pipelines.errors import ArtifactError, PipelineError
 from registry.errors import ManifestError
 from registry.render import md_code, md_code_block, md_text

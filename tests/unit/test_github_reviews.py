@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from pipelines.errors import GitHubError
 from pipelines.github import (
     NO_ACCESS,
     Access,
-    GitHubError,
     GitHubLimits,
     Review,
     approval_candidates,

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipelines.requirements_lock import Pin
+from pipelines.authoring.requirements_lock import Pin
 from tests.conftest import REPO_ROOT
 
 SHA = "0" * 63 + "1"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pipelines._mirror_plan import (
+from pipelines.register._plan import (
     TAG_DEPRECATED,
     TAG_PARENT,
     TAG_SEMVER,

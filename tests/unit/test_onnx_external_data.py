@@ -13,9 +13,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from pipelines.build_checks import check_onnx
+from pipelines.build._checks import check_onnx
 from pipelines.errors import ArtifactError
-from pipelines.onnx_signature import load_onnx, read_signature
+from pipelines.onnx import load_onnx, read_signature
 
 
 def _external(name: str, location: str = "../../.git/config") -> TensorProto:
@@ -213,7 +213,7 @@ def test_a_model_with_external_data_beside_it_loads_and_runs(tmp_path: Path) -> 
     import onnxruntime as ort
 
     from modelreg.examples import build_model, save_external
-    from pipelines.onnx_signature import load_onnx_external
+    from pipelines.onnx import load_onnx_external
 
     path = tmp_path / "1.0.0.onnx"
     data = save_external(build_model("mlp", "1.0.0"), path)

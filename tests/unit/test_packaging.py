@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -74,7 +75,6 @@ ALLOWED = {
 
 def test_dependency_direction() -> None:
     # SPEC section 2: registry <- signing <- pipelines; registry, signing <- edge_sync.
-    import ast
 
     ours = {*ALLOWED, "modelreg"}
     for package, allowed in ALLOWED.items():
@@ -91,3 +91,65 @@ def test_dependency_direction() -> None:
                     top = name.split(".")[0]
                     if top in ours and top != package:
                         assert top in allowed, f"{path.relative_to(REPO_ROOT)} imports {name}"
+
+
+PIPELINE_LAYERS = {
+    # shared by the stages; none of them imports a stage
+    "errors": set(),
+    "_probe": set(),
+    "dvc": {"_probe"},
+    "github": {"errors"},
+    "onnx": {"errors"},
+    "fetch": {"dvc", "errors"},
+    "goldens": {"errors", "onnx"},
+    # the stages, in the order a release runs them
+    "authoring": {"dvc", "errors", "goldens", "onnx"},
+    "build": {"errors", "fetch", "goldens", "onnx"},
+    "diff": {"build", "errors", "fetch", "onnx"},
+    "publish": {"build", "dvc", "errors", "fetch", "github"},
+    "register": {"_probe", "errors", "fetch", "github"},
+    # the workflows' entry points, over every stage
+    "ci": {"build", "diff", "errors", "github", "publish", "register"},
+}
+"""What each part of ``pipelines`` may import of the others (docs/architecture.md)."""
+
+
+def _runtime_imports(tree: ast.Module) -> list[str]:
+    """Modules imported at run time (``if TYPE_CHECKING:`` blocks are for types only)."""
+    checking = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "pipelines":
+                found += [f"pipelines.{a.name}" for a in node.names]
+            else:
+                found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return found
+
+
+def test_pipelines_layers() -> None:
+    root = REPO_ROOT / "pipelines"
+    assert {p.stem if p.is_file() else p.name for p in root.iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").is_file()} - {"__init__"} == set(
+        PIPELINE_LAYERS
+    ), "a new part of pipelines/ needs its place in PIPELINE_LAYERS"  # fmt: skip
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).parts
+        part = rel[0].removesuffix(".py")
+        if part == "__init__":
+            continue
+        for name in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            bits = name.split(".")
+            if bits[0] != "pipelines" or len(bits) < 2 or bits[1] == part:
+                continue
+            assert bits[1] in PIPELINE_LAYERS[part], f"pipelines/{'/'.join(rel)} imports {name}"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tuf.api.metadata import Metadata, Root
 
-from pipelines.ci_base import Committed, released_floor
+from pipelines.ci._base import Committed, released_floor
 from tests.trust_sim import RepoSim, new_signer
 
 
@@ -72,7 +72,7 @@ def test_a_rewritten_or_lost_root_is_a_problem(tmp_path: Path) -> None:
 
 def test_blobs_over_the_cap_are_never_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """History is read in batches; an object over the cap is sized, not read."""
-    from pipelines import ci_base
+    from pipelines.ci import _base as ci_base
     from tests.conftest import git
 
     git(tmp_path, "init", "-q")

@@ -13,7 +13,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from modelreg import __version__
-from pipelines.requirements_lock import (
+from pipelines.authoring.requirements_lock import (
     BUILD_LOCK_FILE,
     LOCK_FILE,
     LOCK_FILES,

@@ -1,0 +1,31 @@
+"""``modelreg build``: check, load, run the goldens of and compile each version (stable API).
+
+The stages of one version run in :mod:`pipelines.build._stage`; the ONNX checks in
+``_checks``, golden cases in ``_goldens``, engines (ONNX Runtime, TensorRT) in ``_engines``.
+A build writes a record per version (:class:`BuildRecord`, read back with
+:meth:`BuildRecord.load`) that ``publish`` signs from.
+"""
+
+from __future__ import annotations
+
+from pipelines.build._engines import BUILT, FAILED, ON_DEVICE, EngineResult
+from pipelines.build._stage import BUILD_DIR, RECORD_FILE, STAGES, BuildProblem, BuildRecord, BuildReport, Stage, build, build_version, changed_versions
+from pipelines.errors import BuildError
+
+__all__ = [
+    "BUILD_DIR",
+    "BUILT",
+    "FAILED",
+    "ON_DEVICE",
+    "RECORD_FILE",
+    "STAGES",
+    "BuildError",
+    "BuildProblem",
+    "BuildRecord",
+    "BuildReport",
+    "EngineResult",
+    "Stage",
+    "build",
+    "build_version",
+    "changed_versions",
+]

@@ -1,0 +1,473 @@
+"""The public surface of each package, pinned (as httpx pins ``httpx.__all__``).
+
+A name leaving ``__all__`` breaks callers, so the lists are written out here: a change to
+them is a reviewed change to this file.  Every module whose docstring calls itself
+"stable API" is listed, each name resolves, and no package reaches into another
+package's private modules or private names (the packages' own tests may).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+PACKAGES = ("modelreg", "pipelines", "registry", "signing", "edge_sync", "benchmarks", "scripts")
+"""What ships or runs as code of the project (``tests`` may look inside)."""
+
+PUBLIC: dict[str, set[str]] = {
+    "edge_sync.config": {
+        "ArtifactsConfig",
+        "DeviceConfig",
+        "EdgeConfig",
+        "RepositoryConfig",
+        "ServeConfig",
+        "Subscription",
+        "TrustConfig",
+        "load_edge_config",
+        "parse_duration",
+        "parse_size",
+    },
+    "edge_sync.engine": {
+        "DATATYPES",
+        "Engine",
+        "EngineClosedError",
+        "EngineError",
+        "EngineHost",
+        "GoldenCase",
+        "LoadRequest",
+        "NUMPY_DTYPES",
+        "OrtEngine",
+        "SelfTestError",
+        "self_test",
+        "trim_heap",
+    },
+    "edge_sync.limits": {
+        "TrustLimits",
+    },
+    "edge_sync.state": {
+        "BLOBS_DIR",
+        "BlobStore",
+        "DaemonInfo",
+        "DeviceState",
+        "GateRecord",
+        "Installed",
+        "LockedError",
+        "ModelState",
+        "Rejected",
+        "STATE_FILE",
+        "StateDir",
+        "StateError",
+        "SyncInfo",
+        "UpdateRecord",
+        "now_iso",
+    },
+    "edge_sync.trust": {
+        "ANCHOR_FILE",
+        "DeviceTrust",
+        "LocalFetcher",
+        "RoleState",
+        "SignedTarget",
+        "TRUST_DIR",
+        "TrustLimits",
+        "expect_facts",
+        "trusted_role",
+    },
+    "pipelines.authoring": {
+        "AddVersionResult",
+        "INDEX_ENV",
+        "InitResult",
+        "WORKFLOWS",
+        "add_model",
+        "add_version",
+        "init_repo",
+        "write_workflows",
+    },
+    "pipelines.build": {
+        "BUILD_DIR",
+        "BUILT",
+        "BuildError",
+        "BuildProblem",
+        "BuildRecord",
+        "BuildReport",
+        "EngineResult",
+        "FAILED",
+        "ON_DEVICE",
+        "RECORD_FILE",
+        "STAGES",
+        "Stage",
+        "build",
+        "build_version",
+        "changed_versions",
+    },
+    "pipelines.ci": {
+        "CI_DIR",
+        "CiReport",
+        "approval_problems",
+        "ci_pr",
+        "ci_release",
+    },
+    "pipelines.diff": {
+        "BaseDiff",
+        "GoldenDrift",
+        "GraphDiff",
+        "JSON_FORMAT",
+        "MetricDelta",
+        "ModelDiff",
+        "ModelInfo",
+        "ModelInput",
+        "NodeChange",
+        "OpCount",
+        "OpsetChange",
+        "OutputDrift",
+        "ReportLimits",
+        "SignatureChange",
+        "SkippedCase",
+        "TensorChange",
+        "TensorInfo",
+        "TensorReshape",
+        "Verdict",
+        "WeightsDiff",
+        "append_step_summary",
+        "base_json",
+        "base_markdown",
+        "changed_versions",
+        "diff_against_base",
+        "diff_models",
+        "diff_versions",
+        "summary",
+        "to_json",
+        "to_markdown",
+    },
+    "pipelines.errors": {
+        "ArtifactError",
+        "BuildError",
+        "GitHubError",
+        "PipelineError",
+        "RegistryMirrorError",
+    },
+    "pipelines.onnx": {
+        "ExternalData",
+        "ExternalDataLimits",
+        "ExternalTensor",
+        "NodeArg",
+        "Session",
+        "external_data",
+        "load_onnx",
+        "load_onnx_external",
+        "load_session",
+        "ort_errors",
+        "read_signature",
+        "signature_from_model",
+    },
+    "pipelines.publish": {
+        "CiContext",
+        "PublishReport",
+        "RELEASE_DIR",
+        "TUF_SUBDIR",
+        "TargetStore",
+        "branch_problems",
+        "current_branch",
+        "engine_file_name",
+        "publish",
+        "released_changes",
+        "released_deprecations",
+    },
+    "pipelines.register": {
+        "Change",
+        "DEFAULT_ARTIFACTS",
+        "DEFAULT_STORE",
+        "DesiredModel",
+        "DesiredVersion",
+        "Drift",
+        "DriftKind",
+        "ObservedModel",
+        "ObservedVersion",
+        "Reconciliation",
+        "RegisterReport",
+        "RegistryMirrorError",
+        "ReleaseExtras",
+        "check_drift",
+        "drift_json",
+        "mlflow_versions",
+        "reconcile",
+        "register",
+        "resolve_tracking_uri",
+    },
+    "registry.atomic": {
+        "AtomicFile",
+        "current_umask",
+        "fsync_dir",
+        "replace_file",
+        "replacement_mode",
+        "write_atomic",
+    },
+    "registry.config": {
+        "CONFIG_FILE",
+        "ExpiryDays",
+        "MlflowConfig",
+        "RepoConfig",
+        "TrustConfig",
+        "find_root",
+        "load_config",
+    },
+    "registry.delta": {
+        "BaseMismatchError",
+        "CorruptDeltaError",
+        "DeltaError",
+        "DeltaHeader",
+        "DeltaLimits",
+        "FORMAT_VERSION",
+        "decode",
+        "encode",
+        "encode_external",
+        "read_header",
+    },
+    "registry.delta.errors": {
+        "BaseMismatchError",
+        "CorruptDeltaError",
+        "DeltaError",
+    },
+    "registry.errors": {
+        "FileTooLargeError",
+        "GoldenError",
+        "MESSAGE_LIMIT",
+        "ManifestError",
+        "PolicyError",
+        "Problem",
+        "QUOTE_LIMIT",
+        "RegistryError",
+        "RepositoryError",
+        "ToolError",
+        "UnsafeFileError",
+        "UsageError",
+        "one_line",
+        "printable",
+        "quote",
+    },
+    "registry.goldens": {
+        "Comparison",
+        "DEFAULT_NPZ_LIMITS",
+        "NpyHeader",
+        "NpzLimits",
+        "array_problem",
+        "bfloat16_to_float32",
+        "compare",
+        "directory_problem",
+        "inline_array",
+        "npz_bytes",
+        "read_npz",
+        "tensor_set",
+    },
+    "registry.progress": {
+        "LineReporter",
+        "Reporter",
+        "RichReporter",
+        "Stage",
+        "for_environment",
+        "reporting",
+        "stage",
+    },
+    "registry.redact": {
+        "LIMITS",
+        "MASK",
+        "RedactLimits",
+        "is_secret_name",
+        "redact",
+        "secret_values",
+        "secret_words",
+    },
+    "registry.safe_io": {
+        "check_folder",
+        "check_regular",
+        "open_regular",
+        "read_regular",
+    },
+    "registry.schema": {
+        "API_VERSION",
+        "Artifact",
+        "Channel",
+        "DNS_LABEL_RE",
+        "DType",
+        "Deprecation",
+        "Dim",
+        "GoldenCase",
+        "Goldens",
+        "INLINE_LIMITS",
+        "InlineTensorLimits",
+        "KINDS",
+        "LABEL_KEY_RE",
+        "LabelKey",
+        "LabelValue",
+        "Labels",
+        "MAX_DIM",
+        "Manifest",
+        "ModelMetadata",
+        "ModelVersion",
+        "ModelVersionSpec",
+        "Name",
+        "OnnxRuntimeTarget",
+        "Promotion",
+        "Reason",
+        "RegisteredModel",
+        "RegisteredModelSpec",
+        "RepoPath",
+        "Rollout",
+        "SYMBOL_RE",
+        "SemVer",
+        "ShortText",
+        "Signature",
+        "Source",
+        "Strict",
+        "Symbol",
+        "Target",
+        "Tensor",
+        "TensorRTTarget",
+        "TensorSet",
+        "TensorSpec",
+        "Tolerance",
+        "VersionMetadata",
+        "file_name_problem",
+        "inline_shape_problem",
+        "is_semver",
+        "repo_path",
+    },
+    "signing.errors": {
+        "DigestMismatchError",
+        "ExpiredError",
+        "FileSetError",
+        "HistoryError",
+        "KeyMaterialError",
+        "RollbackError",
+        "SignatureError",
+        "SigningError",
+        "StaleKeyError",
+        "TargetMismatchError",
+        "TrustFetchError",
+        "VerificationError",
+    },
+    "signing.hashing": {
+        "DEFAULT_CHUNK",
+        "HashSettings",
+        "MIN_CHUNK",
+        "RING_BUFFERS",
+        "SINGLE_FILE",
+        "default_workers",
+        "hash_file",
+        "list_model_files",
+        "sha256_file",
+        "sha256_files",
+    },
+    "signing.keys": {
+        "KeyFiles",
+        "PEM_HEADER",
+        "ROLES",
+        "SCHEME",
+        "env_var",
+        "generate",
+        "key_value_kind",
+        "load_private_key",
+        "load_public_key",
+        "private_key_from_env",
+        "private_pem",
+        "public_key_of",
+        "public_pem",
+        "signer_from_env",
+        "write_keypair",
+    },
+    "signing.target_names": {
+        "CHANNELS_PATH",
+        "ENGINE_SUFFIXES",
+        "GoldenSide",
+        "artifact_path",
+        "bundle_path",
+        "delta_path",
+        "deprecation_path",
+        "engine_file_name",
+        "engine_path",
+        "external_data_delta_path",
+        "external_data_path",
+        "golden_path",
+        "version_path",
+    },
+    "signing.version_doc": {
+        "GoldenCaseDoc",
+        "MAX_VERSION_DOC_BYTES",
+        "VersionDoc",
+    },
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources(*tops: str) -> list[Path]:
+    return sorted(p for top in tops for p in (REPO_ROOT / top).rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_public_names_are_pinned_and_resolve(module: str) -> None:
+    mod = importlib.import_module(module)
+    assert set(mod.__all__) == PUBLIC[module]
+    assert len(mod.__all__) == len(set(mod.__all__)), "a name listed twice"
+    missing = [name for name in mod.__all__ if not hasattr(mod, name)]
+    assert not missing, f"{module}.__all__ names what it does not define: {missing}"
+
+
+def test_every_module_that_claims_a_stable_api_is_pinned() -> None:
+    claimed = {
+        _module_name(path)
+        for path in _sources("pipelines", "registry", "signing", "edge_sync")
+        if "stable API" in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    }
+    assert claimed <= set(PUBLIC), f"stable API without a pinned surface: {claimed - set(PUBLIC)}"
+
+
+def _private_reach(importer: str, node: ast.ImportFrom) -> list[str]:
+    """The private modules or names ``node`` takes from outside their own package."""
+    assert node.module is not None
+    parts = node.module.split(".")
+    private = [i for i, part in enumerate(parts) if part.startswith("_") and part != "__future__"]
+    if private:
+        owner = ".".join(parts[: private[0]])
+        if importer == owner or importer.startswith(owner + "."):
+            return []
+        return [node.module]
+    inside = importer == node.module or importer.startswith(node.module + ".")
+    parent = node.module.rpartition(".")[0]
+    if inside or (parent and (importer == parent or importer.startswith(parent + "."))):
+        return []  # a package's own modules may share private names
+    return [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+
+
+def test_no_package_imports_another_ones_private_modules_or_names() -> None:
+    ours = {"modelreg", "pipelines", "registry", "signing", "edge_sync", "benchmarks", "scripts"}
+    found: list[str] = []
+    for path in _sources(*PACKAGES):
+        importer = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if node.module.split(".")[0] in ours:
+                    found += [f"{importer}: {name}" for name in _private_reach(importer, node)]
+    assert not found, "private names used across packages:\n" + "\n".join(found)
+
+
+def test_the_private_reach_rule_itself() -> None:
+    def reach(importer: str, source: str) -> list[str]:
+        node = ast.parse(source).body[0]
+        assert isinstance(node, ast.ImportFrom)
+        return _private_reach(importer, node)
+
+    assert reach("modelreg.cli.build_cmd", "from pipelines.build._stage import build")
+    assert reach("pipelines.ci._release", "from pipelines.build._stage import build")
+    assert reach("benchmarks.x", "from edge_sync.daemon import _provision")
+    assert not reach("pipelines.build._stage", "from pipelines.build._checks import check_onnx")
+    assert not reach("pipelines.dvc", "from pipelines._probe import first_answer")
+    assert not reach("pipelines.build._stage", "from pipelines.build import _checks")
+    assert not reach("modelreg.cli.build_cmd", "from pipelines.build import build")
