@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from registry.repository import parse_version
-from registry.schema import RegisteredModel
+from registry.schema import RegisteredModel, is_semver
 
 
 def unknown_channel(name: str, order: Sequence[str], channel: str) -> str:
@@ -94,7 +94,14 @@ def promotion_violations(
     serving = {c for c, a in model.spec.channels.items() if a.version == version}
     if serving & {order[index - 1], *order[index:]}:
         return reasons
-    back = previous is not None and parse_version(version) < parse_version(previous)
+    # An undeclared name that is not SemVer has no place in the order (its own reason
+    # above says so); it is never "going back".
+    back = (
+        previous is not None
+        and is_semver(version)
+        and is_semver(previous)
+        and parse_version(version) < parse_version(previous)
+    )
     if back and served_channels(order, channel, served or {}, version):
         return reasons
     before = order[index - 1]

@@ -51,6 +51,7 @@ from registry.errors import (
 )
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry, load_repository
+from registry.schema import Promotion
 from signing import target_names
 from signing.errors import FileSetError
 from signing.keys import private_key_from_env
@@ -489,6 +490,20 @@ def branch_problems(
     """
     problems = []
     old = previous.models if previous is not None else {}
+    here = f"branch {branch!r}" if branch else "a detached HEAD or a ref that is not a branch"
+    # A model deleted while devices follow its signed channels: its policy went with its
+    # manifest, so the default promotion branch is the one that may release that.
+    default = Promotion.model_fields["branch"].default
+    for name in sorted(set(old) - set(repo.models)):
+        if old[name] and branch != default:
+            folder = f"{repo.config.manifests}/{name}/model.yaml"
+            problems.append(
+                Problem(
+                    folder,
+                    f"removing {name!r}, whose channels are released, changes what devices "
+                    f"serve: release it from branch {default!r}, not from {here}",
+                )
+            )
     for name, channels in sorted(desired.items()):
         allowed = repo.models[name].manifest.spec.promotion.branch
         if branch == allowed:
@@ -498,7 +513,6 @@ def branch_problems(
             continue
         entry = repo.models[name]
         line, col = entry.doc.position(("spec", "channels"))
-        here = f"branch {branch!r}" if branch else "a detached HEAD or a ref that is not a branch"
         problems.append(
             Problem(
                 entry.file,

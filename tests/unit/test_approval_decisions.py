@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.ci import PullRequest, _BaseModels, _Promotion, _promotions, approval_problems
-from pipelines.github import Access, GitHubError, Review, approvers
+from pipelines.ci import approval_problems
+from pipelines.ci._pr import _BaseModels, _Promotion, _promotions
+from pipelines.errors import GitHubError
+from pipelines.github import Access, PullRequest, Review, approvers
 from registry.config import RepoConfig
 from registry.errors import Problem
 from registry.loader import load_manifest

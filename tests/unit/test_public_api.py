@@ -452,9 +452,13 @@ def test_no_package_imports_another_ones_private_modules_or_names() -> None:
     for path in _sources(*PACKAGES):
         importer = _module_name(path)
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                if node.module.split(".")[0] in ours:
-                    found += [f"{importer}: {name}" for name in _private_reach(importer, node)]
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.level == 0
+                and node.module.split(".")[0] in ours
+            ):
+                found += [f"{importer}: {name}" for name in _private_reach(importer, node)]
     assert not found, "private names used across packages:\n" + "\n".join(found)
 
 

@@ -252,11 +252,6 @@ def test_branch_problems(
     assert branch_problems(REPO, previous, desired, branch) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="branch_problems judges only the models in `desired`: a model whose model.yaml "
-    "is deleted drops its signed channels (next_channels) from any branch, unflagged",
-)
 def test_a_model_removed_off_the_promotion_branch_is_a_channel_change() -> None:
     # Emptying cnn's channels is refused off its branch (the row above proves the rule
     # applies); deleting the model does the same to the devices, and must be too.
@@ -265,4 +260,6 @@ def test_a_model_removed_off_the_promotion_branch_is_a_channel_change() -> None:
     # cnn's folder deleted: the repository (so ``desired``) no longer has it
     without = Repository(Path("/nowhere"), CONFIG, models={"mlp": REPO.models["mlp"]})
     removed = branch_problems(without, SIGNED, {"mlp": AS_SIGNED["mlp"]}, "feature")
-    assert [p for p in removed if "'cnn'" in p.message] != []
+    assert [p.file for p in removed] == [f"{CONFIG.manifests}/cnn/model.yaml"]
+    assert "removing 'cnn'" in removed[0].message
+    assert branch_problems(without, SIGNED, {"mlp": AS_SIGNED["mlp"]}, "main") == []
