@@ -30,7 +30,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final, Literal, overload
@@ -437,14 +437,19 @@ class PullRequest:
         else ``base``.
 
         Raises:
-            ValueError: no base given and no pull-request event to read it from.
+            UsageError: no base given and no pull-request event to read it from.
             GitHubError: ``GITHUB_EVENT_PATH`` names a file that is not a JSON object.
         """
+        return cls.from_event(GitHubEnv.from_env(env), base)
+
+    @classmethod
+    def from_event(cls, github: GitHubEnv, base: str | None) -> PullRequest:
+        """As :meth:`from_env`, from an environment already read."""
         event: object = {}
-        path = env.get("GITHUB_EVENT_PATH")
-        if path and Path(path).is_file():
+        path = github.event_path
+        if path is not None and path.is_file():
             try:
-                with Path(path).open("rb") as fh:
+                with path.open("rb") as fh:
                     raw = fh.read(_MAX_EVENT + 1)
                 event = json.loads(raw) if len(raw) <= _MAX_EVENT else None
             except (OSError, ValueError, RecursionError) as e:
@@ -457,7 +462,7 @@ class PullRequest:
         found = base or _text(_obj(pr, "base"), "sha")
         if not found:
             raise UsageError("no base to compare against: pass --base REF or run on a pull_request")
-        branch = _text(_obj(pr, "base"), "ref") or env.get("GITHUB_BASE_REF")
+        branch = _text(_obj(pr, "base"), "ref") or github.base_ref
         number = pr.get("number")
         return cls(
             found,
@@ -480,3 +485,65 @@ def _obj(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
 def _text(data: Mapping[str, Any], key: str) -> str | None:
     value = data.get(key)
     return value if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True)
+class GitHubEnv:
+    """The GitHub Actions environment of a run: the one place ``GITHUB_*`` is read.
+
+    Every field is None outside Actions (or when the variable is empty), and the code
+    that uses one says what it does without it.
+
+    Attributes:
+        run: the Actions run (its id and page).
+        ref: ``GITHUB_REF``, the ref the run is for.
+        base_ref: ``GITHUB_BASE_REF``, the branch a pull request would merge into.
+        event_path: ``GITHUB_EVENT_PATH``, the event that started the run.
+        step_summary: ``GITHUB_STEP_SUMMARY``, the job summary file.
+        output: ``GITHUB_OUTPUT``, the step outputs file.
+        repository: ``GITHUB_REPOSITORY``, as ``owner/name``.
+        api: ``GITHUB_API_URL`` (default: :data:`DEFAULT_API`).
+        token: ``GITHUB_TOKEN``; never shown (``repr`` leaves it out).
+    """
+
+    run: ActionsRun = ActionsRun()
+    ref: str | None = None
+    base_ref: str | None = None
+    event_path: Path | None = None
+    step_summary: Path | None = None
+    output: Path | None = None
+    repository: str | None = None
+    api: str = DEFAULT_API
+    token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> GitHubEnv:
+        """Read the run's GitHub environment from ``env`` (nothing else is read)."""
+
+        def path(name: str) -> Path | None:
+            value = env.get(name)
+            return Path(value) if value else None
+
+        return cls(
+            run=ActionsRun.from_env(env),
+            ref=env.get("GITHUB_REF") or None,
+            base_ref=env.get("GITHUB_BASE_REF") or None,
+            event_path=path("GITHUB_EVENT_PATH"),
+            step_summary=path("GITHUB_STEP_SUMMARY"),
+            output=path("GITHUB_OUTPUT"),
+            repository=env.get("GITHUB_REPOSITORY") or None,
+            api=env.get("GITHUB_API_URL") or DEFAULT_API,
+            token=env.get("GITHUB_TOKEN") or None,
+        )
+
+    @property
+    def branch(self) -> str | None:
+        """The branch of ``GITHUB_REF`` (None: not in Actions, or a tag or a pull
+        request's ref)."""
+        if self.ref is None or not self.ref.startswith("refs/heads/"):
+            return None
+        return self.ref.removeprefix("refs/heads/")
+
+    def pull_request(self, base: str | None) -> PullRequest:
+        """The pull request of the event (see :meth:`PullRequest.from_env`)."""
+        return PullRequest.from_event(self, base)

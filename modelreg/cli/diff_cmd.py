@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -73,7 +74,7 @@ def diff(
         data = to_json(one)
     else:
         raise click.UsageError("expected NAME OLD NEW (or --base REF)")
-    append_step_summary(markdown)
+    append_step_summary(markdown, os.environ)
     if output is not None:
         write_atomic(output, markdown.encode())
     if as_json:

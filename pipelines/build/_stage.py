@@ -29,6 +29,7 @@ from pipelines.onnx import load_session
 from pipelines.build._engines import FAILED, EngineResult, build_engines
 from pipelines.fetch import fetch_artifact
 from pipelines.build._goldens import CaseResult, run_goldens
+from pipelines.context import ReleaseContext
 from pipelines.errors import ArtifactError, BuildError
 from pipelines.onnx import load_onnx_external
 from registry import progress
@@ -378,7 +379,7 @@ def _tool_versions() -> dict[str, str]:
 
 
 def build(
-    root: Path,
+    root: Path | ReleaseContext,
     *,
     base: str | None = None,
     versions: list[tuple[str, str]] | None = None,
@@ -387,7 +388,7 @@ def build(
     """Build versions of the repository at (or above) ``root``.
 
     Args:
-        root: the repository root or a folder inside it.
+        root: the repository root or a folder inside it, or the run's context.
         base: build only the versions changed since this git ref (see
             ``changed_versions``).
         versions: build exactly these (model, version) pairs.  Without ``base`` or
@@ -409,7 +410,7 @@ def build(
     """
     if base is not None and versions is not None:
         raise UsageError("give either base or versions, not both")
-    repo = load_repository(root, jobs=1)
+    repo = root.repo if isinstance(root, ReleaseContext) else load_repository(root, jobs=1)
     problems: list[BuildProblem] = []
     if versions is not None:
         selected = list(dict.fromkeys(versions))

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Final
 from pipelines.build import build, changed_versions
 from pipelines.diff import base_json, base_markdown, diff_against_base
 from pipelines.errors import BuildError
-from registry.checks import validate_paths
 from registry.config import CONFIG_FILE, RepoConfig
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
@@ -28,7 +27,6 @@ from registry.repository import (
     ModelEntry,
     Repository,
     VersionEntry,
-    load_repository,
     untrusted_checkout,
 )
 from registry.schema import RegisteredModel
@@ -41,6 +39,7 @@ if TYPE_CHECKING:
 
 from pipelines.ci._base import trust_folder_moved
 from pipelines.ci._report import CiReport, failed, write_outputs
+from pipelines.context import ReleaseContext
 from pipelines.github import PullRequest
 
 
@@ -324,14 +323,15 @@ def approval_problems(
         The problems, and a line for the comment saying what was found.
     """
     from pipelines.errors import GitHubError
-    from pipelines.github import DEFAULT_API, fetch_approvers
+    from pipelines.github import GitHubEnv, fetch_approvers
 
     needed = [p for p in promotions if p.approvals > 0]
     if not needed:
         return [], "no promotion needs an approval"
     if pr.number is None or pr.head is None:
         return [], "not checked (no pull request event to count approvals on)"
-    repository, token = env.get("GITHUB_REPOSITORY"), env.get("GITHUB_TOKEN")
+    github = GitHubEnv.from_env(env)
+    repository, token = github.repository, github.token
     reason = None
     if not repository:
         reason = "GITHUB_REPOSITORY is not set"
@@ -340,12 +340,7 @@ def approval_problems(
     else:
         try:
             names = fetch_approvers(
-                repository,
-                pr.number,
-                token,
-                head=pr.head,
-                author=pr.author,
-                api=env.get("GITHUB_API_URL") or DEFAULT_API,
+                repository, pr.number, token, head=pr.head, author=pr.author, api=github.api
             )
         except GitHubError as e:
             reason = str(e)
@@ -548,17 +543,18 @@ def _ci_pr(
     """
     from pipelines.ci._base import change_problems, dvc_config_changed, pr_changes
 
-    env = os.environ if env is None else env
     # No parse cache (see ci_pr): .modelreg/ in a pull request's checkout is its own.
-    repo = load_repository(start)
-    pr = PullRequest.from_env(env, base)
+    # The repository is loaded and validated once, for the checks, the build and the diff.
+    run = ReleaseContext.load(start, env)
+    repo, env = run.repo, run.env
+    pr = run.github.pull_request(base)
     if git(
         repo.root, "rev-parse", "--verify", "--quiet", f"{pr.base}^{{commit}}", check=False
     ).returncode:
         raise UsageError(f"git ref {pr.base!r} does not name a commit")
     report = CiReport("pr", data={"base": pr.base})
     changes = pr_changes(repo.root, pr.base)
-    problems = change_problems(changes) + validate_paths(repo)
+    problems = change_problems(changes) + run.problems()
     checked_out = git(repo.root, "rev-parse", "HEAD").stdout.strip()
     if pr.head is not None and checked_out != pr.head:
         # Approvals are counted on the event's head commit: it must be what is judged.
@@ -596,7 +592,7 @@ def _ci_pr(
         checks.append("- build: skipped (DVC's configuration changes; no version changes)")
     elif not problems:  # built and diffed while approvals are awaited: reviewers need the diff
         try:
-            built = build(repo.root, base=pr.base)
+            built = build(run, base=pr.base)
         except BuildError as e:
             built = e.report
             report.problems.extend(str(p) for p in e.problems)
@@ -605,7 +601,7 @@ def _ci_pr(
             f"- build: {len(built.records)} changed version(s), "
             + ("all passed" if built.ok else f"{len(built.problems)} problem(s)")
         )
-        diffs = diff_against_base(repo.root, pr.base)
+        diffs = diff_against_base(run, pr.base)
         report.data["diff"] = base_json(diffs)
         report.sections.append(base_markdown(diffs))
     verdict = "✅ ready for review" if report.ok else "❌ changes needed"

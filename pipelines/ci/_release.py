@@ -20,26 +20,25 @@ from pipelines.build import build
 from pipelines.errors import BuildError
 from registry import progress
 from registry.atomic import write_atomic
-from registry.checks import validate_paths
 from registry.config import CONFIG_FILE
 from registry.errors import ManifestError, RegistryError
 from registry.gitinfo import git
 from registry.repository import (
     Repository,
-    load_repository,
     untrusted_checkout,
 )
 from signing.tuf_repo import TrustRepo
-from signing.workspace import release_state, release_states
+from signing.workspace import release_states
 
 if TYPE_CHECKING:
     from pipelines.register import RegisterReport, ReleaseExtras
 
 from pipelines.ci._base import trust_folder_moved
 from pipelines.ci._report import CiReport, failed, write_outputs
+from pipelines.context import ReleaseContext
 
 
-def _check_history(repo: Repository) -> None:
+def _check_history(run: ReleaseContext) -> None:
     """Refuse to sign on top of trust metadata that goes back on the branch's history.
 
     Raises:
@@ -50,10 +49,9 @@ def _check_history(repo: Repository) -> None:
     """
     from pipelines.ci._base import history_problems
     from signing.errors import HistoryError, RollbackError
-    from signing.workspace import trust_paths
 
-    paths = trust_paths(repo.root, repo.config)
-    if not (paths.metadata / "1.root.json").is_file():
+    repo, paths = run.repo, run.trust_paths
+    if not run.has_trust():
         if git(repo.root, "log", "-1", "--format=%H", "--", repo.config.trust.metadata).stdout:
             raise ManifestError.single(
                 repo.display(paths.metadata),
@@ -61,7 +59,7 @@ def _check_history(repo: Repository) -> None:
                 "last release commit",
             )
         return
-    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    trust = run.trust()
     where = repo.display(paths.metadata)
     try:
         regressions = history_problems(repo.root, repo.config, trust)
@@ -163,14 +161,16 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
     with clock.stage("validate"):
         # No local state from the checkout (no parse cache: see ci_release): a merged
         # pull request may have committed some (build records, keys, caches) for the
-        # signer.
-        repo = load_repository(start)
+        # signer.  The repository is loaded, validated and its trust metadata verified
+        # once here, for every stage of the run.
+        run = ReleaseContext.load(start, env, cache=False)
+        repo = run.repo
         refuse_uncommitted(repo)
-        problems = validate_paths(repo) + tracked_local_state(repo.root)
+        problems = run.problems() + tracked_local_state(repo.root)
         if problems:
             raise ManifestError(problems)
-        _check_history(repo)
-    state = release_state(repo.root, repo.config) or {}
+        _check_history(run)
+    state = release_states(run.trust()) if run.has_trust() else {}
     pending = [
         (e.name, e.version)
         for e in repo.all_versions()
@@ -182,7 +182,7 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         if pending:
             try:
                 with clock.stage("build"):
-                    built = build(repo.root, versions=pending, out_root=Path(out))
+                    built = build(run, versions=pending, out_root=Path(out))
             except BuildError as e:
                 report.problems.extend(str(p) for p in e.problems)
                 report.data["build"] = e.report.to_json()
@@ -195,7 +195,7 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
         else:
             clock.timings["build"] = 0.0
         with clock.stage("publish"):
-            published = publish(repo.root, env=env, built=built)
+            published = publish(run, built=built)
     report.data["published"] = published.added
     committed = None
     with clock.stage("commit"):
@@ -206,10 +206,10 @@ def _ci_release(start: Path, *, env: Mapping[str, str] | None = None) -> CiRepor
     # MLflow lacks (new ones, or ones a failed run did not mirror) get their OMS bundle
     # and their diff report attached.
     with clock.stage("diff"):
-        extras, summaries, failures = _mirror_extras(repo, env)
+        extras, summaries, failures = _mirror_extras(run)
     report.problems.extend(failures)
     with clock.stage("register"):
-        mirrored = register(repo.root, env=env, extras=extras)
+        mirrored = register(run, extras=extras)
     report.data["mlflow"] = {"changes": len(mirrored.changes), "uri": mirrored.tracking_uri}
     report.problems.extend(str(d) for d in mirrored.drifts)
     report.sections.append(_release_section(published.added, summaries, mirrored, clock))
@@ -232,7 +232,7 @@ def _release_section(
 
 
 def _mirror_extras(
-    repo: Repository, env: Mapping[str, str]
+    run: ReleaseContext,
 ) -> tuple[dict[tuple[str, str], ReleaseExtras], dict[tuple[str, str], str], list[str]]:
     """OMS bundle and diff report of each released version that MLflow does not hold yet.
 
@@ -248,17 +248,16 @@ def _mirror_extras(
     from pipelines.publish import RELEASE_DIR, TargetStore
     from pipelines.register import ReleaseExtras, mlflow_versions
     from signing.target_names import bundle_path
-    from signing.workspace import trust_paths
 
     extras: dict[tuple[str, str], ReleaseExtras] = {}
     summaries: dict[tuple[str, str], str] = {}
     problems: list[str] = []
-    paths = trust_paths(repo.root, repo.config)
-    if not (paths.metadata / "1.root.json").is_file():
+    repo = run.repo
+    if not run.has_trust():
         return extras, summaries, problems
-    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    trust = run.trust()
     state = release_states(trust)
-    held = mlflow_versions(repo.root, env=env)
+    held = mlflow_versions(run)
     missing = [
         e for e in repo.all_versions() if (e.name, e.version) not in held and
         (released := state.get((e.name, e.version))) and released.signed
@@ -284,7 +283,7 @@ def _mirror_extras(
         parent = entry.manifest.spec.parent
         if parent is not None:
             try:
-                diff = diff_versions(repo.root, entry.name, parent, entry.version)
+                diff = diff_versions(run, entry.name, parent, entry.version)
             except RegistryError as e:
                 problems.append(f"{entry.name} {entry.version}: no diff against {parent}: {e}")
             else:

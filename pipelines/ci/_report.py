@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.diff import append_step_summary
+from pipelines.github import GitHubEnv
 from registry.atomic import write_atomic
 from registry.config import find_root
 from registry.errors import ManifestError, RegistryError
@@ -55,10 +56,10 @@ def write_outputs(root: Path, report: CiReport, env: Mapping[str, str]) -> Path:
     payload = {"ok": report.ok, "problems": report.problems, **report.data}
     data = redact(json.dumps(payload, indent=2, default=str) + "\n", env)
     write_atomic(folder / f"{report.kind}-report.json", data.encode())
-    append_step_summary(text)
-    output = env.get("GITHUB_OUTPUT")
-    if output:
-        with Path(output).open("a", encoding="utf-8") as fh:
+    append_step_summary(text, env)
+    output = GitHubEnv.from_env(env).output
+    if output is not None:
+        with output.open("a", encoding="utf-8") as fh:
             fh.write(f"comment={comment}\nok={'true' if report.ok else 'false'}\n")
     return comment
 

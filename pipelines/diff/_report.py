@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -28,7 +27,6 @@ from registry.redact import redact
 from registry.render import md_code, md_text
 
 JSON_FORMAT: Final = "modelreg.diff/v1"
-STEP_SUMMARY_ENV: Final = "GITHUB_STEP_SUMMARY"
 
 
 @dataclass(frozen=True)
@@ -398,25 +396,27 @@ def base_json(result: BaseDiff) -> dict[str, Any]:
     }
 
 
-def append_step_summary(markdown: str) -> Path | None:
-    """Append ``markdown`` to the GitHub Actions job summary, if running in one.
+def append_step_summary(markdown: str, env: Mapping[str, str]) -> Path | None:
+    """Append ``markdown`` to the GitHub Actions job summary that ``env`` names, if any.
 
-    The text is redacted first (:func:`registry.redact.redact`): the summary is shown to
-    everyone who can see the run, and tool messages in it may quote credentials.
+    The text is redacted first (:func:`registry.redact.redact`, with the secrets of
+    ``env``): the summary is shown to everyone who can see the run, and tool messages
+    in it may quote credentials.
 
     Returns:
-        The summary file written, or None when ``GITHUB_STEP_SUMMARY`` is not set.
+        The summary file written, or None when ``env`` has no ``GITHUB_STEP_SUMMARY``.
 
     Raises:
         PipelineError: the summary file cannot be written.
     """
-    target = os.environ.get(STEP_SUMMARY_ENV)
-    if not target:
+    from pipelines.github import GitHubEnv
+
+    path = GitHubEnv.from_env(env).step_summary
+    if path is None:
         return None
-    path = Path(target)
     try:
         with path.open("a", encoding="utf-8") as f:
-            text = redact(markdown)
+            text = redact(markdown, env)
             f.write(text if text.endswith("\n") else text + "\n")
             f.write("\n")  # the next step's summary starts a new block
     except OSError as e:

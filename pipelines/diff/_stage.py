@@ -19,6 +19,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from pipelines.context import ReleaseContext
 from pipelines.diff._compare import (
     diff_metrics,
     diff_nodes,
@@ -227,11 +228,11 @@ def _diff_entries(repo: Repository, old: VersionEntry, new: VersionEntry) -> Mod
     )
 
 
-def diff_versions(repo_root: Path, name: str, old: str, new: str) -> ModelDiff:
+def diff_versions(repo_root: Path | ReleaseContext, name: str, old: str, new: str) -> ModelDiff:
     """Diff two declared versions of ``name`` from the workspace's artifact files.
 
     Args:
-        repo_root: the repository root or a folder inside it.
+        repo_root: the repository root or a folder inside it, or the run's context.
         name: the model.
         old: the version diffed against (usually the parent).
         new: the version under review; its goldens measure drift.
@@ -243,7 +244,10 @@ def diff_versions(repo_root: Path, name: str, old: str, new: str) -> ModelDiff:
             remote, differs from its pointer, or is not readable ONNX.
         ToolError: DVC is not installed and an artifact must be pulled.
     """
-    repo = load_repository(repo_root, jobs=1)
+    if isinstance(repo_root, ReleaseContext):
+        repo = repo_root.repo
+    else:
+        repo = load_repository(repo_root, jobs=1)
     return _diff_entries(repo, _entry(repo, name, old), _entry(repo, name, new))
 
 
@@ -263,7 +267,7 @@ def changed_versions(repo: Repository, base: str) -> list[tuple[str, str]]:
     return sorted(found, key=lambda nv: (nv[0], parse_version(nv[1])))
 
 
-def diff_against_base(repo_root: Path, base: str) -> BaseDiff:
+def diff_against_base(repo_root: Path | ReleaseContext, base: str) -> BaseDiff:
     """Diff every version changed against git ref ``base`` with its parent.
 
     Raises:
@@ -274,7 +278,10 @@ def diff_against_base(repo_root: Path, base: str) -> BaseDiff:
             remote, differs from its pointer, or is not readable ONNX.
         ToolError: DVC is not installed and an artifact must be pulled.
     """
-    repo = load_repository(repo_root, jobs=1)
+    if isinstance(repo_root, ReleaseContext):
+        repo = repo_root.repo
+    else:
+        repo = load_repository(repo_root, jobs=1)
     diffs: list[ModelDiff] = []
     orphans: list[tuple[str, str]] = []
     for name, version in changed_versions(repo, base):

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from pipelines import dvc
 from pipelines.build import BUILT, BuildRecord, BuildReport, EngineResult
+from pipelines.context import ReleaseContext
 from pipelines.errors import ArtifactError
 from pipelines.fetch import fetch_artifact
 from pipelines.publish._description import stage_description
@@ -40,7 +41,6 @@ from pipelines.publish._external import (
 )
 from registry import progress
 from registry.atomic import write_atomic
-from registry.checks import validate_paths
 from registry.errors import (
     ManifestError,
     PolicyError,
@@ -50,7 +50,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.gitinfo import git
-from registry.repository import Repository, VersionEntry, load_repository
+from registry.repository import Repository, VersionEntry
 from registry.schema import Promotion
 from signing import target_names
 from signing.errors import FileSetError
@@ -67,7 +67,7 @@ from signing.target_names import (
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import TARGETS_DIR, stored_name
-from signing.workspace import ONLINE, TrustPaths, signer, trust_paths
+from signing.workspace import ONLINE, TrustPaths, signer
 
 TUF_SUBDIR: Final = "modelreg"
 RELEASE_DIR: Final = ".modelreg/release"
@@ -467,9 +467,11 @@ def current_branch(root: Path, env: Mapping[str, str] | None = None) -> str | No
 
     None when it is not a branch (a tag, a pull-request ref, a detached ``HEAD``).
     """
-    ref = (os.environ if env is None else env).get("GITHUB_REF", "")
-    if ref:
-        return ref.removeprefix("refs/heads/") if ref.startswith("refs/heads/") else None
+    from pipelines.github import GitHubEnv
+
+    github = GitHubEnv.from_env(os.environ if env is None else env)
+    if github.ref is not None:
+        return github.branch
     proc = git(root, "symbolic-ref", "--quiet", "--short", "HEAD", check=False)
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
@@ -527,7 +529,7 @@ def branch_problems(
 
 
 def publish(
-    start: Path,
+    start: Path | ReleaseContext,
     *,
     env: Mapping[str, str] | None = None,
     push: bool = True,
@@ -550,16 +552,15 @@ def publish(
         VerificationError: the trust metadata in the repository does not verify.
     """
     # The signer parses every manifest itself: no parse cache from the checkout.
-    repo = load_repository(start, cache=False)
-    problems = validate_paths(repo)
-    if problems:
-        raise ManifestError(problems)
-    paths = trust_paths(repo.root, repo.config)
+    run = ReleaseContext.of(start, env, cache=False)
+    repo, env = run.repo, run.env
+    run.validate()
+    paths = run.trust_paths
     # Every key is resolved before anything is pushed or written: a missing secret
     # fails the job at once instead of half-way.
     signers = {role: signer(paths, role, env) for role in ONLINE}
     store = TargetStore(repo.root, repo.config.remote)
-    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    trust = run.trust()
     swapped = released_changes(repo, trust) + released_deprecations(repo, trust)
     if swapped:
         raise ManifestError(swapped)
@@ -591,4 +592,5 @@ def publish(
         store.write(trust)
     with progress.stage("publish", "sign metadata"):
         result = trust.publish(signers)
+    run.signed(trust)
     return PublishReport(store.url, pushed, added, dict(result.versions), list(result.written))

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from pipelines.context import ReleaseContext
 from pipelines.errors import ArtifactError
 from pipelines.fetch import fetch_artifact
 from pipelines.register._plan import (
@@ -63,9 +64,8 @@ from pipelines.register._plan import (
 )
 from pipelines.register._store import Store, is_local, redact, session
 from registry import progress
-from registry.checks import validate_paths
 from registry.dvcfile import read_pointer
-from registry.errors import ManifestError, RepositoryError, UsageError
+from registry.errors import RepositoryError, UsageError
 from registry.gitinfo import dirty_paths, last_commits, toplevel
 from registry.repository import Repository, VersionEntry, load_repository
 from registry.schema import Signature
@@ -253,17 +253,19 @@ def _released(repo: Repository) -> dict[tuple[str, str], str]:
     }
 
 
-def _signed_digests(repo: Repository) -> dict[tuple[str, str], tuple[str, str]]:
+def _signed_digests(run: ReleaseContext) -> dict[tuple[str, str], tuple[str, str]]:
     """(model, version) -> (sha256, dvc md5) of each artifact released as a signed target.
 
     Lets a mirror run in a fresh checkout skip reading (and pulling) every artifact:
     the signed SHA-256 stands for the file whose pointer records the same md5.
     """
-    from signing.workspace import release_state
+    from signing.workspace import release_states
 
+    if not run.has_trust():
+        return {}
     return {
         key: (state.sha256, state.dvc_md5)
-        for key, state in (release_state(repo.root, repo.config) or {}).items()
+        for key, state in release_states(run.trust()).items()
         if state.sha256 is not None and state.dvc_md5 is not None
     }
 
@@ -341,16 +343,13 @@ def _desired_version(
 
 
 def _plan(
-    start: Path,
+    run: ReleaseContext,
     extras: Mapping[tuple[str, str], ReleaseExtras] | None,
-    env: Mapping[str, str],
     *,
     fetch: bool,
 ) -> _Plan:
-    repo = load_repository(start)
-    problems = validate_paths(repo)
-    if problems:
-        raise ManifestError(problems)
+    repo, env = run.repo, run.env
+    run.validate()
     extras = dict(extras or {})
     for (model, version), given in extras.items():
         if version not in repo.versions.get(model, {}):
@@ -359,7 +358,7 @@ def _plan(
             if path is not None and not path.is_file():
                 raise UsageError(f"{model} {version}: {path}: no such file")
     released = _released(repo)
-    signed = _signed_digests(repo)
+    signed = _signed_digests(run)
     ci = _ci_tags(env)
     plan = _Plan(repo, fetch)
     for name in sorted(repo.models):
@@ -470,7 +469,7 @@ def _artifact_root(repo: Repository, uri: str) -> Path | None:
 
 
 def register(
-    start: Path,
+    start: Path | ReleaseContext,
     *,
     tracking_uri: str | None = None,
     extras: Mapping[tuple[str, str], ReleaseExtras] | None = None,
@@ -479,7 +478,7 @@ def register(
     """Mirror the repository containing ``start`` into MLflow.
 
     Args:
-        start: the repository root or a folder inside it.
+        start: the repository root or a folder inside it, or the run's context.
         tracking_uri: MLflow to use (see the module docstring for the default).
         extras: bundle, diff report and summary of some versions, by (model, SemVer).
         env: environment to read CI facts and ``MLFLOW_TRACKING_URI`` from
@@ -499,9 +498,9 @@ def register(
         ToolError: git is missing.
         ValueError: ``extras`` names an undeclared version or a missing file.
     """
-    env = os.environ if env is None else env
-    plan = _plan(start, extras, env, fetch=True)
-    uri = resolve_tracking_uri(plan.repo, tracking_uri, env)
+    run = ReleaseContext.of(start, env)
+    plan = _plan(run, extras, fetch=True)
+    uri = resolve_tracking_uri(plan.repo, tracking_uri, run.env)
     changes: list[Change] = []
     left: list[Drift] = []
     versions: dict[tuple[str, str], str] = {}
@@ -520,7 +519,7 @@ def register(
 
 
 def check_drift(
-    start: Path,
+    start: Path | ReleaseContext,
     *,
     tracking_uri: str | None = None,
     extras: Mapping[tuple[str, str], ReleaseExtras] | None = None,
@@ -532,7 +531,7 @@ def check_drift(
     by hand, and tags that differ from Git; changes nothing.
 
     Args:
-        start: the repository root or a folder inside it.
+        start: the repository root or a folder inside it, or the run's context.
         tracking_uri: MLflow to compare with (see the module docstring for the default).
         extras: as for :func:`register`; only the tags they imply are compared.
         env: environment to read ``MLFLOW_TRACKING_URI`` from (default ``os.environ``).
@@ -550,9 +549,9 @@ def check_drift(
         ToolError: git is missing.
         ValueError: ``extras`` names an undeclared version or a missing file.
     """
-    env = os.environ if env is None else env
-    plan = _plan(start, extras, env, fetch=False)
-    uri = resolve_tracking_uri(plan.repo, tracking_uri, env)
+    run = ReleaseContext.of(start, env)
+    plan = _plan(run, extras, fetch=False)
+    uri = resolve_tracking_uri(plan.repo, tracking_uri, run.env)
     drifts: list[Drift] = []
     if _missing_sqlite(uri):
         # Opening a SQL store creates it; a check changes nothing, not even that.
@@ -572,7 +571,7 @@ def _missing_sqlite(uri: str) -> bool:
 
 
 def mlflow_versions(
-    start: Path,
+    start: Path | ReleaseContext,
     *,
     tracking_uri: str | None = None,
     env: Mapping[str, str] | None = None,
@@ -587,8 +586,10 @@ def mlflow_versions(
         RepositoryError: not inside a repository.
         RegistryMirrorError: MLflow is unreachable.
     """
-    env = os.environ if env is None else env
-    repo = load_repository(start)
+    if isinstance(start, ReleaseContext):
+        repo, env = start.repo, start.env if env is None else env
+    else:
+        repo, env = load_repository(start), os.environ if env is None else env
     uri = resolve_tracking_uri(repo, tracking_uri, env)
     found: dict[tuple[str, str], str] = {}
     if _missing_sqlite(uri):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -375,6 +376,52 @@ def test_the_release_never_reads_the_checkouts_parse_cache(fleet: Fleet) -> None
     assert release.code == 0, release.err
     assert "models/mlp/1.1.0.onnx" in _published(fleet)
     assert opened == []
+
+
+def test_a_release_loads_validates_and_verifies_the_checkout_once(fleet: Fleet) -> None:
+    """One context for every stage: the manifests are parsed and cross-checked once and
+    the checkout's trust metadata verified once for validate, build, publish, diff and
+    register (metadata of earlier commits, read to check history, is other metadata)."""
+    import registry.checks
+    import registry.repository
+    from signing.tuf_repo import TrustRepo
+
+    for version in ("1.1.0", "2.0.0"):
+        r = fleet.cli("version", "add", "mlp", version, "--artifact",
+                      str(fleet.models / f"mlp/{version}.onnx"), cwd=fleet.root)  # fmt: skip
+        assert r.code == 0, r.err
+    fleet.commit("mlp 1.1.0 and 2.0.0")
+    loads: list[Path] = []
+    checks: list[object] = []
+    verified: list[Path] = []
+    real_init, real_check = (
+        registry.repository.Repository.__init__,
+        registry.checks.check_repository,
+    )
+    real_load = TrustRepo.load.__func__  # type: ignore[attr-defined]
+
+    def init(self: object, *args: Any, **kwargs: Any) -> None:
+        loads.append(kwargs.get("root") or args[0])
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def check(repo: object) -> object:
+        checks.append(repo)
+        return real_check(repo)  # type: ignore[arg-type]
+
+    def load(cls: type[TrustRepo], /, metadata_dir: Path, **kwargs: Any) -> TrustRepo:
+        verified.append(metadata_dir)
+        return real_load(cls, metadata_dir, **kwargs)  # type: ignore[no-any-return]
+
+    fleet.monkeypatch.setattr(registry.repository.Repository, "__init__", init)
+    fleet.monkeypatch.setattr(registry.checks, "check_repository", check)
+    fleet.monkeypatch.setattr(TrustRepo, "load", classmethod(load))
+    release = fleet.release()
+    assert release.code == 0, release.err
+    assert {"models/mlp/1.1.0.onnx", "models/mlp/2.0.0.onnx"} <= _published(fleet)
+    assert loads == [fleet.root]
+    assert len(checks) == 1
+    checkout = (fleet.root / "trust/metadata").resolve()
+    assert [p for p in verified if Path(p).resolve() == checkout] == [Path(verified[0])]
 
 
 def test_a_released_versions_signed_fields_and_goldens_cannot_change(fleet: Fleet) -> None:

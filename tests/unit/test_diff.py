@@ -503,16 +503,20 @@ def test_tables_are_capped_and_cells_escaped(example_models: Path) -> None:
 
 
 def test_step_summary_appends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert append_step_summary("# nothing") is None
+    assert append_step_summary("# nothing", {}) is None
     target = tmp_path / "summary.md"
     target.write_text("earlier step\n")
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
-    assert append_step_summary("### one") == target
-    append_step_summary("### two\n")
+    env = {"GITHUB_STEP_SUMMARY": str(target)}
+    assert append_step_summary("### one", env) == target
+    append_step_summary("### two\n", env)
     assert target.read_text() == "earlier step\n### one\n\n### two\n\n"
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "missing-dir" / "s.md"))
+    # Only the environment it is given: the process's own is not read.
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "other.md"))
+    assert append_step_summary("### three", {}) is None
+    assert not (tmp_path / "other.md").exists()
+    missing = {"GITHUB_STEP_SUMMARY": str(tmp_path / "missing-dir" / "s.md")}
     with pytest.raises(PipelineError, match="cannot append the job summary"):
-        append_step_summary("x")
+        append_step_summary("x", missing)
 
 
 def test_report_helpers_handle_onnx_without_names() -> None:
@@ -714,9 +718,8 @@ def test_a_model_cannot_write_markup_into_the_report() -> None:
 
 def test_step_summary_is_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "summary.md"
-    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
-    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "tok-in-the-environment")
+    env = {"GITHUB_STEP_SUMMARY": str(target), "MLFLOW_TRACKING_TOKEN": "tok-in-the-environment"}
     append_step_summary(
-        "pull from https://TOKEN123456@127.0.0.1:9/x failed (tok-in-the-environment)"
+        "pull from https://TOKEN123456@127.0.0.1:9/x failed (tok-in-the-environment)", env
     )
     assert target.read_text() == "pull from https://***@127.0.0.1:9/x failed (***)\n\n"

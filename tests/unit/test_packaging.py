@@ -99,17 +99,18 @@ PIPELINE_LAYERS = {
     "_probe": set(),
     "dvc": {"_probe"},
     "github": {"errors"},
+    "context": {"github"},
     "onnx": {"errors"},
     "fetch": {"dvc", "errors"},
     "goldens": {"errors", "onnx"},
     # the stages, in the order a release runs them
     "authoring": {"dvc", "errors", "goldens", "onnx"},
-    "build": {"errors", "fetch", "goldens", "onnx"},
-    "diff": {"build", "errors", "fetch", "onnx"},
-    "publish": {"build", "dvc", "errors", "fetch", "github"},
-    "register": {"_probe", "errors", "fetch", "github"},
+    "build": {"context", "errors", "fetch", "goldens", "onnx"},
+    "diff": {"build", "context", "errors", "fetch", "github", "onnx"},
+    "publish": {"build", "context", "dvc", "errors", "fetch", "github"},
+    "register": {"_probe", "context", "errors", "fetch", "github"},
     # the workflows' entry points, over every stage
-    "ci": {"build", "diff", "errors", "github", "publish", "register"},
+    "ci": {"build", "context", "diff", "errors", "github", "publish", "register"},
 }
 """What each part of ``pipelines`` may import of the others (docs/architecture.md)."""
 

@@ -1,0 +1,135 @@
+"""One run's loaded state, shared by the stages it runs (``ci release`` above all).
+
+A stage that starts from a path loads the repository, validates it and verifies the
+trust metadata itself; given a :class:`ReleaseContext` it takes them from there, so
+``ci release`` parses the manifests once, validates them once and verifies the TUF
+metadata once for build, publish, diff and register together.  The context also holds
+the environment the run was given and its GitHub part, read once
+(:class:`pipelines.github.GitHubEnv`).
+
+Nothing here is cached across runs: a context lives as long as one command.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipelines.github import GitHubEnv
+from registry.checks import validate_paths
+from registry.errors import ManifestError, Problem, UsageError
+from registry.repository import Repository, load_repository
+
+if TYPE_CHECKING:
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import TrustPaths
+
+__all__ = ["ReleaseContext"]
+
+
+@dataclass
+class ReleaseContext:
+    """The repository, its verified trust state and the environment of one run.
+
+    Attributes:
+        repo: the repository, loaded once.
+        env: the environment the run reads (secrets, tracking URI, CI facts).
+        github: the GitHub part of ``env``.
+    """
+
+    repo: Repository
+    env: Mapping[str, str]
+    github: GitHubEnv
+    _problems: list[Problem] | None = field(default=None, repr=False)
+    _trust: TrustRepo | None = field(default=None, repr=False)
+
+    @classmethod
+    def load(
+        cls, start: Path, env: Mapping[str, str] | None = None, *, cache: bool = True
+    ) -> ReleaseContext:
+        """Load the repository containing ``start``.
+
+        Args:
+            start: the repository root or a folder inside it.
+            env: the run's environment (default ``os.environ``).
+            cache: reuse the parse cache (a signer passes False: it parses everything
+                itself; inside ``untrusted_checkout`` there is no cache either way).
+
+        Raises:
+            RepositoryError: no repository at or above ``start``.
+            ManifestError: ``modelreg.yaml`` is invalid.
+        """
+        env = os.environ if env is None else env
+        return cls(load_repository(start, cache=cache), env, GitHubEnv.from_env(env))
+
+    @classmethod
+    def of(
+        cls,
+        start: Path | ReleaseContext,
+        env: Mapping[str, str] | None = None,
+        *,
+        cache: bool = True,
+    ) -> ReleaseContext:
+        """``start`` itself when it is a context, else one loaded from it (see :meth:`load`).
+
+        Raises:
+            UsageError: ``start`` is a context and ``env`` another environment (a run
+                has one).
+        """
+        if isinstance(start, ReleaseContext):
+            if env is not None and env is not start.env:
+                raise UsageError("the environment of a run is its context's; give one, not two")
+            return start
+        return cls.load(start, env, cache=cache)
+
+    @property
+    def root(self) -> Path:
+        """The repository root."""
+        return self.repo.root
+
+    def problems(self) -> list[Problem]:
+        """Every problem of the manifests and their files (validated once)."""
+        if self._problems is None:
+            self._problems = validate_paths(self.repo)
+        return self._problems
+
+    def validate(self) -> None:
+        """Raise when the manifests are invalid.
+
+        Raises:
+            ManifestError: with every problem.
+        """
+        if problems := self.problems():
+            raise ManifestError(problems)
+
+    @property
+    def trust_paths(self) -> TrustPaths:
+        """Where the repository's trust metadata and keys are."""
+        from signing.workspace import trust_paths
+
+        return trust_paths(self.repo.root, self.repo.config)
+
+    def has_trust(self) -> bool:
+        """Whether the repository has trust metadata (a root) at all."""
+        return (self.trust_paths.metadata / "1.root.json").is_file()
+
+    def trust(self) -> TrustRepo:
+        """The repository's trust metadata, verified on first use.
+
+        Raises:
+            VerificationError: it does not verify.
+            RepositoryError: the repository has none (see :meth:`has_trust`).
+        """
+        if self._trust is None:
+            from signing.tuf_repo import TrustRepo
+
+            paths = self.trust_paths
+            self._trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+        return self._trust
+
+    def signed(self, trust: TrustRepo) -> None:
+        """``trust`` was just signed by this run (publish): later stages read it."""
+        self._trust = trust
