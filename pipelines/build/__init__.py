@@ -9,12 +9,13 @@ A build writes a record per version (:class:`BuildRecord`, read back with
 from __future__ import annotations
 
 from pipelines.build._engines import BUILT, FAILED, ON_DEVICE, EngineResult
-from pipelines.build._stage import BUILD_DIR, RECORD_FILE, STAGES, BuildProblem, BuildRecord, BuildReport, Stage, build, build_version, changed_versions
+from pipelines.build._stage import BUILD_DIR, MAX_RECORD_BYTES, RECORD_FILE, ExternalFile, STAGES, BuildProblem, BuildRecord, BuildReport, Stage, build, build_version, changed_versions
 from pipelines.errors import BuildError
 
 __all__ = [
     "BUILD_DIR",
     "BUILT",
+    "MAX_RECORD_BYTES",
     "FAILED",
     "ON_DEVICE",
     "RECORD_FILE",
@@ -24,6 +25,7 @@ __all__ = [
     "BuildRecord",
     "BuildReport",
     "EngineResult",
+    "ExternalFile",
     "Stage",
     "build",
     "build_version",

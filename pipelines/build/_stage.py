@@ -30,7 +30,7 @@ from pipelines.build._engines import FAILED, EngineResult, build_engines
 from pipelines.fetch import fetch_artifact
 from pipelines.build._goldens import CaseResult, run_goldens
 from pipelines.context import ReleaseContext
-from pipelines.errors import ArtifactError, BuildError
+from pipelines.errors import ArtifactError, BuildError, PipelineError
 from pipelines.onnx import load_onnx_external
 from registry import progress
 from registry.atomic import write_atomic
@@ -67,6 +67,31 @@ class BuildProblem:
 
     def __str__(self) -> str:
         return str(self.problem)
+
+
+@dataclass(frozen=True)
+class ExternalFile:
+    """One ONNX external data file of a version, as its build verified it.
+
+    Attributes:
+        file: its name beside the ``.onnx`` file.
+        sha256: its SHA-256.
+        size: its size in bytes.
+        md5: its MD5, as its DVC pointer records it.
+    """
+
+    file: str
+    sha256: str
+    size: int
+    md5: str
+
+    def to_json(self) -> dict[str, Any]:
+        """This file as JSON data."""
+        return {"file": self.file, "sha256": self.sha256, "size": self.size, "md5": self.md5}
+
+
+MAX_RECORD_BYTES: Final = 16 << 20
+"""Largest ``build.json`` :meth:`BuildRecord.load` reads."""
 
 
 @dataclass
@@ -109,12 +134,31 @@ class BuildRecord:
     engines: list[EngineResult] = field(default_factory=list)
     timings_ms: dict[str, float] = field(default_factory=dict)
     problems: list[BuildProblem] = field(default_factory=list)
-    external_data: list[dict[str, Any]] = field(default_factory=list)
+    external_data: list[ExternalFile] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """Whether every stage passed."""
         return not self.problems
+
+    @classmethod
+    def load(cls, path: Path) -> BuildRecord:
+        """Read a ``build.json`` back (at most :data:`MAX_RECORD_BYTES`, through no link).
+
+        Raises:
+            PipelineError: it is not JSON, or not a build record of this format.
+            UnsafeFileError: it is not a regular file reached through no link.
+            FileTooLargeError: it is larger than :data:`MAX_RECORD_BYTES`.
+            OSError: it cannot be read.
+        """
+        from registry.safe_io import read_regular
+
+        data = read_regular(path, max_bytes=MAX_RECORD_BYTES)
+        try:
+            parsed = json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise PipelineError(f"{display_path(path)}: not JSON ({e})") from None
+        return _record_from_json(parsed, path)
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON data (the content of ``build.json``)."""
@@ -135,10 +179,78 @@ class BuildRecord:
             "goldens": [g.to_json() for g in self.goldens],
             "engines": [e.to_json() for e in self.engines],
             "timings_ms": dict(self.timings_ms),
-            **({"external_data": list(self.external_data)} if self.external_data else {}),
+            **(
+                {"external_data": [f.to_json() for f in self.external_data]}
+                if self.external_data
+                else {}
+            ),
             "tools": dict(_tool_versions()),
             "problems": [_problem_json(p) for p in self.problems],
         }
+
+
+def _record_from_json(data: object, path: Path) -> BuildRecord:
+    """The record ``data`` (parsed ``build.json``) describes.
+
+    Raises:
+        PipelineError: it is not a build record of this format.
+    """
+    from pydantic import ValidationError
+
+    def fail(reason: str) -> PipelineError:
+        return PipelineError(f"{display_path(path)}: not a build record ({reason})")
+
+    if not isinstance(data, dict) or data.get("kind") != "BuildRecord":
+        raise fail("kind is not BuildRecord")
+    if data.get("apiVersion") != "modelreg/v1":
+        raise fail(f"apiVersion {data.get('apiVersion')!r} is not modelreg/v1")
+    engine_keys = {"target", "engine", "status", "path", "sha256", "size", "ms", "reason"}
+
+    def engine(raw: object) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise fail("an engine is not an object")
+        detail = {k: v for k, v in raw.items() if k not in engine_keys}
+        return {**{k: v for k, v in raw.items() if k in engine_keys}, "detail": detail or None}
+
+    def problem(raw: object) -> dict[str, Any]:
+        if not isinstance(raw, dict):
+            raise fail("a problem is not an object")
+        where = {k: raw.get(k) for k in ("file", "message", "line", "col", "field")}
+        return {"model": data.get("model"), "version": data.get("version"),
+                "stage": raw.get("stage"), "problem": where}  # fmt: skip
+
+    fields = {
+        k: data.get(k)
+        for k in ("model", "version", "manifest", "artifact", "sha256", "size", "md5")
+    }
+    try:
+        record: BuildRecord = _record_adapter().validate_python(
+            {
+                **fields,
+                "record_path": path,
+                "fetched": data.get("fetched", False),
+                "checks_passed": data.get("checks_passed", []),
+                "skipped": data.get("skipped", []),
+                "goldens": data.get("goldens", []),
+                "engines": [engine(e) for e in data.get("engines", [])],
+                "timings_ms": data.get("timings_ms", {}),
+                "problems": [problem(p) for p in data.get("problems", [])],
+                "external_data": data.get("external_data", []),
+            },
+            strict=False,
+        )
+    except (ValidationError, TypeError) as e:
+        first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
+        at = ".".join(str(x) for x in first["loc"])
+        raise fail(f"{at}: {first['msg']}" if at else str(first["msg"])) from None
+    return record
+
+
+@functools.cache
+def _record_adapter() -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(BuildRecord)
 
 
 def _problem_json(p: BuildProblem) -> dict[str, Any]:
@@ -302,7 +414,7 @@ class _VersionBuild:
             data = fetch_artifact(self.repo.root, rel, self.repo.display(self.repo.root / rel))
             record.fetched = record.fetched or data.fetched
             record.external_data.append(
-                {"file": name, "sha256": data.sha256, "size": data.size, "md5": data.pointer.md5}
+                ExternalFile(name, data.sha256, data.size, data.pointer.md5)
             )
         return fetched.path
 

@@ -18,10 +18,10 @@ import pytest
 import yaml
 
 from modelreg.cli.build_cmd import build as build_command
-from pipelines.build import STAGES, build, build_version
+from pipelines.build import STAGES, BuildRecord, build, build_version
 from pipelines.build._checks import compare_signatures
 from pipelines.build._goldens import compare_output
-from pipelines.errors import BuildError
+from pipelines.errors import BuildError, PipelineError
 from registry.repository import load_repository
 from registry.schema import Signature
 from tests.conftest import git
@@ -337,6 +337,57 @@ def test_every_failure_of_every_version_is_reported(repo: Path) -> None:
     assert [r.ok for r in error.report.records] == [False, False]
     assert _record(repo, "1.0.0")["ok"] is False
     assert _record(repo, "1.1.0")["ok"] is False
+
+
+def test_a_build_record_reads_back_as_the_record_written(repo: Path) -> None:
+    """``BuildRecord.load`` gives back what the build wrote: passing and failing stages,
+    goldens, engines with their settings, problems with their positions."""
+    outputs = repo / "manifests/mlp/goldens/1.0.0/outputs.npz"
+    with np.load(outputs) as data:
+        np.savez(outputs, probs=data["probs"] * 2)
+    with pytest.raises(BuildError) as caught:
+        build(repo)
+    for written in caught.value.report.records:
+        loaded = BuildRecord.load(written.record_path)
+        assert loaded == written
+        assert loaded.to_json() == {**written.to_json(), "tools": loaded.to_json()["tools"]}
+    failing = BuildRecord.load(repo / ".modelreg/build/mlp/1.0.0/build.json")
+    assert [(p.stage, p.problem.file) for p in failing.problems] == [
+        ("goldens", "manifests/mlp/versions/1.0.0.yaml")
+    ]
+    assert {e.target: e.status for e in failing.engines} == {
+        "cpu": "built", "jetson": "built on device"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        pytest.param(b"{", "not JSON", id="not json"),
+        pytest.param(b"[]", "not a build record (kind is not BuildRecord)", id="a list"),
+        pytest.param(
+            b'{"kind": "BuildRecord", "apiVersion": "modelreg/v2"}',
+            "not a build record (apiVersion 'modelreg/v2' is not modelreg/v1)",
+            id="another format",
+        ),
+        pytest.param(
+            b'{"kind": "BuildRecord", "apiVersion": "modelreg/v1", "model": "m", "version": "1.0.0",'
+            b' "manifest": "x", "artifact": "y", "engines": [{"target": "t", "engine": "e",'
+            b' "status": "exploded"}]}',
+            "not a build record (engines.0.status: Input should be",
+            id="an unknown engine status",
+        ),
+    ],
+)
+def test_a_record_that_is_not_a_build_record_is_one_line(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    path = tmp_path / "build.json"
+    path.write_bytes(content)
+    with pytest.raises(PipelineError) as caught:
+        BuildRecord.load(path)
+    assert len(str(caught.value).splitlines()) == 1
+    assert reason in str(caught.value)
 
 
 def test_base_builds_only_versions_changed_since_ref(repo: Path, cli, example_models: Path) -> None:

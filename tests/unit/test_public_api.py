@@ -89,6 +89,8 @@ PUBLIC: dict[str, set[str]] = {
     },
     "pipelines.build": {
         "BUILD_DIR",
+        "MAX_RECORD_BYTES",
+        "ExternalFile",
         "BUILT",
         "BuildError",
         "BuildProblem",
