@@ -72,4 +72,13 @@ class RegistryMirrorError(PipelineError):
 
 
 class GitHubError(PipelineError):
-    """The GitHub API could not be asked, or its answer could not be read."""
+    """The GitHub API could not be asked, or its answer (or the run's event) could not
+    be read.
+
+    Attributes:
+        subject: what could not be read: the API's URL, or the event file.
+    """
+
+    def __init__(self, message: str, *, subject: str = "GitHub API") -> None:
+        self.subject = subject
+        super().__init__(message)

@@ -290,20 +290,26 @@ class _Api:
                 return None
             if retry and e.code >= HTTPStatus.INTERNAL_SERVER_ERROR:
                 raise _Retry from None
-            raise GitHubError(f"GitHub API: {what}: HTTP {e.code} {e.reason}") from None
+            raise GitHubError(
+                f"GitHub API: {what}: HTTP {e.code} {e.reason}", subject=self.api
+            ) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             if isinstance(reason, TimeoutError):
                 reason = f"no answer within {self.limits.timeout:g} s"
             elif retry and isinstance(reason, ConnectionError):
                 raise _Retry from None
-            raise GitHubError(f"GitHub API unreachable at {self.api}: {reason}") from None
+            raise GitHubError(
+                f"GitHub API unreachable at {self.api}: {reason}", subject=self.api
+            ) from None
         if len(body) > limit:
-            raise GitHubError(f"GitHub API: {what}: answer larger than {limit} bytes")
+            raise GitHubError(
+                f"GitHub API: {what}: answer larger than {limit} bytes", subject=self.api
+            )
         try:
             return json.loads(body), link
         except ValueError:
-            raise GitHubError(f"GitHub API: {what}: answer is not JSON") from None
+            raise GitHubError(f"GitHub API: {what}: answer is not JSON", subject=self.api) from None
 
 
 def fetch_reviews(
@@ -453,11 +459,15 @@ class PullRequest:
                     raw = fh.read(_MAX_EVENT + 1)
                 event = json.loads(raw) if len(raw) <= _MAX_EVENT else None
             except (OSError, ValueError, RecursionError) as e:
-                raise GitHubError(f"{path}: not a readable GitHub event ({e})") from None
+                raise GitHubError(
+                    f"{path}: not a readable GitHub event ({e})", subject=str(path)
+                ) from None
             if event is None:
-                raise GitHubError(f"{path}: larger than {_MAX_EVENT} bytes; not a GitHub event")
+                raise GitHubError(
+                    f"{path}: larger than {_MAX_EVENT} bytes; not a GitHub event", subject=str(path)
+                )
         if not isinstance(event, dict):
-            raise GitHubError(f"{path}: not a GitHub event (a JSON object)")
+            raise GitHubError(f"{path}: not a GitHub event (a JSON object)", subject=str(path))
         pr = _obj(event, "pull_request")
         found = base or _text(_obj(pr, "base"), "sha")
         if not found:

@@ -526,7 +526,7 @@ def add_version(
         ManifestError: unknown model, existing version, bad parent, signature mismatch.
         ArtifactError: the artifact is not a valid ONNX model, or goldens fail to run.
         ToolError: DVC or git fails.
-        ValueError: ``version`` is not SemVer or the parent is not older.
+        UsageError: ``version`` is not SemVer or the parent is not older.
     """
     try:
         semver.Version.parse(version)

@@ -516,7 +516,7 @@ def build(
     Raises:
         BuildError: any version failed; every version was still built and recorded.
         ManifestError: a version in ``versions`` is not declared.
-        ValueError: both ``base`` and ``versions`` were given, or ``base`` is not a commit.
+        UsageError: both ``base`` and ``versions`` were given, or ``base`` is not a commit.
         ToolError: git fails, or DVC is needed and missing.
         OSError: a build folder cannot be written.
     """
@@ -573,7 +573,7 @@ def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
         (model, version) pairs of declared versions that changed.
 
     Raises:
-        ValueError: ``base`` does not name a commit.
+        UsageError: ``base`` does not name a commit.
         ToolError: git is missing or fails.
     """
     root = repo.root

@@ -538,7 +538,7 @@ def _ci_pr(
 
     Raises:
         RepositoryError: not inside a repository.
-        ValueError: no base ref to compare against.
+        UsageError: no base ref to compare against, or it does not name a commit.
         ToolError: git or DVC fails.
     """
     from pipelines.ci._base import change_problems, dvc_config_changed, pr_changes
@@ -661,7 +661,7 @@ def ci_pr(
 
     Raises:
         RepositoryError: not inside a repository.
-        ValueError: no base ref, or it does not name a commit.
+        UsageError: no base ref, or it does not name a commit.
     """
     env = os.environ if env is None else env
     try:

@@ -258,7 +258,7 @@ def changed_versions(repo: Repository, base: str) -> list[tuple[str, str]]:
     it takes), so that what a pull request builds is also what its comment diffs.
 
     Raises:
-        ValueError: ``base`` does not name a commit.
+        UsageError: ``base`` does not name a commit.
         ToolError: git fails.
     """
     from pipelines.build import changed_versions as rebuilt

@@ -496,7 +496,7 @@ def register(
         RegistryMirrorError: MLflow is unreachable or refuses a change.
         VerificationError: the trust metadata in the repository does not verify.
         ToolError: git is missing.
-        ValueError: ``extras`` names an undeclared version or a missing file.
+        UsageError: ``extras`` names an undeclared version or a missing file.
     """
     run = ReleaseContext.of(start, env)
     plan = _plan(run, extras, fetch=True)
@@ -547,7 +547,7 @@ def check_drift(
         RegistryMirrorError: MLflow is unreachable.
         VerificationError: the trust metadata in the repository does not verify.
         ToolError: git is missing.
-        ValueError: ``extras`` names an undeclared version or a missing file.
+        UsageError: ``extras`` names an undeclared version or a missing file.
     """
     run = ReleaseContext.of(start, env)
     plan = _plan(run, extras, fetch=False)

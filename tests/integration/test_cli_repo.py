@@ -421,6 +421,22 @@ def test_promote_to_a_mistyped_channel_suggests_the_name_not_force(mlp_repo: Pat
         assert model.read_text() == before  # --force creates no channel validate refuses
 
 
+def test_promoting_a_name_that_is_not_a_version_is_one_line_not_a_crash(
+    mlp_repo: Path, cli
+) -> None:
+    # production follows canary, which already serves something: the policy compares
+    # versions, and a name that is none must be refused, not parsed.
+    assert cli("promote", "mlp", "1.0.0", "--channel", "canary", cwd=mlp_repo).code == 0
+    assert cli("promote", "mlp", "1.0.0", "--channel", "production", cwd=mlp_repo).code == 0
+    model = mlp_repo / "manifests/mlp/model.yaml"
+    before = model.read_text()
+    r = cli("promote", "mlp", "latest", "--channel", "production", cwd=mlp_repo)
+    assert r.code == 1
+    assert "internal error" not in r.err
+    assert "version latest is not declared for model 'mlp'" in r.err
+    assert model.read_text() == before
+
+
 def test_status_table_and_json(mlp_repo: Path, cli) -> None:
     head = git(mlp_repo, "rev-parse", "HEAD").strip()
     assert (

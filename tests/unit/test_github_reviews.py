@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -138,6 +139,7 @@ def test_fetch_failures_are_one_typed_line(setup: str, message: str) -> None:
         with pytest.raises(GitHubError) as info:
             fetch_reviews("acme/fleet", number, token, api=gh.url)
     assert str(info.value) == message  # and no token in it
+    assert info.value.subject == gh.url
 
 
 def test_fetch_unreachable_api() -> None:
@@ -337,3 +339,19 @@ def test_the_actions_run_is_read_from_the_environment_in_one_place(
     from pipelines.github import ActionsRun
 
     assert ActionsRun.from_env(env) == ActionsRun(run_id, url)
+
+
+@pytest.mark.parametrize(
+    "content", [b"not json", b"[]", b"x" * 8], ids=["not json", "a list", "garbage"]
+)
+def test_an_unreadable_event_file_is_a_github_error_naming_it(
+    tmp_path: Path, content: bytes
+) -> None:
+    from pipelines.github import PullRequest
+
+    event = tmp_path / "event.json"
+    event.write_bytes(content)
+    with pytest.raises(GitHubError) as info:
+        PullRequest.from_env({"GITHUB_EVENT_PATH": str(event)}, None)
+    assert info.value.subject == str(event)
+    assert str(info.value).startswith(f"{event}: ")
