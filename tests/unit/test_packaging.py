@@ -154,3 +154,9 @@ def test_pipelines_layers() -> None:
             if bits[0] != "pipelines" or len(bits) < 2 or bits[1] == part:
                 continue
             assert bits[1] in PIPELINE_LAYERS[part], f"pipelines/{'/'.join(rel)} imports {name}"
+
+
+def test_the_architecture_page_names_every_part_of_pipelines() -> None:
+    page = (REPO_ROOT / "docs/architecture.md").read_text()
+    missing = [part for part in PIPELINE_LAYERS if part != "_probe" and f"`{part}`" not in page]
+    assert not missing, f"docs/architecture.md does not say what these own: {missing}"
