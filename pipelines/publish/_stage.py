@@ -587,7 +587,7 @@ def publish(
     channels = next_channels(previous, desired)
     if channels is not previous:
         trust.set_channels(channels, previous)
-        added.append("channels.json")
+        added.append(CHANNELS_PATH)
     with progress.stage("publish", f"upload targets to {store.url}"):
         store.write(trust)
     with progress.stage("publish", "sign metadata"):
