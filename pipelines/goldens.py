@@ -28,6 +28,8 @@ from registry.goldens import (
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+    from pipelines.onnx import Session
+
 __all__ = [
     "DEFAULT_NPZ_LIMITS",
     "NpyHeader",
@@ -66,7 +68,7 @@ def _dims(shape: Sequence[object]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def input_mismatches(session: Any, arrays: Mapping[str, npt.NDArray[Any]]) -> list[str]:
+def input_mismatches(session: Session, arrays: Mapping[str, npt.NDArray[Any]]) -> list[str]:
     """One line per golden input whose dtype or shape the model does not take.
 
     Checked before running: ONNX Runtime's own refusal is several lines of its

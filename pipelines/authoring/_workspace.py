@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import semver
 
@@ -36,6 +36,9 @@ from registry.repository import (
 )
 from registry.schema import DNS_LABEL_RE, Signature
 from registry.yamlsrc import parse_yaml
+
+if TYPE_CHECKING:
+    import onnx
 
 _GITIGNORE: Final = """\
 # modelreg: local state (MLflow store, local DVC remote, caches); schemas are shared
@@ -655,7 +658,7 @@ def _data_names(version: str, files: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"{version}.onnx.data{i}" for i in range(1, len(files) + 1))
 
 
-def _renamed_locations(model: Any, names: Mapping[str, str]) -> bytes:
+def _renamed_locations(model: onnx.ModelProto, names: Mapping[str, str]) -> bytes:
     """``model`` serialized with each external tensor's ``location`` renamed."""
     from onnx import TensorProto
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.errors import ArtifactError
 from pipelines.onnx import load_onnx, ort_errors, signature_from_model
@@ -17,8 +17,11 @@ from registry.errors import one_line
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc
 
+if TYPE_CHECKING:
+    import onnx
 
-def check_onnx(path: Path, display: str) -> Any:
+
+def check_onnx(path: Path, display: str) -> onnx.ModelProto:
     """Run the ONNX checker (full check) and strict shape inference on ``path``.
 
     Args:
@@ -48,7 +51,7 @@ def check_onnx(path: Path, display: str) -> Any:
         raise ArtifactError(display, f"not an ONNX model ({one_line(str(e))})") from None
 
 
-def graph_signature(model: Any, display: str) -> Signature:
+def graph_signature(model: onnx.ModelProto, display: str) -> Signature:
     """The I/O signature of a checked model (see ``pipelines.onnx``).
 
     Raises:

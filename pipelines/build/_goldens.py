@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.onnx import ort_errors
 from pipelines.goldens import input_mismatches
@@ -21,6 +21,9 @@ from registry.schema import Goldens, TensorSet
 from registry.yamlsrc import Loc
 
 __all__ = ["CaseResult", "Comparison", "GoldenFailure", "compare_output", "run_goldens"]
+
+if TYPE_CHECKING:
+    from pipelines.onnx import Session
 
 
 def _run_errors() -> tuple[type[BaseException], ...]:
@@ -86,8 +89,9 @@ def _describe(c: Comparison, case: str, output: str, rtol: float, atol: float) -
 
 
 def run_goldens(
-    session: Any, root: Path, goldens: Goldens
+    session: Session, root: Path, goldens: Goldens
 ) -> tuple[list[CaseResult], list[GoldenFailure]]:
+
     """Run every case of ``goldens`` through ``session`` and compare the outputs.
 
     Every case runs even when an earlier one fails.

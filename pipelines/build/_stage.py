@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal, TYPE_CHECKING, TypeVar
 
 from pipelines.build._checks import check_onnx, compare_signatures, graph_signature
 from pipelines.onnx import load_session
@@ -47,6 +47,11 @@ from registry.repository import (
     load_repository,
 )
 from registry.yamlsrc import Loc, YamlDocument
+
+if TYPE_CHECKING:
+    import onnx
+    from pipelines.onnx import Session
+    from pipelines.onnx import Session
 
 Stage = Literal["manifest", "fetch", "check", "signature", "load", "goldens", "engines"]
 STAGES: Final[tuple[Stage, ...]] = ("fetch", "check", "signature", "load", "goldens", "engines")
@@ -418,7 +423,7 @@ class _VersionBuild:
             )
         return fetched.path
 
-    def _check(self, artifact: Path) -> Any:
+    def _check(self, artifact: Path) -> onnx.ModelProto | None:
         _, external = load_onnx_external(artifact, self.display)
         declared_files = sorted(self.spec.artifact.external_data)
         if list(external.files) != declared_files:
@@ -437,7 +442,7 @@ class _VersionBuild:
             return None
         return check_onnx(artifact, self.display)
 
-    def _signature(self, model: Any) -> None:
+    def _signature(self, model: onnx.ModelProto) -> None:
         graph = graph_signature(model, self.display)
         declared_sig, doc = self.spec.signature, self.entry.doc
         owner = self.repo.models.get(self.entry.name)
@@ -449,7 +454,7 @@ class _VersionBuild:
         for mismatch in compare_signatures(declared_sig, graph):
             self._problem("signature", _at(doc, mismatch.loc, mismatch.message))
 
-    def _goldens(self, session: Any) -> None:
+    def _goldens(self, session: Session) -> None:
         if self.spec.goldens is None:
             self.record.skipped.append("goldens")
             return

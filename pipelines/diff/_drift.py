@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,9 @@ from registry.schema import Goldens, Tensor, TensorSet
 Array = npt.NDArray[Any]
 ModelSource = str | bytes
 """What ONNX Runtime loads: a file path (external data resolved beside it) or bytes."""
+
+if TYPE_CHECKING:
+    from pipelines.onnx import Session
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def _tensor_set(spec: TensorSet, root: Path | None) -> dict[str, Array]:
         raise _Skip(str(e)) from None
 
 
-def _fits(session: Any, inputs: Mapping[str, Array], which: str) -> None:
+def _fits(session: Session, inputs: Mapping[str, Array], which: str) -> None:
     wanted = {str(i.name): i for i in session.get_inputs()}
     if set(inputs) != set(wanted):
         raise _Skip(f"the {which} model takes {sorted(wanted)}, the goldens hold {sorted(inputs)}")
@@ -119,7 +122,7 @@ def _fits(session: Any, inputs: Mapping[str, Array], which: str) -> None:
             )
 
 
-def _run(session: Any, inputs: Mapping[str, Array], which: str) -> dict[str, Array]:
+def _run(session: Session, inputs: Mapping[str, Array], which: str) -> dict[str, Array]:
     names = [str(o.name) for o in session.get_outputs()]
     try:
         values = cast("list[Array]", session.run(names, dict(inputs)))

@@ -34,11 +34,14 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.errors import ArtifactError
 from registry.errors import quote
 from registry.schema import file_name_problem
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "ExternalData",
@@ -106,11 +109,11 @@ class ExternalData:
     sizes: tuple[int, ...] = ()
 
 
-def _top_initializers(model: Any) -> Iterator[Any]:
+def _top_initializers(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     yield from model.graph.initializer
 
 
-def _nested_tensors(model: Any) -> Iterator[Any]:
+def _nested_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every tensor except the top-level initializers (which may be external)."""
     from onnx import AttributeProto
 
@@ -226,7 +229,7 @@ def _file_size(folder: Path, name: str, display: str) -> int:
 
 
 def external_data(
-    model: Any,
+    model: onnx.ModelProto,
     display: str,
     folder: Path | None,
     *,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 from pydantic import ValidationError
 
@@ -12,6 +12,9 @@ from pipelines.errors import ArtifactError
 from pipelines.onnx._external import ExternalData, external_data
 from registry.errors import quote
 from registry.schema import Signature, TensorSpec
+
+if TYPE_CHECKING:
+    import onnx
 
 # TensorProto.DataType values (stable in the ONNX spec) -> manifest dtype names.
 _DTYPES: Final = {
@@ -75,7 +78,7 @@ def signature_from_model(model: object, display: str) -> Signature:
         ) from None
 
 
-def load_onnx(source: Path | bytes, display: str) -> Any:
+def load_onnx(source: Path | bytes, display: str) -> onnx.ModelProto:
     """Parse an ONNX model from a file or bytes, refusing what is not one, and external
     data references that are not safe to follow (:mod:`pipelines.onnx._external`).
 
@@ -99,7 +102,7 @@ def load_onnx(source: Path | bytes, display: str) -> Any:
     return model
 
 
-def load_onnx_external(path: Path, display: str) -> tuple[Any, ExternalData]:
+def load_onnx_external(path: Path, display: str) -> tuple[onnx.ModelProto, ExternalData]:
     """:func:`load_onnx` of a file, with its checked external data.
 
     Raises:
@@ -109,7 +112,7 @@ def load_onnx_external(path: Path, display: str) -> tuple[Any, ExternalData]:
     return model, external_data(model, display, path.parent, model_name=path.name)
 
 
-def _parse(source: Path | bytes, display: str) -> Any:
+def _parse(source: Path | bytes, display: str) -> onnx.ModelProto:
     import onnx
     from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
