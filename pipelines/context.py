@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from signing.tuf_repo import TrustRepo
     from signing.workspace import TrustPaths
 
-__all__ = ["ReleaseContext"]
+__all__ = ["ReleaseContext", "repository"]
 
 
 @dataclass
@@ -133,3 +133,16 @@ class ReleaseContext:
     def signed(self, trust: TrustRepo) -> None:
         """``trust`` was just signed by this run (publish): later stages read it."""
         self._trust = trust
+
+
+def repository(start: Path | ReleaseContext, *, jobs: int | None = None) -> Repository:
+    """The run's repository, or the one containing ``start`` loaded now (``jobs`` as for
+    :func:`registry.repository.load_repository`).
+
+    Raises:
+        RepositoryError: no repository at or above ``start``.
+        ManifestError: ``modelreg.yaml`` is invalid.
+    """
+    if isinstance(start, ReleaseContext):
+        return start.repo
+    return load_repository(start, jobs=jobs)

@@ -29,7 +29,7 @@ from pipelines.onnx import load_session
 from pipelines.build._engines import FAILED, EngineResult, build_engines
 from pipelines.fetch import fetch_artifact
 from pipelines.build._goldens import CaseResult, run_goldens
-from pipelines.context import ReleaseContext
+from pipelines.context import ReleaseContext, repository
 from pipelines.errors import ArtifactError, BuildError, PipelineError
 from pipelines.onnx import load_onnx_external
 from registry import progress
@@ -527,7 +527,7 @@ def build(
     """
     if base is not None and versions is not None:
         raise UsageError("give either base or versions, not both")
-    repo = root.repo if isinstance(root, ReleaseContext) else load_repository(root, jobs=1)
+    repo = repository(root, jobs=1)
     problems: list[BuildProblem] = []
     if versions is not None:
         selected = list(dict.fromkeys(versions))

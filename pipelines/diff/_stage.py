@@ -19,7 +19,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
-from pipelines.context import ReleaseContext
+from pipelines.context import ReleaseContext, repository
 from pipelines.diff._compare import (
     diff_metrics,
     diff_nodes,
@@ -27,23 +27,12 @@ from pipelines.diff._compare import (
     diff_signature,
     diff_weights,
 )
-from pipelines.diff._drift import GoldenDrift, OutputDrift, SkippedCase, golden_drift
+from pipelines.diff._drift import golden_drift
 from pipelines.diff._types import (
     BaseDiff,
-    GraphDiff,
-    MetricDelta,
     ModelDiff,
     ModelInfo,
     ModelInput,
-    NodeChange,
-    OpCount,
-    OpsetChange,
-    SignatureChange,
-    TensorChange,
-    TensorInfo,
-    TensorReshape,
-    Verdict,
-    WeightsDiff,
 )
 from pipelines.errors import ArtifactError
 from pipelines.onnx import load_onnx, signature_from_model
@@ -52,7 +41,6 @@ from registry.repository import (
     Repository,
     VersionEntry,
     display_path,
-    load_repository,
     parse_version,
 )
 from registry.schema import Goldens, ModelVersion
@@ -244,10 +232,7 @@ def diff_versions(repo_root: Path | ReleaseContext, name: str, old: str, new: st
             remote, differs from its pointer, or is not readable ONNX.
         ToolError: DVC is not installed and an artifact must be pulled.
     """
-    if isinstance(repo_root, ReleaseContext):
-        repo = repo_root.repo
-    else:
-        repo = load_repository(repo_root, jobs=1)
+    repo = repository(repo_root, jobs=1)
     return _diff_entries(repo, _entry(repo, name, old), _entry(repo, name, new))
 
 
@@ -278,10 +263,7 @@ def diff_against_base(repo_root: Path | ReleaseContext, base: str) -> BaseDiff:
             remote, differs from its pointer, or is not readable ONNX.
         ToolError: DVC is not installed and an artifact must be pulled.
     """
-    if isinstance(repo_root, ReleaseContext):
-        repo = repo_root.repo
-    else:
-        repo = load_repository(repo_root, jobs=1)
+    repo = repository(repo_root, jobs=1)
     diffs: list[ModelDiff] = []
     orphans: list[tuple[str, str]] = []
     for name, version in changed_versions(repo, base):
@@ -294,27 +276,4 @@ def diff_against_base(repo_root: Path | ReleaseContext, base: str) -> BaseDiff:
     return BaseDiff(base, tuple(diffs), tuple(orphans))
 
 
-__all__ = [
-    "BaseDiff",
-    "GoldenDrift",
-    "GraphDiff",
-    "MetricDelta",
-    "ModelDiff",
-    "ModelInfo",
-    "ModelInput",
-    "NodeChange",
-    "OpCount",
-    "OpsetChange",
-    "OutputDrift",
-    "SignatureChange",
-    "SkippedCase",
-    "TensorChange",
-    "TensorInfo",
-    "TensorReshape",
-    "Verdict",
-    "WeightsDiff",
-    "changed_versions",
-    "diff_against_base",
-    "diff_models",
-    "diff_versions",
-]
+__all__ = ["changed_versions", "diff_against_base", "diff_models", "diff_versions"]

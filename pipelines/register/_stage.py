@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from pipelines.context import ReleaseContext
+from pipelines.context import ReleaseContext, repository
 from pipelines.errors import ArtifactError
 from pipelines.fetch import fetch_artifact
 from pipelines.register._plan import (
@@ -67,7 +67,7 @@ from registry import progress
 from registry.dvcfile import read_pointer
 from registry.errors import RepositoryError, UsageError
 from registry.gitinfo import dirty_paths, last_commits, toplevel
-from registry.repository import Repository, VersionEntry, load_repository
+from registry.repository import Repository, VersionEntry
 from registry.schema import Signature
 
 __all__ = [
@@ -586,10 +586,9 @@ def mlflow_versions(
         RepositoryError: not inside a repository.
         RegistryMirrorError: MLflow is unreachable.
     """
-    if isinstance(start, ReleaseContext):
-        repo, env = start.repo, start.env if env is None else env
-    else:
-        repo, env = load_repository(start), os.environ if env is None else env
+    repo = repository(start)
+    if env is None:
+        env = start.env if isinstance(start, ReleaseContext) else os.environ
     uri = resolve_tracking_uri(repo, tracking_uri, env)
     found: dict[tuple[str, str], str] = {}
     if _missing_sqlite(uri):
