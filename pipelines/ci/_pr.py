@@ -11,11 +11,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from pipelines.build import build, changed_versions
+from pipelines.ci._base import trust_folder_moved
+from pipelines.ci._report import CiReport, failed, write_outputs
+from pipelines.context import ReleaseContext
 from pipelines.diff import base_json, base_markdown, diff_against_base
 from pipelines.errors import BuildError
+from pipelines.github import PullRequest
 from registry.config import CONFIG_FILE, RepoConfig
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
@@ -23,24 +27,11 @@ from registry.history import channel_history
 from registry.loader import load_manifest
 from registry.policy import ChannelMove, channel_move, promotion_violations
 from registry.render import md_code, md_code_block
-from registry.repository import (
-    ModelEntry,
-    Repository,
-    VersionEntry,
-    untrusted_checkout,
-)
+from registry.repository import ModelEntry, Repository, VersionEntry, untrusted_checkout
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
 from signing.tuf_facts import TargetFacts
 from signing.tuf_repo import TrustRepo
-
-if TYPE_CHECKING:
-    pass
-
-from pipelines.ci._base import trust_folder_moved
-from pipelines.ci._report import CiReport, failed, write_outputs
-from pipelines.context import ReleaseContext
-from pipelines.github import PullRequest
 
 
 @dataclass(frozen=True)

@@ -17,25 +17,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from pipelines.build import build
+from pipelines.ci._base import trust_folder_moved
+from pipelines.ci._report import CiReport, failed, write_outputs
+from pipelines.context import ReleaseContext
 from pipelines.errors import BuildError
 from registry import progress
 from registry.atomic import write_atomic
 from registry.config import CONFIG_FILE
 from registry.errors import ManifestError, RegistryError
 from registry.gitinfo import git
-from registry.repository import (
-    Repository,
-    untrusted_checkout,
-)
+from registry.repository import Repository, untrusted_checkout
 from signing.tuf_repo import TrustRepo
 from signing.workspace import release_states
 
 if TYPE_CHECKING:
     from pipelines.register import RegisterReport, ReleaseExtras
-
-from pipelines.ci._base import trust_folder_moved
-from pipelines.ci._report import CiReport, failed, write_outputs
-from pipelines.context import ReleaseContext
 
 
 def _check_history(run: ReleaseContext) -> None:

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pipelines.diff import append_step_summary
 from pipelines.github import GitHubEnv
@@ -16,10 +16,6 @@ from registry.config import find_root
 from registry.errors import ManifestError, RegistryError
 from registry.redact import redact
 from registry.render import md_code, md_code_block, md_cut
-
-if TYPE_CHECKING:
-    pass
-
 
 CI_DIR: Final = ".modelreg/ci"
 
