@@ -25,16 +25,16 @@ def check_onnx(path: Path, display: str) -> onnx.ModelProto:
     """Run the ONNX checker (full check) and strict shape inference on ``path``.
 
     Args:
-        path: the ONNX file; a tensor stored in another file is refused before the
-            checker looks at it (see ``onnx_signature.refuse_external_data``).
+        path: the ONNX file; its external data references are checked to stay beside
+            it before the checker follows them (:func:`pipelines.onnx.load_onnx`).
         display: its name in messages.
 
     Returns:
         The ``onnx.ModelProto`` with inferred shapes.
 
     Raises:
-        ArtifactError: not ONNX, external data, or the checker or shape inference
-            rejects it.
+        ArtifactError: not ONNX, an external data reference that is not safe to follow,
+            or the checker or shape inference rejects it.
     """
     import onnx
 

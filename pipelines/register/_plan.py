@@ -2,7 +2,7 @@
 
 Private: import from :mod:`pipelines.register._stage`.  Pure data and decisions, no I/O: the
 desired state is built from the Git repository by ``register.py``, the observed state is
-read from MLflow by ``_mlflow_store.py``, and :func:`reconcile` compares them into the
+read from MLflow by ``_store.py``, and :func:`reconcile` compares them into the
 drift a reviewer reads and the actions ``register`` takes.  Both come from the same
 comparison, so ``register --check`` reports exactly what ``register`` would change (plus
 what it cannot change by itself, such as a version nobody declared).
