@@ -4,8 +4,12 @@ A stage that starts from a path loads the repository, validates it and verifies 
 trust metadata itself; given a :class:`ReleaseContext` it takes them from there, so
 ``ci release`` parses the manifests once, validates them once and verifies the TUF
 metadata once for build, publish, diff and register together.  The context also holds
-the environment the run was given and its GitHub part, read once
-(:class:`pipelines.github.GitHubEnv`).
+the environment the run was given and its GitHub part
+(:class:`pipelines.github.GitHubEnv`, the one reader of ``GITHUB_*``).
+
+In ``ci pr`` the checkout is the pull request's: its trust metadata says nothing of
+what is released (``ci pr`` reads the base's, :func:`pipelines.ci._base.trust_at`), so
+a pull request's context is never asked for :meth:`ReleaseContext.trust`.
 
 Nothing here is cached across runs: a context lives as long as one command.
 """
@@ -38,11 +42,14 @@ class ReleaseContext:
         repo: the repository, loaded once.
         env: the environment the run reads (secrets, tracking URI, CI facts).
         github: the GitHub part of ``env``.
+        cached: whether the manifests could be parsed through the parse cache (False
+            for a signer; inside ``untrusted_checkout`` the cache is never used).
     """
 
-    repo: Repository
-    env: Mapping[str, str]
+    repo: Repository = field(repr=False)
+    env: Mapping[str, str] = field(repr=False)  # secrets and keys: never shown
     github: GitHubEnv
+    cached: bool = True
     _problems: list[Problem] | None = field(default=None, repr=False)
     _trust: TrustRepo | None = field(default=None, repr=False)
 
@@ -63,7 +70,8 @@ class ReleaseContext:
             ManifestError: ``modelreg.yaml`` is invalid.
         """
         env = os.environ if env is None else env
-        return cls(load_repository(start, cache=cache), env, GitHubEnv.from_env(env))
+        repo = load_repository(start, cache=cache)
+        return cls(repo, env, GitHubEnv.from_env(env), cached=cache)
 
     @classmethod
     def of(
@@ -77,11 +85,15 @@ class ReleaseContext:
 
         Raises:
             UsageError: ``start`` is a context and ``env`` another environment (a run
-                has one).
+                has one), or ``cache`` is False and the context was parsed through the
+                parse cache (a signer parses every manifest itself).
         """
         if isinstance(start, ReleaseContext):
             if env is not None and env is not start.env:
                 raise UsageError("the environment of a run is its context's; give one, not two")
+            if not cache and start.cached:
+                raise UsageError("this step parses every manifest itself: load the context "
+                                 "with cache=False")  # fmt: skip
             return start
         return cls.load(start, env, cache=cache)
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pipelines.errors import ArtifactError
-from pipelines.onnx import load_onnx, ort_errors, signature_from_model
+from pipelines.onnx import load_onnx, signature_from_model
 from registry.errors import one_line
 from registry.schema import Signature, TensorSpec
 from registry.yamlsrc import Loc

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pipelines.onnx import load_session, ort_errors
 from pipelines.errors import ArtifactError
+from pipelines.onnx import load_session, ort_errors
 from registry.atomic import replace_file, write_atomic
 from registry.errors import one_line
 from registry.schema import OnnxRuntimeTarget, Target, TensorRTTarget

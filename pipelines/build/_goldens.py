@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipelines.onnx import ort_errors
 from pipelines.goldens import input_mismatches
+from pipelines.onnx import ort_errors
 from registry.errors import GoldenError, one_line
 from registry.goldens import Comparison, tensor_set
 from registry.goldens import compare as compare_output
@@ -91,7 +91,6 @@ def _describe(c: Comparison, case: str, output: str, rtol: float, atol: float) -
 def run_goldens(
     session: Session, root: Path, goldens: Goldens
 ) -> tuple[list[CaseResult], list[GoldenFailure]]:
-
     """Run every case of ``goldens`` through ``session`` and compare the outputs.
 
     Every case runs even when an earlier one fails.

@@ -22,16 +22,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from pipelines.build._checks import check_onnx, compare_signatures, graph_signature
-from pipelines.onnx import load_session
 from pipelines.build._engines import FAILED, EngineResult, build_engines
-from pipelines.fetch import fetch_artifact
 from pipelines.build._goldens import CaseResult, run_goldens
 from pipelines.context import ReleaseContext, repository
 from pipelines.errors import ArtifactError, BuildError, PipelineError
-from pipelines.onnx import load_onnx_external
+from pipelines.fetch import fetch_artifact
+from pipelines.onnx import load_onnx_external, load_session
 from registry import progress
 from registry.atomic import write_atomic
 from registry.checks import declared, target_problems
@@ -44,13 +43,12 @@ from registry.repository import (
     Repository,
     VersionEntry,
     display_path,
-    load_repository,
 )
 from registry.yamlsrc import Loc, YamlDocument
 
 if TYPE_CHECKING:
     import onnx
-    from pipelines.onnx import Session
+
     from pipelines.onnx import Session
 
 Stage = Literal["manifest", "fetch", "check", "signature", "load", "goldens", "engines"]
@@ -147,18 +145,23 @@ class BuildRecord:
         return not self.problems
 
     @classmethod
-    def load(cls, path: Path) -> BuildRecord:
-        """Read a ``build.json`` back (at most :data:`MAX_RECORD_BYTES`, through no link).
+    def load(cls, path: Path, *, root: Path) -> BuildRecord:
+        """Read a ``build.json`` back, for reading (reports, tools): at most
+        :data:`MAX_RECORD_BYTES`, reached from ``root`` through no link.
+
+        A record read back is what some build said, not proof of it: ``publish`` signs
+        only the records its own run made, in memory, never one read from a folder.
 
         Raises:
             PipelineError: it is not JSON, or not a build record of this format.
-            UnsafeFileError: it is not a regular file reached through no link.
+            UnsafeFileError: it is not a regular file reached from ``root`` through no
+                link.
             FileTooLargeError: it is larger than :data:`MAX_RECORD_BYTES`.
             OSError: it cannot be read.
         """
         from registry.safe_io import read_regular
 
-        data = read_regular(path, max_bytes=MAX_RECORD_BYTES)
+        data = read_regular(path, root=root, max_bytes=MAX_RECORD_BYTES)
         try:
             parsed = json.loads(data)
         except (ValueError, RecursionError) as e:

@@ -9,6 +9,14 @@ step summary) in ``_report``, the result types in ``_types``.
 
 from __future__ import annotations
 
+from pipelines.diff._compare import (
+    compare_tensors,
+    diff_metrics,
+    diff_nodes,
+    diff_opsets,
+    diff_signature,
+    diff_weights,
+)
 from pipelines.diff._drift import GoldenDrift, OutputDrift, SkippedCase
 from pipelines.diff._report import (
     JSON_FORMAT,
@@ -31,7 +39,9 @@ from pipelines.diff._types import (
     NodeChange,
     OpCount,
     OpsetChange,
+    Side,
     SignatureChange,
+    SignatureKind,
     TensorChange,
     TensorInfo,
     TensorReshape,
@@ -53,7 +63,9 @@ __all__ = [
     "OpsetChange",
     "OutputDrift",
     "ReportLimits",
+    "Side",
     "SignatureChange",
+    "SignatureKind",
     "SkippedCase",
     "TensorChange",
     "TensorInfo",
@@ -64,9 +76,15 @@ __all__ = [
     "base_json",
     "base_markdown",
     "changed_versions",
+    "compare_tensors",
     "diff_against_base",
+    "diff_metrics",
     "diff_models",
+    "diff_nodes",
+    "diff_opsets",
+    "diff_signature",
     "diff_versions",
+    "diff_weights",
     "summary",
     "to_json",
     "to_markdown",

@@ -51,7 +51,6 @@ from registry.errors import (
 )
 from registry.gitinfo import git
 from registry.repository import Repository, VersionEntry
-from registry.schema import Promotion
 from signing import target_names
 from signing.errors import FileSetError
 from signing.keys import private_key_from_env
@@ -485,27 +484,26 @@ def branch_problems(
     """Channel changes that may not be released from ``branch`` (the model's
     ``spec.promotion.branch`` is the only one whose commits move its channels).
 
-    A guard against releasing from the wrong checkout, read from the manifests being
-    released; the boundary against a rogue release is where the online keys live (the
-    release job on the promotion branch), and ``ci pr`` holds changes of the policy
-    itself to the approvals of the base.
+    A model deleted while its channels are released is refused from every branch (its
+    policy went with its manifest).  A guard against releasing from the wrong checkout,
+    read from the manifests being released; the boundary against a rogue release is
+    where the online keys live (the release job on the promotion branch), and ``ci pr``
+    holds changes of the policy itself to the approvals of the base.
     """
-    problems = []
     old = previous.models if previous is not None else {}
     here = f"branch {branch!r}" if branch else "a detached HEAD or a ref that is not a branch"
-    # A model deleted while devices follow its signed channels: its policy went with its
-    # manifest, so the default promotion branch is the one that may release that.
-    default = Promotion.model_fields["branch"].default
-    for name in sorted(set(old) - set(repo.models)):
-        if old[name] and branch != default:
-            folder = f"{repo.config.manifests}/{name}/model.yaml"
-            problems.append(
-                Problem(
-                    folder,
-                    f"removing {name!r}, whose channels are released, changes what devices "
-                    f"serve: release it from branch {default!r}, not from {here}",
-                )
-            )
+    # A model deleted while devices follow its signed channels: its policy (and so its
+    # branch) went with its manifest, and its released versions may not go (ci pr refuses
+    # that too).  Emptying its channels is the release that stops serving it.
+    problems = [
+        Problem(
+            f"{repo.config.manifests}/{name}/model.yaml",
+            f"{name!r} is deleted but its channels are released: devices serve it; "
+            "restore it, release it with no channels, and deprecate its versions",
+        )
+        for name in sorted(set(old) - set(repo.models))
+        if old[name]
+    ]
     for name, channels in sorted(desired.items()):
         allowed = repo.models[name].manifest.spec.promotion.branch
         if branch == allowed:

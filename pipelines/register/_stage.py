@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from pipelines.context import ReleaseContext, repository
+from pipelines.context import ReleaseContext
 from pipelines.errors import ArtifactError
 from pipelines.fetch import fetch_artifact
 from pipelines.register._plan import (
@@ -586,9 +586,8 @@ def mlflow_versions(
         RepositoryError: not inside a repository.
         RegistryMirrorError: MLflow is unreachable.
     """
-    repo = repository(start)
-    if env is None:
-        env = start.env if isinstance(start, ReleaseContext) else os.environ
+    run = ReleaseContext.of(start, env)
+    repo, env = run.repo, run.env
     uri = resolve_tracking_uri(repo, tracking_uri, env)
     found: dict[tuple[str, str], str] = {}
     if _missing_sqlite(uri):

@@ -348,10 +348,10 @@ def test_a_build_record_reads_back_as_the_record_written(repo: Path) -> None:
     with pytest.raises(BuildError) as caught:
         build(repo)
     for written in caught.value.report.records:
-        loaded = BuildRecord.load(written.record_path)
+        loaded = BuildRecord.load(written.record_path, root=repo)
         assert loaded == written
         assert loaded.to_json() == {**written.to_json(), "tools": loaded.to_json()["tools"]}
-    failing = BuildRecord.load(repo / ".modelreg/build/mlp/1.0.0/build.json")
+    failing = BuildRecord.load(repo / ".modelreg/build/mlp/1.0.0/build.json", root=repo)
     assert [(p.stage, p.problem.file) for p in failing.problems] == [
         ("goldens", "manifests/mlp/versions/1.0.0.yaml")
     ]
@@ -385,9 +385,24 @@ def test_a_record_that_is_not_a_build_record_is_one_line(
     path = tmp_path / "build.json"
     path.write_bytes(content)
     with pytest.raises(PipelineError) as caught:
-        BuildRecord.load(path)
+        BuildRecord.load(path, root=tmp_path)
     assert len(str(caught.value).splitlines()) == 1
     assert reason in str(caught.value)
+
+
+def test_a_build_record_is_not_read_through_a_link(repo: Path) -> None:
+    """A folder on the way that is a link (committed by a pull request, say) is refused,
+    not followed to a record someone else wrote."""
+    from registry.errors import UnsafeFileError
+
+    build(repo, versions=[("mlp", "1.1.0")])
+    elsewhere = repo.parent / "elsewhere"
+    shutil.copytree(repo / ".modelreg/build/mlp", elsewhere)
+    shutil.rmtree(repo / ".modelreg/build/mlp")
+    (repo / ".modelreg/build/mlp").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(UnsafeFileError):
+        BuildRecord.load(repo / ".modelreg/build/mlp/1.1.0/build.json", root=repo)
+    assert BuildRecord.load(elsewhere / "1.1.0/build.json", root=elsewhere).version == "1.1.0"
 
 
 def test_base_builds_only_versions_changed_since_ref(repo: Path, cli, example_models: Path) -> None:

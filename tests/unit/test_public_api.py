@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -127,7 +128,9 @@ PUBLIC: dict[str, set[str]] = {
         "OpsetChange",
         "OutputDrift",
         "ReportLimits",
+        "Side",
         "SignatureChange",
+        "SignatureKind",
         "SkippedCase",
         "TensorChange",
         "TensorInfo",
@@ -138,9 +141,15 @@ PUBLIC: dict[str, set[str]] = {
         "base_json",
         "base_markdown",
         "changed_versions",
+        "compare_tensors",
         "diff_against_base",
+        "diff_metrics",
         "diff_models",
+        "diff_nodes",
+        "diff_opsets",
+        "diff_signature",
         "diff_versions",
+        "diff_weights",
         "summary",
         "to_json",
         "to_markdown",
@@ -441,10 +450,13 @@ def _private_reach(importer: str, node: ast.ImportFrom) -> list[str]:
         if importer == owner or importer.startswith(owner + "."):
             return []
         return [node.module]
-    inside = importer == node.module or importer.startswith(node.module + ".")
-    parent = node.module.rpartition(".")[0]
-    if inside or (parent and (importer == parent or importer.startswith(parent + "."))):
-        return []  # a package's own modules may share private names
+    # ``from pkg import _name``: only pkg's own modules (or, when pkg is a module, its
+    # package's) may take a private name of it.
+    package = importlib.util.find_spec(node.module)
+    is_package = package is not None and package.submodule_search_locations is not None
+    owner = node.module if is_package else node.module.rpartition(".")[0]
+    if owner and (importer == owner or importer.startswith(owner + ".")):
+        return []
     return [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
 
 
@@ -477,3 +489,5 @@ def test_the_private_reach_rule_itself() -> None:
     assert not reach("pipelines.dvc", "from pipelines._probe import first_answer")
     assert not reach("pipelines.build._stage", "from pipelines.build import _checks")
     assert not reach("modelreg.cli.build_cmd", "from pipelines.build import build")
+    assert reach("pipelines.ci._pr", "from pipelines.build import _checks")
+    assert not reach("edge_sync.host", "from edge_sync.daemon import _x")

@@ -261,5 +261,11 @@ def test_a_model_removed_off_the_promotion_branch_is_a_channel_change() -> None:
     without = Repository(Path("/nowhere"), CONFIG, models={"mlp": REPO.models["mlp"]})
     removed = branch_problems(without, SIGNED, {"mlp": AS_SIGNED["mlp"]}, "feature")
     assert [p.file for p in removed] == [f"{CONFIG.manifests}/cnn/model.yaml"]
-    assert "removing 'cnn'" in removed[0].message
-    assert branch_problems(without, SIGNED, {"mlp": AS_SIGNED["mlp"]}, "main") == []
+    assert "'cnn' is deleted but its channels are released" in removed[0].message
+    # Its policy went with it: no branch may release that, not even its own.
+    for branch in ("main", "release"):
+        again = branch_problems(without, SIGNED, {"mlp": AS_SIGNED["mlp"]}, branch)
+        assert [p.message for p in again] == [removed[0].message]
+    # A model deleted once its channels were emptied (released so) is no change.
+    emptied_doc = ChannelsDoc(sequence=SIGNED.sequence + 1, models={**SIGNED.models, "cnn": {}})
+    assert branch_problems(without, emptied_doc, {"mlp": AS_SIGNED["mlp"]}, "feature") == []
