@@ -30,7 +30,7 @@ from registry.config import CONFIG_FILE, RepoConfig, find_root, load_config
 from registry.dvcfile import PointerCheck, check_pointer
 from registry.errors import ManifestError, Problem, UnsafeFileError, quote
 from registry.loader import load_manifest
-from registry.safe_io import check_folder
+from registry.safe_io import check_folder, reusing_folders
 from registry.schema import ModelVersion, RegisteredModel, is_semver, repo_path
 from registry.yamlsrc import DEFAULT_LIMITS, YamlDocument, read_yaml
 
@@ -119,6 +119,7 @@ class _Display:
     def __init__(self, root: Path) -> None:
         cwd = os.getcwd()
         self.root = str(root)
+        self.root_path = root
         rel = os.path.relpath(self.root, cwd) if self.root.startswith(cwd) else self.root
         self.prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
 
@@ -174,7 +175,7 @@ def _parse(task: _Task, show: _Display) -> _Parsed:
     # validated pydantic models would cost more to pickle than they cost to build.
     # A version's DVC pointer is read here too, so that I/O runs in parallel as well.
     try:
-        doc = read_yaml(task.path, task.file, root=Path(show.root))
+        doc = read_yaml(task.path, task.file, root=show.root_path)
     except ManifestError as e:
         return None, e.problems, None
     artifact = _artifact_of(doc.data) if task.kind == "ModelVersion" else None
@@ -299,7 +300,7 @@ def _run(
             stamps[i] = stamp_of(info)
             data = cache.get(task.file, stamps[i])
             if data is not None:
-                doc = YamlDocument(task.file, data, None, source=task.path, root=Path(show.root))
+                doc = YamlDocument(task.file, data, None, source=task.path, root=show.root_path)
                 parsed[i] = (doc, (), None)
         cache.keep_only({t.file for t in tasks})
     results: dict[int, _Result] = {i: _validate(tasks[i], *result) for i, result in parsed.items()}
@@ -417,7 +418,7 @@ def load_repository(
     tasks = _scan(root / config.manifests, repo.show, repo.problems, models)
     use_cache = cache and not _UNTRUSTED_CHECKOUT.get()
     parse_cache = ParseCache(root, _cache_key()) if use_cache else None
-    with _no_gc():
+    with _no_gc(), reusing_folders():
         results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None and models is None:  # a partial load would prune the rest
         parse_cache.save()
