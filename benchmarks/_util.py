@@ -149,12 +149,12 @@ def run_checked(
 
 
 def _timed_run(
-    argv: Sequence[str], cwd: Path, env: Mapping[str, str]
+    argv: Sequence[str], cwd: Path, env: Mapping[str, str], ok_exit: tuple[int, ...] = (0,)
 ) -> tuple[float, subprocess.CompletedProcess[bytes]]:
     start = time.perf_counter()
     proc = subprocess.run(list(argv), cwd=cwd, env=dict(env), capture_output=True, check=False)
     elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
+    if proc.returncode not in ok_exit:
         tail = (proc.stderr or proc.stdout).decode(errors="replace").strip()[-2000:]
         raise BenchmarkError(f"`{' '.join(argv)}` (in {cwd}) exited {proc.returncode}:\n{tail}")
     return elapsed, proc
@@ -202,12 +202,15 @@ class Command:
         cwd: its working directory.
         check_output: called with the stdout of its first run; raises if wrong.
         stop_after_s: run it only once if that first run took longer than this.
+        ok_exit: exit codes taken as success (a command whose expected outcome is a
+            reported failure; ``check_output`` should then check it is that one).
     """
 
     argv: Sequence[str]
     cwd: Path
     check_output: Callable[[bytes], None] | None = None
     stop_after_s: float | None = None
+    ok_exit: tuple[int, ...] = (0,)
 
 
 def time_interleaved(
@@ -236,7 +239,7 @@ def time_interleaved(
         for name, cmd in commands.items():
             if name in done:
                 continue
-            elapsed, proc = _timed_run(cmd.argv, cmd.cwd, env)
+            elapsed, proc = _timed_run(cmd.argv, cmd.cwd, env, cmd.ok_exit)
             if i == 0 and cmd.check_output is not None:
                 cmd.check_output(proc.stdout)
             samples[name].append(elapsed)

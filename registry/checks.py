@@ -5,6 +5,7 @@ Each check yields ``Problem``s located in the manifest that must change to fix t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Final
@@ -94,18 +95,22 @@ def precedence_message(version: str, other: str) -> str:
 def _unique_precedence(repo: Repository, name: str) -> Iterator[Problem]:
     # Sorted, the version SemVer ranks first among equals (no build metadata, or the
     # lowest file name) stands; each other one is the problem.
-    ordered = sorted(
-        repo.versions.get(name, {}).values(),
-        key=lambda e: (e.semver, e.semver.build is not None, e.version),
-    )
-    first: VersionEntry | None = None
-    for entry in ordered:
-        if first is None or entry.semver != first.semver:
-            first = entry
+    # Grouped first by what precedence compares (build metadata aside): comparing
+    # SemVer objects is slow, and a repository of 10,000 versions has no ties at all.
+    groups: dict[tuple[int, int, int, str | None], list[VersionEntry]] = {}
+    for entry in repo.versions.get(name, {}).values():
+        v = entry.semver
+        groups.setdefault((v.major, v.minor, v.patch, v.prerelease), []).append(entry)
+    for tied in groups.values():
+        if len(tied) < 2:
             continue
-        yield _at(
-            entry.doc, ("metadata", "version"), precedence_message(entry.version, first.version)
-        )
+        first, *others = sorted(tied, key=lambda e: (e.semver.build is not None, e.version))
+        for entry in others:
+            yield _at(
+                entry.doc,
+                ("metadata", "version"),
+                precedence_message(entry.version, first.version),
+            )
 
 
 def _parent(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
@@ -144,7 +149,8 @@ def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> 
         )
         return
     yield from check.problems
-    if (repo.root / path).is_symlink():  # committed with `git add -f`: build would hash its target
+    # committed with `git add -f`: build would hash its target
+    if os.path.islink(os.path.join(repo.show.root, path)):  # noqa: PTH114 - hot path
         yield _at(
             entry.doc, loc, f"{path} is a symbolic link; links in a repository are never followed"
         )

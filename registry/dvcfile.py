@@ -6,6 +6,7 @@ DVC for that would cost a second of start-up and pull DVC onto edge installs.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ _CANONICAL: Final = re.compile(
 
 
 def read_pointer(
-    pointer: Path, display: str, artifact_name: str, *, root: Path | None = None
+    pointer: Path | str, display: str, artifact_name: str, *, root: Path | None = None
 ) -> DvcPointer:
     """Parse ``pointer`` and check it tracks ``artifact_name`` (its sibling file).
 
@@ -81,7 +82,7 @@ def read_pointer(
     if match is not None and match.group(3).decode() == artifact_name:
         md5, size, path = match.groups()
         return DvcPointer(md5.decode(), int(size), path.decode())
-    doc = read_yaml(pointer, display, root=root)
+    doc = read_yaml(Path(pointer), display, root=root)
     parsed = validate_document(doc, _DvcFile)
     out = parsed.outs[0]
     if out.path != artifact_name:
@@ -106,6 +107,10 @@ class PointerCheck:
     md5: str | None = None
 
 
+_root_path = functools.lru_cache(maxsize=4)(Path)
+"""``Path(root)``, made once per repository rather than once per version."""
+
+
 def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck:
     """Check the pointer of ``artifact`` (a clean repository-relative path).
 
@@ -119,10 +124,10 @@ def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck
         return PointerCheck(artifact, exists=False)
     try:
         found = read_pointer(
-            Path(pointer),
+            pointer,
             f"{display_prefix}{artifact}.dvc",
             artifact.rpartition("/")[2],
-            root=Path(root),
+            root=_root_path(root),
         )
     except ManifestError as e:
         return PointerCheck(artifact, exists=True, problems=e.problems)

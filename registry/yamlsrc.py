@@ -3,8 +3,10 @@
 Manifests are small, hand-written files, so this loader is deliberately narrower than
 YAML: one document, string keys, no duplicate keys, no anchors or aliases (which also
 rules out "billion laughs" expansion), no custom tags, bounded size, depth and node
-count.  Parsing is done by libyaml (PyYAML's C binding) when available, which keeps a
-10,000-file repository well under a second of parse time.
+count.  Files in the plain corner of YAML that manifests are written in are read by
+``registry._yaml_fast`` (each distinct line once per process); every other file, and
+every problem, by libyaml (PyYAML's C binding) when available.  Both give the same
+data; positions for messages always come from libyaml.
 
 Stable API: ``Limits``, ``YamlDocument``, ``parse_yaml``, ``read_yaml``.
 """
@@ -12,15 +14,19 @@ Stable API: ``Limits``, ``YamlDocument``, ``parse_yaml``, ``read_yaml``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
 import yaml
-from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from registry._yaml_fast import MAP as _MAP
+from registry._yaml_fast import SCALARS as _SCALARS
+from registry._yaml_fast import SEQ as _SEQ
+from registry._yaml_fast import STR as _STR
+from registry._yaml_fast import TAG as _TAG
+from registry._yaml_fast import read_plain
 from registry.errors import (
     QUOTE_LIMIT,
     FileTooLargeError,
@@ -64,21 +70,6 @@ _SCAN_IF_BYTES_OVER: Final = 64 * 1024
 # Tags are shown whole up to this length: "tag:yaml.org,2002:python/object:os.system"
 # should read as what it is.
 _TAG_SHOWN: Final = 64
-_TAG = "tag:yaml.org,2002:"
-_STR = _TAG + "str"
-_MAP = _TAG + "map"
-_SEQ = _TAG + "seq"
-_ctor = SafeConstructor()
-_SCALARS: Final[dict[str, Callable[[Node], Any]]] = {
-    _TAG + "str": lambda n: n.value,
-    _TAG + "int": _ctor.construct_yaml_int,  # type: ignore[dict-item]
-    _TAG + "float": _ctor.construct_yaml_float,  # type: ignore[dict-item]
-    _TAG + "bool": _ctor.construct_yaml_bool,  # type: ignore[dict-item]
-    _TAG + "null": lambda n: None,
-    # Dates stay the text the author wrote: no field of ours is a date, and turning
-    # `trained: 2024-05-01` into a datetime would only produce a confusing type error.
-    _TAG + "timestamp": lambda n: n.value,
-}
 
 
 class YamlDocument:
@@ -470,7 +461,13 @@ def parse_yaml(raw: bytes, file: str, limits: Limits = DEFAULT_LIMITS) -> YamlDo
             or text.count("[") + text.count("{") > _SCAN_IF_BRACKETS_OVER
         ):
             _scan_events(text, limits)
-        data = _build_root(limits, _compose(text), text)
+            data = _build_root(limits, _compose(text), text)
+        else:
+            # Most manifests are in the plain corner of YAML that read_plain handles;
+            # anything else (and every problem) goes through libyaml and the builders.
+            data = read_plain(text, limits.max_depth, limits.max_nodes)
+            if data is None:
+                data = _build_root(limits, _compose(text), text)
     except _FailError as f:
         raise ManifestError.single(file, f.message, line=f.line, col=f.col) from None
     except yaml.YAMLError as e:

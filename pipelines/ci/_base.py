@@ -173,7 +173,7 @@ def show(root: Path, commit: str, path: str) -> bytes | None:
     parts = meta.split()
     if len(parts) != 3 or parts[0] not in ("100644", "100755") or parts[1] != "blob":
         return None
-    return _blobs(root, [parts[2]])[parts[2]]
+    return blobs(root, [parts[2]])[parts[2]]
 
 
 def config_at(root: Path, commit: str) -> RepoConfig | None:
@@ -214,10 +214,10 @@ def trust_at(root: Path, commit: str, config: RepoConfig) -> Iterator[TrustRepo 
     if "1.root.json" not in entries:
         yield None
         return
-    blobs = _blobs(root, entries.values())
+    contents = blobs(root, entries.values())
     with tempfile.TemporaryDirectory(prefix="modelreg-base-") as tmp:
         for name, sha in entries.items():
-            (Path(tmp) / name).write_bytes(blobs[sha])
+            (Path(tmp) / name).write_bytes(contents[sha])
         try:
             loaded = TrustRepo.load(Path(tmp), expiry=trust_paths(root, config).expiry)
         except VerificationError as e:  # named as the commit holds it, not the copy
@@ -393,7 +393,8 @@ def released_floor(
     return floor, problems
 
 
-def _blobs(root: Path, shas: Iterable[str]) -> dict[str, bytes]:
+def blobs(root: Path, shas: Iterable[str]) -> dict[str, bytes]:
+    """The content of each git blob of ``shas``, read in one batch (see :func:`_blobs_at`)."""
     wanted = list(dict.fromkeys(shas))
     return dict(zip(wanted, _blobs_at(root, wanted), strict=True))
 

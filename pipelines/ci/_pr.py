@@ -57,17 +57,24 @@ class _BaseModels:
 
 def _base_models(root: Path, config: RepoConfig, base: str) -> _BaseModels:
     """Every model as it stood on the base commit (where the base's config puts them)."""
-    from pipelines.ci._base import show
+    from pipelines.ci._base import blobs
 
     folder = config.manifests
-    listed = git(root, "ls-tree", "-z", "--name-only", base, "--", f"{folder}/").stdout
+    # One listing and one batch read for every model.yaml (regular files only, as
+    # _base.show reads them): a process or two per model cost seconds at 1,000 models.
+    listed = git(root, "ls-tree", "-r", "-z", base, "--", f"{folder}/").stdout
+    files: dict[str, str] = {}
+    for item in filter(None, listed.split("\x00")):
+        meta, _, path = item.partition("\t")
+        mode, kind, sha = [*meta.split(), "", "", ""][:3]
+        name, _, file = path.removeprefix(f"{folder}/").partition("/")
+        if file == "model.yaml" and kind == "blob" and mode in ("100644", "100755"):
+            files[name] = sha
+    contents = blobs(root, files.values())
     models: dict[str, RegisteredModel] = {}
     broken: set[str] = set()
-    for path in filter(None, listed.split("\x00")):
-        name = path.rstrip("/").rpartition("/")[2]
-        data = show(root, base, f"{folder}/{name}/model.yaml")
-        if data is None:
-            continue
+    for name, sha in files.items():
+        data = contents[sha]
         try:
             manifest = load_manifest(parse_yaml(data, f"{base[:12]}:{folder}/{name}/model.yaml"))
         except ManifestError:

@@ -252,3 +252,30 @@ def test_large_model_fixture_is_an_external_data_pair_that_checks(tmp_path: Path
             == new[t.offset : t.offset + t.length]]  # fmt: skip
     assert 0 < len(same) < len(spans["1.1.0"].tensors)
     assert ensure_models(0.001, width=128, root=tmp_path / "models") == models  # reused
+
+
+def test_ci_pr_check_and_growth_rows() -> None:
+    """ci pr may fail only at fetching the changed artifact; growth rows print one line each."""
+    import json as _json
+
+    from benchmarks import registry_scale as rs
+
+    rs.only_the_artifact_fetch_fails(b'{"ok": true, "problems": []}')
+    rs.only_the_artifact_fetch_fails(
+        _json.dumps(
+            {"ok": False, "problems": ["models/a.onnx: dvc pull failed: no remote"]}
+        ).encode()
+    )
+    with pytest.raises(_util.BenchmarkError, match="other problems"):
+        rs.only_the_artifact_fetch_fails(b'{"ok": false, "problems": ["manifests/a: bad"]}')
+    timings = {
+        key: _util.Timing.of([seconds])
+        for key, seconds in [
+            (rs.VALIDATE_COLD, 0.8), (rs.VALIDATE_WARM, 0.4), (rs.STATUS_COLD, 1.0),
+            (rs.STATUS_WARM, 0.5), (rs.GTO_SHOW, 30.0),
+        ]
+    }  # fmt: skip
+    row = rs._growth_row(10_000, timings)
+    assert row["gto show / slowest modelreg"] == 30.0
+    (line,) = rs._growth_notes([row])
+    assert line.startswith("growth at 10,000 versions: validate 0.800 s cold / 0.400 s warm")

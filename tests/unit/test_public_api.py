@@ -297,6 +297,7 @@ PUBLIC: dict[str, set[str]] = {
         "check_regular",
         "open_regular",
         "read_regular",
+        "reusing_folders",
     },
     "registry.schema": {
         "API_VERSION",

@@ -199,3 +199,38 @@ def test_positions_reread_the_file_without_following_a_link(tmp_path: Path, secr
     path.symlink_to(secret)
     with pytest.raises(ManifestError, match="symbolic link"):
         _ = doc.key_marks
+
+
+def _open_fds() -> int:
+    return sum(1 for _ in Path("/proc/self/fd").iterdir())
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_reusing_folders_refuses_the_same_links_and_closes_what_it_held(
+    tmp_path: Path, secret: Path
+) -> None:
+    """Loading a repository opens each folder once (``reusing_folders``): same refusals."""
+    from registry.safe_io import _FOLDERS_HELD, read_regular, reusing_folders
+
+    root = tmp_path / "repo"
+    for i in range(_FOLDERS_HELD + 10):
+        (root / "manifests" / f"m{i}" / "versions").mkdir(parents=True)
+        (root / "manifests" / f"m{i}" / "versions" / "1.0.0.yaml").write_text(f"i: {i}\n")
+    (root / "manifests" / "linked").symlink_to(secret.parent)
+    (root / "manifests" / "m0" / "versions" / "2.0.0.yaml").symlink_to(secret)
+    before = _open_fds()
+    with reusing_folders():
+        for _ in range(2):  # the second round reads through the descriptors held
+            for i in range(_FOLDERS_HELD + 10):
+                path = root / "manifests" / f"m{i}" / "versions" / "1.0.0.yaml"
+                assert read_yaml(path, "v.yaml", root=root).data == {"i": i}
+            assert _open_fds() <= before + _FOLDERS_HELD
+            with pytest.raises(ManifestError, match=f"folder manifests/linked {LINKED}"):
+                read_yaml(root / "manifests/linked/token", "t", root=root)
+            with pytest.raises(ManifestError, match=LINKED):
+                read_yaml(root / "manifests/m0/versions/2.0.0.yaml", "v", root=root)
+            with pytest.raises(FileNotFoundError):
+                read_regular(root / "manifests/none/x.yaml", root=root, max_bytes=10)
+        with reusing_folders():  # nested: the outer block's descriptors serve
+            assert read_yaml(root / "manifests/m1/versions/1.0.0.yaml", "v", root=root).data
+    assert _open_fds() == before
