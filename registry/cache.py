@@ -34,15 +34,6 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
-def settled(stamp: Stamp) -> bool:
-    """Whether a file is old enough for its stamp to tell a later edit apart.
-
-    A file modified within the last couple of seconds may be modified again within
-    the same timestamp tick, keeping its stamp: such a file is never remembered.
-    """
-    return time.time_ns() - stamp[1] >= _RACY_SECONDS * 1e9
-
-
 class ParseCache:
     """Parsed manifest data by path, valid while the file's stamp is unchanged."""
 
@@ -72,7 +63,7 @@ class ParseCache:
 
     def put(self, path: str, stamp: Stamp, data: Any) -> None:
         """Remember ``data`` for ``path`` at ``stamp`` (skipped for racily new files)."""
-        if not settled(stamp):
+        if time.time_ns() - stamp[1] < _RACY_SECONDS * 1e9:
             self.entries.pop(path, None)
             return
         self.entries[path] = [list(stamp), data]

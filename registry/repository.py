@@ -25,7 +25,7 @@ from typing import Any, Final
 import semver
 import yaml
 
-from registry.cache import ParseCache, Stamp, settled, stamp_of
+from registry.cache import ParseCache, Stamp, stamp_of
 from registry.config import CONFIG_FILE, RepoConfig, find_root, load_config
 from registry.dvcfile import PointerCheck, check_pointer
 from registry.errors import ManifestError, Problem, UnsafeFileError, quote
@@ -304,60 +304,13 @@ def _run(
                 parsed[i] = (doc, (), None)
         cache.keep_only({t.file for t in tasks})
     results: dict[int, _Result] = {i: _validate(tasks[i], *result) for i, result in parsed.items()}
-    if cache is None:
-        results.update(_loaded_before(tasks, stamps))
-    missing = [i for i in range(len(tasks)) if i not in parsed and i not in results]
+    missing = [i for i in range(len(tasks)) if i not in parsed]
     todo = [tasks[i] for i in missing]
     for i, result in zip(missing, _parse_all(todo, jobs, show), strict=True):
         if cache is not None and result[0] is not None and i in stamps:
             cache.put(tasks[i].file, stamps[i], result[0].data)
         results[i] = _validate(tasks[i], *result)
-        if cache is None:
-            _remember(i, results[i], stamps)
     return [results[i] for i in range(len(tasks))]
-
-
-@dataclass(frozen=True, slots=True)
-class _Loaded:
-    stamp: Stamp
-    doc: YamlDocument
-    manifest: RegisteredModel | ModelVersion
-
-
-_LOADED: dict[tuple[str, str, str | None], _Loaded] = {}
-"""Manifests this process loaded without the parse cache, by (path, display name, kind).
-
-One command may load a repository several times (``ci pr`` loads it, then builds and
-diffs what changed): a file unchanged since (same stamp) is neither read nor parsed
-nor validated again; its manifest is frozen, so the result is the same.  Nothing
-comes from disk, so this serves untrusted checkouts too.  Its DVC pointer, which may
-have changed, is checked again (``registry.checks``).
-"""
-
-
-def _loaded_before(tasks: list[_Task], stamps: dict[int, Stamp]) -> dict[int, _Result]:
-    """The files loaded before and unchanged since; fills ``stamps`` for every file."""
-    found: dict[int, _Result] = {}
-    for i, task in enumerate(tasks):
-        try:
-            info = os.lstat(task.path)
-        except OSError:
-            continue  # read_yaml reports it
-        if not stat.S_ISREG(info.st_mode):
-            continue  # a link or no file: read_yaml refuses it
-        stamps[i] = stamp_of(info)
-        before = _LOADED.get((str(task.path), task.file, task.kind))
-        if before is not None and before.stamp == stamps[i]:
-            found[i] = _Result(task, before.doc, before.manifest, ())
-    return found
-
-
-def _remember(index: int, result: _Result, stamps: dict[int, Stamp]) -> None:
-    stamp = stamps.get(index)
-    if stamp is None or result.doc is None or result.manifest is None or not settled(stamp):
-        return
-    task = result.task
-    _LOADED[(str(task.path), task.file, task.kind)] = _Loaded(stamp, result.doc, result.manifest)
 
 
 @contextlib.contextmanager
@@ -445,9 +398,7 @@ def load_repository(
         jobs: worker processes for parsing (default: one per core; 1 disables the pool).
         cache: reuse parsed data of files unchanged since the last load
             (``.modelreg/cache/``); results are the same either way.  Ignored (no
-            cache) inside :func:`untrusted_checkout`.  Without it, files this process
-            has already parsed and that are unchanged are not parsed again (nothing
-            read from or written to disk; every file is validated again all the same).
+            cache) inside :func:`untrusted_checkout`.
         models: load only these model folders (``show`` and ``history`` of one model
             need nothing else); cross-references to other models are then unknown,
             so such a repository is for reading one model, never for validation.

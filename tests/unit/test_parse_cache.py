@@ -71,27 +71,3 @@ def test_a_crafted_cache_cannot_bypass_validation(tmp_path: Path) -> None:
     cache.write_text("{ not json")
     assert summary(root, cache=True)[2] == []  # unreadable cache: ignored, rebuilt
     assert json.loads(cache.read_text())["format"] == 1
-
-
-def test_a_second_load_in_one_process_reuses_what_is_unchanged(tmp_path: Path) -> None:
-    """Without the parse cache (as in CI), a process that loads a repository again (``ci
-    pr`` loads, builds and diffs) reuses the manifests of unchanged files, and sees edits."""
-    from registry.repository import untrusted_checkout
-
-    root = copy_repo(tmp_path)
-    with untrusted_checkout():
-        first = load_repository(root, jobs=1)
-        again = load_repository(root, jobs=1, cache=False)
-    assert not (root / CACHE_FILE).exists()
-    assert again.versions["mlp"]["1.0.0"].manifest is first.versions["mlp"]["1.0.0"].manifest
-    path = root / "manifests/mlp/versions/1.1.0.yaml"
-    path.write_text(path.read_text().replace("parent: 1.0.0", "parent: 1.0.7"))
-    edited = load_repository(root, jobs=1, cache=False)
-    assert edited.versions["mlp"]["1.1.0"].manifest.spec.parent == "1.0.7"
-    # just written: within the racy window, so not remembered, and read again next time
-    assert load_repository(root, jobs=1, cache=False).versions["mlp"]["1.1.0"].manifest is not (
-        edited.versions["mlp"]["1.1.0"].manifest
-    )
-    problems = [str(p) for p in validate_paths(load_repository(root, jobs=1, cache=False))]
-    assert len(problems) == 1
-    assert "spec.parent: version 1.0.7 is not declared for model 'mlp'" in problems[0]
