@@ -349,7 +349,7 @@ class Quick:
     def check_gates(self):
         return {}
 d.Updater = Quick
-d._provision = lambda c, s: None
+d.provision = lambda c, s: None
 tmp = tempfile.mkdtemp()
 cfg = EdgeConfig.model_validate({"apiVersion": "modelreg/v1", "kind": "EdgeConfig",
     "device": {"id": "d1"}, "repository": {"url": tmp, "poll_interval": "1ms", "jitter": 0},
