@@ -8,7 +8,8 @@ one sending its clients to S3 directly (``--default-artifact-root``: they do).  
 5xx or stalls at a chosen request, so that the failure tests hit the middle of a
 release and then prove the next run completes the mirror with no duplicate.
 
-The services start once per session (~30 s, more on a loaded machine).  Where they
+The services start once per xdist worker that runs these tests (~30 s, more on a
+loaded machine).  Where they
 cannot start (PostgreSQL not installed) the tests skip with the reason, except in CI
 (``CI=true``), where that is a failure: ``.ci/run`` installs PostgreSQL.
 """
@@ -43,7 +44,7 @@ from tests.services import (
     s3_server,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("team_scale")]
+pytestmark = pytest.mark.integration
 
 # Read at import: the autouse fixture of tests/conftest.py unsets CI inside each test.
 _IN_CI = os.environ.get("CI") == "true"
