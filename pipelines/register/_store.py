@@ -12,8 +12,9 @@ import contextlib
 import io
 import logging
 import os
+import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -42,6 +43,58 @@ _NUMPY_DTYPES: Final = frozenset(
     {"float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
      "uint32", "uint64", "bool"}
 )  # fmt: skip
+
+
+def _failures(*also: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """What a call that moves artifacts may raise: MLflow's errors, and, where the client
+    writes to S3 itself (a server without ``--artifacts-destination``), boto's; and
+    ``also``."""
+    from mlflow.exceptions import MlflowException
+
+    errors: list[type[BaseException]] = [MlflowException, OSError, *also]
+    with contextlib.suppress(ImportError):
+        from boto3.exceptions import Boto3Error
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors += [Boto3Error, BotoCoreError, ClientError]
+    return tuple(errors)
+
+
+def _created_once(create: Callable[[], Any], find: Callable[[], Any | None]) -> Any:
+    """Call MLflow's non-idempotent ``create``; ``find`` tells whether it happened anyway.
+
+    MLflow's HTTP client retries every method on a 5xx or a timeout, POST included: a
+    version created by a server whose answer was lost (a gateway timeout, a slow
+    server past the client's timeout) is created a second time by the retry.  Here
+    the create goes out once; after a server-side failure, ``find`` reads MLflow back
+    (a GET, which MLflow retries as usual) and only if nothing was made is the create
+    sent again, within MLflow's own retry count and backoff (``MLFLOW_HTTP_REQUEST_*``,
+    set by :func:`bounded_client` or by the user), so retries are never stacked.
+    """
+    from mlflow.exceptions import MlflowException
+
+    key = "MLFLOW_HTTP_REQUEST_MAX_RETRIES"
+    before = os.environ.get(key)
+    retries = int(before or "0")
+    backoff = float(os.environ.get("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0"))
+    for attempt in range(retries + 1):
+        os.environ[key] = "0"
+        try:
+            return create()
+        except MlflowException as e:
+            status: int = e.get_http_status_code()  # type: ignore[no-untyped-call]
+            if status < 500 or attempt == retries:
+                raise
+        finally:
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
+        found = find()
+        if found is not None:
+            return found
+        time.sleep(backoff * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
 def redact(uri: str) -> str:
@@ -185,9 +238,19 @@ class Store:
         """
         from mlflow.exceptions import MlflowException
 
+        def exists() -> bool | None:
+            try:
+                self.client.get_registered_model(name)
+            except MlflowException:
+                return None
+            return True
+
         try:
-            self.client.create_registered_model(
-                name, tags={TAG_MANAGED: "true"}, description=description or None
+            _created_once(
+                lambda: self.client.create_registered_model(
+                    name, tags={TAG_MANAGED: "true"}, description=description or None
+                ),
+                exists,
             )
         except (MlflowException, OSError) as e:
             raise self.fail(f"cannot create registered model {name!r}", e) from e
@@ -231,7 +294,6 @@ class Store:
         import mlflow
         import mlflow.onnx
         import onnx
-        from mlflow.exceptions import MlflowException
 
         from registry.onnx_wire import WireFormatError, external_initializers
 
@@ -261,14 +323,18 @@ class Store:
                 )
                 for path in extras.values():
                     mlflow.log_artifact(str(path), EXTRAS_DIR)
-            version = self.client.create_model_version(
-                model,
-                source=f"models:/{info.model_id}",
-                run_id=run.info.run_id,
-                tags=tags,
-                model_id=info.model_id,
+            run_id = run.info.run_id
+            version = _created_once(
+                lambda: self.client.create_model_version(
+                    model,
+                    source=f"models:/{info.model_id}",
+                    run_id=run_id,
+                    tags=tags,
+                    model_id=info.model_id,
+                ),
+                lambda: next(iter(self.client.search_model_versions(f"run_id = '{run_id}'")), None),
             )
-        except (MlflowException, OSError, WireFormatError) as e:
+        except _failures(WireFormatError) as e:
             raise self.fail(f"cannot register {model} {want.semver}", e) from e
         return str(version.version)
 
@@ -278,12 +344,10 @@ class Store:
         Raises:
             RegistryMirrorError: MLflow fails.
         """
-        from mlflow.exceptions import MlflowException
-
         try:
             for path in extras.values():
                 self.client.log_artifact(run_id, str(path), EXTRAS_DIR)
-        except (MlflowException, OSError) as e:
+        except _failures() as e:
             raise self.fail(f"cannot attach artifacts to {what}", e) from e
 
     def set_tags(self, model: str, number: str, tags: Mapping[str, str]) -> None:

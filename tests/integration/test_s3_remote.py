@@ -3,7 +3,9 @@
 A developer pushes artifacts to ``s3://`` through DVC; a release job on a fresh checkout
 pulls them from there, builds, publishes the TUF targets to the same bucket through
 DVC's S3 filesystem and mirrors MLflow; a device reads the targets over plain HTTP from
-the bucket (path-style URLs), as it would from S3 behind a CDN.
+the bucket (path-style URLs), as it would from S3 behind a CDN, and another reads them
+as ``s3://`` with its own credentials.  The bucket's credentials live only in the
+environment: nothing written to the repository or its history holds them.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from edge_sync.trust import DeviceTrust
 from tests.conftest import CREDENTIALS, REPO_ROOT, git, run_modelreg
 
 pytestmark = pytest.mark.integration
+SECRET = "s3-secret-of-the-release-job"  # noqa: S105 - a test value; moto accepts any key
 
 
 def test_release_from_a_fresh_checkout_with_an_s3_remote(
-    tmp_path: Path, cli, example_models: Path, s3_endpoint: str
+    tmp_path: Path, cli, example_models: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     origin = tmp_path / "origin.git"
     subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(origin)], check=True)
@@ -51,7 +54,8 @@ def test_release_from_a_fresh_checkout_with_an_s3_remote(
     keys = dev / ".modelreg/keys"
     env = {f"MODELREG_{r.upper()}_KEY": (keys / f"{r}.key").read_text()
            for r in ("targets", "snapshot", "timestamp")}  # fmt: skip
-    env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", **CREDENTIALS}
+    env |= {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", **CREDENTIALS,
+            "AWS_SECRET_ACCESS_KEY": SECRET}  # fmt: skip
     env = {k: v for k, v in {**os.environ, **env}.items() if not k.startswith("GITHUB_")}
     r = run_modelreg("ci", "release", "--json", cwd=job, env=env)
     assert r.code == 0, r.err
@@ -79,3 +83,22 @@ def test_release_from_a_fresh_checkout_with_an_s3_remote(
     again = run_modelreg("ci", "release", "--json", cwd=job, env=env)
     assert again.code == 0, again.err
     assert json.loads(again.out)["published"] == []
+    for result in (r, again):
+        assert SECRET not in result.out + result.err
+
+    # a device with the bucket's credentials reads the same targets as s3:// (boto3)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    DeviceTrust.provision(tmp_path / "s3-device", (job / "trust/metadata/1.root.json").read_bytes())
+    over_s3 = DeviceTrust(tmp_path / "s3-device", job, "s3://fleet/store/modelreg")
+    over_s3.refresh()
+    got = over_s3.fetch("models/mlp/1.1.0.onnx", tmp_path / "got-s3", model="mlp", version="1.1.0")
+    assert got.read_bytes() == (example_models / "mlp/1.1.0.onnx").read_bytes()
+
+    # the credentials were in the environment only: not in a file, not in the history
+    for checkout in (dev, job):
+        history = git(checkout, "log", "-p", "--all")
+        assert SECRET not in history
+        for path in checkout.rglob("*"):
+            if path.is_file() and ".git" not in path.parts and path.stat().st_size < 1 << 20:
+                assert SECRET.encode() not in path.read_bytes(), path
