@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Final
@@ -51,6 +52,22 @@ decode(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), expected_sha256=
 """
 
 
+_LAUNCHER: Final = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    out.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+"""Runs a stage from a small process.  Linux records the memory high-water mark of the
+process a child was forked from as the child's own at ``exec``: forked from this
+benchmark (or a test worker) it would report at least their size.  Forked from this
+launcher, it starts from a few MiB."""
+
+
 def stage(argv: list[str], *, cwd: Path, env: dict[str, str]) -> tuple[float, int]:
     """Run one stage; (seconds, peak RSS in bytes of it and its waited-for children).
 
@@ -58,19 +75,18 @@ def stage(argv: list[str], *, cwd: Path, env: dict[str, str]) -> tuple[float, in
         BenchmarkError: it exits non-zero.
     """
     start = time.perf_counter()
-    with subprocess.Popen(
-        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    ) as proc:
-        output = proc.stdout.read() if proc.stdout is not None else b""
-        # wait4, not wait: it returns this child's own resource usage (with the
-        # children it waited for), where RUSAGE_CHILDREN would mix every stage's peak.
-        _pid, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    seconds = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = output.decode(errors="replace").strip()[-2000:]
-        raise BenchmarkError(f"`{' '.join(argv)}` exited {proc.returncode}:\n{tail}")
-    return seconds, usage.ru_maxrss * 1024  # Linux reports KiB
+    with tempfile.TemporaryDirectory(prefix="modelreg-stage-") as tmp:
+        report = Path(tmp) / "maxrss"
+        # wait4, not RUSAGE_CHILDREN: the stage's own usage (with the children it
+        # waited for), where RUSAGE_CHILDREN would mix every stage's peak.
+        launcher = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(report), *argv]
+        proc = subprocess.run(launcher, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, check=False)  # fmt: skip
+        seconds = time.perf_counter() - start
+        if proc.returncode != 0:
+            tail = proc.stdout.decode(errors="replace").strip()[-2000:]
+            raise BenchmarkError(f"`{' '.join(argv)}` exited {proc.returncode}:\n{tail}")
+        return seconds, int(report.read_text()) * 1024  # Linux reports KiB
 
 
 def ensure_models(gib: float, width: int | None = None, root: Path | None = None) -> Path:

@@ -218,11 +218,16 @@ def test_goals_cover_cold_and_warm() -> None:
 
 
 def test_large_model_stage_reports_a_childs_peak_rss(tmp_path: Path) -> None:
-    """The benchmark's one RSS probe: a child that touches 200 MiB peaks above it."""
+    """The benchmark's one RSS probe: a child that touches 200 MiB peaks above it, and
+    not at the size of the process that started it (Linux hands a forked child its
+    parent's high-water mark at ``exec``)."""
     from benchmarks.large_model import stage
 
     grow = "b = bytearray(200 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n"
+    big = bytearray(1100 << 20)  # this process, over the bound below
+    big[::4096] = b"\x01" * len(range(0, len(big), 4096))
     seconds, rss = stage([sys.executable, "-c", grow], cwd=tmp_path, env=dict(os.environ))
+    del big
     assert seconds > 0
     assert 200 << 20 <= rss < 1 << 30
     with pytest.raises(_util.BenchmarkError, match="exited 3"):
