@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipelines.changes import changed_versions
 from pipelines.github import GitHubEnv
 from registry.checks import validate_paths
 from registry.errors import ManifestError, Problem, UsageError
@@ -52,6 +53,7 @@ class ReleaseContext:
     cached: bool = True
     _problems: list[Problem] | None = field(default=None, repr=False)
     _trust: TrustRepo | None = field(default=None, repr=False)
+    _changed: dict[str, set[tuple[str, str]]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(
@@ -141,6 +143,18 @@ class ReleaseContext:
             paths = self.trust_paths
             self._trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
         return self._trust
+
+    def changed_since(self, base: str) -> set[tuple[str, str]]:
+        """The versions changed since git ref ``base`` (asked of git once per run; see
+        :func:`pipelines.changes.changed_versions`).
+
+        Raises:
+            UsageError: ``base`` does not name a commit.
+            ToolError: git is missing or fails.
+        """
+        if base not in self._changed:
+            self._changed[base] = changed_versions(self.repo, base)
+        return set(self._changed[base])
 
     def signed(self, trust: TrustRepo) -> None:
         """``trust`` was just signed by this run (publish): later stages read it."""

@@ -22,8 +22,8 @@ from pipelines.build._stage import (
     Stage,
     build,
     build_version,
-    changed_versions,
 )
+from pipelines.changes import changed_versions
 from pipelines.errors import BuildError
 
 __all__ = [

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 from pipelines.build._checks import check_onnx, compare_signatures, graph_signature
 from pipelines.build._engines import FAILED, EngineResult, build_engines
 from pipelines.build._goldens import CaseResult, run_goldens
+from pipelines.changes import changed_versions
 from pipelines.context import ReleaseContext, repository
 from pipelines.errors import ArtifactError, BuildError, PipelineError
 from pipelines.fetch import fetch_artifact
@@ -35,7 +36,6 @@ from registry import progress
 from registry.atomic import write_atomic
 from registry.checks import declared, target_problems
 from registry.errors import ManifestError, Problem, UsageError
-from registry.gitinfo import git
 from registry.loader import format_loc
 from registry.repository import (
     MODEL_FILE,
@@ -536,7 +536,11 @@ def build(
         selected = list(dict.fromkeys(versions))
         entries = [_entry(repo, n, v) for n, v in selected]
     else:
-        wanted = changed_versions(repo, base) if base is not None else None
+        wanted = None
+        if base is not None and isinstance(root, ReleaseContext):
+            wanted = root.changed_since(base)  # asked of git once per run
+        elif base is not None:
+            wanted = changed_versions(repo, base)
         entries = [
             e for e in repo.all_versions() if wanted is None or (e.name, e.version) in wanted
         ]
@@ -563,70 +567,6 @@ def _broken(repo: Repository, name: str, version: str) -> list[BuildProblem]:
         Problem(file, "not built: the manifest is invalid (run `modelreg validate`)")
     ]
     return [BuildProblem(name, version, "manifest", p) for p in found]
-
-
-def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
-    """The versions whose inputs differ between git ref ``base`` and the work tree.
-
-    A version changed when its manifest, its artifact's ``.dvc`` pointer or one of its
-    golden files differs from ``base`` (uncommitted and untracked files count), or when
-    it takes its signature from ``model.yaml`` and that signature changed.  Other edits
-    of ``model.yaml`` (channels, promotion) do not rebuild anything.
-
-    Args:
-        repo: a loaded repository inside a git work tree.
-        base: a commit-ish (branch, tag, SHA).
-
-    Returns:
-        (model, version) pairs of declared versions that changed.
-
-    Raises:
-        UsageError: ``base`` does not name a commit.
-        ToolError: git is missing or fails.
-    """
-    root = repo.root
-    if git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", check=False).returncode:
-        raise UsageError(f"git ref {base!r} does not name a commit")
-    # --relative: paths relative to the modelreg root, which may be a subfolder of the repo.
-    diff = git(root, "diff", "--name-only", "--no-renames", "--relative", base, "--").stdout
-    untracked = git(root, "ls-files", "--others", "--exclude-standard").stdout
-    changed = set(diff.splitlines()) | set(untracked.splitlines())
-    signature_changed = {
-        name
-        for name, model in repo.models.items()
-        if model.path.relative_to(root).as_posix() in changed
-        and _old_signature(root, base, model.path.relative_to(root).as_posix())
-        != model.doc.data["spec"].get("signature")
-    }
-    selected: set[tuple[str, str]] = set()
-    for entry in repo.all_versions():
-        spec = entry.manifest.spec
-        inputs = {entry.path.relative_to(root).as_posix()}
-        inputs.update(f"{file}.dvc" for file in spec.artifact.files())
-        for case in spec.goldens.cases if spec.goldens else []:
-            inputs.update(v for v in (case.inputs, case.outputs) if isinstance(v, str))
-        if inputs & changed or (spec.signature is None and entry.name in signature_changed):
-            selected.add((entry.name, entry.version))
-    for name, version in repo.broken:
-        if version is not None:
-            path = f"{repo.config.manifests}/{name}/{VERSIONS_DIR}/{version}.yaml"
-            if path in changed:
-                selected.add((name, version))
-    return selected
-
-
-def _old_signature(root: Path, base: str, path: str) -> Any:
-    from registry.yamlsrc import parse_yaml
-
-    shown = git(root, "show", f"{base}:./{path}", check=False)
-    if shown.returncode:
-        return None  # the model is new since base
-    try:
-        data = parse_yaml(shown.stdout.encode(), f"{base}:{path}").data
-    except ManifestError:
-        return None
-    spec = data.get("spec") if isinstance(data, dict) else None
-    return spec.get("signature") if isinstance(spec, dict) else None
 
 
 __all__ = [

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-from pipelines.build import build, changed_versions
+from pipelines.build import build
 from pipelines.ci._base import trust_folder_moved
 from pipelines.ci._report import CiReport, failed, write_outputs
 from pipelines.context import ReleaseContext
@@ -573,7 +573,7 @@ def _ci_pr(
         judged.moves,
         judged.deprecations,
     )
-    built_versions = changed_versions(repo, pr.base) if not problems else set()
+    built_versions = run.changed_since(pr.base) if not problems else set()
     if dvc_changed and built_versions:
         problems.append(
             Problem(

@@ -19,6 +19,7 @@ from typing import Any
 import onnx
 from onnx import numpy_helper
 
+from pipelines import changes
 from pipelines.context import ReleaseContext, repository
 from pipelines.diff._compare import (
     diff_metrics,
@@ -236,19 +237,21 @@ def diff_versions(repo_root: Path | ReleaseContext, name: str, old: str, new: st
     return _diff_entries(repo, _entry(repo, name, old), _entry(repo, name, new))
 
 
-def changed_versions(repo: Repository, base: str) -> list[tuple[str, str]]:
+def changed_versions(repo: Repository | ReleaseContext, base: str) -> list[tuple[str, str]]:
     """(model, version) of every version whose inputs differ from git ref ``base``, in
-    SemVer order: the versions the build rebuilds (``pipelines.build.changed_versions``:
-    its manifest, its artifact's DVC pointers, its golden files, or the model signature
-    it takes), so that what a pull request builds is also what its comment diffs.
+    SemVer order: the versions the build rebuilds (:mod:`pipelines.changes`: its
+    manifest, its artifact's DVC pointers, its golden files, or the model signature it
+    takes), so that what a pull request builds is also what its comment diffs.
 
     Raises:
         UsageError: ``base`` does not name a commit.
         ToolError: git fails.
     """
-    from pipelines.build import changed_versions as rebuilt
-
-    found = [(n, v) for n, v in rebuilt(repo, base) if v in repo.versions.get(n, {})]
+    if isinstance(repo, ReleaseContext):
+        changed, repo = repo.changed_since(base), repo.repo
+    else:
+        changed = changes.changed_versions(repo, base)
+    found = [(n, v) for n, v in changed if v in repo.versions.get(n, {})]
     return sorted(found, key=lambda nv: (nv[0], parse_version(nv[1])))
 
 
@@ -266,7 +269,8 @@ def diff_against_base(repo_root: Path | ReleaseContext, base: str) -> BaseDiff:
     repo = repository(repo_root, jobs=1)
     diffs: list[ModelDiff] = []
     orphans: list[tuple[str, str]] = []
-    for name, version in changed_versions(repo, base):
+    run = repo_root if isinstance(repo_root, ReleaseContext) else repo
+    for name, version in changed_versions(run, base):
         entry = repo.versions[name][version]
         parent = entry.manifest.spec.parent
         if parent is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,44 @@ def test_pr_with_a_new_version_passes_and_comments(
     assert "ok=true" in outputs
     report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
     assert [(v["model"], v["version"]) for v in report["build"]["versions"]] == [("mlp", "1.1.0")]
+
+
+def test_a_pull_request_is_loaded_and_diffed_against_its_base_once(
+    repo: Path, cli, tmp_path: Path, example_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One context for the checks, the build and the diff: the repository is loaded
+    once, and git is asked once which versions changed (a full pass over every version,
+    seconds at 10,000 versions)."""
+    import pipelines.changes
+    import registry.repository
+
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "new-version")
+    add_version(cli, repo, example_models, "1.1.0")
+    git(repo, "commit", "-qam", "mlp 1.1.0")
+    github_env(tmp_path, monkeypatch, base, "main")
+    asked: list[str] = []
+    loads: list[object] = []
+    real_git, real_init = pipelines.changes.git, registry.repository.Repository.__init__  # type: ignore[attr-defined]
+
+    def spy_git(root: Path, *args: str, **kwargs: Any) -> Any:
+        if "--name-only" in args:
+            asked.append(args[-2])
+        return real_git(root, *args, **kwargs)
+
+    def spy_init(self: object, *args: Any, **kwargs: Any) -> None:
+        loads.append(self)
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipelines.changes, "git", spy_git)
+    monkeypatch.setattr(registry.repository.Repository, "__init__", spy_init)
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 0, r.err
+    report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
+    assert [(v["model"], v["version"]) for v in report["build"]["versions"]] == [("mlp", "1.1.0")]
+    assert [(d["model"], d["new"]["label"]) for d in report["diff"]["diffs"]] == [("mlp", "1.1.0")]
+    assert asked == [base]
+    assert len(loads) == 1
 
 
 def test_pr_that_skips_canary_fails_with_one_line(

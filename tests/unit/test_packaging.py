@@ -99,14 +99,15 @@ PIPELINE_LAYERS = {
     "_probe": set(),
     "dvc": {"_probe"},
     "github": {"errors"},
-    "context": {"github"},
+    "changes": set(),
+    "context": {"changes", "github"},
     "onnx": {"errors"},
     "fetch": {"dvc", "errors"},
     "goldens": {"errors", "onnx"},
     # the stages, in the order a release runs them
     "authoring": {"dvc", "errors", "goldens", "onnx"},
-    "build": {"context", "errors", "fetch", "goldens", "onnx"},
-    "diff": {"build", "context", "errors", "fetch", "github", "onnx"},
+    "build": {"changes", "context", "errors", "fetch", "goldens", "onnx"},
+    "diff": {"changes", "context", "errors", "fetch", "github", "onnx"},
     "publish": {"build", "context", "dvc", "errors", "fetch", "github"},
     "register": {"_probe", "context", "errors", "fetch", "github"},
     # the workflows' entry points, over every stage
