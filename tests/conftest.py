@@ -6,11 +6,8 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -222,37 +219,16 @@ CREDENTIALS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [str(REPO_ROOT / ".venv/bin/moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=2).close()  # noqa: S310
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto S3 server did not start") from None
-                time.sleep(0.2)
+    from tests.services import s3_server
+
+    with s3_server("fleet") as url:
         for key, value in CREDENTIALS.items():
             monkeypatch.setenv(key, value)
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=url)
-        s3.create_bucket(Bucket="fleet")
+        s3 = boto3.client("s3", endpoint_url=url)  # the bucket is made by s3_server
         # Devices read the TUF targets anonymously (as through a CDN); the DVC store
         # beside them stays private.
         public = {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
@@ -261,6 +237,3 @@ def s3_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
             Bucket="fleet", Policy=json.dumps({"Version": "2012-10-17", "Statement": [public]})
         )
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

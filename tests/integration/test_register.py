@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from modelreg.cli.main import cli as group
 from modelreg.cli.register_cmd import register as register_command
 from pipelines.register import ReleaseExtras, check_drift, register
 from tests.conftest import REPO_ROOT, git, quiet_mlflow
+from tests.services import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -301,17 +301,11 @@ def test_pipelines_import_without_mlflow() -> None:
 # --- a real MLflow tracking server ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``mlflow server`` on loopback with a sqlite backend and proxied artifacts."""
     base = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
+    port = free_port()
     log = (base / "server.log").open("wb")
     argv = [
         str(Path(sys.executable).with_name("mlflow")), "server",
