@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,26 @@ def test_a_released_version_cannot_be_swapped(released: Path, cli, example_model
     bad = cli("ci", "pr", "--base", "no-such-ref", cwd=released)
     assert bad.code == 2
     assert "git ref 'no-such-ref' does not name a commit" in bad.err
+
+
+def test_a_model_deleted_while_devices_serve_it_is_not_released(
+    released: Path, cli, tmp_path: Path
+) -> None:
+    """A merged change that deletes a served model (its policy, branch and all) on the
+    promotion branch itself: nothing is signed, and devices keep what they serve."""
+    shutil.rmtree(released / "manifests/mlp")
+    git(released, "commit", "-qam", "drop mlp")
+    metadata = {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()}
+    r = cli("publish", cwd=released)
+    assert r.code == 1
+    assert r.err.strip() == (
+        "manifests/mlp/model.yaml: 'mlp' is deleted but its channels are released: devices "
+        "serve it; restore it, release it with no channels, and deprecate its versions"
+    )
+    assert {p.name: p.read_bytes() for p in (released / "trust/metadata").iterdir()} == metadata
+    trust = device(released, tmp_path)
+    trust.refresh()
+    assert trust.channels().models["mlp"]["production"].version == "1.0.0"
 
 
 def test_channel_changes_are_released_from_the_promotion_branch_only(
