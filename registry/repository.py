@@ -13,6 +13,7 @@ import contextlib
 import functools
 import gc
 import os
+import re
 import stat
 from collections.abc import Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -39,6 +40,7 @@ VERSIONS_DIR: Final = "versions"
 _LINK: Final = "is a symbolic link"
 # Below this many files a pool costs more to start than it saves.
 _PARALLEL_FROM: Final = 1500
+_MD5: Final = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -301,16 +303,72 @@ def _run(
             data = cache.get(task.file, stamps[i])
             if data is not None:
                 doc = YamlDocument(task.file, data, None, source=task.path, root=show.root_path)
-                parsed[i] = (doc, (), None)
-        cache.keep_only({t.file for t in tasks})
+                parsed[i] = (doc, (), _pointer_of(cache, task, data, show))
+        versions = {_pointer_key(t) for t in tasks if t.kind == "ModelVersion"}
+        cache.keep_only({t.file for t in tasks} | versions)
     results: dict[int, _Result] = {i: _validate(tasks[i], *result) for i, result in parsed.items()}
     missing = [i for i in range(len(tasks)) if i not in parsed]
     todo = [tasks[i] for i in missing]
     for i, result in zip(missing, _parse_all(todo, jobs, show), strict=True):
         if cache is not None and result[0] is not None and i in stamps:
             cache.put(tasks[i].file, stamps[i], result[0].data)
+            _keep_pointer(cache, tasks[i], result[2], show)
         results[i] = _validate(tasks[i], *result)
     return [results[i] for i in range(len(tasks))]
+
+
+# A version's DVC pointer check is cached beside its manifest, keyed by the pointer
+# file's own stamp: reading ten thousand pointers again costs more than the rest of
+# a warm load.  Only a clean pointer is kept (a problem is reported from a fresh read).
+def _pointer_key(task: _Task) -> str:
+    return f"{task.file}#pointer" if task.kind == "ModelVersion" else ""
+
+
+def _pointer_stamp(artifact: str, show: _Display) -> Stamp | None:
+    try:
+        info = os.lstat(os.path.join(show.root, f"{artifact}.dvc"))
+    except OSError:
+        return None
+    return stamp_of(info) if stat.S_ISREG(info.st_mode) else None
+
+
+def _pointer_of(cache: ParseCache, task: _Task, data: Any, show: _Display) -> PointerCheck | None:
+    """The pointer check of a version whose manifest came from the cache."""
+    artifact = _artifact_of(data) if task.kind == "ModelVersion" else None
+    if artifact is None:
+        return None
+    stamp = _pointer_stamp(artifact, show)
+    cached = _cached_pointer(cache, task, artifact, stamp) if stamp is not None else None
+    if cached is not None:
+        return cached
+    checked = check_pointer(show.root, show.prefix, artifact)
+    _keep_pointer(cache, task, checked, show)
+    return checked
+
+
+def _cached_pointer(
+    cache: ParseCache, task: _Task, artifact: str, stamp: Stamp
+) -> PointerCheck | None:
+    found = cache.get(_pointer_key(task), stamp)
+    if (
+        not isinstance(found, list)
+        or len(found) != 2
+        or found[0] != artifact
+        or not isinstance(found[1], str)
+        or _MD5.fullmatch(found[1]) is None
+    ):
+        return None  # a cache file is never trusted to say more than a pointer could
+    return PointerCheck(artifact, exists=True, md5=str(found[1]))
+
+
+def _keep_pointer(
+    cache: ParseCache, task: _Task, pointer: PointerCheck | None, show: _Display
+) -> None:
+    if pointer is None or not pointer.exists or pointer.problems or pointer.md5 is None:
+        return
+    stamp = _pointer_stamp(pointer.artifact, show)
+    if stamp is not None:
+        cache.put(_pointer_key(task), stamp, [pointer.artifact, pointer.md5])
 
 
 @contextlib.contextmanager
@@ -417,8 +475,9 @@ def load_repository(
     repo.show = _Display(root)
     tasks = _scan(root / config.manifests, repo.show, repo.problems, models)
     use_cache = cache and not _UNTRUSTED_CHECKOUT.get()
-    parse_cache = ParseCache(root, _cache_key()) if use_cache else None
     with _no_gc(), reusing_folders():
+        # Decoding the cache builds as many objects as parsing did: no collections.
+        parse_cache = ParseCache(root, _cache_key()) if use_cache else None
         results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None and models is None:  # a partial load would prune the rest
         parse_cache.save()
@@ -426,8 +485,8 @@ def load_repository(
         result = _named_by_version(loaded)
         task = result.task
         repo.files.append(task.file)
-        present = os.path.lexists(task.path)  # a link is present (and refused), not missing
         if result.problems:
+            present = os.path.lexists(task.path)  # a link is present (and refused), not missing
             if present:
                 version = None if task.kind == "RegisteredModel" else task.path.stem
                 repo.broken.add((task.model_dir, version))

@@ -39,7 +39,7 @@ def test_cached_load_equals_fresh_load(tmp_path: Path) -> None:
     assert not (root / CACHE_FILE).exists()
     first = summary(root, cache=True)
     entries = json.loads((root / CACHE_FILE).read_text())["entries"]
-    assert len(entries) == 8  # 2 models + 6 versions
+    assert len(entries) == 14  # 2 models + 6 versions + the 6 versions' DVC pointer checks
     second = summary(root, cache=True)
     assert fresh == first == second
 
@@ -71,3 +71,37 @@ def test_a_crafted_cache_cannot_bypass_validation(tmp_path: Path) -> None:
     cache.write_text("{ not json")
     assert summary(root, cache=True)[2] == []  # unreadable cache: ignored, rebuilt
     assert json.loads(cache.read_text())["format"] == 1
+
+
+def pointers(root: Path) -> dict[str, str | None]:
+    return {a: c.md5 for a, c in load_repository(root, jobs=1, cache=True).pointers.items()}
+
+
+def test_a_pointer_edit_is_seen_through_the_cache(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    before = pointers(root)
+    assert len(before) == 6
+    assert pointers(root) == before  # from the cache now
+    pointer = root / "models/mlp/1.1.0.onnx.dvc"
+    old = before["models/mlp/1.1.0.onnx"]
+    assert old is not None
+    pointer.write_text(pointer.read_text().replace(old, "a" * 32))
+    assert pointers(root)["models/mlp/1.1.0.onnx"] == "a" * 32
+    pointer.write_text(pointer.read_text().replace("path: 1.1.0.onnx", "path: other.onnx"))
+    problems = summary(root, cache=True)[2]
+    assert any("tracks 'other.onnx', expected '1.1.0.onnx'" in p for p in problems)
+    pointer.unlink()
+    problems = summary(root, cache=True)[2]
+    assert any("no DVC pointer models/mlp/1.1.0.onnx.dvc" in p for p in problems)
+
+
+def test_a_crafted_pointer_entry_is_read_again(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    truth = pointers(root)
+    cache = root / CACHE_FILE
+    payload = json.loads(cache.read_text())
+    key = next(k for k in payload["entries"] if k.endswith("mlp/versions/1.1.0.yaml#pointer"))
+    for forged in (["models/mlp/1.1.0.onnx", "../../etc/passwd"], ["models/x.onnx", "0" * 32]):
+        payload["entries"][key][1] = forged
+        cache.write_text(json.dumps(payload))
+        assert pointers(root) == truth
