@@ -209,6 +209,11 @@ def open_regular(path: Path, *, root: Path | None = None, max_bytes: int | None 
 
 def _open_fd(path: Path | str, root: Path | None, max_bytes: int | None) -> int:
     """The descriptor ``open_regular`` wraps (the same checks and refusals)."""
+    return _open_sized(path, root, max_bytes)[0]
+
+
+def _open_sized(path: Path | str, root: Path | None, max_bytes: int | None) -> tuple[int, int]:
+    """``_open_fd``'s descriptor and the size ``fstat`` gave it."""
     shown = str(path)
     start, parts = _parts(path, root)
     dir_fd = _open_folder(start, parts[:-1], shown)
@@ -222,14 +227,14 @@ def _open_fd(path: Path | str, root: Path | None, max_bytes: int | None) -> int:
     finally:
         _release(dir_fd)
     try:
-        _check_opened(fd, shown, max_bytes)
+        size = _check_opened(fd, shown, max_bytes)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, size
 
 
-def _check_opened(fd: int, shown: str, max_bytes: int | None) -> None:
+def _check_opened(fd: int, shown: str, max_bytes: int | None) -> int:
     # On the descriptor itself: what is checked is what will be read.
     info = os.fstat(fd)
     if stat.S_ISDIR(info.st_mode):
@@ -239,6 +244,7 @@ def _check_opened(fd: int, shown: str, max_bytes: int | None) -> None:
     if max_bytes is not None and info.st_size > max_bytes:
         raise FileTooLargeError(shown, info.st_size, max_bytes)
     os.set_blocking(fd, True)
+    return info.st_size
 
 
 def read_regular(path: Path | str, *, root: Path | None = None, max_bytes: int) -> bytes:
@@ -253,12 +259,14 @@ def read_regular(path: Path | str, *, root: Path | None = None, max_bytes: int) 
     """
     # Straight from the descriptor: a buffered file object costs more than reading a
     # manifest does, and a repository load reads two files per version.
-    fd = _open_fd(path, root, max_bytes)
+    fd, size = _open_sized(path, root, max_bytes)
     chunks: list[bytes] = []
     try:
         left = max_bytes + 1
         while left > 0:
-            chunk = os.read(fd, left)
+            # Sized by fstat (a buffer of max_bytes per read costs more than the read):
+            # one byte over the size finds the end; a file that grew reads on, to the cap.
+            chunk = os.read(fd, min(left, size + 1) if not chunks else left)
             if not chunk:
                 break
             chunks.append(chunk)

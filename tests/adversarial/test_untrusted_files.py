@@ -558,3 +558,18 @@ def test_ci_pr_never_writes_its_report_through_a_committed_link(fleet: Fleet) ->
     assert folder.is_dir()
     assert not folder.is_symlink()
     assert ".modelreg/ci: is a symbolic link" in fleet.comment()
+
+
+def test_a_file_larger_than_its_stat_size_is_read_to_the_cap_and_no_further() -> None:
+    # /proc files are regular files that stat as 0 bytes: the first read is sized by
+    # fstat, so what follows it must still be read, and still be capped.
+    from registry.errors import FileTooLargeError
+    from registry.safe_io import read_regular
+
+    cmdline = Path("/proc/self/cmdline")
+    assert cmdline.stat().st_size == 0
+    expected = cmdline.read_bytes()
+    assert len(expected) > 1
+    assert read_regular(cmdline, max_bytes=1 << 20) == expected
+    with pytest.raises(FileTooLargeError):
+        read_regular(cmdline, max_bytes=len(expected) - 1)
