@@ -120,8 +120,6 @@ def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck
         artifact: the artifact path from the manifest.
     """
     pointer = os.path.join(root, f"{artifact}.dvc")  # noqa: PTH118 - hot path, see repository
-    if not os.path.lexists(pointer):  # a link exists: read_pointer refuses it
-        return PointerCheck(artifact, exists=False)
     try:
         found = read_pointer(
             pointer,
@@ -130,5 +128,8 @@ def check_pointer(root: str, display_prefix: str, artifact: str) -> PointerCheck
             root=_root_path(root),
         )
     except ManifestError as e:
+        # Asked only now: most pointers exist.  A link exists (read_pointer refused it).
+        if not os.path.lexists(pointer):
+            return PointerCheck(artifact, exists=False)
         return PointerCheck(artifact, exists=True, problems=e.problems)
     return PointerCheck(artifact, exists=True, md5=found.md5)

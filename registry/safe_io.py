@@ -262,11 +262,15 @@ def read_regular(path: Path | str, *, root: Path | None = None, max_bytes: int) 
     fd, size = _open_sized(path, root, max_bytes)
     chunks: list[bytes] = []
     try:
-        left = max_bytes + 1
-        while left > 0:
-            # Sized by fstat (a buffer of max_bytes per read costs more than the read):
-            # one byte over the size finds the end; a file that grew reads on, to the cap.
-            chunk = os.read(fd, min(left, size + 1) if not chunks else left)
+        # Sized by fstat (a buffer of max_bytes per read costs more than the read): a
+        # first read shorter than size + 1 bytes met the end of a regular file; one that
+        # is not (the file grew, or is a /proc file that stats as 0 bytes) reads on, to
+        # the cap.
+        first = min(max_bytes, size) + 1
+        chunks.append(os.read(fd, first))
+        left = max_bytes + 1 - len(chunks[0])
+        while len(chunks[0]) == first and left > 0:
+            chunk = os.read(fd, left)
             if not chunk:
                 break
             chunks.append(chunk)
