@@ -17,6 +17,8 @@ import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Final
 
@@ -84,3 +86,26 @@ class ParseCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.path, json.dumps(payload, separators=(",", ":")).encode())
         self.dirty = False
+
+
+_UNTRUSTED_CHECKOUT: ContextVar[bool] = ContextVar("modelreg_untrusted_checkout", default=False)
+
+
+@contextlib.contextmanager
+def untrusted_checkout() -> Iterator[None]:
+    """Within this block no load reads or writes a local cache (``.modelreg/cache``).
+
+    CI wraps whole runs in it: the checkout's local state is the pull request's (or a
+    previous job's on a reused runner), and what is built, signed and mirrored must be
+    parsed from the manifests themselves, whichever function loads them.
+    """
+    token = _UNTRUSTED_CHECKOUT.set(True)
+    try:
+        yield
+    finally:
+        _UNTRUSTED_CHECKOUT.reset(token)
+
+
+def in_untrusted_checkout() -> bool:
+    """Whether this runs inside :func:`untrusted_checkout` (no local cache may be used)."""
+    return _UNTRUSTED_CHECKOUT.get()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from registry.errors import RepositoryError
 from registry.loader import validate_document
+from registry.root import CONFIG_FILE, find_root
 from registry.schema import RepoPath, Strict
 from registry.yamlsrc import read_yaml
 
@@ -21,8 +21,6 @@ __all__ = [
     "find_root",
     "load_config",
 ]
-
-CONFIG_FILE: Final = "modelreg.yaml"
 
 
 class MlflowConfig(Strict):
@@ -73,22 +71,6 @@ class RepoConfig(Strict):
     remote: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     mlflow: MlflowConfig = MlflowConfig()
     trust: TrustConfig = TrustConfig()
-
-
-def find_root(start: Path) -> Path:
-    """Walk up from ``start`` to the folder holding ``modelreg.yaml``.
-
-    Raises:
-        RepositoryError: no ancestor holds a ``modelreg.yaml``.
-    """
-    here = start.resolve()
-    for candidate in (here, *here.parents):
-        if (candidate / CONFIG_FILE).is_file():
-            return candidate
-    raise RepositoryError(
-        f"{start}: not inside a modelreg repository (no {CONFIG_FILE} here or above); "
-        "run `modelreg init` first"
-    )
 
 
 def load_config(root: Path, display: str = CONFIG_FILE) -> RepoConfig:

@@ -17,7 +17,6 @@ import re
 import stat
 from collections.abc import Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -26,11 +25,12 @@ from typing import Any, Final
 import semver
 import yaml
 
-from registry.cache import ParseCache, Stamp, stamp_of
-from registry.config import CONFIG_FILE, RepoConfig, find_root, load_config
+from registry.cache import ParseCache, Stamp, in_untrusted_checkout, stamp_of
+from registry.config import RepoConfig, load_config
 from registry.dvcfile import PointerCheck, check_pointer
 from registry.errors import ManifestError, Problem, UnsafeFileError, quote
 from registry.loader import load_manifest
+from registry.root import CONFIG_FILE, find_root
 from registry.safe_io import check_folder, reusing_folders
 from registry.schema import ModelVersion, RegisteredModel, is_semver, repo_path
 from registry.yamlsrc import DEFAULT_LIMITS, YamlDocument, read_yaml
@@ -388,7 +388,8 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _cache_key() -> str:
+def cache_key() -> str:
+    """What parsed data depends on besides the files: modelreg's version, the limits."""
     from importlib.metadata import version
 
     try:
@@ -424,24 +425,6 @@ def _named_by_version(result: _Result) -> _Result:
     return _Result(task, None, None, (*result.problems, problem))
 
 
-_UNTRUSTED_CHECKOUT: ContextVar[bool] = ContextVar("modelreg_untrusted_checkout", default=False)
-
-
-@contextlib.contextmanager
-def untrusted_checkout() -> Iterator[None]:
-    """Within this block no load reads or writes the parse cache (``.modelreg/cache``).
-
-    CI wraps whole runs in it: the checkout's local state is the pull request's (or a
-    previous job's on a reused runner), and what is built, signed and mirrored must be
-    parsed from the manifests themselves, whichever function loads them.
-    """
-    token = _UNTRUSTED_CHECKOUT.set(True)
-    try:
-        yield
-    finally:
-        _UNTRUSTED_CHECKOUT.reset(token)
-
-
 def load_repository(
     start: Path,
     *,
@@ -456,7 +439,7 @@ def load_repository(
         jobs: worker processes for parsing (default: one per core; 1 disables the pool).
         cache: reuse parsed data of files unchanged since the last load
             (``.modelreg/cache/``); results are the same either way.  Ignored (no
-            cache) inside :func:`untrusted_checkout`.
+            cache) inside ``registry.cache.untrusted_checkout``.
         models: load only these model folders (``show`` and ``history`` of one model
             need nothing else); cross-references to other models are then unknown,
             so such a repository is for reading one model, never for validation.
@@ -474,10 +457,10 @@ def load_repository(
     repo = Repository(root=root, config=config)
     repo.show = _Display(root)
     tasks = _scan(root / config.manifests, repo.show, repo.problems, models)
-    use_cache = cache and not _UNTRUSTED_CHECKOUT.get()
+    use_cache = cache and not in_untrusted_checkout()
     with _no_gc(), reusing_folders():
         # Decoding the cache builds as many objects as parsing did: no collections.
-        parse_cache = ParseCache(root, _cache_key()) if use_cache else None
+        parse_cache = ParseCache(root, cache_key()) if use_cache else None
         results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None and models is None:  # a partial load would prune the rest
         parse_cache.save()

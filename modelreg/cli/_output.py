@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -68,3 +69,10 @@ def detail(message: str) -> None:
 def error_text(text: str) -> None:
     """Text written to stderr as it is (usage help, a traceback), secrets redacted."""
     click.echo(_shown(text), err=True, nl=False)
+
+
+def display_path(path: Path) -> str:
+    """``path`` as messages name it (imported on use: the repository loader is heavy)."""
+    from registry.repository import display_path as shown
+
+    return shown(path)

@@ -37,17 +37,21 @@ def _standalone(paths: list[Path]) -> tuple[list[Problem], int]:
 @click.option(
     "--jobs", "-j", type=click.IntRange(1, 256), help="Parser processes (default: one per core)."
 )
-@click.option("--no-cache", is_flag=True, help="Parse every file again (ignore .modelreg/cache).")
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Parse and check every file again (ignore .modelreg/cache, the parse cache and "
+    "the result of an unchanged tree).",
+)
 def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache: bool) -> None:
     """Check manifests: schema, cross-references and policy.
 
     With no PATHS, checks the whole repository. Every problem is printed, one line
     each (file:line:col: field: message); the exit code is 1 if there are any.
     """
-    from registry.checks import validate_paths
-    from registry.config import find_root
     from registry.errors import RepositoryError
-    from registry.repository import load_repository
+    from registry.root import find_root
+    from registry.validation import validate_repository
 
     missing = [p for p in paths if not p.exists()]
     existing = [p for p in paths if p.exists()]
@@ -61,11 +65,18 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
         if not paths:
             raise
         in_repo = False
-    if in_repo:
+    if in_repo and not paths:
+        whole = validate_repository(start, jobs=jobs, cache=not no_cache)
+        problems += whole.problems
+        models, versions, files = whole.models, whole.versions, whole.files
+    elif in_repo:
+        from registry.checks import validate_paths
+        from registry.repository import load_repository
+
         repo = load_repository(
             start if start.is_dir() else start.parent, jobs=jobs, cache=not no_cache
         )
-        problems += validate_paths(repo, existing if paths else None)
+        problems += validate_paths(repo, existing)
         models, versions, files = (
             len(repo.models),
             sum(len(v) for v in repo.versions.values()),

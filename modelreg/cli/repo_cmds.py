@@ -6,8 +6,7 @@ from pathlib import Path
 
 import click
 
-from modelreg.cli._output import detail, emit_json, ok
-from registry.repository import display_path
+from modelreg.cli._output import detail, display_path, emit_json, ok
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 

@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from modelreg.cli._output import emit_json, ok
-from registry.repository import display_path
+from modelreg.cli._output import display_path, emit_json, ok
 
 if TYPE_CHECKING:
     from signing.workspace import TrustPaths

@@ -20,6 +20,7 @@ from pipelines.context import ReleaseContext
 from pipelines.diff import base_json, base_markdown, diff_against_base
 from pipelines.errors import BuildError
 from pipelines.github import PullRequest
+from registry.cache import untrusted_checkout
 from registry.config import CONFIG_FILE, RepoConfig
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
@@ -27,7 +28,7 @@ from registry.history import channel_history
 from registry.loader import load_manifest
 from registry.policy import ChannelMove, channel_move, promotion_violations
 from registry.render import md_code, md_code_block
-from registry.repository import ModelEntry, Repository, VersionEntry, untrusted_checkout
+from registry.repository import ModelEntry, Repository, VersionEntry
 from registry.schema import RegisteredModel
 from registry.yamlsrc import parse_yaml
 from signing.tuf_facts import TargetFacts

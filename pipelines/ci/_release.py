@@ -24,10 +24,11 @@ from pipelines.context import ReleaseContext
 from pipelines.errors import BuildError
 from registry import progress
 from registry.atomic import write_atomic
+from registry.cache import untrusted_checkout
 from registry.config import CONFIG_FILE
 from registry.errors import ManifestError, RegistryError
 from registry.gitinfo import git
-from registry.repository import Repository, untrusted_checkout
+from registry.repository import Repository
 from signing.tuf_repo import TrustRepo
 from signing.workspace import release_states
 

@@ -226,6 +226,7 @@ PUBLIC: dict[str, set[str]] = {
         "find_root",
         "load_config",
     },
+    "registry.validation": {"Validation", "validate_repository"},
     "registry.delta": {
         "BaseMismatchError",
         "CorruptDeltaError",

@@ -1,0 +1,120 @@
+"""Whole-command results, reused while nothing under the repository changed.
+
+``modelreg validate`` reads only files below the repository root (``registry.safe_io``
+refuses anything else), so its result is a function of that tree.  The *fingerprint*
+of the tree is every entry's path and ``lstat`` stamp (type and mode, size, mtime,
+ctime, inode), folders and links included, hashed; the result of a run is stored
+under the fingerprint of the tree it read, with the working directory (messages name
+files relative to it) and the parse cache's key (modelreg's version and limits).  A
+later run whose fingerprint matches prints the stored result without reading a
+manifest; any edit, new file, removal, rename, ``touch`` or link anywhere in the tree
+changes the fingerprint.  Skipped by the walk: what validate never reads and commands
+write to (:data:`SKIPPED`); a folder counts by its entries, not its times.
+
+Like git's index and the parse cache (``registry.cache``), results of a tree with an
+entry modified within the last two seconds are not stored: a later edit within the
+same timestamp tick would go unnoticed.  A stored result cannot be forged into use:
+the fingerprint includes the inode numbers and change times of the reader's own
+checkout, which a committed file cannot predict.  CI never uses it (see
+``registry.cache.untrusted_checkout``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from registry.atomic import write_atomic
+
+RESULTS_DIR: Final = ".modelreg/cache/results"
+_FORMAT: Final = 1
+_RACY_NS: Final = 2_000_000_000
+SKIPPED: Final = frozenset(
+    {".git", ".modelreg/cache", ".modelreg/remote", ".dvc/cache", ".dvc/tmp"}
+)
+"""Folders validate never reads and commands write to: git's, modelreg's caches and
+default remote, DVC's cache and temporary files."""
+_HOLDERS: Final = frozenset({".modelreg", ".dvc"})
+"""Folders that a first command may create just to hold a skipped one: they count by
+what else they hold."""
+MAX_ENTRIES: Final = 500_000
+"""A tree larger than this is not fingerprinted (the walk would cost more than it saves)."""
+MAX_RESULT_BYTES: Final = 64 << 20
+
+
+def fingerprint(root: Path, context: str) -> str | None:
+    """The fingerprint of the tree at ``root`` for a command run in ``context``.
+
+    Returns:
+        A hex digest, or None when the tree cannot be fingerprinted soundly: an
+        entry was modified within the racy window, the tree is over
+        :data:`MAX_ENTRIES` entries, or a folder cannot be read.
+    """
+    digest = hashlib.blake2b(context.encode(), digest_size=32)
+    newest = time.time_ns() - _RACY_NS
+    count = 0
+    pending = [""]
+    try:
+        while pending:
+            rel = pending.pop()
+            where = os.path.join(root, rel) if rel else str(root)  # noqa: PTH118 - hot path
+            lines, folders = [], []
+            with os.scandir(where) as entries:
+                for entry in entries:
+                    name = f"{rel}/{entry.name}" if rel else entry.name
+                    if name in SKIPPED:
+                        continue
+                    info = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(info.st_mode):
+                        # A folder is its entries (listed in turn): its own times change
+                        # when a cache is written below it, which changes nothing read.
+                        if name not in _HOLDERS:
+                            lines.append(f"{name}\0{info.st_mode}\n")
+                        folders.append(name)
+                        continue
+                    if info.st_mtime_ns > newest:
+                        return None  # racily new (a change of mode alone shows in st_mode)
+                    lines.append(
+                        f"{name}\0{info.st_mode} {info.st_size} {info.st_mtime_ns} "
+                        f"{info.st_ctime_ns} {info.st_ino}\n"
+                    )
+            pending.extend(sorted(folders, reverse=True))
+            count += len(lines)
+            if count > MAX_ENTRIES:
+                return None
+            lines.sort()  # the listing order of a folder is not part of its state
+            digest.update("".join(lines).encode("utf-8", "surrogateescape"))
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def load(root: Path, command: str, key: str) -> Any | None:
+    """The result ``command`` stored under ``key`` in the repository at ``root``, if any."""
+    path = root / RESULTS_DIR / f"{command}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        with path.open("rb") as fh:
+            raw = json.loads(fh.read(MAX_RESULT_BYTES + 1))
+        if raw["format"] == _FORMAT and raw["key"] == key:
+            return raw["result"]
+    return None
+
+
+def store(root: Path, command: str, key: str, result: Any) -> None:
+    """Keep ``result`` of ``command`` under ``key``; a read-only or full disk is no error."""
+    payload = json.dumps({"format": _FORMAT, "key": key, "result": result}).encode()
+    if len(payload) > MAX_RESULT_BYTES:
+        return
+    path = root / RESULTS_DIR / f"{command}.json"
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, payload)
+
+
+__all__ = ["MAX_ENTRIES", "RESULTS_DIR", "SKIPPED", "fingerprint", "load", "store"]
