@@ -122,7 +122,18 @@ def dirty_paths(root: Path, under: str) -> set[str]:
     """Paths under ``under`` that differ from HEAD or are untracked (top-level relative)."""
     if toplevel(root) is None:
         return set()
-    proc = git(root, "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", under)
+    # --no-optional-locks: a read never rewrites the index (git status refreshes it when
+    # it can), so the index stays what a stored status result was keyed by.
+    proc = git(
+        root,
+        "--no-optional-locks",
+        "status",
+        "--porcelain=v1",
+        "-z",
+        "--untracked-files=all",
+        "--",
+        under,
+    )
     out: set[str] = set()
     entries = proc.stdout.split("\x00")
     i = 0

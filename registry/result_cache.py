@@ -27,10 +27,12 @@ import json
 import os
 import stat
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from registry.atomic import write_atomic
+from registry.errors import Problem
 
 RESULTS_DIR: Final = ".modelreg/cache/results"
 _FORMAT: Final = 1
@@ -95,6 +97,81 @@ def fingerprint(root: Path, context: str) -> str | None:
     return digest.hexdigest()
 
 
+def context(command: str, *extra: str, packages: Sequence[str] = ("registry",)) -> str:
+    """What a result depends on besides the tree.
+
+    The working directory (messages name files relative to it), ``extra`` (the
+    command's options), the versions of modelreg and of what parses and validates,
+    and the stamps of the source files of ``packages`` (a version does not change
+    while modelreg itself is edited, in an editable install).  Finding the packages
+    imports none of them.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    parts = [command, str(Path.cwd()), *extra]
+    for dist in ("modelreg", "pyyaml", "pydantic-core", "semver", "tuf"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} -")
+    for package in packages:
+        spec = find_spec(package)
+        folder = Path(spec.origin).parent if spec and spec.origin else None
+        for entry in sorted(os.scandir(folder), key=lambda e: e.name) if folder else ():
+            if entry.name.endswith(".py"):
+                info = entry.stat()
+                parts.append(f"{package}/{entry.name} {info.st_size} {info.st_mtime_ns}")
+    return "\0".join(parts)
+
+
+def git_state(root: Path) -> str | None:
+    """What a result that reads git depends on: the HEAD commit and the index's stamp.
+
+    None when the index changed within the racy window (not stored, like the tree).
+    Outside a git work tree, or before the first commit, a fixed answer.
+    """
+    from registry.gitinfo import git
+
+    proc = git(root, "rev-parse", "--absolute-git-dir", "--verify", "-q", "HEAD", check=False)
+    lines = proc.stdout.split()
+    if proc.returncode != 0 or len(lines) != 2:
+        return f"git: none ({proc.returncode}, {len(lines)} lines)"
+    git_dir, head = lines
+    try:
+        index = os.stat(os.path.join(git_dir, "index"))  # noqa: PTH116, PTH118
+    except OSError:
+        return f"git: {head} no index"
+    if index.st_mtime_ns > time.time_ns() - _RACY_NS:
+        return None
+    return f"git: {head} {index.st_size} {index.st_mtime_ns} {index.st_ino}"
+
+
+def problem_row(problem: Problem) -> list[Any]:
+    """A problem as a result stores it."""
+    return [problem.file, problem.message, problem.line, problem.col, problem.field]
+
+
+def problem_from_row(row: Any) -> Problem:
+    """The problem a stored row holds.
+
+    Raises:
+        ValueError: the row is not one (a result file is never trusted to be).
+    """
+    try:
+        file, message, line, col, field = row
+    except (TypeError, ValueError):
+        raise ValueError("not a stored problem") from None
+    if not (
+        isinstance(file, str)
+        and isinstance(message, str)
+        and all(v is None or type(v) is int for v in (line, col))
+        and (field is None or isinstance(field, str))
+    ):
+        raise ValueError("not a stored problem")
+    return Problem(file, message, line, col, field)
+
+
 def load(root: Path, command: str, key: str) -> Any | None:
     """The result ``command`` stored under ``key`` in the repository at ``root``, if any."""
     path = root / RESULTS_DIR / f"{command}.json"
@@ -117,4 +194,15 @@ def store(root: Path, command: str, key: str, result: Any) -> None:
         write_atomic(path, payload)
 
 
-__all__ = ["MAX_ENTRIES", "RESULTS_DIR", "SKIPPED", "fingerprint", "load", "store"]
+__all__ = [
+    "MAX_ENTRIES",
+    "RESULTS_DIR",
+    "SKIPPED",
+    "context",
+    "fingerprint",
+    "git_state",
+    "load",
+    "problem_from_row",
+    "problem_row",
+    "store",
+]

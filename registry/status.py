@@ -8,11 +8,13 @@ published.  Facts that a later stage owns (MLflow, CI, signing, publishing) are
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Final
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any, Final
 
 from registry.gitinfo import Commit
-from registry.repository import Repository
+
+if TYPE_CHECKING:
+    from registry.repository import Repository
 
 COLUMNS: Final = (
     "model",
@@ -65,6 +67,39 @@ class VersionStatus:
         out = asdict(self)
         out["channels"] = list(self.channels)
         return out
+
+    @classmethod
+    def from_json(cls, data: Any) -> VersionStatus:
+        """The row :meth:`to_json` gave (a stored result: checked, never trusted).
+
+        Raises:
+            ValueError: ``data`` is not such a mapping.
+        """
+        if not isinstance(data, dict) or set(data) != _FIELDS:
+            raise ValueError("not a status row")
+        channels = data["channels"]
+        if not (isinstance(channels, list) and all(isinstance(c, str) for c in channels)):
+            raise ValueError("not a status row")
+        wrong = [name for name, kinds in _TYPES.items() if not isinstance(data[name], kinds)]
+        if wrong:
+            raise ValueError(f"not a status row: {', '.join(wrong)}")
+        return cls(**{**data, "channels": tuple(channels)})
+
+
+_FIELDS: Final = frozenset(f.name for f in fields(VersionStatus))
+_TYPES: Final[dict[str, type | tuple[type, ...]]] = {
+    "model": str,
+    "version": str,
+    "parent": (str, type(None)),
+    "file": str,
+    "commit": (str, type(None)),
+    "committed_at": (str, type(None)),
+    "dirty": bool,
+    "mlflow_version": (str, type(None)),
+    "ci_run": (str, type(None)),
+    "signed": (bool, type(None)),
+    "published": (bool, type(None)),
+}
 
 
 def _yes_no(value: bool | None) -> str:

@@ -11,7 +11,6 @@ so only the changed files are parsed).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Final
@@ -25,7 +24,6 @@ from registry.root import find_root
 # checks (pydantic, the schema: half of a hit's time) come in on a miss.
 
 _COMMAND: Final = "validate"
-_FIELDS: Final = ("file", "message", "line", "col", "field")
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class Validation:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready mapping (what the result cache stores)."""
         return {
-            "problems": [[getattr(p, f) for f in _FIELDS] for p in self.problems],
+            "problems": [result_cache.problem_row(p) for p in self.problems],
             "models": self.models,
             "versions": self.versions,
             "files": self.files,
@@ -57,42 +55,10 @@ class Validation:
             counts = (models, versions, files)
             if not all(type(n) is int and n >= 0 for n in counts) or type(rows) is not list:
                 return None
-            problems = [_problem(row) for row in rows]
+            problems = [result_cache.problem_from_row(row) for row in rows]
         except (KeyError, TypeError, ValueError):
             return None
         return cls(problems, models, versions, files, reused=True)
-
-
-def _problem(row: Any) -> Problem:
-    file, message, line, col, field = row  # ValueError, TypeError: not a stored problem
-    if not (
-        isinstance(file, str)
-        and isinstance(message, str)
-        and all(v is None or type(v) is int for v in (line, col))
-        and (field is None or isinstance(field, str))
-    ):
-        raise ValueError("not a stored problem")
-    return Problem(file, message, line, col, field)
-
-
-def _context() -> str:
-    """What a result depends on besides the tree: the working directory (messages name
-    files relative to it), the versions of modelreg and of what parses and validates,
-    and the stamps of registry's own sources (the version does not change while
-    modelreg itself is edited, in an editable install)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    parts = [_COMMAND, str(Path.cwd())]
-    for dist in ("modelreg", "pyyaml", "pydantic-core", "semver"):
-        try:
-            parts.append(f"{dist} {version(dist)}")
-        except PackageNotFoundError:
-            parts.append(f"{dist} -")
-    for entry in sorted(os.scandir(Path(__file__).parent), key=lambda e: e.name):
-        if entry.name.endswith(".py"):
-            info = entry.stat()
-            parts.append(f"{entry.name} {info.st_size} {info.st_mtime_ns}")
-    return "\0".join(parts)
 
 
 def _reads_skipped(*folders: str) -> bool:
@@ -120,7 +86,7 @@ def validate_repository(start: Path, *, jobs: int | None = None, cache: bool = T
     root = find_root(start)
     key = None
     if cache and not in_untrusted_checkout():
-        key = result_cache.fingerprint(root, _context())
+        key = result_cache.fingerprint(root, result_cache.context(_COMMAND))
         if key is not None:
             stored = Validation.from_json(result_cache.load(root, _COMMAND, key))
             if stored is not None:

@@ -131,7 +131,11 @@ def schema(kind: str) -> None:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print rows as JSON.")
 @click.option("--model", "model_name", help="Only this model.")
-@click.option("--no-cache", is_flag=True, help="Parse every file again (ignore .modelreg/cache).")
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Parse every file again and ask git again (ignore .modelreg/cache).",
+)
 @click.option(
     "--mlflow", "with_mlflow", is_flag=True, help="Also ask MLflow for each version's number."
 )
@@ -141,15 +145,22 @@ def status(as_json: bool, model_name: str | None, no_cache: bool, with_mlflow: b
     Manifests that do not load are printed one line each (file:line:col: message) after
     the table, and the exit code is then 1.
     """
-    from registry.status_report import repository_status
+    from registry.status_report import cached_status
 
-    report = repository_status(Path.cwd(), model=model_name, cache=not no_cache)
+    # With --mlflow the answer depends on a server: never stored, never reused.
+    report, _ = cached_status(
+        Path.cwd(),
+        model=model_name,
+        cache=not no_cache and not with_mlflow,
+        fill=_with_release_state,
+        packages=("registry", "signing"),
+    )
     if model_name is not None and not report.rows and model_name not in report.models:
         known = ", ".join(sorted(report.models)) or "none"
         raise ManifestError.single(
             model_name, f"model {model_name!r} is not declared (declared: {known})"
         )
-    rows = _with_release_state(report.root, report.rows)
+    rows = report.rows
     if with_mlflow:
         import dataclasses
 

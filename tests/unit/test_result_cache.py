@@ -152,3 +152,44 @@ def test_the_command_prints_the_same_both_times(repo: Path) -> None:
     assert [r.exit_code for r in runs] == [1, 1]
     assert runs[0].output == runs[1].output
     assert json.loads(runs[0].output)["problems"][0]["field"] == "spec.parent"
+
+
+def _git(root: Path, *args: str) -> str:
+    import subprocess
+
+    ident = ["-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    return subprocess.run(
+        ["git", "-C", str(root), *ident, *args], check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _status(root: Path) -> tuple[dict[str, tuple[str | None, bool]], bool]:
+    from registry.status_report import cached_status
+
+    report, reused = cached_status(root)
+    return {f"{r.model} {r.version}": (r.commit, r.dirty) for r in report.rows}, reused
+
+
+@pytest.mark.usefixtures("no_racy_window")
+def test_status_is_reused_until_the_tree_or_git_moves(repo: Path) -> None:
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "first")
+    first, reused = _status(repo)
+    assert not reused
+    assert _status(repo) == (first, True)
+    head = _git(repo, "rev-parse", "HEAD").strip()
+    assert first["mlp 1.1.0"] == (head, False)
+    # an edit, uncommitted: the row is dirty
+    _rewrite(repo / "manifests/mlp/versions/1.1.0.yaml", "parent: 1.0.0", "parent: 1.0.0  # x")
+    edited, reused = _status(repo)
+    assert (edited["mlp 1.1.0"], reused) == ((head, True), False)
+    # staged: the tree is the same, only git's index moved
+    _git(repo, "add", "-A")
+    assert _status(repo)[1] is False
+    # committed: HEAD moved, the row names the new commit
+    _git(repo, "commit", "-qm", "second")
+    second = _git(repo, "rev-parse", "HEAD").strip()
+    after, reused = _status(repo)
+    assert (after["mlp 1.1.0"], reused) == ((second, False), False)
+    assert _status(repo) == (after, True)
