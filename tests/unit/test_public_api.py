@@ -27,6 +27,7 @@ PUBLIC: dict[str, set[str]] = {
         "ArtifactsConfig",
         "DeviceConfig",
         "EdgeConfig",
+        "ReportConfig",
         "RepositoryConfig",
         "ServeConfig",
         "Subscription",
