@@ -81,6 +81,9 @@ PUBLIC: dict[str, set[str]] = {
         "expect_facts",
         "trusted_role",
     },
+    "fleet.channels": {
+        "declared_channels",
+    },
     "fleet.reports": {
         "FleetLimits",
         "LoadedReports",
