@@ -40,7 +40,7 @@ from registry.device_report import (
 from registry.errors import FileTooLargeError, RegistryError, UnsafeFileError, one_line
 from registry.redact import redact
 from registry.repository import no_gc
-from registry.safe_io import read_regular, reusing_folders
+from registry.safe_io import folder_reader
 
 __all__ = [
     "FleetLimits",
@@ -177,13 +177,13 @@ def _folder(path: Path, limits: FleetLimits) -> LoadedReports:
     except OSError as e:
         raise ReportsError(f"{path}: cannot list it ({e.strerror or e})") from None
 
-    def fetch(name: str) -> bytes:
-        # no link, nothing but a regular file, never more than the cap read
-        return read_regular(path / name, root=path, max_bytes=limits.report.max_bytes)
-
-    with reusing_folders():
-        # one thread: the files are local, and parsing holds the interpreter anyway
-        return _collect(str(path), names, skipped, fetch, limits, workers=1)
+    try:
+        # no link, nothing but a regular file, never more than the cap read; one
+        # thread: the files are local, and parsing holds the interpreter anyway
+        with folder_reader(path, max_bytes=limits.report.max_bytes) as read:
+            return _collect(str(path), names, skipped, read, limits, workers=1)
+    except OSError as e:  # the folder itself (each file's errors are kept per file)
+        raise ReportsError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def _s3(url: str, limits: FleetLimits) -> LoadedReports:

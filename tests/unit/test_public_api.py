@@ -336,6 +336,7 @@ PUBLIC: dict[str, set[str]] = {
     "registry.safe_io": {
         "check_folder",
         "check_regular",
+        "folder_reader",
         "open_regular",
         "read_regular",
         "reusing_folders",
