@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -43,7 +44,7 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
     target, failures and why), stale devices, and reports that could not be read.
 
     Exit code 0 when the reports were read (some may be unreadable: they are listed),
-    1 when they cannot be read at all.
+    1 when they cannot be read at all (the source, or every report in it).
     """
     from datetime import UTC, datetime
 
@@ -72,9 +73,14 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
     if as_json:
         emit_json(render_json(summary, loaded, now=now, stale_after_s=stale_after_s,
                               repository=root))  # fmt: skip
-        return
-    text = render_text(summary, loaded, stale_after_s=stale_after_s, repository=root,
-                       color=is_tty())  # fmt: skip
-    click.echo(text, nl=False)
-    if not loaded.reports and not loaded.unreadable:
+    else:
+        text = render_text(summary, loaded, stale_after_s=stale_after_s, repository=root,
+                           color=is_tty())  # fmt: skip
+        click.echo(text, nl=False)
+    if loaded.unreadable and not loaded.reports:
+        # listed and unreadable, every one (access refused, say): nothing is known
+        n = len(loaded.unreadable)
+        error_lines([f"modelreg: none of the {n} reports in {loaded.source} could be read"])
+        sys.exit(1)
+    if not loaded.reports and not as_json:
         error_lines([f"modelreg: no device reports in {loaded.source}"])

@@ -82,3 +82,8 @@ def test_exit_codes(tmp_path: Path, cli: Any) -> None:
     assert "modelreg.yaml" in r.err
     r = cli("fleet", "status", "--reports", str(tmp_path), "--json", cwd=tmp_path)
     assert (r.code, json.loads(r.out)["devices"]) == (0, 0)  # an empty fleet is no error
+    (tmp_path / "cam-1.json").write_text("{}")
+    r = cli("fleet", "status", "--reports", str(tmp_path), "--json", cwd=tmp_path)
+    assert r.code == 1  # every report unreadable: nothing is known
+    assert json.loads(r.out)["unreadable"][0]["source"] == "cam-1.json"
+    assert r.err.strip() == f"modelreg: none of the 1 reports in {tmp_path} could be read"
