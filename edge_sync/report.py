@@ -33,7 +33,7 @@ from edge_sync.config import EdgeConfig, ReportConfig
 from edge_sync.state import now_iso, reason_text
 from registry.atomic import write_atomic
 from registry.device_report import KIND, REPORT_FORMAT, ReportError, encode_report
-from registry.errors import RegistryError
+from registry.errors import RegistryError, UsageError
 from registry.redact import redact
 
 __all__ = [
@@ -277,11 +277,11 @@ class Reporter:
         """Report ``config``'s device, reading its status with ``status``.
 
         Raises:
-            ValueError: ``config`` has no ``report`` section and no ``sink`` is given.
+            UsageError: ``config`` has no ``report`` section and no ``sink`` is given.
         """
         if sink is None:
             if config.report is None:
-                raise ValueError("no report sink configured")
+                raise UsageError("no report sink configured")
             sink = sink_for(config.report, config.device.id)
         self.config = config
         self.heartbeat_s = config.report.heartbeat if config.report else 300.0
@@ -348,7 +348,8 @@ class Reporter:
     def _run(self) -> None:
         while not self._stopping:
             self.tick()
-            since = self._clock() - (self._last_try or self._clock())
+            now = self._clock()
+            since = 0.0 if self._last_try is None else now - self._last_try
             self._wake.wait(max(self.heartbeat_s - since, 0.05))
             self._wake.clear()
 
