@@ -23,6 +23,7 @@ from benchmarks._util import REPO_ROOT, BenchmarkError, fmt_seconds, machine_inf
 
 BENCHMARKS: Final = (
     "registry_scale", "hashing", "delta", "release", "edge_update", "serving", "large_model",
+    "fleet_status",
 )  # fmt: skip
 """Modules of this package run by default, in order; each has ``run(quick) -> dict``."""
 

@@ -4,5 +4,6 @@
 ``trust`` verifies metadata and targets (python-tuf), fetched by ``_fetch`` (files, HTTP)
 and ``_s3``; ``updater`` runs one sync (plan, fetch, apply, build, self-test, swap,
 commit) over the ``state`` dir; ``engine`` is the hand-off to what serves (ONNX
-Runtime in process); ``daemon`` is the loop, ``edge status`` and the systemd unit.
+Runtime in process); ``daemon`` is the loop, ``edge status`` and the systemd unit;
+``report`` sends the device's status to the fleet (``modelreg fleet status``).
 """

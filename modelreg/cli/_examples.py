@@ -112,6 +112,11 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg register",
         "modelreg register --check --tracking-uri http://mlflow.acme.example:5000",
     ),
+    "fleet": ("modelreg fleet status --reports s3://fleet-reports/fleet/",),
+    "fleet status": (
+        "modelreg fleet status --reports s3://fleet-reports/fleet/ --json",
+        "modelreg fleet status --reports /srv/fleet/reports --repo fleet-models --stale-after 1h",
+    ),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),
     "edge status": ("modelreg edge status --config /etc/modelreg/edge.yaml --json",),

@@ -54,6 +54,7 @@ def _register() -> None:
         ci_cmds,
         diff_cmd,
         edge_cmds,
+        fleet_cmds,
         inspect_cmds,
         register_cmd,
         repo_cmds,
@@ -78,6 +79,7 @@ def _register() -> None:
     cli.add_command(ci_cmds.ci)
     cli.add_command(register_cmd.register)
     cli.add_command(edge_cmds.edge)
+    cli.add_command(fleet_cmds.fleet)
     cli.add_command(inspect_cmds.history)
     cli.add_command(inspect_cmds.show)
     cli.add_command(inspect_cmds.list_)

@@ -284,3 +284,23 @@ def test_ci_pr_check_and_growth_rows() -> None:
     assert row["gto show / slowest modelreg"] == 30.0
     (line,) = rs._growth_notes([row])
     assert line.startswith("growth at 10,000 versions: validate 0.800 s cold / 0.400 s warm")
+
+
+def test_fleet_status_benchmark_times_what_a_device_writes(tmp_path: Path) -> None:
+    """The fleet written by the device's encoder reads back whole, within the size cap,
+    with a rollout under way (failures, a cohort) for the aggregation to count."""
+    from benchmarks.fleet_status import measure
+    from registry.device_report import LIMITS
+
+    result = measure(300, tmp_path, runs=1)
+    assert result["reports"]["count"] == 300
+    assert result["reports"]["bytes_max"] <= LIMITS.max_bytes
+    assert set(result["measurements"]) == {
+        "json.loads of every file (no checks)", "load_reports (strict)", "summarize",
+        "load_reports + summarize", "modelreg fleet status --json (process)",
+    }  # fmt: skip
+    channels = {(c["model"], c["channel"]): c for c in result["fleet"]["channels"]}
+    production = channels[("mlp", "production")]
+    assert 0 < production["on_target"] < production["cohort"]
+    assert production["failed"] > 0
+    assert measure(300, tmp_path, runs=1)["generation"]["reused"] is True

@@ -234,3 +234,40 @@ def test_reusing_folders_refuses_the_same_links_and_closes_what_it_held(
         with reusing_folders():  # nested: the outer block's descriptors serve
             assert read_yaml(root / "manifests/m1/versions/1.0.0.yaml", "v", root=root).data
     assert _open_fds() == before
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+def test_a_folder_reader_refuses_what_read_regular_refuses(tmp_path: Path, secret: Path) -> None:
+    """``folder_reader`` (one folder of many files: the fleet's reports) opens the folder
+    once and each file as ``read_regular`` does."""
+    import os
+
+    from registry.errors import FileTooLargeError, UnsafeFileError
+    from registry.safe_io import folder_reader
+
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / "a.json").write_text("{}")
+    (folder / "big.json").write_text("x" * 11)
+    (folder / "link.json").symlink_to(secret)
+    (folder / "sub").mkdir()
+    os.mkfifo(folder / "fifo.json")
+    before = _open_fds()
+    with folder_reader(folder, max_bytes=10) as read:
+        assert read("a.json") == b"{}"
+        with pytest.raises(FileTooLargeError):
+            read("big.json")
+        with pytest.raises(UnsafeFileError, match=LINKED):
+            read("link.json")
+        with pytest.raises(UnsafeFileError, match="not a regular file"):
+            read("fifo.json")  # never blocks waiting for a writer
+        with pytest.raises(IsADirectoryError):
+            read("sub")
+        for name in ("../outside/token", "", ".."):
+            with pytest.raises(UnsafeFileError, match="not a plain name"):
+                read(name)
+        with pytest.raises(FileNotFoundError):
+            read("gone.json")
+    assert _open_fds() == before
+    with pytest.raises(FileNotFoundError), folder_reader(tmp_path / "none", max_bytes=1):
+        pass
