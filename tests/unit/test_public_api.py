@@ -343,10 +343,16 @@ PUBLIC: dict[str, set[str]] = {
         "TensorSpec",
         "Tolerance",
         "VersionMetadata",
+        "Wave",
         "file_name_problem",
         "inline_shape_problem",
         "is_semver",
         "repo_path",
+    },
+    "registry.units": {
+        "MAX_DURATION_S",
+        "format_duration",
+        "parse_duration",
     },
     "signing.errors": {
         "DigestMismatchError",
