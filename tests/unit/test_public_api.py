@@ -17,7 +17,9 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
-PACKAGES = ("modelreg", "pipelines", "registry", "signing", "edge_sync", "benchmarks", "scripts")
+PACKAGES = (
+    "modelreg", "pipelines", "registry", "signing", "edge_sync", "fleet", "benchmarks", "scripts",
+)  # fmt: skip
 """What ships or runs as code of the project (``tests`` may look inside)."""
 
 PUBLIC: dict[str, set[str]] = {
@@ -307,6 +309,7 @@ PUBLIC: dict[str, set[str]] = {
         "DType",
         "Deprecation",
         "Dim",
+        "Duration",
         "GoldenCase",
         "Goldens",
         "INLINE_LIMITS",
@@ -323,12 +326,14 @@ PUBLIC: dict[str, set[str]] = {
         "ModelVersionSpec",
         "Name",
         "OnnxRuntimeTarget",
+        "Percent",
         "Promotion",
         "Reason",
         "RegisteredModel",
         "RegisteredModelSpec",
         "RepoPath",
         "Rollout",
+        "RolloutStop",
         "SYMBOL_RE",
         "SemVer",
         "ShortText",
