@@ -70,6 +70,7 @@ ALLOWED = {
     "signing": {"registry"},
     "pipelines": {"registry", "signing"},
     "edge_sync": {"registry", "signing"},
+    "fleet": {"registry"},
 }
 
 
