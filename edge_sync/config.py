@@ -26,6 +26,7 @@ from urllib.parse import urlparse
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, model_validator
 
+from registry.device_report import DeviceId
 from registry.errors import ManifestError
 from registry.loader import validate_document
 from registry.schema import Labels, Name, Strict
@@ -78,7 +79,6 @@ def parse_size(value: object) -> int:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Size = Annotated[int, BeforeValidator(parse_size)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-DeviceId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")]
 
 
 def _url(schemes: tuple[str, ...]) -> Any:

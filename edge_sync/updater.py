@@ -58,6 +58,7 @@ from edge_sync.state import (
 )
 from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts, trusted_role
 from edge_sync.watcher import GitError, GitWatcher
+from registry.cohort import in_cohort
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
 from signing.target_names import artifact_path, delta_path, golden_path, version_path
@@ -79,20 +80,6 @@ GATE_CHECK_S: Final = 0.25
 """How often an open health gate is judged (errors fail it before its window ends)."""
 MAX_DELTA_CHAIN: Final = 16
 """Most deltas applied in a row (each is a full decode of the model)."""
-
-
-def in_cohort(device_id: str, model: str, version: str, percent: float | None) -> bool:
-    """Whether a device takes ``version`` of ``model`` under a rollout of ``percent``.
-
-    A stable hash of (device id, model, version) mapped to [0, 100): the same device
-    gets the same answer across restarts, and about ``percent`` of all devices are in.
-    """
-    if percent is None or percent >= 100:
-        return True
-    if percent <= 0:
-        return False
-    digest = hashlib.sha256(f"{device_id}\0{model}\0{version}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 * 100 < percent
 
 
 Observer = Callable[[str, str], None]

@@ -4,7 +4,8 @@ Loading never stops at the first bad file: a reviewer wants every problem of a p
 request in one run.  Large repositories are parsed on all cores (a process pool over
 fork, since parsing is CPU-bound and each file is independent).
 
-Stable API: ``Repository``, ``ModelEntry``, ``VersionEntry``, ``load_repository``.
+Stable API: ``Repository``, ``ModelEntry``, ``VersionEntry``, ``load_repository``,
+``no_gc`` (also for other bulk loads: the fleet's device reports).
 """
 
 from __future__ import annotations
@@ -314,7 +315,11 @@ def _run(
 
 
 @contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
+def no_gc() -> Iterator[None]:
+    """Within this block the cyclic garbage collector does not run; what was made in it
+    is frozen out of later collections (it lives until the command ends).
+
+    For bulk loads of many small objects that all stay alive."""
     # Loading creates millions of small objects that all stay alive; the cyclic
     # collector would scan them again and again for nothing (a third of the load
     # time on 10,000 versions).  The workers inherit this through fork.
@@ -418,7 +423,7 @@ def load_repository(
     tasks = _scan(root / config.manifests, repo.show, repo.problems, models)
     use_cache = cache and not _UNTRUSTED_CHECKOUT.get()
     parse_cache = ParseCache(root, _cache_key()) if use_cache else None
-    with _no_gc(), reusing_folders():
+    with no_gc(), reusing_folders():
         results = _run(tasks, jobs, parse_cache, repo.show)
     if parse_cache is not None and models is None:  # a partial load would prune the rest
         parse_cache.save()

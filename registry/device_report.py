@@ -1,0 +1,316 @@
+"""The device report: what a daemon sends about itself, and what ``modelreg fleet
+status`` reads back (stable API).
+
+A report is the device's ``edge status`` document (SPEC section 7) plus what a fleet view
+needs: the device's labels, when it was sent (``reported``), the daemon's version, and
+a ``kind`` and ``format``.  One JSON object per device, stored as ``<device-id>.json``::
+
+    {"kind": "DeviceReport", "format": 1, "device": "cam-0042",
+     "labels": {"arch": "x86_64"}, "reported": "2025-01-01T12:00:00.000000Z",
+     "daemon": {"running": true, "pid": 123, "listen": "127.0.0.1:8000",
+                "started": "...", "version": "0.1.0"},
+     "trust": {"timestamp_version": 7, "timestamp_expires": "...", "stale": false},
+     "sync": {"last_checked": "...", "result": "current", "reason": null, "commit": "..."},
+     "models": {"mlp": {"channel": "production", "serving": {...}, "previous": {...},
+                        "last_known_good": {...}, "last_update": {...},
+                        "rejected": [...], "gate": null}},
+     "truncated": false}
+
+The schema lives here, beside neither side, because both need the same rules: the device
+checks every report against it before sending (it never sends one the reader refuses),
+and the reader treats every report as untrusted input (a bucket that many devices write
+to): strict keys and types, printable text only, bounded sizes and counts
+(:class:`ReportLimits`).  :func:`encode_report` fits a status document into those bounds
+(newest rejections first, then dropping detail, marked ``truncated``); :func:`parse_report`
+refuses anything else with one line (:class:`ReportError`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AfterValidator, AwareDatetime, Field, StringConstraints, ValidationError
+
+from registry.errors import RegistryError, printable
+from registry.schema import Labels, Name, SemVer, Strict
+
+__all__ = [
+    "DEVICE_ID_RE",
+    "KIND",
+    "LIMITS",
+    "REPORT_FORMAT",
+    "DeviceId",
+    "DeviceReport",
+    "InstalledReport",
+    "ModelReport",
+    "ReportError",
+    "ReportLimits",
+    "encode_report",
+    "parse_report",
+]
+
+KIND: Final = "DeviceReport"
+REPORT_FORMAT: Final = 1
+"""Bumped when a field is added: a reader refuses a newer format with a clear reason
+(its schema is strict, so it could not read one anyway)."""
+
+DEVICE_ID_RE: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+DeviceId = Annotated[str, StringConstraints(pattern=DEVICE_ID_RE)]
+"""A device id (``device.id`` in ``edge.yaml``): also a file and object name."""
+
+
+@dataclass(frozen=True)
+class ReportLimits:
+    """Bounds on one report: the device fits its report into them, the reader refuses
+    what exceeds them.
+
+    Attributes:
+        max_bytes: the encoded report (a reader refuses a larger one before parsing).
+        max_models: models per report (``edge.yaml`` subscribes at most 64).
+        max_rejected: rejected versions listed per model (the newest).
+        max_text: characters of a reason (the device records at most 500).
+        max_stages: entries of an update's ``stages_ms``.
+    """
+
+    max_bytes: int = 64 * 1024
+    max_models: int = 64
+    max_rejected: int = 8
+    max_text: int = 500
+    max_stages: int = 32
+
+
+LIMITS: Final = ReportLimits()
+
+
+class ReportError(RegistryError):
+    """A report that cannot be read or sent: too large, not JSON, or not the schema.
+    The message is one line, and never quotes the report's content."""
+
+
+def _printable(value: str) -> str:
+    # isprintable() is the fast path (it also refuses spaces other than " ", which
+    # printable() keeps); the full check runs only then
+    if not value.isprintable() and printable(value, keep="") != value:
+        raise ValueError("holds control or format characters")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number, 0 or more")
+    return value
+
+
+Text = Annotated[str, StringConstraints(max_length=LIMITS.max_text), AfterValidator(_printable)]
+Word = Annotated[str, StringConstraints(max_length=256), AfterValidator(_printable)]
+Stamp = Annotated[
+    str,
+    StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$"),
+]
+"""An ISO 8601 time with its zone, as the device writes them (``now_iso``)."""
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Version = Annotated[SemVer, StringConstraints(max_length=128)]
+Stage = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+Millis = Annotated[float, AfterValidator(_finite)]
+
+
+def _printable_labels(labels: dict[str, str]) -> dict[str, str]:
+    for value in labels.values():
+        _printable(value)
+    return labels
+
+
+class InstalledReport(Strict):
+    """A version the device holds: serving, previous or last known good."""
+
+    version: Version
+    sha256: Sha256
+    target: Name | None = None
+    kind: Literal["artifact", "engine"] = "artifact"
+
+
+class UpdateReport(Strict):
+    """The model's last update that installed, failed or rejected something."""
+
+    result: Literal["installed", "failed", "rejected"]
+    version: Version | None = None
+    method: Literal["delta", "full", "cached"] | None = None
+    bytes_fetched: Annotated[int, Field(ge=0)] = 0
+    reason: Text | None = None
+    finished: Stamp
+    stages_ms: Annotated[dict[Stage, Millis], Field(max_length=LIMITS.max_stages)] = Field(
+        default_factory=dict
+    )
+
+
+class RejectedReport(Strict):
+    """A version the device verified and refused (self-test, health gate, no target)."""
+
+    version: Version
+    sha256: Sha256
+    reason: Text
+    at: Stamp
+
+
+class GateReport(Strict):
+    """A health gate watching the version served."""
+
+    version: Version
+    opened: Stamp
+
+
+class ModelReport(Strict):
+    """One subscribed model: its channel, what it serves and held, and what failed."""
+
+    channel: Name
+    serving: InstalledReport | None = None
+    previous: InstalledReport | None = None
+    last_known_good: InstalledReport | None = None
+    last_update: UpdateReport | None = None
+    rejected: Annotated[list[RejectedReport], Field(max_length=LIMITS.max_rejected)] = Field(
+        default_factory=list
+    )
+    gate: GateReport | None = None
+
+
+class DaemonReport(Strict):
+    """The daemon that sent the report."""
+
+    running: bool
+    pid: Annotated[int, Field(ge=0)] | None = None
+    listen: Word | None = None
+    started: Stamp | None = None
+    version: Annotated[Word, StringConstraints(min_length=1, max_length=64)]
+
+
+class TrustReport(Strict):
+    """The device's trusted timestamp role."""
+
+    timestamp_version: Annotated[int, Field(ge=1)] | None = None
+    timestamp_expires: Stamp | None = None
+    stale: bool | None = None
+
+
+class SyncReport(Strict):
+    """The last sync as a whole (device-wide failures: repository, metadata)."""
+
+    last_checked: Stamp | None = None
+    result: Literal["current", "failed"] | None = None
+    reason: Text | None = None
+    commit: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40,64}$")] | None = None
+
+
+class DeviceReport(Strict):
+    """One device's report (module docstring)."""
+
+    kind: Literal["DeviceReport"]
+    format: Literal[1]
+    device: DeviceId
+    labels: Annotated[Labels, AfterValidator(_printable_labels)] = Field(default_factory=dict)
+    reported: AwareDatetime
+    daemon: DaemonReport
+    trust: TrustReport
+    sync: SyncReport
+    models: Annotated[dict[Name, ModelReport], Field(max_length=LIMITS.max_models)]
+    truncated: bool = False
+    """Detail was dropped to fit :attr:`ReportLimits.max_bytes`."""
+
+
+def _first_problem(error: ValidationError) -> str:
+    problems = error.errors(include_url=False, include_input=False, include_context=False)
+    if any(p["loc"][:1] == ("format",) for p in problems):
+        return f"not a report of format {REPORT_FORMAT} (made by a newer modelreg?)"
+    first = problems[0]
+    where = ".".join(str(p) for p in first["loc"]) or "report"
+    more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def parse_report(data: bytes, limits: ReportLimits = LIMITS) -> DeviceReport:
+    """Read one report, as untrusted input.
+
+    Raises:
+        ReportError: larger than ``limits.max_bytes``, not JSON, or not the schema
+            (the first problem, with its field path).
+    """
+    if len(data) > limits.max_bytes:
+        raise ReportError(f"larger than {limits.max_bytes} bytes ({len(data)})")
+    try:
+        report = DeviceReport.model_validate_json(data)
+    except ValidationError as e:
+        if any(p["type"] == "json_invalid" for p in e.errors(include_url=False)):
+            raise ReportError("not a JSON document") from None
+        raise ReportError(_first_problem(e)) from None
+    # The schema's bounds are the default limits; a caller's narrower ones apply here.
+    if len(report.models) > limits.max_models:
+        raise ReportError(f"models: more than {limits.max_models}")
+    return report
+
+
+def _newest_rejections(doc: dict[str, Any], keep: int) -> None:
+    for model in doc.get("models", {}).values():
+        if isinstance(model, dict) and len(model.get("rejected") or []) > keep:
+            model["rejected"] = model["rejected"][-keep:] if keep else []
+
+
+def _each_model(doc: dict[str, Any], step: Callable[[dict[str, Any]], None]) -> None:
+    for model in doc.get("models", {}).values():
+        if isinstance(model, dict):
+            step(model)
+
+
+def _shorter_reasons(model: dict[str, Any]) -> None:
+    for entry in [model.get("last_update"), *(model.get("rejected") or [])]:
+        if isinstance(entry, dict) and isinstance(entry.get("reason"), str):
+            entry["reason"] = entry["reason"][:120]
+
+
+def _no_stages(model: dict[str, Any]) -> None:
+    if isinstance(model.get("last_update"), dict):
+        model["last_update"]["stages_ms"] = {}
+
+
+def _no_history(model: dict[str, Any]) -> None:
+    model["previous"] = model["last_known_good"] = None
+    model["rejected"] = []
+
+
+# What is given up, in order, when a report is over the size limit: what a fleet view
+# needs last (what each model serves, its channel, the last update's result) stays.
+_SHEDDING: Final[tuple[Callable[[dict[str, Any]], None], ...]] = (
+    lambda doc: _newest_rejections(doc, 2),
+    lambda doc: _each_model(doc, _no_stages),
+    lambda doc: _each_model(doc, _shorter_reasons),
+    lambda doc: _each_model(doc, _no_history),
+)
+
+
+def encode_report(doc: Mapping[str, Any], limits: ReportLimits = LIMITS) -> bytes:
+    """A report (a status document with the report's fields) as the bytes to send:
+    checked against the schema, at most ``limits.max_rejected`` rejections per model
+    (the newest), and detail dropped until it fits ``limits.max_bytes`` (then
+    ``truncated`` is true).
+
+    Raises:
+        ReportError: the document does not fit the schema, or cannot be made to fit the
+            size limit (neither happens with a document from ``edge status``).
+    """
+    work: dict[str, Any] = json.loads(json.dumps(doc))  # a deep copy that is plain JSON
+    work.setdefault("truncated", False)
+    _newest_rejections(work, limits.max_rejected)
+    steps = iter(_SHEDDING)
+    while True:
+        data = json.dumps(work, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(data) <= limits.max_bytes:
+            break
+        step = next(steps, None)
+        if step is None:
+            raise ReportError(f"over {limits.max_bytes} bytes even without its detail")
+        step(work)
+        work["truncated"] = True
+    parse_report(data, limits)
+    return data

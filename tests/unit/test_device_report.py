@@ -1,0 +1,157 @@
+"""The device report's schema and bounds (``registry.device_report``): what a reader
+refuses, each with one line that never quotes the content, and what a device makes fit."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from registry.device_report import (
+    LIMITS,
+    ReportError,
+    ReportLimits,
+    encode_report,
+    parse_report,
+)
+from tests.fleet_reports import NOW, model, report, stamp
+
+
+def _bytes(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def test_a_report_as_devices_send_it_is_read() -> None:
+    read = parse_report(_bytes(report("cam-1")))
+    assert read.device == "cam-1"
+    assert read.models["mlp"].serving is not None
+    assert read.models["mlp"].serving.version == "1.0.0"
+    assert read.reported.tzinfo is not None
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    doc = report("cam-1")
+    *parents, last = path.split(".")
+    node = doc
+    for part in parents:
+        node = node[part]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "says"),
+    [
+        ("surprise", 1, "surprise: Extra inputs are not permitted"),
+        ("device", "../etc/passwd", "device: String should match pattern"),
+        ("device", 7, "device: Input should be a valid string"),
+        ("reported", "yesterday", "reported:"),
+        ("reported", "2025-06-01T12:00:00", "reported: Input should have timezone info"),
+        ("kind", "EdgeConfig", "kind: Input should be 'DeviceReport'"),
+        ("daemon.version", _DELETE, "daemon.version: Field required"),
+        ("models.mlp.channel", "Prod uction", "models.mlp.channel: String should match"),
+        ("models.mlp.serving.version", "one", "models.mlp.serving.version:"),
+        ("models.mlp.serving.sha256", "ab" * 10, "models.mlp.serving.sha256:"),
+        ("models.mlp.last_update.result", "exploded", "models.mlp.last_update.result:"),
+        ("models.mlp.last_update.bytes_fetched", -1, "bytes_fetched: Input should be greater"),
+        ("models.mlp.last_update.bytes_fetched", "12", "bytes_fetched: Input should be a valid"),
+        ("models.mlp.last_update.stages_ms", {"fetch": -1.0}, "stages_ms.fetch: Value error"),
+        ("models.mlp.last_update.reason", "\x1b[31mred", "reason: Value error, holds control"),
+        ("models.mlp.last_update.reason", "x" * 501, "reason: String should have at most 500"),
+        ("labels", {"site": "plant\u202e3"}, "labels: Value error, holds control"),
+        ("models", {f"m{i}": model() for i in range(65)}, "models: Dictionary should have at"),
+        ("sync.result", "maybe", "sync.result:"),
+        ("trust.stale", "no", "trust.stale: Input should be a valid boolean"),
+    ],
+)
+def test_a_report_off_the_schema_is_refused_with_its_field(
+    path: str, value: Any, says: str
+) -> None:
+    with pytest.raises(ReportError) as caught:
+        parse_report(_bytes(_with(path, value)))
+    assert says in str(caught.value)
+    assert "\x1b" not in str(caught.value)
+    assert "\u202e" not in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_newer_format_says_so() -> None:
+    doc = report("cam-1", format=2, added_later={"x": 1})
+    with pytest.raises(ReportError, match=r"not a report of format 1 \(made by a newer"):
+        parse_report(_bytes(doc))
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"", "not a JSON document"),
+        (b"{", "not a JSON document"),
+        (b"[]", "report: Input should be an object"),
+        (b"\xff\xfe", "not a JSON document"),
+        (b" " * (LIMITS.max_bytes + 1), f"larger than {LIMITS.max_bytes} bytes"),
+    ],
+)
+def test_what_is_not_a_report_at_all(data: bytes, says: str) -> None:
+    with pytest.raises(ReportError, match=says.replace("(", r"\(")):
+        parse_report(data)
+
+
+def test_a_reader_may_narrow_the_limits() -> None:
+    doc = _bytes(report("cam-1", {"a": model(), "b": model()}))
+    parse_report(doc)
+    with pytest.raises(ReportError, match="models: more than 1"):
+        parse_report(doc, ReportLimits(max_models=1))
+    with pytest.raises(ReportError, match="larger than 100 bytes"):
+        parse_report(doc, ReportLimits(max_bytes=100))
+
+
+def _rejections(n: int) -> list[dict[str, Any]]:
+    return [
+        {"version": "1.1.0", "sha256": "e" * 64, "reason": f"self-test {i}: " + "x" * 480,
+         "at": stamp(NOW)}
+        for i in range(n)
+    ]  # fmt: skip
+
+
+def test_a_device_sends_its_newest_rejections_only() -> None:
+    doc = report("cam-1", {"mlp": model(rejected=_rejections(32))})
+    sent = json.loads(encode_report(doc))
+    kept = sent["models"]["mlp"]["rejected"]
+    assert len(kept) == LIMITS.max_rejected
+    assert kept[-1]["reason"].startswith("self-test 31:")
+    assert sent["truncated"] is False
+
+
+def test_the_largest_status_a_device_can_have_still_fits() -> None:
+    # 64 models (edge.yaml's maximum), each with the longest reasons and versions,
+    # every rejection kept and every stage timed
+    long = "1.0.0-" + "a" * 122
+
+    def heavy() -> dict[str, Any]:
+        entry = model(rejected=_rejections(32))
+        held = {"version": long, "sha256": "f" * 64, "target": "t" * 63, "kind": "engine"}
+        entry.update(serving=held, previous=held, last_known_good=held,
+                     gate={"version": long, "opened": stamp(NOW)})  # fmt: skip
+        entry["last_update"].update(reason="r" * 500, version=long,
+                                    stages_ms={f"stage_{i}": 1.25 for i in range(32)})  # fmt: skip
+        return entry
+
+    doc = report("cam-1", {f"model-{i:02d}": heavy() for i in range(64)})
+    data = encode_report(doc)
+    assert len(data) <= LIMITS.max_bytes
+    sent = parse_report(data)
+    assert sent.truncated is True
+    assert len(sent.models) == 64  # every model still says what it serves
+    assert all(m.serving is not None and m.serving.version == long for m in sent.models.values())
+
+
+def test_a_device_never_sends_what_a_reader_refuses() -> None:
+    with pytest.raises(ReportError, match=r"models\.mlp\.serving\.version"):
+        encode_report(_with("models.mlp.serving.version", "not-semver"))

@@ -1,0 +1,205 @@
+"""``fleet.reports`` and ``fleet.summary``: reports read from a folder as untrusted input
+(one bad report never hides the others), and the fleet counted from them (pure)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet.reports import FleetLimits, ReportsError, load_reports
+from fleet.summary import ChannelTarget, channel_progress, latest, summarize
+from registry.cohort import in_cohort
+from registry.device_report import LIMITS, DeviceReport, parse_report
+from tests.fleet_reports import NOW, model, report, stamp, write
+
+
+def _parsed(*docs: dict[str, Any]) -> list[DeviceReport]:
+    return [parse_report(json.dumps(d).encode()) for d in docs]
+
+
+# --- reading --------------------------------------------------------------------------
+
+
+def test_one_bad_report_never_hides_the_others(tmp_path: Path) -> None:
+    folder = write(tmp_path / "fleet", report("cam-1"), report("cam-2"))
+    (folder / "cam-3.json").write_text('{"kind": "DeviceReport"')  # cut off
+    (folder / "cam-4.json").write_text(json.dumps(report("cam-4", labels={"arch": 5})))
+    (folder / "cam-5.json").write_bytes(b" " * (LIMITS.max_bytes + 1))
+    (folder / "cam-6.json").write_text(json.dumps(report("cam-1")))  # claims another device
+    (folder / "not a device!.json").write_text(json.dumps(report("cam-7")))
+    (folder / "cam-8.json").symlink_to(folder / "cam-1.json")
+    (folder / "cam-9.json").mkdir()
+    # not reports: an atomic write's temporary file, other files
+    (folder / ".cam-1.json.0a1b2c.tmp").write_text("{")
+    (folder / "README.txt").write_text("reports of plant 3")
+    loaded = load_reports(str(folder))
+    assert sorted(r.device for r in loaded.reports) == ["cam-1", "cam-2"]
+    why = {u.source: u.reason for u in loaded.unreadable}
+    assert why == {
+        "cam-3.json": "not a JSON document",
+        "cam-4.json": "labels.arch: Input should be a valid string",
+        "cam-5.json": f"larger than {LIMITS.max_bytes} bytes",
+        "cam-6.json": "reports device 'cam-1', not the device it is named after",
+        "not a device!.json": "the name is not <device-id>.json",
+        "cam-8.json": why["cam-8.json"],
+        "cam-9.json": why["cam-9.json"],
+    }
+    assert "link" in why["cam-8.json"]
+    assert "directory" in why["cam-9.json"].lower()
+    assert loaded.skipped == 0
+
+
+def test_a_file_url_and_a_path_read_the_same(tmp_path: Path) -> None:
+    folder = write(tmp_path / "fleet", report("cam-1"))
+    assert [r.device for r in load_reports(folder.as_uri()).reports] == ["cam-1"]
+
+
+def test_reports_past_the_count_limit_are_counted_not_read(tmp_path: Path) -> None:
+    folder = write(tmp_path / "fleet", *(report(f"cam-{i}") for i in range(5)))
+    loaded = load_reports(str(folder), FleetLimits(max_reports=3))
+    assert [r.device for r in loaded.reports] == ["cam-0", "cam-1", "cam-2"]
+    assert loaded.skipped == 2
+
+
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_a_source_that_cannot_be_listed_is_an_error(tmp_path: Path, make: str) -> None:
+    target = tmp_path / "fleet"
+    if make == "file":
+        target.write_text("")
+    with pytest.raises(ReportsError, match=r"no such folder|not a folder"):
+        load_reports(str(target))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any folder")
+def test_a_folder_that_cannot_be_read_is_an_error(tmp_path: Path) -> None:
+    folder = write(tmp_path / "fleet", report("cam-1"))
+    folder.chmod(0)
+    try:
+        with pytest.raises(ReportsError, match="cannot list it"):
+            load_reports(str(folder))
+    finally:
+        folder.chmod(0o755)
+
+
+def test_an_unknown_scheme_is_refused() -> None:
+    with pytest.raises(ReportsError, match="folder, s3:// or http"):
+        load_reports("ftp://user:secret@example.invalid/fleet/")
+
+
+# --- counting ---------------------------------------------------------------------------
+
+
+def test_duplicates_of_a_device_count_once_the_newest() -> None:
+    old = report("cam-1", {"mlp": model("1.0.0")}, age_s=600)
+    new = report("cam-1", {"mlp": model("1.1.0")}, age_s=10)
+    for order in ((old, new), (new, old)):
+        (only,) = latest(_parsed(*order)).values()
+        assert only.models["mlp"].serving.version == "1.1.0"  # type: ignore[union-attr]
+
+
+IDS = [f"cam-{i:04d}" for i in range(400)]
+
+
+def _fleet() -> list[dict[str, Any]]:
+    """400 devices on mlp@production, 1.1.0 rolling out to 25 %: of its cohort, some
+    installed it, some failed, one rejected it in its health gate, the rest wait."""
+    cohort = [d for d in IDS if in_cohort(d, "mlp", "1.1.0", 25)]
+    failed, rolled_back, waiting = cohort[0], cohort[1], cohort[2]
+    docs = []
+    for device in IDS:
+        entry = model("1.0.0")
+        if device in cohort and device not in (failed, rolled_back, waiting):
+            entry = model("1.1.0")
+        elif device == failed:
+            entry = model("1.0.0", update={"result": "failed", "version": "1.1.0",
+                          "reason": "fetch: connection reset", "finished": stamp(NOW)})  # fmt: skip
+        elif device == rolled_back:
+            entry = model("1.0.0", update={"result": "rejected", "version": "1.1.0",
+                          "reason": "health gate: error rate 0.3", "finished": stamp(NOW)})  # fmt: skip
+        docs.append(report(device, {"mlp": entry}))
+    docs[-1]["models"]["mlp"]["channel"] = "canary"  # follows another channel
+    return docs
+
+
+def test_a_channels_progress_counts_its_cohort_by_the_devices_own_rule() -> None:
+    docs = _fleet()
+    cohort = [d for d in IDS[:-1] if in_cohort(d, "mlp", "1.1.0", 25)]
+    progress = channel_progress(_parsed(*docs), "mlp", "production", "1.1.0", 25, now=NOW)
+    assert (progress.subscribed, progress.cohort) == (399, len(cohort))
+    assert 70 < progress.cohort < 130  # about a quarter
+    assert progress.on_target == len(cohort) - 3
+    assert progress.failed == tuple(sorted([
+        (cohort[0], "fetch: connection reset"), (cohort[1], "health gate: error rate 0.3"),
+    ]))  # fmt: skip
+    assert progress.pending == ((cohort[2], None),)
+    assert progress.stale == ()
+    assert progress.failure_share == pytest.approx(2 / len(cohort))
+    everyone = channel_progress(_parsed(*docs), "mlp", "production", "1.1.0", None, now=NOW)
+    assert everyone.cohort == 399
+    assert everyone.on_target == progress.on_target
+
+
+def test_a_rejection_earlier_than_the_last_update_still_counts_as_a_failure() -> None:
+    rejected = [{"version": "1.1.0", "sha256": "e" * 64, "reason": "self-test: mismatch",
+                 "at": stamp(NOW)}]  # fmt: skip
+    doc = report("cam-1", {"mlp": model("1.0.0", rejected=rejected)})
+    progress = channel_progress(_parsed(doc), "mlp", "production", "1.1.0", None, now=NOW)
+    assert progress.failed == (("cam-1", "rejected: self-test: mismatch"),)
+
+
+def test_a_device_wide_failure_is_a_reason_to_wait_not_a_failed_install() -> None:
+    sync = {"last_checked": stamp(NOW), "result": "failed", "commit": None,
+            "reason": "repository: git fetch failed: connection refused"}  # fmt: skip
+    doc = report("cam-1", sync=sync)
+    progress = channel_progress(_parsed(doc), "mlp", "production", "1.1.0", None, now=NOW)
+    assert progress.failed == ()
+    assert progress.pending == (("cam-1", "repository: git fetch failed: connection refused"),)
+
+
+def test_stale_devices_are_those_silent_longer_than_the_limit() -> None:
+    docs = [report("cam-1", age_s=60), report("cam-2", age_s=16 * 60),
+            report("cam-3", age_s=3 * 3600)]  # fmt: skip
+    progress = channel_progress(_parsed(*docs), "mlp", "production", "1.0.0", None, now=NOW)
+    assert progress.stale == ("cam-2", "cam-3")
+    assert progress.on_target == 3  # counted by what they last said
+    summary = summarize(_parsed(*docs), {}, now=NOW, stale_after_s=3600)
+    assert [(s.device, s.age_s) for s in summary.stale] == [("cam-3", 3 * 3600.0)]
+
+
+def test_the_summary_counts_versions_channels_and_what_is_not_declared() -> None:
+    docs = [*_fleet(), report("new-1", {"mlp": model(None)}),
+            report("cam-x", {"mlp": model("1.0.0", channel="beta")}, age_s=7200),
+            report("det-1", {"det": model("2.0.0", channel="canary")})]  # fmt: skip
+    docs[-1]["trust"]["stale"] = True
+    channels = {"mlp": {"production": ChannelTarget("1.1.0", 25.0),
+                        "canary": ChannelTarget("1.0.0")}}  # fmt: skip
+    summary = summarize(_parsed(*docs), channels, now=NOW)
+    assert summary.devices == 403
+    on_new = summary.channels[1].on_target
+    assert summary.versions == {"det": {"2.0.0": 1},
+                                "mlp": {"1.0.0": 402 - on_new - 1, "1.1.0": on_new, None: 1}}  # fmt: skip
+    assert [(c.channel, c.version) for c in summary.channels] == [
+        ("canary", "1.0.0"), ("production", "1.1.0"),
+    ]  # fmt: skip
+    assert (summary.channels[0].subscribed, summary.channels[0].on_target) == (1, 1)
+    assert summary.undeclared == [("det", "canary", 1), ("mlp", "beta", 1)]
+    assert [s.device for s in summary.stale] == ["cam-x"]
+    assert summary.stale[0].age_s == pytest.approx(7200)
+    assert summary.trust_stale == ["det-1"]
+    assert (
+        channel_progress(_parsed(*docs), "mlp", "production", "1.1.0", 25.0, now=NOW)
+        == summary.channels[1]
+    )
+
+
+def test_staleness_defaults_to_the_current_time() -> None:
+    doc = report("cam-1", age_s=0)  # sent at NOW, long ago
+    progress = channel_progress(_parsed(doc), "mlp", "production", "1.0.0", None)
+    assert progress.stale == ("cam-1",)
+    just_now = report("cam-1", reported=stamp(NOW.now(NOW.tzinfo) - timedelta(seconds=1)))
+    assert channel_progress(_parsed(just_now), "mlp", "production", "1.0.0", None).stale == ()
