@@ -121,6 +121,11 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
             "> /etc/systemd/system/modelreg-edge.service"
         ),
     ),
+    "fleet": ("modelreg fleet advance --reports s3://acme-fleet/reports/ --dry-run",),
+    "fleet advance": (
+        "modelreg fleet advance --reports s3://acme-fleet/reports/",
+        "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
+    ),
     "history": ("modelreg history mlp --channel production",),
     "show": (
         "modelreg show mlp",
