@@ -361,3 +361,61 @@ def test_advance_joins_an_existing_fleet_group() -> None:
     attach(bare)
     assert isinstance(bare.commands["fleet"], click.Group)
     assert list(bare.commands["fleet"].commands) == ["advance"]
+
+
+@pytest.fixture
+def fleet(_released_template: Path, tmp_path: Path) -> Path:
+    """A copy of the released fleet (mlp 1.0.0 released to canary by ci release)."""
+    root = tmp_path / "fleet"
+    shutil.copytree(_released_template, root, symlinks=True)
+    return root
+
+
+def test_a_wave_advance_is_released_and_signed_like_any_promotion(
+    fleet: Path, tmp_path: Path, cli: Any
+) -> None:
+    """On the promotion branch the release signs the new percent (devices read only that);
+    the same change from another branch would not be released."""
+    from edge_sync.trust import DeviceTrust
+
+    root = fleet
+    model_file = root / "manifests/mlp/model.yaml"
+    model_file.write_text(
+        model_file.read_text().replace(
+            "    canary: 1.0.0\n",
+            "    canary: 1.0.0\n    production:\n      version: 1.0.0\n      rollout:\n"
+            "        percent: 10\n        waves: [{percent: 10, soak: 1h}, {percent: 100}]\n",
+        )
+    )
+    _commit(root, "mlp 1.0.0 to production, in waves")
+
+    def released() -> str:
+        r = cli("publish", "--no-push", "--json", cwd=root)
+        assert r.code == 0, r.err
+        return _commit(root, "modelreg release [skip ci]", at=NOW - 2 * H)
+
+    def production() -> tuple[str, float | None]:
+        trust.refresh()
+        entry = trust.channels().models["mlp"]["production"]
+        return entry.version, entry.percent
+
+    released()
+    state = tmp_path / "device"
+    DeviceTrust.provision(state, (root / "trust/metadata/1.root.json").read_bytes())
+    trust = DeviceTrust(state, root, root / ".modelreg/remote/modelreg")
+    assert production() == ("1.0.0", 10)
+    (step,) = advance(root, lambda *_: Progress(5, 5, 0))
+    assert (step.action, step.decision.to_percent) == ("advance", 100)  # type: ignore[union-attr]
+    assert git(root, "log", "-1", "--format=%s").strip() == (
+        "modelreg: mlp production 1.0.0 rollout 10% -> 100% (wave 2 of 2)"
+    )
+    # the release job on another branch refuses the channel change; on main it signs it
+    git(root, "switch", "-qc", "feature")
+    r = cli("publish", "--no-push", cwd=root)
+    assert r.code == 1
+    assert "channel changes of 'mlp' are released from branch 'main' only" in r.err
+    git(root, "switch", "-q", "main")
+    released()
+    assert production() == ("1.0.0", 100)
+    (step,) = advance(root, lambda *_: Progress(5, 5, 0))
+    assert step.action == "done"
