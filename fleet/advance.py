@@ -73,7 +73,8 @@ class ChannelStep:
         return {Advance: "advance", Wait: "wait", Done: "done"}[type(decision)]
 
     def text(self) -> str:
-        """One line: ``mlp canary 1.1.0 at 10% (wave 1 of 3): advance to 50%: ...``."""
+        """One line: ``mlp canary 1.1.0 at 10% (wave 1 of 3): advance to 50%: ...``
+        (``wait: ...``, ``stop, rollout held: ...``, ``on hold: ...``, ``done: ...``)."""
         t = self.target
         index = t.rollout.wave_index()
         where = f"{t.model} {t.channel} {t.version} at {t.rollout.percent:g}%"
@@ -85,6 +86,8 @@ class ChannelStep:
         elif isinstance(decision, Stop) and not decision.held:
             what = "stop, rollout held"
         done = f" [{self.commit[:12]}]" if self.commit else ""
+        if what == "held":  # the reason says it: "on hold: ..."
+            return f"{where}: {decision.reason}{done}"
         return f"{where}: {what}: {decision.reason}{done}"
 
     def to_json(self) -> dict[str, Any]:

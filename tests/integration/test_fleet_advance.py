@@ -229,6 +229,10 @@ def test_a_tripped_stop_condition_holds_the_rollout_and_says_why(
     (step,) = json.loads(r.out)["channels"]
     assert (step["action"], step["reason"]) == ("held", f"on hold: {rollout['hold']}")
     assert head(repo) == tip
+    r = cli("fleet", "advance", "--reports", url, cwd=repo)
+    assert (r.code, r.out.strip()) == (
+        0, f"mlp canary 1.1.0 at 10% (wave 1 of 3): on hold: {rollout['hold']}"
+    )  # fmt: skip
     # a person lifts the hold (a reviewed commit): the waves go on
     text = (repo / "manifests/mlp/model.yaml").read_text()
     (repo / "manifests/mlp/model.yaml").write_text(
