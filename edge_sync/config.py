@@ -15,6 +15,7 @@ are plain paths, are relative to the config file's folder.  See SPEC section 7::
     models: [{name: mlp, channel: production}]
     state_dir: /var/lib/modelreg
     serve: {listen: 127.0.0.1:8000, memory_budget: 2GiB}
+    report: {url: s3://fleet-reports/fleet/, heartbeat: 5m}
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "ArtifactsConfig",
     "DeviceConfig",
     "EdgeConfig",
+    "ReportConfig",
     "RepositoryConfig",
     "ServeConfig",
     "Subscription",
@@ -53,6 +55,7 @@ _SIZE_UNITS: Final = {
 }  # fmt: skip
 _SCHEMES: Final = ("file", "git", "http", "https", "ssh")
 _ARTIFACT_SCHEMES: Final = ("file", "http", "https", "s3")
+_REPORT_SCHEMES: Final = ("file", "http", "https", "s3")
 _LOCAL_URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -169,6 +172,42 @@ class ServeConfig(Strict):
     """Accept ``POST /v2/repository/sync`` from any client (default: this machine only)."""
 
 
+class ReportConfig(Strict):
+    """Where the device sends its report (``edge_sync.report``): on every change and at
+    each heartbeat, as ``<device-id>.json`` under ``url``.
+
+    ``url`` is a folder (a path or ``file://``, NFS included), ``s3://bucket/prefix/``,
+    or an ``http(s)://`` URL that takes a PUT: a base ending in ``/`` gets
+    ``<device-id>.json`` appended, and ``{device}`` anywhere in an s3 or http URL is
+    replaced by the device id instead.  ``credentials`` is a file only this device can
+    read: for S3 an AWS shared-credentials file (its ``[default]`` keys), for HTTP a
+    bearer token; without it, S3 takes the standard AWS configuration and HTTP the
+    token in ``MODELREG_REPORT_TOKEN``, if any.
+    """
+
+    url: Annotated[Text, _url(_REPORT_SCHEMES)]
+    heartbeat: Annotated[Duration, Field(ge=1)] = 300.0
+    timeout: Annotated[Duration, Field(gt=0, le=300)] = 10.0
+    """Each send's connect and read time limit."""
+    credentials: Text | None = None
+
+    @property
+    def scheme(self) -> str:
+        """``file`` for a folder, else the URL's scheme."""
+        return urlparse(self.url).scheme.lower() if _LOCAL_URL.match(self.url) else "file"
+
+    @model_validator(mode="after")
+    def _names_each_device(self) -> ReportConfig:
+        if self.scheme != "file" and not (self.url.endswith("/") or "{device}" in self.url):
+            raise ValueError(
+                "the URL must name each device's report: end it with / (<device-id>.json "
+                "is added) or put {device} in it"
+            )
+        if self.scheme == "file" and self.credentials is not None:
+            raise ValueError("credentials are for s3:// and http(s):// report URLs")
+        return self
+
+
 def _unique_models(subscriptions: list[Subscription]) -> list[Subscription]:
     names = [s.name for s in subscriptions]
     for name in names:
@@ -191,6 +230,8 @@ class EdgeConfig(Strict):
     )
     state_dir: Text
     serve: ServeConfig = ServeConfig()
+    report: ReportConfig | None = None
+    """Send the device's report to a fleet sink (``modelreg fleet status`` reads them)."""
 
     @property
     def state_path(self) -> Path:
@@ -209,6 +250,18 @@ def _resolve(value: str, base: Path) -> str:
         return value
     path = Path(value).expanduser()
     return str(path if path.is_absolute() else (base / path))
+
+
+def _resolved_report(report: ReportConfig | None, base: Path) -> ReportConfig | None:
+    if report is None:
+        return None
+    credentials = report.credentials
+    return report.model_copy(
+        update={
+            "url": _resolve(report.url, base),
+            "credentials": _resolve(credentials, base) if credentials else None,
+        }
+    )
 
 
 def load_edge_config(path: Path) -> EdgeConfig:
@@ -233,6 +286,7 @@ def load_edge_config(path: Path) -> EdgeConfig:
                 "artifacts": config.artifacts.model_copy(
                     update={"url": _resolve(config.artifacts.url, base)}
                 ),
+                "report": _resolved_report(config.report, base),
             }
         )
     except ValueError as e:  # pragma: no cover - model_copy does not validate

@@ -31,19 +31,36 @@ from edge_sync.engine import EngineError, EngineHost
 from edge_sync.health import GatePolicy, Recorder
 from edge_sync.host import InProcessHost
 from edge_sync.limits import TrustLimits
+from edge_sync.report import Reporter
 from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, trusted_role
 from edge_sync.updater import GATE_CHECK_S, StoppedError, SyncReport, Updater
 from registry.errors import UsageError
 from signing.errors import VerificationError
 
-__all__ = ["Daemon", "backoff_delay", "next_delay", "provision", "status_document", "systemd_unit"]
+__all__ = [
+    "Daemon",
+    "backoff_delay",
+    "daemon_version",
+    "next_delay",
+    "provision",
+    "status_document",
+    "systemd_unit",
+]
 
 ENGINE_CACHE_DIR: Final = "engines"
 """In the state dir: TensorRT engines built on this device (``edge_sync.tensorrt``)."""
 TUNING_FILE: Final = "tuning.json"
 """In the state dir: per model, whether prepacking paid when measured (``serve.prepack``)."""
 FIRST_RETRY_S: Final = 5.0
+
+
+def daemon_version() -> str:
+    """The version of modelreg this daemon runs (``dev`` in a source tree not installed)."""
+    try:
+        return version("modelreg")
+    except PackageNotFoundError:  # pragma: no cover - a source tree not installed
+        return "dev"
 
 
 def next_delay(poll_s: float, jitter: float, rng: random.Random) -> float:
@@ -114,6 +131,7 @@ class Daemon:
     _stopping: bool = False
     _updater: Updater | None = None
     _wakeup: _Wakeup | None = None
+    _reporter: Reporter | None = None
 
     def request_sync(self) -> None:
         """Sync now (what SIGHUP does)."""
@@ -159,6 +177,7 @@ class Daemon:
                     server.metrics.update(model, record)
             if self.on_sync is not None:
                 self.on_sync(report)
+            self._report_changes()
             self._tune(updater)
             if report.result == "failed":
                 failures += 1
@@ -174,7 +193,15 @@ class Daemon:
                     break
                 gate_in = updater.next_gate_s()
                 wakeup.sleep(left if gate_in is None else min(left, gate_in))
-                self._closed_gates(updater.check_gates(), server)
+                closed = updater.check_gates()
+                self._closed_gates(closed, server)
+                if closed:
+                    self._report_changes()
+
+    def _report_changes(self) -> None:
+        """Let the reporter look at the state (it sends only what changed)."""
+        if self._reporter is not None:
+            self._reporter.poke()
 
     def _watch_gates(self, updater: Updater) -> None:
         """Swap back a version failing its health gate as soon as it fails, even while
@@ -306,6 +333,12 @@ class Daemon:
             for model, problem in problems.items():
                 said = reason_text(problem)
                 print(f"modelreg edge: {model}: not served at start: {said}", file=sys.stderr)
+            if self.config.report is not None:
+                # its own thread: a slow sink never holds up a sync or a request
+                self._reporter = Reporter(
+                    self.config, lambda: status_document(self.config), daemon_version()
+                )
+                self._reporter.start()
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
             self._loop(updater, wakeup, server)
             _notify("STOPPING=1")
@@ -313,6 +346,9 @@ class Daemon:
                 server.stop()
             return 0
         finally:
+            if self._reporter is not None:
+                self._reporter.stop()
+                self._reporter = None
             if install_signals:
                 with contextlib.suppress(ValueError):
                     signal.set_wakeup_fd(-1)
@@ -337,11 +373,7 @@ class _Server:
         from edge_sync.metrics import Metrics
         from edge_sync.serving import create_app
 
-        try:
-            __version__ = version("modelreg")
-        except PackageNotFoundError:  # pragma: no cover - a source tree not installed
-            __version__ = "dev"
-
+        __version__ = daemon_version()
         self.metrics = Metrics(host)
         app = create_app(
             host,

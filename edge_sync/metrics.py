@@ -4,8 +4,10 @@ One :class:`Metrics` per daemon, on its own registry (no global state): requests
 model, version and outcome with their latency, updates by model and result with the
 time of each stage, engine swaps and their duration, health-gate rollbacks, the
 engines loaded (bytes of weights each holds and shares), the memory budget's hits,
-misses and evictions, and the process's memory and CPU (``modelreg_process_*``).
-Made with ``prometheus_client``.
+misses and evictions, the process's memory and CPU (``modelreg_process_*``), and
+``modelreg_model_info{model,version,sha256} 1`` for what each model serves now, so that a
+Prometheus scraping the fleet counts the devices on each version
+(``count by (model, version) (modelreg_model_info)``).  Made with ``prometheus_client``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Metrics:
         ProcessCollector(namespace="modelreg", registry=self.registry)
         if host is not None and hasattr(host, "loaded") and hasattr(host, "cache"):
             self.registry.register(_EngineCollector(host))
+        if host is not None and hasattr(host, "models"):
+            self.registry.register(_ServingCollector(host))
         self.requests = Counter(
             "modelreg_requests", "Inference requests by model, version and outcome.",
             ["model", "version", "outcome"], registry=self.registry,
@@ -128,3 +132,21 @@ class _EngineCollector(Collector):
             for name, family in families.items():
                 family.add_metric([model], getattr(stats, name))
         yield from families.values()
+
+
+class _ServingCollector(Collector):
+    """What serves each model, read from the host at each scrape (a health gate's swap
+    back shows at once, before the state file says so)."""
+
+    def __init__(self, host: Any) -> None:
+        self.host = host
+
+    def collect(self) -> Iterator[Any]:
+        info = GaugeMetricFamily(
+            "modelreg_model_info",
+            "The version each model serves now, with the digest of the file its engine runs.",
+            labels=["model", "version", "sha256"],
+        )
+        for model, engine in sorted(self.host.models().items()):
+            info.add_metric([model, engine.version, engine.sha256], 1.0)
+        yield info

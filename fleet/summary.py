@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
+import semver
+
 from registry.cohort import in_cohort
 from registry.device_report import DeviceReport, ModelReport
 
@@ -142,6 +144,11 @@ def latest(reports: Iterable[DeviceReport]) -> dict[str, DeviceReport]:
         if held is None or report.reported > held.reported:
             found[report.device] = report
     return found
+
+
+def _by_version(item: tuple[str | None, int]) -> tuple[bool, semver.Version | None]:
+    """SemVer order (1.9.0 before 1.10.0), nothing served last."""
+    return item[0] is None, semver.Version.parse(item[0]) if item[0] else None
 
 
 def _failure(state: ModelReport, version: str) -> str | None:
@@ -276,7 +283,7 @@ def summarize(
     )
     return FleetSummary(
         devices=len(devices),
-        versions={m: dict(v) for m, v in sorted(versions.items())},
+        versions={m: dict(sorted(v.items(), key=_by_version)) for m, v in sorted(versions.items())},
         channels=progress,
         undeclared=undeclared,
         stale=stale,

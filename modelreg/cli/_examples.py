@@ -112,6 +112,15 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg register",
         "modelreg register --check --tracking-uri http://mlflow.acme.example:5000",
     ),
+    "fleet": ("modelreg fleet status --reports s3://fleet-reports/fleet/",),
+    "fleet status": (
+        "modelreg fleet status --reports s3://fleet-reports/fleet/ --json",
+        "modelreg fleet status --reports /srv/fleet/reports --repo fleet-models --stale-after 1h",
+    ),
+    "fleet advance": (
+        "modelreg fleet advance --reports s3://fleet-reports/fleet/",
+        "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
+    ),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),
     "edge status": ("modelreg edge status --config /etc/modelreg/edge.yaml --json",),
@@ -120,11 +129,6 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
             "modelreg edge unit --config /etc/modelreg/edge.yaml "
             "> /etc/systemd/system/modelreg-edge.service"
         ),
-    ),
-    "fleet": ("modelreg fleet advance --reports s3://acme-fleet/reports/ --dry-run",),
-    "fleet advance": (
-        "modelreg fleet advance --reports s3://acme-fleet/reports/",
-        "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
     ),
     "history": ("modelreg history mlp --channel production",),
     "show": (

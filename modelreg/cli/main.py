@@ -55,6 +55,7 @@ def _register() -> None:
         diff_cmd,
         edge_cmds,
         fleet_advance_cmd,
+        fleet_cmds,
         inspect_cmds,
         register_cmd,
         repo_cmds,
@@ -79,6 +80,7 @@ def _register() -> None:
     cli.add_command(ci_cmds.ci)
     cli.add_command(register_cmd.register)
     cli.add_command(edge_cmds.edge)
+    cli.add_command(fleet_cmds.fleet)
     cli.add_command(inspect_cmds.history)
     cli.add_command(inspect_cmds.show)
     cli.add_command(inspect_cmds.list_)

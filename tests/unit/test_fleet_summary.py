@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import urllib.parse
+from collections.abc import Iterator
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -203,3 +207,72 @@ def test_staleness_defaults_to_the_current_time() -> None:
     assert progress.stale == ("cam-1",)
     just_now = report("cam-1", reported=stamp(NOW.now(NOW.tzinfo) - timedelta(seconds=1)))
     assert channel_progress(_parsed(just_now), "mlp", "production", "1.0.0", None).stale == ()
+
+
+# --- an HTTP folder (nginx: dav_methods PUT; autoindex on; autoindex_format json) ---------
+
+
+class _Folder(ThreadingHTTPServer):
+    files: dict[str, bytes]
+    listing: bytes
+    requests: list[str]
+
+
+class _FolderHandler(BaseHTTPRequestHandler):
+    server: _Folder
+
+    def do_GET(self) -> None:
+        self.server.requests.append(self.path)
+        name = urllib.parse.unquote(self.path.removeprefix("/fleet/"))
+        body = self.server.listing if name == "" else self.server.files.get(name)
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def http_folder() -> Iterator[_Folder]:
+    server = _Folder(("127.0.0.1", 0), _FolderHandler)
+    server.files, server.requests = {}, []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_reports_from_an_http_folder_listing(http_folder: _Folder) -> None:
+    good = [report(f"cam-{i}") for i in range(3)]
+    http_folder.files = {f"{d['device']}.json": json.dumps(d).encode() for d in good}
+    http_folder.files["cam-9.json"] = b"<html>oops</html>"
+    entries = [{"name": n, "type": "file", "mtime": "Sun, 01 Jun 2025 12:00:00 GMT",
+                "size": len(b)} for n, b in http_folder.files.items()]  # fmt: skip
+    entries += [{"name": "archive", "type": "directory"}, {"name": "gone.json", "type": "file"}]
+    http_folder.listing = json.dumps(entries).encode()
+    base = f"http://127.0.0.1:{http_folder.server_address[1]}/fleet/"
+    loaded = load_reports(base)
+    assert sorted(r.device for r in loaded.reports) == ["cam-0", "cam-1", "cam-2"]
+    assert {u.source: u.reason for u in loaded.unreadable} == {
+        "cam-9.json": "not a JSON document", "gone.json": "HTTP 404",
+    }  # fmt: skip
+    assert "/fleet/archive" not in http_folder.requests
+    # a plain array of names is a listing too
+    http_folder.listing = json.dumps(["cam-0.json"]).encode()
+    assert [r.device for r in load_reports(base).reports] == ["cam-0"]
+    with pytest.raises(ReportsError, match="folder URL ending in /"):
+        load_reports(base + "cam-0.json")
+    http_folder.listing = b'{"not": "a list"}'
+    with pytest.raises(ReportsError, match="the listing is not a JSON array"):
+        load_reports(base)
+    with pytest.raises(ReportsError, match=r"cannot list the reports \(HTTP 404\)"):
+        load_reports(base.replace("/fleet/", "/elsewhere/"))

@@ -41,6 +41,7 @@ REGISTRY_SIDE = {"mlflow", "dvc", "onnx", "pipelines", "git"}
         (
             (
                 "modelreg.cli.edge_cmds, edge_sync.daemon, edge_sync.updater, edge_sync.engine, "
+                "edge_sync.report, "
                 "edge_sync.watcher, edge_sync.state, edge_sync.config"
             ),
             REGISTRY_SIDE | {"onnxruntime"},

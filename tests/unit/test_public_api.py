@@ -27,6 +27,7 @@ PUBLIC: dict[str, set[str]] = {
         "ArtifactsConfig",
         "DeviceConfig",
         "EdgeConfig",
+        "ReportConfig",
         "RepositoryConfig",
         "ServeConfig",
         "Subscription",
@@ -79,6 +80,9 @@ PUBLIC: dict[str, set[str]] = {
         "TrustLimits",
         "expect_facts",
         "trusted_role",
+    },
+    "fleet.channels": {
+        "declared_channels",
     },
     "fleet.reports": {
         "FleetLimits",

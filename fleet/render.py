@@ -1,0 +1,143 @@
+"""``fleet status`` for people: tables of versions and rollouts, then the devices that
+need a look (failed, stale, unreadable).  Long lists are cut; ``--json`` has them all."""
+
+from __future__ import annotations
+
+import io
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from fleet.reports import LoadedReports
+from fleet.summary import FleetSummary
+
+__all__ = ["age_text", "render_json", "render_text"]
+
+SHOWN: Final = 10
+"""Devices listed per kind of problem before "... and N more"."""
+
+
+def age_text(seconds: float) -> str:
+    """``45s``, ``16m``, ``2h 03m``, ``3d 04h``: how long ago, to a useful precision."""
+    s = int(max(seconds, 0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600:02d}h"
+
+
+def _cut(lines: list[str], what: str) -> list[str]:
+    if len(lines) <= SHOWN:
+        return lines
+    return [*lines[:SHOWN], f"  ... and {len(lines) - SHOWN} more {what} (--json lists all)"]
+
+
+def _cells(*values: object) -> list[Text]:
+    # Text, not str: rich would read "[...]" in a value as markup
+    return [Text("-" if v is None else str(v)) for v in values]
+
+
+def render_json(
+    summary: FleetSummary,
+    loaded: LoadedReports,
+    *,
+    now: datetime,
+    stale_after_s: float,
+    repository: Path | None,
+) -> dict[str, Any]:
+    """The machine report of ``fleet status --json``."""
+    return {
+        "source": loaded.source,
+        "repository": None if repository is None else str(repository),
+        "now": now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "stale_after_s": stale_after_s,
+        "devices": summary.devices,
+        "versions": [
+            {"model": model, "version": version, "devices": n}
+            for model, counts in summary.versions.items()
+            for version, n in counts.items()
+        ],
+        "channels": [c.to_json() for c in summary.channels],
+        "undeclared": [{"model": m, "channel": c, "devices": n} for m, c, n in summary.undeclared],
+        "stale": [
+            {
+                "device": s.device,
+                "reported": s.reported.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                "age_s": round(s.age_s, 3),
+            }
+            for s in summary.stale
+        ],
+        "trust_stale": summary.trust_stale,
+        "unreadable": [{"source": u.source, "reason": u.reason} for u in loaded.unreadable],
+        "skipped": loaded.skipped,
+    }
+
+
+def render_text(
+    summary: FleetSummary,
+    loaded: LoadedReports,
+    *,
+    stale_after_s: float,
+    repository: Path | None,
+    color: bool = False,
+    width: int = 120,
+) -> str:
+    """The human report of ``fleet status``."""
+    out = io.StringIO()
+    console = Console(
+        file=out, width=width, force_terminal=color, no_color=not color,
+        color_system="standard" if color else None, highlight=False,
+    )  # fmt: skip
+    head = f"{summary.devices} device{'s' if summary.devices != 1 else ''} reporting"
+    console.print(Text(f"{head} in {loaded.source}"), style="bold")
+    versions = Table("model", "version", "devices", title="Versions", title_justify="left")
+    for model, counts in summary.versions.items():
+        for version, n in counts.items():
+            versions.add_row(*_cells(model, version or "(nothing yet)", n))
+    if summary.versions:
+        console.print(versions)
+    if summary.channels:
+        rollouts = Table(
+            "model", "channel", "target", "percent", "following", "cohort", "on target",
+            "pending", "failed", "stale", title="Rollouts", title_justify="left",
+        )  # fmt: skip
+        for c in summary.channels:
+            percent = "100" if c.percent is None else f"{c.percent:g}"
+            rollouts.add_row(*_cells(
+                c.model, c.channel, c.version, percent, c.subscribed, c.cohort, c.on_target,
+                len(c.pending), len(c.failed), len(c.stale),
+            ))  # fmt: skip
+        console.print(rollouts)
+    lines: list[str] = []
+    for c in summary.channels:
+        where = f"{c.model}@{c.channel} {c.version}"
+        lines += _cut([f"failed: {where} on {d}: {why}" for d, why in c.failed], "failures")
+        waiting = [f"waiting: {where} on {d}: {why}" for d, why in c.pending if why]
+        lines += _cut(waiting, "waiting devices")
+    for model, channel, n in summary.undeclared:
+        lines.append(f"not declared: {model}@{channel} is followed by {n} device(s)")
+    lines += _cut(
+        [f"stale: {s.device} (last report {age_text(s.age_s)} ago)" for s in summary.stale],
+        "stale devices",
+    )
+    lines += _cut(
+        [f"trust metadata expired on {d}: it installs nothing new" for d in summary.trust_stale],
+        "devices",
+    )
+    lines += _cut([f"unreadable: {u.source}: {u.reason}" for u in loaded.unreadable], "reports")
+    if loaded.skipped:
+        lines.append(f"not read: {loaded.skipped} more reports (over the limit)")
+    if repository is None and summary.devices:
+        lines.append("no rollout progress: no model repository here (give --repo)")
+    for line in lines:
+        console.print(Text(line))
+    console.print(Text(f"(stale: no report for over {age_text(stale_after_s)})"), style="dim")
+    # rich pads a table's title to the table's width
+    return "".join(line.rstrip() + "\n" for line in out.getvalue().splitlines())

@@ -1,0 +1,80 @@
+"""``modelreg fleet status``: what every device runs, from the reports devices send."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from modelreg.cli._output import emit_json, error_lines, is_tty
+
+
+@click.group()
+def fleet() -> None:
+    """The fleet as its devices report it."""
+
+
+@fleet.command("status")
+@click.option(
+    "--reports",
+    "url",
+    required=True,
+    metavar="URL",
+    help="Where devices send their reports (edge.yaml's report.url): a folder, file://, "
+    "s3://bucket/prefix/ or an http(s):// folder with a JSON listing.",
+)
+@click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The model repository whose channels give each rollout's target and percent "
+    "(default: the one around the current folder, if any).",
+)
+@click.option(
+    "--stale-after",
+    default="15m",
+    show_default=True,
+    metavar="DURATION",
+    help="A device whose last report is older than this is stale (30s, 15m, 1h).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -> None:
+    """Devices per model and version, each channel's rollout progress (cohort, on the
+    target, failures and why), stale devices, and reports that could not be read.
+
+    Exit code 0 when the reports were read (some may be unreadable: they are listed),
+    1 when they cannot be read at all.
+    """
+    from datetime import UTC, datetime
+
+    from edge_sync.config import parse_duration
+    from fleet.channels import declared_channels
+    from fleet.render import render_json, render_text
+    from fleet.reports import load_reports
+    from fleet.summary import ChannelTarget, summarize
+    from registry.errors import RepositoryError
+
+    try:
+        stale_after_s = parse_duration(stale_after)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--stale-after") from None
+    loaded = load_reports(url)
+    models = {name for r in loaded.reports for name in r.models}
+    root: Path | None = None
+    channels: dict[str, dict[str, ChannelTarget]] = {}
+    try:
+        root, channels = declared_channels(repo or Path.cwd(), models)
+    except RepositoryError:
+        if repo is not None:
+            raise
+    now = datetime.now(UTC)
+    summary = summarize(loaded.reports, channels, now=now, stale_after_s=stale_after_s)
+    if as_json:
+        emit_json(render_json(summary, loaded, now=now, stale_after_s=stale_after_s,
+                              repository=root))  # fmt: skip
+        return
+    text = render_text(summary, loaded, stale_after_s=stale_after_s, repository=root,
+                       color=is_tty())  # fmt: skip
+    click.echo(text, nl=False)
+    if not loaded.reports and not loaded.unreadable:
+        error_lines([f"modelreg: no device reports in {loaded.source}"])

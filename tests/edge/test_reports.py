@@ -1,0 +1,200 @@
+"""Device reports end to end: real daemons report to a folder and to an S3 bucket (moto on
+loopback), send again when what they run changes, export ``modelreg_model_info``, and
+``modelreg fleet status`` counts them against the repository's channels, cohorts
+included."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from fleet.reports import LoadedReports, ReportsError, load_reports
+from registry.cohort import in_cohort
+from tests.edge.conftest import EdgeRig
+
+pytestmark = pytest.mark.integration
+
+_QUIET = {"url": "", "poll_interval": "1h"}
+"""A repository section that syncs at start and when asked only."""
+
+
+@contextmanager
+def _daemon(rig: EdgeRig, name: str, **overrides: Any) -> Iterator[Any]:
+    """Device ``name``'s real daemon loop in a thread (no server: its sync and reports)."""
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import Daemon
+
+    repository = {**_QUIET, "url": str(rig.root)}
+    config = load_edge_config(rig.config(name, repository=repository, **overrides))
+    daemon = Daemon(config, serving=False)
+    thread = threading.Thread(target=daemon.run, kwargs={"install_signals": False}, daemon=True)
+    thread.start()
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+
+def _wait(url: str, done: Callable[[LoadedReports], bool], timeout: float = 90) -> LoadedReports:
+    deadline = time.monotonic() + timeout
+    loaded = LoadedReports(url)
+    while True:
+        with contextlib.suppress(ReportsError):  # no report written yet
+            loaded = load_reports(url)
+            if done(loaded):
+                return loaded
+        assert time.monotonic() < deadline, [r.model_dump(mode="json") for r in loaded.reports]
+        time.sleep(0.1)
+
+
+def _serving(loaded: LoadedReports) -> dict[str, str | None]:
+    found = {}
+    for r in loaded.reports:
+        serving = r.models["mlp"].serving
+        found[r.device] = serving.version if serving else None
+    return found
+
+
+def _metrics(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
+        return str(response.read().decode())
+
+
+def _fleet_status(rig: EdgeRig, url: str) -> dict[str, Any]:
+    r = rig.cli("fleet", "status", "--reports", url, "--json", cwd=rig.root)
+    assert r.code == 0, r.err
+    return dict(json.loads(r.out))
+
+
+def test_daemons_report_to_a_folder_on_change_and_fleet_status_counts_them(
+    rig: EdgeRig,
+) -> None:
+    reports = rig.tmp / "reports"
+    section = {"url": str(reports), "heartbeat": "1h"}  # a change, never the heartbeat
+    config = rig.config("a", repository={**_QUIET, "url": str(rig.root)}, report=section)
+    with config.with_suffix(".log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        with _daemon(rig, "b", report=section) as b:
+            loaded = _wait(str(reports), lambda r: set(_serving(r).values()) == {"1.0.0"}
+                           and len(r.reports) == 2)  # fmt: skip
+            assert loaded.unreadable == []
+            first = {r.device: r for r in loaded.reports}["a-0001"]
+            assert first.labels == {"arch": "x86_64"}
+            assert first.daemon.running
+            assert first.daemon.version
+            assert first.sync.result == "current"
+            listen = first.daemon.listen
+            assert listen
+            base = f"http://{listen}"
+            sha = first.models["mlp"].serving.sha256  # type: ignore[union-attr]
+            info = f'modelreg_model_info{{model="mlp",sha256="{sha}",version="1.0.0"}} 1.0'
+            assert info in _metrics(base).splitlines()
+
+            rig.release_version("1.1.0", "1.0.0")
+            request = urllib.request.Request(f"{base}/v2/repository/sync", data=b"{}")  # noqa: S310
+            urllib.request.urlopen(request, timeout=30).close()  # noqa: S310
+            b.request_sync()
+            loaded = _wait(str(reports), lambda r: set(_serving(r).values()) == {"1.1.0"})
+            new = {r.device: r for r in loaded.reports}["a-0001"]
+            assert new.reported > first.reported
+            update = new.models["mlp"].last_update
+            assert update is not None
+            assert (update.result, update.version) == ("installed", "1.1.0")
+            assert new.models["mlp"].previous.version == "1.0.0"  # type: ignore[union-attr]
+            text = _metrics(base)
+            assert 'modelreg_model_info{model="mlp",sha256=' in text
+            assert 'version="1.1.0"} 1.0' in text
+            assert 'version="1.0.0"} 1.0' not in text.split("modelreg_model_info{", 1)[1]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    assert "report: not sent" not in config.with_suffix(".log").read_text()
+
+    status = _fleet_status(rig, str(reports))
+    assert status["devices"] == 2
+    assert status["versions"] == [{"model": "mlp", "version": "1.1.0", "devices": 2}]
+    (canary,) = status["channels"]
+    assert canary | {"failed": [], "pending": []} == {
+        "model": "mlp", "channel": "canary", "version": "1.1.0", "percent": None,
+        "subscribed": 2, "cohort": 2, "on_target": 2, "failed": [], "pending": [], "stale": [],
+    }  # fmt: skip
+    assert status["unreadable"] == []
+    assert status["repository"] == str(rig.root)
+
+
+def test_daemons_report_to_s3_with_their_own_credentials_and_cohorts_agree(
+    rig: EdgeRig,
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import boto3
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    keys = rig.tmp / "device.credentials"
+    keys.write_text("[default]\naws_access_key_id = cam\naws_secret_access_key = cam-secret\n")
+    broken = rig.tmp / "broken.credentials"
+    broken.write_text("aws_access_key_id = cam\n")  # no section: the device says so
+    url = "s3://fleet/reports/"
+    section = {"url": "s3://fleet/reports/{device}.json", "heartbeat": "1h",
+               "credentials": str(keys), "timeout": "5s"}  # fmt: skip
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.put_object(Bucket="fleet", Key="reports/intruder.json", Body=b'{"kind": "Device')
+    names = ("a", "b", "c")
+    with (
+        _daemon(rig, "a", report=section) as a,
+        _daemon(rig, "b", report=section) as b,
+        _daemon(rig, "c", report=section) as c,
+        _daemon(rig, "d", report={**section, "credentials": str(broken)}) as d,
+    ):
+        _wait(url, lambda r: len(r.reports) == 3 and set(_serving(r).values()) == {"1.0.0"})
+        # 1.1.0 to half of the channel: a is in its cohort, b and c are not (a stable hash)
+        rig.run("version", "add", "mlp", "1.1.0", "--artifact",
+                str(rig.models / "mlp/1.1.0.onnx"), "--parent", "1.0.0")  # fmt: skip
+        rig.promote("1.1.0", percent=50)
+        for daemon in (a, b, c, d):
+            daemon.request_sync()
+        cohort = [n for n in names if in_cohort(f"{n}-0001", "mlp", "1.1.0", 50)]
+        assert cohort == ["a"]
+        wanted = {f"{n}-0001": "1.1.0" if n in cohort else "1.0.0" for n in names}
+        _wait(url, lambda r: _serving(r) == wanted)
+        assert d.stopping is False  # the broken sink stopped nothing
+    said = [line for line in capsys.readouterr().err.splitlines() if "report:" in line]
+    expected = (
+        f"modelreg edge: report: not sent to s3://fleet/reports/d-0001.json: {broken}: not an "
+        "AWS credentials file (tried again at the next change or heartbeat)"
+    )
+    assert set(said) == {expected}
+    # once per report it had to send (at start, 1.0.0 installed, 1.1.0 installed), not per try
+    assert 1 <= len(said) <= 3
+    status = _fleet_status(rig, url)
+    assert status["devices"] == 3
+    assert status["unreadable"] == [{"source": "intruder.json", "reason": "not a JSON document"}]
+    (canary,) = status["channels"]
+    assert (canary["version"], canary["percent"]) == ("1.1.0", 50.0)
+    assert (canary["subscribed"], canary["cohort"], canary["on_target"]) == (3, len(cohort),
+                                                                            len(cohort))  # fmt: skip
+    on_new = sum(v["devices"] for v in status["versions"] if v["version"] == "1.1.0")
+    assert on_new == len(cohort)  # the devices outside the cohort kept 1.0.0
+    listed = s3.list_objects_v2(Bucket="fleet", Prefix="reports/")["Contents"]
+    assert sorted(o["Key"] for o in listed) == [
+        "reports/a-0001.json", "reports/b-0001.json", "reports/c-0001.json",
+        "reports/intruder.json",
+    ]  # fmt: skip

@@ -1,0 +1,84 @@
+"""``modelreg fleet status``: the human table (a golden file), ``--json``, and the exit
+codes (0 with unreadable reports listed, 1 when the reports cannot be read, 2 for a bad
+option).  The rollout columns against a real repository and real daemons are in
+``tests/edge/test_reports.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fleet.render import age_text, render_text
+from fleet.reports import load_reports
+from fleet.summary import ChannelTarget, summarize
+from tests.conftest import assert_golden
+from tests.fleet_reports import NOW, model, report, stamp, write
+
+
+def _fleet(folder: Path) -> Path:
+    failed = {"result": "failed", "version": "1.1.0", "finished": stamp(NOW),
+              "reason": "fetch: connection reset by peer"}  # fmt: skip
+    offline = {"last_checked": stamp(NOW), "result": "failed", "commit": None,
+               "reason": "repository: git fetch: connection refused"}  # fmt: skip
+    docs = [
+        report("cam-01", {"mlp": model("1.1.0", "canary")}),
+        report("cam-02", {"mlp": model("1.0.0", "canary", update=failed)}),
+        report("cam-03", {"mlp": model("1.0.0", "canary")}, sync=offline),
+        report("cam-04", {"mlp": model("1.0.0")}, age_s=2 * 3600 + 180),
+        report("cam-05", {"mlp": model("1.0.0"), "det": model("2.0.0", "beta")}),
+        report("cam-06", {"mlp": model(None)}),
+    ]
+    write(folder, *docs)
+    (folder / "cam-07.json").write_text("[1, 2")
+    (folder / "cam-08.json").write_text(json.dumps(report("cam-[bold]08[/]")))
+    return folder
+
+
+CHANNELS = {
+    "mlp": {"canary": ChannelTarget("1.1.0"), "production": ChannelTarget("1.0.0", 50.0)},
+}
+
+
+def test_the_human_status_reads_as_a_table(tmp_path: Path) -> None:
+    loaded = load_reports(str(_fleet(tmp_path / "reports")))
+    loaded = type(loaded)("s3://fleet-reports/fleet/", loaded.reports, loaded.unreadable)
+    summary = summarize(loaded.reports, CHANNELS, now=NOW)
+    text = render_text(summary, loaded, stale_after_s=900, repository=Path("fleet-models"))
+    assert_golden("fleet_status.txt", text)
+
+
+def test_ages_read_at_a_useful_precision() -> None:
+    assert [age_text(s) for s in (-1, 45, 960, 7380, 3 * 86400 + 4 * 3600 + 59)] == [
+        "0s", "45s", "16m", "2h 03m", "3d 04h",
+    ]  # fmt: skip
+
+
+def test_json_without_a_repository(tmp_path: Path, cli: Any) -> None:
+    folder = _fleet(tmp_path / "reports")
+    r = cli("fleet", "status", "--reports", str(folder), "--json", cwd=tmp_path)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert (doc["devices"], doc["repository"], doc["channels"]) == (6, None, [])
+    assert {"model": "mlp", "version": None, "devices": 1} in doc["versions"]
+    assert [u["source"] for u in doc["unreadable"]] == ["cam-07.json", "cam-08.json"]
+    # reports sent in 2025 are all stale now; the oldest first
+    assert doc["stale"][0]["device"] == "cam-04"
+    assert len(doc["stale"]) == 6
+    r = cli("fleet", "status", "--reports", str(folder), cwd=tmp_path)
+    assert r.code == 0
+    assert "no rollout progress: no model repository here (give --repo)" in r.out
+
+
+def test_exit_codes(tmp_path: Path, cli: Any) -> None:
+    r = cli("fleet", "status", "--reports", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert r.code == 1
+    assert r.err.strip() == f"modelreg: {tmp_path / 'nowhere'}: no such folder"
+    r = cli("fleet", "status", "--reports", str(tmp_path), "--stale-after", "soon", cwd=tmp_path)
+    assert r.code == 2
+    assert "--stale-after" in r.err
+    r = cli("fleet", "status", "--reports", str(tmp_path), "--repo", str(tmp_path), cwd=tmp_path)
+    assert r.code == 1
+    assert "modelreg.yaml" in r.err
+    r = cli("fleet", "status", "--reports", str(tmp_path), "--json", cwd=tmp_path)
+    assert (r.code, json.loads(r.out)["devices"]) == (0, 0)  # an empty fleet is no error
