@@ -31,6 +31,7 @@ from registry.device_report import DeviceId
 from registry.errors import ManifestError
 from registry.loader import validate_document
 from registry.schema import Labels, Name, Strict
+from registry.units import parse_duration
 from registry.yamlsrc import read_yaml
 
 __all__ = [
@@ -47,8 +48,6 @@ __all__ = [
     "parse_size",
 ]
 
-_DURATION: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_DURATION_UNITS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _SIZE: Final = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS: Final = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -58,26 +57,6 @@ _SCHEMES: Final = ("file", "git", "http", "https", "ssh")
 _ARTIFACT_SCHEMES: Final = ("file", "http", "https", "s3")
 _REPORT_SCHEMES: Final = ("file", "http", "https", "s3")
 _LOCAL_URL: Final = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-
-
-def parse_duration(value: object) -> float:
-    """Seconds from ``500ms``, ``30s``, ``5m``, ``1h`` or a number of seconds.
-
-    Raises:
-        ValueError: anything else, or a negative duration.
-    """
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 500ms, 30s, 5m or 1h")  # noqa: TRY004
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(value) if isinstance(value, str) else None
-        if match is None:
-            raise ValueError("expected a duration such as 500ms, 30s, 5m or 1h")
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if not 0 <= seconds < 10**9:
-        raise ValueError("a duration is between 0 and 10^9 seconds")
-    return seconds
 
 
 def parse_size(value: object) -> int:

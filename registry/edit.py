@@ -86,7 +86,9 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
 
     Without ``percent`` the channel serves the version to all of its devices (any
     rollout is removed and the short form ``channel: version`` is kept when used);
-    with it, ``rollout.percent`` is set.
+    with it, ``rollout.percent`` is set, and the rest of the rollout (waves, stop
+    conditions) is kept.  A ``rollout.hold`` concerns the version it stopped: it is
+    removed when the channel moves to another version.
 
     Args:
         text: the RegisteredModel YAML.
@@ -113,6 +115,7 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
     current = channels.get(channel)
     channel = _key(channel) if current is None else channel
     if isinstance(current, CommentedMap):
+        moved = current.get("version") != version
         current["version"] = version
         if percent is None:
             current.pop("rollout", None)
@@ -120,6 +123,8 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
             rollout = current.get("rollout")
             if isinstance(rollout, CommentedMap):
                 rollout["percent"] = _number(percent)
+                if moved:
+                    rollout.pop("hold", None)
             else:
                 current["rollout"] = CommentedMap(percent=_number(percent))
     elif percent is None:
@@ -130,6 +135,30 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
         rollout.fa.set_flow_style()
         entry["rollout"] = rollout
         channels[channel] = entry
+    return _dump(yaml, data)
+
+
+def set_hold(text: str, file: str, channel: str, reason: str | None) -> str:
+    """Put the rollout of ``spec.channels[channel]`` on hold with ``reason`` (last key
+    of the rollout), or take the hold away (``reason`` None).
+
+    Raises:
+        ManifestError: the text has no spec mapping, or the channel has no rollout
+            mapping to edit.
+    """
+    yaml, data = _yaml_for(text)
+    spec = _spec(data, file)
+    channels = spec.get("channels")
+    entry = channels.get(channel) if isinstance(channels, CommentedMap) else None
+    rollout = entry.get("rollout") if isinstance(entry, CommentedMap) else None
+    if not isinstance(rollout, CommentedMap):
+        raise ManifestError.single(
+            file, f"channel {channel!r} has no rollout mapping to hold", line=1, col=1
+        )
+    if reason is None:
+        rollout.pop("hold", None)
+    else:
+        rollout["hold"] = reason
     return _dump(yaml, data)
 
 

@@ -432,3 +432,82 @@ def channel_history(
         if release:
             maps.append(state)
     return timeline(maps)
+
+
+def released_since(
+    commits: Sequence[LogCommit],
+    model_file: str,
+    blobs: Mapping[str, bytes | None],
+    channel: str,
+    current: Assignment,
+    *,
+    released: str | None = None,
+) -> LogCommit | None:
+    """The release since which ``channel`` has served ``current`` without a break (pure).
+
+    A rollout wave starts when devices can see it: at the first release (a commit
+    that adds or changes signed targets metadata) of a ``model.yaml`` state in which
+    the channel has ``current``'s version and percent, counting back from the newest
+    release while every release in between had it too.  Edits of the rollout that
+    keep both (waves, stop conditions, a hold) do not restart it.
+
+    Args:
+        commits: ``read_log`` of ``model_file`` and the trust folder, oldest first.
+        model_file: git-relative path of the ``model.yaml``.
+        blobs: ``<sha>:<model_file>`` -> the file's bytes at that commit.
+        channel: the channel.
+        current: what the channel serves now (the work tree's, committed).
+        released: the trust metadata folder, git-relative; None counts every commit
+            that changed ``model_file`` as a release.
+
+    Returns:
+        The release commit, or None when the newest release does not serve
+        ``current`` on the channel (it is not released yet).
+    """
+    prefix = f"{released.rstrip('/')}/" if released else None
+    state: Assignment | None = None
+    last: Assignment | None = None
+    since: LogCommit | None = None
+    for commit in commits:
+        release = False
+        for status, path in commit.changes:
+            if path == model_file:
+                raw = None if status == "D" else blobs.get(f"{commit.sha}:{path}")
+                state = channel_map(raw, path).get(channel)
+                release = release or prefix is None
+            elif prefix and path.startswith(prefix) and path.endswith("targets.json"):
+                release = release or status in "AM"
+        if release:
+            if since is None or state != last:
+                since = commit
+            last = state
+    return since if last == current else None
+
+
+def rollout_started(
+    root: Path,
+    model_file: str,
+    channel: str,
+    current: Assignment,
+    *,
+    released: str | None = None,
+    rev: str = "HEAD",
+) -> LogCommit | None:
+    """When ``channel`` started serving ``current`` to devices: :func:`released_since`
+    over ``rev``'s first-parent history (two git processes).
+
+    Raises:
+        ToolError: git is missing or fails.
+    """
+    paths = [model_file] + ([released] if released else [])
+    commits = list(reversed(read_log(root, paths, rev)))
+    blobs = read_blobs(
+        root,
+        [
+            f"{c.sha}:{model_file}"
+            for c in commits
+            for st, p in c.changes
+            if p == model_file and st != "D"
+        ],
+    )
+    return released_since(commits, model_file, blobs, channel, current, released=released)

@@ -28,10 +28,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     model_validator,
 )
 
 from registry.errors import quote
+from registry.units import parse_duration
 
 __all__ = [
     "API_VERSION",
@@ -46,6 +48,7 @@ __all__ = [
     "DType",
     "Deprecation",
     "Dim",
+    "Duration",
     "GoldenCase",
     "Goldens",
     "InlineTensorLimits",
@@ -58,12 +61,14 @@ __all__ = [
     "ModelVersionSpec",
     "Name",
     "OnnxRuntimeTarget",
+    "Percent",
     "Promotion",
     "Reason",
     "RegisteredModel",
     "RegisteredModelSpec",
     "RepoPath",
     "Rollout",
+    "RolloutStop",
     "SemVer",
     "ShortText",
     "Signature",
@@ -77,6 +82,7 @@ __all__ = [
     "TensorSpec",
     "Tolerance",
     "VersionMetadata",
+    "Wave",
     "file_name_problem",
     "inline_shape_problem",
     "is_semver",
@@ -222,16 +228,122 @@ class Signature(Strict):
     ]
 
 
+Reason = Annotated[
+    str,
+    StringConstraints(
+        min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]*\S[^\x00-\x1f\x7f]*$"
+    ),
+]
+"""Why something was decided: one line of text (no control characters)."""
+
+
 def _three_decimals(value: float) -> float:
     if round(value, 3) != value:
         raise ValueError(f"{value!r} has more than 3 decimals (1 device in 100,000 is the finest)")
     return value
 
 
-class Rollout(Strict):
-    """Share of a channel's devices that take its version (stable per device)."""
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "pattern": r"^\s*\d+(\.\d+)?\s*(ms|s|m|h)?\s*$"},
+                {"type": "number", "minimum": 0},
+            ],
+            "description": "a duration: 500ms, 30s, 5m, 1h, or a number of seconds",
+        }
+    ),
+]
+"""A duration written ``500ms``, ``30s``, ``5m``, ``1h`` (a bare number is seconds),
+held as seconds."""
 
-    percent: Annotated[float, Field(ge=0, le=100), AfterValidator(_three_decimals)]
+Percent = Annotated[float, Field(ge=0, le=100), AfterValidator(_three_decimals)]
+"""A share of devices, 0..100 with at most 3 decimals."""
+
+
+class Wave(Strict):
+    """One step of a staged rollout.
+
+    Attributes:
+        percent: the share of the channel's devices in this wave (above 0).
+        soak: how long the wave runs, at least, from its release before ``modelreg
+            fleet advance`` may start the next one.
+    """
+
+    percent: Annotated[float, Field(gt=0, le=100), AfterValidator(_three_decimals)]
+    soak: Duration = 0.0
+
+
+def _increasing(waves: list[Wave]) -> list[Wave]:
+    for i in range(1, len(waves)):
+        if waves[i].percent <= waves[i - 1].percent:
+            raise ValueError(
+                f"wave percents must increase: waves[{i}] is {waves[i].percent:g}% after "
+                f"{waves[i - 1].percent:g}%"
+            )
+    if waves and waves[-1].soak:
+        raise ValueError(
+            f"the last wave ({waves[-1].percent:g}%) has no next wave to soak for; remove its soak"
+        )
+    return waves
+
+
+class RolloutStop(Strict):
+    """When ``modelreg fleet advance`` stops a rollout, or waits for evidence.
+
+    Attributes:
+        failure_share: stop (and put the rollout on hold) when more than this share
+            (0..1) of the wave's cohort reported that its last update to the version
+            failed, was rejected or was rolled back by the health gate; None: never.
+        min_reports: devices of the cohort that must report running the version
+            before the next wave starts (the default 1 keeps a rollout that no device
+            reports on from advancing on time alone).
+    """
+
+    failure_share: Annotated[float, Field(ge=0, le=1)] | None = None
+    min_reports: Annotated[int, Field(ge=0, le=10_000_000)] = 1
+
+
+class Rollout(Strict):
+    """Share of a channel's devices that take its version (stable per device).
+
+    With ``waves``, the rollout is staged: ``percent`` is the wave the channel is in
+    (one of the waves' percents), and ``modelreg fleet advance`` commits the next
+    wave's percent when the current one has soaked and the fleet's reports allow it
+    (``stop``).  ``hold`` (a reason) pauses the waves: ``fleet advance`` writes it
+    when a stop condition trips, and a person may write it too; removing it resumes.
+    Devices read only ``percent``.
+    """
+
+    percent: Percent
+    waves: Annotated[list[Wave], Field(max_length=32), AfterValidator(_increasing)] = []
+    stop: RolloutStop | None = None
+    hold: Reason | None = None
+
+    @model_validator(mode="after")
+    def _in_a_wave(self) -> Rollout:
+        if not self.waves:
+            if self.stop is not None or self.hold is not None:
+                key = "stop" if self.stop is not None else "hold"
+                raise ValueError(
+                    f"rollout.{key} applies to waves; add rollout.waves or remove rollout.{key}"
+                )
+            return self
+        percents = [w.percent for w in self.waves]
+        if self.percent not in percents:
+            listed = ", ".join(f"{p:g}" for p in percents)
+            raise ValueError(
+                f"rollout.percent {self.percent:g} is not one of the waves' percents "
+                f"({listed}); set it to the wave the channel is in"
+            )
+        return self
+
+    def wave_index(self) -> int | None:
+        """The position of ``percent`` in ``waves`` (None without waves)."""
+        percents = [w.percent for w in self.waves]
+        return percents.index(self.percent) if self.percent in percents else None
 
 
 def _channel_shorthand(value: Any) -> Any:
@@ -461,15 +573,6 @@ class TensorRTTarget(_TargetBase):
 
 
 Target = Annotated[OnnxRuntimeTarget | TensorRTTarget, Field(discriminator="engine")]
-
-
-Reason = Annotated[
-    str,
-    StringConstraints(
-        min_length=1, max_length=500, pattern=r"^[^\x00-\x1f\x7f]*\S[^\x00-\x1f\x7f]*$"
-    ),
-]
-"""Why something was decided: one line of text (no control characters)."""
 
 
 class Deprecation(Strict):

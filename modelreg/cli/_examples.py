@@ -117,6 +117,10 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg fleet status --reports s3://fleet-reports/fleet/ --json",
         "modelreg fleet status --reports /srv/fleet/reports --repo fleet-models --stale-after 1h",
     ),
+    "fleet advance": (
+        "modelreg fleet advance --reports s3://fleet-reports/fleet/",
+        "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
+    ),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),
     "edge status": ("modelreg edge status --config /etc/modelreg/edge.yaml --json",),

@@ -54,6 +54,7 @@ def _register() -> None:
         ci_cmds,
         diff_cmd,
         edge_cmds,
+        fleet_advance_cmd,
         fleet_cmds,
         inspect_cmds,
         register_cmd,
@@ -83,6 +84,8 @@ def _register() -> None:
     cli.add_command(inspect_cmds.history)
     cli.add_command(inspect_cmds.show)
     cli.add_command(inspect_cmds.list_)
+    # after any `fleet` group above: advance joins it
+    fleet_advance_cmd.attach(cli)
     # last: the examples of every command registered above (one table, _examples.py)
     apply_examples(cli)
 

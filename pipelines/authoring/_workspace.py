@@ -165,7 +165,7 @@ def init_repo(
     return InitResult(root, remote or DEFAULT_REMOTE_DIR, created, git_initialized, keys, self_pin)
 
 
-WORKFLOWS: Final = ("pr.yml", "review.yml", "release.yml", "freshness.yml")
+WORKFLOWS: Final = ("pr.yml", "review.yml", "release.yml", "freshness.yml", "rollout.yml")
 
 
 INDEX_ENV: Final = "MODELREG_INDEX_URL"
@@ -209,7 +209,7 @@ def write_workflows(
     root: Path, env: Mapping[str, str] | None = None
 ) -> tuple[list[Path], str | None]:
     """Write the GitHub workflows (``ci pr`` and its review re-check, ``ci release``,
-    freshness), the hash locks they install modelreg's dependencies from, and the pin
+    freshness, rollout waves), the hash locks they install modelreg's dependencies from, and the pin
     of modelreg itself (hashes from the package index), unless present.
 
     Returns the files that are modelreg's own (written now, or left by an init that

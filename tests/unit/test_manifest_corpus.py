@@ -165,6 +165,12 @@ CASES: dict[str, Case] = {
     "artifact-path-escape": Case("schema", VERSION),
     "rollout-over-100": Case("schema", MODEL),
     "rollout-negative": Case("schema", MODEL),
+    "rollout-waves-not-increasing": Case("schema", MODEL),
+    "rollout-percent-not-a-wave": Case("schema", MODEL),
+    "rollout-wave-bad-soak": Case("schema", MODEL),
+    "rollout-last-wave-soak": Case("schema", MODEL),
+    "rollout-stop-without-waves": Case("schema", MODEL),
+    "rollout-stop-share-over-1": Case("schema", MODEL),
     "duplicate-target": Case("schema", VERSION),
     # cross-references
     "name-mismatch-folder": Case("xref", MODEL),

@@ -245,3 +245,19 @@ def test_rollback_target(
 ) -> None:
     history = ChannelHistory({"production": assignments} if assignments else {})
     assert rollback_target(history, "production", now, set(declared), {}) == expected
+
+
+def test_a_channel_in_waves_counts_as_serving_its_version() -> None:
+    """Waves change how many devices of a channel take a version, not which version it
+    serves: the promotion order reads the version, whatever the wave or a hold."""
+    waves = {"percent": 10, "waves": [{"percent": 10, "soak": "1h"}, {"percent": 100}],
+             "stop": {"failure_share": 0.05}, "hold": "2 of 10 devices failed"}  # fmt: skip
+    model = RegisteredModel.model_validate({
+        "apiVersion": "modelreg/v1", "kind": "RegisteredModel", "metadata": {"name": "mlp"},
+        "spec": {"channels": {"dev": "2.0.0", "canary": {"version": "2.0.0", "rollout": waves}},
+                 "promotion": {"order": list(ORDER)}},
+    })  # fmt: skip
+    assert promotion_violations(model, DECLARED, "2.0.0", "production") == []
+    assert promotion_violations(model, DECLARED, "1.1.0", "production") == [
+        _must("1.1.0", "canary", "production")
+    ]

@@ -234,6 +234,7 @@ DETACHED = "a detached HEAD or a ref that is not a branch"
         pytest.param(SIGNED, MLP_MOVED, "Main", [_off("mlp", "main", "branch 'Main'")], id="branch names compare exactly"),
         pytest.param(SIGNED, MLP_MOVED, "", [_off("mlp", "main", DETACHED)], id="an empty branch name is no branch"),
         pytest.param(SIGNED, {**AS_SIGNED, "mlp": {"production": ("1.0.0", None), "canary": ("1.1.0", 25)}}, "feature", [_off("mlp", "main", "branch 'feature'")], id="a rollout step is a channel change"),
+        pytest.param(SIGNED, {**AS_SIGNED, "mlp": {"production": ("1.0.0", None), "canary": ("1.1.0", 50)}}, "main", [], id="a wave advance (fleet advance) on the promotion branch"),
         pytest.param(SIGNED, {**AS_SIGNED, "mlp": {"production": ("1.0.0", None)}}, "feature", [_off("mlp", "main", "branch 'feature'")], id="a channel removed is a channel change"),
         pytest.param(SIGNED, {**AS_SIGNED, "mlp": {**AS_SIGNED["mlp"], "dev": ("1.2.0", None)}}, "feature", [_off("mlp", "main", "branch 'feature'")], id="a channel added is a channel change"),
         pytest.param(SIGNED, CNN_MOVED, "main", [_off("cnn", "release", "branch 'main'")], id="each model has its own promotion branch"),

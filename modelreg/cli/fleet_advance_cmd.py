@@ -1,0 +1,165 @@
+"""``modelreg fleet advance``: commit the next rollout wave when the fleet allows it.
+
+Exit codes: 0 when every channel advanced, waits, is done or was already on hold;
+1 when a stop condition tripped (the rollout is put on hold, committed, and each line
+says why) or on any domain error; 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from modelreg.cli._output import detail, emit_json, error_lines, ok
+
+if TYPE_CHECKING:
+    from fleet.advance import ChannelStep, ProgressSource
+    from fleet.reports import LoadedReports
+    from fleet.summary import ChannelProgress
+
+REPORTS_ENV = "MODELREG_FLEET_REPORTS"
+_SHOWN_FAILURES = 5
+"""Failed devices listed under a stop (the JSON lists them all)."""
+
+
+def _progress_from(
+    loaded: LoadedReports, now: datetime, seen: dict[tuple[str, str], ChannelProgress]
+) -> ProgressSource:
+    """The glue: ``fleet.summary.channel_progress`` over the loaded reports, reduced to
+    the counts ``fleet.waves`` decides on (``seen`` keeps the full progress for output)."""
+    from fleet.summary import channel_progress
+    from fleet.waves import Progress
+
+    def progress_of(model: str, channel: str, version: str, percent: float) -> Progress:
+        found = channel_progress(loaded.reports, model, channel, version, percent, now=now)
+        seen[model, channel] = found
+        return Progress(found.cohort, found.on_target, len(found.failed))
+
+    return progress_of
+
+
+def _step_json(step: ChannelStep, seen: dict[tuple[str, str], ChannelProgress]) -> dict[str, Any]:
+    out = step.to_json()
+    found = seen.get((step.target.model, step.target.channel))
+    if found is not None:
+        out["progress"] |= {
+            "failed_devices": [{"device": d, "reason": r} for d, r in found.failed],
+            "stale": len(found.stale),
+        }
+    return out
+
+
+@click.command("advance")
+@click.option(
+    "--reports",
+    "reports_url",
+    required=True,
+    envvar=REPORTS_ENV,
+    show_envvar=True,
+    metavar="URL",
+    help="Where the devices' reports are: a folder, file://, s3://bucket/prefix/ or an "
+    "http(s):// listing.",
+)
+@click.option(
+    "--repo",
+    "repo_path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="A folder inside the model repository (default: the current one).",
+)
+@click.option("--model", "model", default=None, help="Only this model's channels.")
+@click.option("--channel", "-c", "channel", default=None, help="Only channels of this name.")
+@click.option("--dry-run", is_flag=True, help="Decide and report; write and commit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the decisions as JSON.")
+def advance(
+    reports_url: str,
+    repo_path: Path | None,
+    model: str | None,
+    channel: str | None,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
+    """Commit the next wave of each staged rollout the device reports allow.
+
+    A channel whose rollout lists waves moves to the next wave's percent (one commit
+    of its model.yaml, on the model's promotion branch) once its current wave has been
+    released for at least its soak time, no more than stop.failure_share of the
+    wave's devices failed the version, and at least stop.min_reports of them run it.
+    When too many failed, the rollout is put on hold (rollout.hold, committed, exit
+    code 1); it never goes back by itself: lift the hold, or roll back.
+    """
+    from fleet.advance import advance as do_advance
+    from fleet.reports import load_reports
+
+    now = datetime.now(UTC)
+    loaded = load_reports(reports_url)
+    seen: dict[tuple[str, str], ChannelProgress] = {}
+    steps = do_advance(
+        repo_path or Path.cwd(),
+        _progress_from(loaded, now, seen),
+        model=model,
+        channel=channel,
+        now=now,
+        dry_run=dry_run,
+    )
+    stopped = [s for s in steps if s.action == "stop"]
+    if as_json:
+        emit_json(
+            {
+                "ok": not stopped,
+                "dry_run": dry_run,
+                "reports": {
+                    "source": loaded.source,
+                    "read": len(loaded.reports),
+                    "unreadable": len(loaded.unreadable),
+                    "skipped": loaded.skipped,
+                },
+                "channels": [_step_json(s, seen) for s in steps],
+            }
+        )
+    else:
+        _print(steps, seen, loaded, dry_run)
+    if stopped:
+        raise SystemExit(1)
+
+
+def _print(
+    steps: list[ChannelStep],
+    seen: dict[tuple[str, str], ChannelProgress],
+    loaded: LoadedReports,
+    dry_run: bool,
+) -> None:
+    if loaded.unreadable or loaded.skipped:
+        detail(
+            f"reports: {len(loaded.reports)} read from {loaded.source}, "
+            f"{len(loaded.unreadable)} unreadable, {loaded.skipped} over the limit (not counted)"
+        )
+    if not steps:
+        detail("no channel has rollout waves")
+    for step in steps:
+        line = step.text()
+        if dry_run and step.action in ("advance", "stop"):
+            line += " (dry run: nothing committed)"
+        if step.action == "stop":
+            found = seen.get((step.target.model, step.target.channel))
+            failed = found.failed if found is not None else ()
+            error_lines([f"modelreg: {line}"])
+            error_lines(f"  {device}: {reason}" for device, reason in failed[:_SHOWN_FAILURES])
+            if len(failed) > _SHOWN_FAILURES:
+                error_lines([f"  ... and {len(failed) - _SHOWN_FAILURES} more (--json lists all)"])
+        elif step.action == "advance":
+            ok(line)
+        else:
+            detail(line)
+
+
+def attach(root: click.Group) -> None:
+    """Add ``advance`` to the ``fleet`` group of ``root`` (made if it has none yet)."""
+    group = root.commands.get("fleet")
+    if not isinstance(group, click.Group):
+        group = click.Group("fleet", help="What the fleet runs, and its rollout waves.")
+        root.add_command(group)
+    group.add_command(advance)
