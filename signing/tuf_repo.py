@@ -15,6 +15,9 @@ and on the artifact remote (a local directory in the embedded default)::
 
     targets/<dir>/<sha256>.<name>                   e.g. targets/models/mlp/<sha>.1.0.0.onnx
     targets/<sha256>.channels.json
+    metadata/                                       a mirror of the metadata devices fetch
+                                                    (:meth:`TrustRepo.mirror_files`, uploaded
+                                                    by ``pipelines.publish``)
 
 Writes are atomic, and ``timestamp.json`` is written last: a reader that sees the new
 timestamp finds every file it points to.  Old versions are kept (they are small, and a
@@ -71,6 +74,7 @@ from signing.tuf_history import VERSIONED_ROLES, TrustState, check_versioned_fil
 from signing.tuf_history import check_floor as _check_floor
 from signing.tuf_history import check_follows as _check_follows
 from signing.tuf_roles import (
+    ONLINE_ROLES,
     RECOVER,
     TARGETS_DIR,
     Expiry,
@@ -154,18 +158,20 @@ class TrustRepo:
         self,
         metadata_dir: Path,
         roots: list[tuple[bytes, Metadata[Root]]],
-        online: dict[str, Online],
+        online: dict[str, tuple[bytes, Online]],
         expiry: Expiry,
     ) -> None:
         """Use :meth:`load` or :meth:`initialize`; this takes already-verified state.
 
-        ``roots`` pairs each root's stored bytes with its metadata, oldest first.
+        ``roots`` pairs each root's stored bytes with its metadata, oldest first;
+        ``online`` does the same for each online role's current version.
         """
         self.metadata_dir = metadata_dir
         self.expiry = expiry
         self._root_bytes = [data for data, _ in roots]
         self._roots = [md for _, md in roots]
-        self._online = online
+        self._online = {role: md for role, (_, md) in online.items()}
+        self._online_bytes = {role: data for role, (data, _) in online.items()}
         self._staged: dict[str, TargetFile] = (
             dict(self._signed(Targets).targets) if "targets" in online else {}
         )
@@ -233,22 +239,29 @@ class TrustRepo:
         """
         root_files = [(str(path), _read(path)) for path in _root_files(metadata_dir)]
         roots = verify_root_chain(root_files)
-        online: dict[str, Online] = {}
+        online: dict[str, tuple[bytes, Online]] = {}
         listed: dict[str, int] | None = None
         # Each file is checked (listed length/hash, version, signature) before the
         # next one is read, in the order a device reads them.
         ts_path = metadata_dir / "timestamp.json"
         if os.path.lexists(ts_path):  # a link is refused by _read, not taken for absent
-            ts = verify_listed(_read(ts_path), Timestamp, roots, str(ts_path))
+            ts_data = _read(ts_path)
+            ts = verify_listed(ts_data, Timestamp, roots, str(ts_path))
             meta = ts.signed.snapshot_meta
             snap_path = metadata_dir / f"{meta.version}.snapshot.json"
-            snap = verify_listed(_read(snap_path), Snapshot, roots, str(snap_path), meta)
+            snap_data = _read(snap_path)
+            snap = verify_listed(snap_data, Snapshot, roots, str(snap_path), meta)
             tmeta = snap.signed.meta.get("targets.json")
             if tmeta is None:
                 raise FileSetError("does not list targets.json", str(snap_path))
             targets_path = metadata_dir / f"{tmeta.version}.targets.json"
-            targets = verify_listed(_read(targets_path), Targets, roots, str(targets_path), tmeta)
-            online = {"timestamp": ts, "snapshot": snap, "targets": targets}
+            targets_data = _read(targets_path)
+            targets = verify_listed(targets_data, Targets, roots, str(targets_path), tmeta)
+            online = {
+                "timestamp": (ts_data, ts),
+                "snapshot": (snap_data, snap),
+                "targets": (targets_data, targets),
+            }
             listed = {"snapshot": meta.version, "targets": tmeta.version}
         check_versioned_files(_versioned_files(metadata_dir), listed, str(metadata_dir))
         pairs = [(data, md) for (_, data), md in zip(root_files, roots, strict=True)]
@@ -276,6 +289,24 @@ class TrustRepo:
     def published(self, path: str) -> TargetFile | None:
         """The signed description of ``path``, or ``None`` when it is not published."""
         return self._signed(Targets).targets.get(path) if "targets" in self._online else None
+
+    def mirror_files(self) -> tuple[tuple[str, bytes], ...]:
+        """The files a TUF client fetches, by name, with the exact bytes verified or
+        signed here, in the order a mirror must upload them.
+
+        Every root (``N.root.json``: a device walks the chain from the root it
+        trusts), then the current ``N.targets.json`` and ``N.snapshot.json``, then
+        ``timestamp.json`` last: a reader that sees the new timestamp finds every file
+        it points to.  Empty roles (before the first release) are left out.
+        """
+        pairs = zip(self._root_bytes, self._roots, strict=True)
+        files = [(f"{md.signed.version}.root.json", data) for data, md in pairs]
+        for role in ONLINE_ROLES:  # targets, snapshot, timestamp: each listed by the next
+            if role not in self._online_bytes:
+                continue
+            name = "timestamp.json" if role == "timestamp" else f"{self.version(role)}.{role}.json"
+            files.append((name, self._online_bytes[role]))
+        return tuple(files)
 
     @property
     def state(self) -> TrustState:
@@ -579,7 +610,7 @@ class TrustRepo:
         written: list[Path] = []
         for role, path, data, md in versioned:
             write_atomic(path, data)
-            self._online[role] = md
+            self._online[role], self._online_bytes[role] = md, data
             versions[role] = md.signed.version
             written.append(path)
         if new_root is not None:
@@ -587,7 +618,7 @@ class TrustRepo:
             versions["root"] = new_root.signed.version
         for role, path, data, md in timestamp:
             write_atomic(path, data)
-            self._online[role] = md
+            self._online[role], self._online_bytes[role] = md, data
             versions[role] = md.signed.version
             written.append(path)
         return PublishResult(versions, tuple(written))

@@ -2,9 +2,10 @@
 
 :func:`publish` stages each version (ONNX file, OMS bundle, delta from its parent, the
 engines this run built, the device-facing description) as targets, uploads them through
-:class:`TargetStore` before the metadata that names them, and signs.  The description
-and golden files are made in ``_description``, external-data files and their deltas in
-``_external``.
+:class:`TargetStore` before the metadata that names them, signs, and mirrors the
+signed metadata to the remote (``_mirror``; :func:`mirror_metadata` does it alone).
+The description and golden files are made in ``_description``, external-data files
+and their deltas in ``_external``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pipelines.publish._stage import (
     branch_problems,
     current_branch,
     engine_file_name,
+    mirror_metadata,
     publish,
     released_changes,
     released_deprecations,
@@ -32,6 +34,7 @@ __all__ = [
     "branch_problems",
     "current_branch",
     "engine_file_name",
+    "mirror_metadata",
     "publish",
     "released_changes",
     "released_deprecations",

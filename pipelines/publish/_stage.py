@@ -12,7 +12,9 @@ nothing new writes nothing.
 
 The TUF targets live under ``<DVC remote>/modelreg/targets/`` (consistent-snapshot
 names), on any remote DVC can write; devices use ``<DVC remote>/modelreg`` as their
-artifact remote.
+artifact remote.  Once signed, the metadata is mirrored beside them, under
+``<DVC remote>/modelreg/metadata/`` (:mod:`pipelines.publish._mirror`), for devices that
+follow the remote instead of git.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pipelines.publish._external import (
     sign_version,
     stage_data_deltas,
 )
+from pipelines.publish._mirror import FsMirror, LocalMirror, MirrorFolder, mirror
 from registry import progress
 from registry.atomic import write_atomic
 from registry.errors import (
@@ -65,7 +68,7 @@ from signing.target_names import (
 )
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
-from signing.tuf_roles import TARGETS_DIR, stored_name
+from signing.tuf_roles import MIRROR_DIR, TARGETS_DIR, stored_name
 from signing.workspace import ONLINE, TrustPaths, signer
 
 TUF_SUBDIR: Final = "modelreg"
@@ -107,6 +110,8 @@ class PublishReport:
     added: list[str] = field(default_factory=list)
     versions: Mapping[str, int] = field(default_factory=dict)
     metadata: list[Path] = field(default_factory=list)
+    mirrored: list[str] = field(default_factory=list)
+    """Metadata files uploaded to the remote's mirror (``<remote>/metadata/``), in order."""
 
     @property
     def changed(self) -> bool:
@@ -188,11 +193,51 @@ class TargetStore:
                     uploaded.append(rel)
         return uploaded
 
+    def write_metadata(self, trust: TrustRepo) -> list[str]:
+        """Mirror the signed metadata to ``<store>/metadata/``; returns what was uploaded.
+
+        Call it after :meth:`write` and after signing: the roots, then targets and
+        snapshot metadata, then ``timestamp.json`` last (see
+        :mod:`pipelines.publish._mirror`), so no reader sees a timestamp that names a
+        file not uploaded yet.  Nothing changed since the last mirror uploads nothing.
+
+        Raises:
+            RollbackError: the mirror holds a newer timestamp than ``trust``.
+            ToolError: the remote cannot be read or written.
+        """
+        return mirror(self._mirror_folder(), trust.mirror_files())
+
+    def _mirror_folder(self) -> MirrorFolder:
+        if self.local is not None:
+            return LocalMirror(self.local / MIRROR_DIR)
+        return FsMirror(self._fs, self._fs.join(self._base, MIRROR_DIR), f"{self.url}/{MIRROR_DIR}")
+
     def _call(self, what: str, fn: Any, *args: str) -> Any:
         try:
             return fn(*args)
         except Exception as e:  # fsspec backends raise anything; report it in one line
             raise ToolError(f"cannot {what} {args[-1]} on {self.url}: {e}") from e
+
+
+def mirror_metadata(
+    root: Path, trust: TrustRepo, remote: str | None = None
+) -> tuple[str, list[str]] | None:
+    """Mirror ``trust``'s signed metadata to the artifact remote of the repository at
+    ``root`` (DVC remote ``remote``, the default when None): what ``modelreg freshness
+    refresh`` does after re-signing the timestamp.
+
+    Returns:
+        The store's URL and the files uploaded; None when no such DVC remote is
+        configured (nothing to mirror to).
+
+    Raises:
+        RollbackError: the mirror holds a newer timestamp than ``trust``.
+        ToolError: DVC is missing, or the remote cannot be read or written.
+    """
+    if not dvc.has_remote(root, remote):
+        return None
+    store = TargetStore(root, remote)
+    return store.url, store.write_metadata(trust)
 
 
 def _facts(entry: VersionEntry, kind: str, ctx: CiContext, **extra: str) -> TargetFacts:
@@ -546,8 +591,9 @@ def publish(
             artifact is in neither the work tree nor DVC's cache or
             remote, or differs from its pointer.
         KeyMaterialError: the targets, snapshot or timestamp key is not available.
-        ToolError: DVC or git fails.
-        VerificationError: the trust metadata in the repository does not verify.
+        ToolError: DVC or git fails, or the remote cannot be written.
+        VerificationError: the trust metadata in the repository does not verify; a
+            ``RollbackError`` when the remote's metadata mirror is ahead of it.
     """
     # The signer parses every manifest itself: no parse cache from the checkout.
     run = ReleaseContext.of(start, env, cache=False)
@@ -591,4 +637,8 @@ def publish(
     with progress.stage("publish", "sign metadata"):
         result = trust.publish(signers)
     run.signed(trust)
-    return PublishReport(store.url, pushed, added, dict(result.versions), list(result.written))
+    with progress.stage("publish", f"mirror metadata to {store.url}"):
+        mirrored = store.write_metadata(trust)
+    return PublishReport(
+        store.url, pushed, added, dict(result.versions), list(result.written), mirrored
+    )

@@ -184,6 +184,7 @@ PUBLIC: dict[str, set[str]] = {
         "branch_problems",
         "current_branch",
         "engine_file_name",
+        "mirror_metadata",
         "publish",
         "released_changes",
         "released_deprecations",
