@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from modelreg.cli._output import emit_json, ok
+from modelreg.cli._output import detail, emit_json, ok
 from registry.repository import display_path
 
 if TYPE_CHECKING:
@@ -138,18 +138,43 @@ def freshness() -> None:
 
 
 @freshness.command("refresh")
+@click.option(
+    "--mirror/--no-mirror",
+    default=True,
+    show_default=True,
+    help="Mirror the signed metadata to the DVC remote (<remote>/modelreg/metadata/), "
+    "for devices that follow it instead of git; needs the remote's credentials.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def freshness_refresh(as_json: bool) -> None:
-    """Re-sign the timestamp role (and snapshot/targets when they would expire first)."""
-    from signing.workspace import refresh
+def freshness_refresh(mirror: bool, as_json: bool) -> None:
+    """Re-sign the timestamp role (and snapshot/targets when they would expire first),
+    and mirror the metadata to the artifact remote."""
+    from registry.config import find_root, load_config
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import refresh, trust_paths
 
-    paths = _repo_trust()
+    root = find_root(Path.cwd())
+    config = load_config(root)
+    paths = trust_paths(root, config)
     result = refresh(paths)
+    mirrored: tuple[str, list[str]] | None = None
+    if mirror:
+        from pipelines.publish import mirror_metadata
+
+        # loaded again: only metadata that verifies is mirrored
+        trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+        mirrored = mirror_metadata(root, trust, config.remote)
     if as_json:
-        emit_json({"versions": dict(result.versions), "written": [str(p) for p in result.written]})
+        emit_json({
+            "versions": dict(result.versions),
+            "written": [str(p) for p in result.written],
+            "mirrored": mirrored[1] if mirrored else [],
+        })  # fmt: skip
         return
     versions = ", ".join(f"{r} {v}" for r, v in sorted(result.versions.items())) or "nothing due"
     ok(f"refreshed: {versions}")
+    if mirrored and mirrored[1]:
+        detail(f"  mirrored to {mirrored[0]}/metadata: {', '.join(mirrored[1])}")
 
 
 @click.command()
