@@ -68,7 +68,7 @@ from tuf.api.metadata import (
 from registry.atomic import AtomicFile, write_atomic
 from registry.errors import FileTooLargeError, UnsafeFileError, UsageError
 from registry.safe_io import read_regular
-from signing.errors import DigestMismatchError, FileSetError, HistoryError
+from signing.errors import DigestMismatchError, FileSetError, HistoryError, VerificationError
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
 from signing.tuf_history import VERSIONED_ROLES, TrustState, check_versioned_files
 from signing.tuf_history import check_floor as _check_floor
@@ -83,6 +83,7 @@ from signing.tuf_roles import (
     check_channels_update,
     meta_file,
     new_root,
+    parse,
     plan_release,
     sign_online,
     sign_root,
@@ -290,6 +291,19 @@ class TrustRepo:
         """The signed description of ``path``, or ``None`` when it is not published."""
         return self._signed(Targets).targets.get(path) if "targets" in self._online else None
 
+    def mirrored_timestamp(self, data: bytes) -> int | None:
+        """The version of ``data`` if it is timestamp metadata signed by a threshold of
+        the timestamp keys of the newest root (a copy found on a mirror: one this
+        repository signed, perhaps in a run whose metadata commit was lost), else None.
+
+        Expiry is not checked; anything unsigned, malformed or of another role is None.
+        """
+        try:
+            md = parse(data, Timestamp, "timestamp.json")
+        except VerificationError:
+            return None
+        return md.signed.version if verifies(self.root, md) else None
+
     def mirror_files(self) -> tuple[tuple[str, bytes], ...]:
         """The files a TUF client fetches, by name, with the exact bytes verified or
         signed here, in the order a mirror must upload them.
@@ -427,13 +441,19 @@ class TrustRepo:
     # --- signing ------------------------------------------------------------------------
 
     def publish(
-        self, signers: Mapping[str, Signer], *, now: datetime | None = None
+        self,
+        signers: Mapping[str, Signer],
+        *,
+        now: datetime | None = None,
+        floor: Mapping[str, int] | None = None,
     ) -> PublishResult:
         """Sign the staged targets: new targets, snapshot and timestamp versions as needed.
 
         A role gets a new version only when its content changed or it is due for
         renewal (less than half its validity left), so publishing twice in a row
-        writes nothing the second time.
+        writes nothing the second time.  ``floor`` names versions of online roles that
+        were signed elsewhere (see :meth:`mirrored_timestamp`): a role at or below its
+        floor is signed again, above it, so that devices holding those move on.
 
         Raises:
             KeyMaterialError: a role must be re-signed and ``signers`` lacks its key, or
@@ -442,7 +462,7 @@ class TrustRepo:
                 replaced).
             OSError: the folder is not writable.
         """
-        return self._release(signers, _utc(now), include_staged=True)
+        return self._release(signers, _utc(now), include_staged=True, floor=floor)
 
     def refresh_timestamp(
         self,
@@ -451,11 +471,13 @@ class TrustRepo:
         snapshot_signer: Signer | None = None,
         targets_signer: Signer | None = None,
         now: datetime | None = None,
+        floor: Mapping[str, int] | None = None,
     ) -> PublishResult:
         """Re-sign the timestamp (the scheduled freshness job), leaving staged files out.
 
         Snapshot and targets are re-signed too when they would expire before the new
-        timestamp does; their signers are needed only then.
+        timestamp does; their signers are needed only then.  ``floor``: as
+        :meth:`publish`.
 
         Raises:
             KeyMaterialError: snapshot or targets must be re-signed and their signer
@@ -468,7 +490,12 @@ class TrustRepo:
         signers = {"timestamp": timestamp_signer}
         signers |= {role: signer for role, signer in optional.items() if signer is not None}
         return self._release(
-            signers, _utc(now), include_staged=False, force={"timestamp"}, renew_early=False
+            signers,
+            _utc(now),
+            include_staged=False,
+            force={"timestamp"},
+            renew_early=False,
+            floor=floor,
         )
 
     def rotate_root(
@@ -560,13 +587,18 @@ class TrustRepo:
         force: set[str] | None = None,
         renew_early: bool = True,
         new_root: Metadata[Root] | None = None,
+        floor: Mapping[str, int] | None = None,
     ) -> PublishResult:
         root = new_root.signed if new_root is not None else self.root
+        floor = {role: v for role, v in (floor or {}).items() if role in self._online}
         # A role whose signatures the new root no longer accepts must be re-signed now:
         # its key is being replaced (load() refuses a role the newest root rejects).
-        force = set(force or ()) | {
-            role for role, md in self._online.items() if not verifies(root, md)
-        }
+        # One at or below its floor too: devices may hold a version of that number.
+        force = (
+            set(force or ())
+            | {role for role, md in self._online.items() if not verifies(root, md)}
+            | {role for role, v in floor.items() if v >= self.version(role)}
+        )
         has_targets = "targets" in self._online
         signed_files = self._signed(Targets).targets if has_targets else {}
         files = self._staged if include_staged else signed_files
@@ -584,7 +616,8 @@ class TrustRepo:
         out: list[tuple[str, Path, bytes, Online]] = []
         listed: MetaFile | None = None
         for role in plan:
-            version, expires = self.version(role) + 1, now + self.expiry.period(role)
+            version = max(self.version(role), floor.get(role, 0)) + 1
+            expires = now + self.expiry.period(role)
             # A role re-signed without the one it lists keeps listing what it listed.
             if listed is None and role == "snapshot":
                 listed = self._signed(Snapshot).meta["targets.json"]

@@ -149,32 +149,22 @@ def freshness() -> None:
 def freshness_refresh(mirror: bool, as_json: bool) -> None:
     """Re-sign the timestamp role (and snapshot/targets when they would expire first),
     and mirror the metadata to the artifact remote."""
-    from registry.config import find_root, load_config
-    from signing.tuf_repo import TrustRepo
-    from signing.workspace import refresh, trust_paths
+    from pipelines.publish import refresh_metadata
+    from registry.config import find_root
 
-    root = find_root(Path.cwd())
-    config = load_config(root)
-    paths = trust_paths(root, config)
-    result = refresh(paths)
-    mirrored: tuple[str, list[str]] | None = None
-    if mirror:
-        from pipelines.publish import mirror_metadata
-
-        # loaded again: only metadata that verifies is mirrored
-        trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
-        mirrored = mirror_metadata(root, trust, config.remote)
+    report = refresh_metadata(find_root(Path.cwd()), mirror=mirror)
+    result = report.result
     if as_json:
         emit_json({
             "versions": dict(result.versions),
             "written": [str(p) for p in result.written],
-            "mirrored": mirrored[1] if mirrored else [],
+            "mirrored": report.mirrored,
         })  # fmt: skip
         return
     versions = ", ".join(f"{r} {v}" for r, v in sorted(result.versions.items())) or "nothing due"
     ok(f"refreshed: {versions}")
-    if mirrored and mirrored[1]:
-        detail(f"  mirrored to {mirrored[0]}/metadata: {', '.join(mirrored[1])}")
+    if report.mirrored:
+        detail(f"  mirrored to {report.remote}/metadata: {', '.join(report.mirrored)}")
 
 
 @click.command()

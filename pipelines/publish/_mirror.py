@@ -10,19 +10,25 @@ every file is verified against the root it was provisioned with.
 The upload order is what keeps a reader safe: the targets are uploaded first (by
 ``publish``, before anything is signed), then the roots oldest first, then targets and
 snapshot metadata, and ``timestamp.json`` last, so a device that sees the new timestamp
-finds every file it names.  Versioned files are uploaded once (their names change with
-their content); ``timestamp.json`` only when its bytes differ, so that an idle device's
+finds every file it names.  Roots are uploaded once; the current targets, snapshot and
+timestamp when the mirror lacks them or holds other bytes, so that an idle device's
 conditional request (ETag, ``If-Modified-Since``, a file's mtime) stays "not modified".
 
-:func:`plan_mirror` decides, with no I/O; :class:`MirrorFolder` implementations read
-and write the remote.
+The repository's git history is what signs; the mirror may have seen more of it, when
+a run mirrored metadata whose commit never reached git (a lost push).  Devices may hold
+that timestamp, so the next run signs its timestamp above it (:func:`timestamp_floor`,
+read from the mirror before signing), and a timestamp is never replaced by a lower
+one this repository signed (``RollbackError``).
+
+:func:`read_state`, :func:`timestamp_floor` and :func:`plan_mirror` decide, with no I/O
+of their own; :class:`MirrorFolder` implementations read and write the remote.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -60,72 +66,123 @@ class MirrorFolder(Protocol):
         """
 
 
-def _signed_version(data: bytes) -> int | None:
-    """The version a timestamp file claims (unverified: only compared), or None."""
-    try:
-        version = json.loads(data)["signed"]["version"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return version if isinstance(version, int) and not isinstance(version, bool) else None
+def _is_root(name: str) -> bool:
+    return name.endswith(".root.json")
+
+
+@dataclass(frozen=True)
+class MirrorState:
+    """What the remote's metadata folder holds, as far as the mirror needs to know.
+
+    Attributes:
+        sizes: name -> size of every file there.
+        held: the bytes of the files compared byte for byte: ``timestamp.json``, and
+            the current targets and snapshot metadata where their size is ours (a
+            name held with other bytes was mirrored from a run whose metadata never
+            reached the repository; the repository's own replaces it).
+    """
+
+    sizes: Mapping[str, int]
+    held: Mapping[str, bytes]
+
+
+def read_state(folder: MirrorFolder, files: Sequence[tuple[str, bytes]]) -> MirrorState:
+    """Read what the mirror holds of ``files`` (one listing, and at most three reads).
+
+    Raises:
+        ToolError: the remote cannot be read.
+    """
+    sizes = folder.sizes()
+    held = {}
+    for name, data in files:
+        if _is_root(name) or name not in sizes:
+            continue
+        if name == TIMESTAMP:
+            held[name] = folder.read(name, _MAX_TIMESTAMP_BYTES)
+        elif sizes[name] == len(data):
+            held[name] = folder.read(name, len(data))
+    return MirrorState(sizes, held)
+
+
+def timestamp_floor(
+    ours: bytes | None, state: MirrorState, verified: Callable[[bytes], int | None]
+) -> dict[str, int]:
+    """The timestamp version to sign above, when the mirror holds another timestamp
+    this repository signed (``verified`` says its version) at or above ours: one from
+    a run whose metadata commit was lost, which devices may hold.  Empty otherwise.
+    """
+    theirs = state.held.get(TIMESTAMP)
+    if ours is None or theirs is None or theirs == ours:
+        return {}
+    version, current = verified(theirs), verified(ours)
+    if version is None or current is None or version < current:
+        return {}
+    return {"timestamp": version}
 
 
 def plan_mirror(
     files: Sequence[tuple[str, bytes]],
-    present: Mapping[str, int],
-    remote_timestamp: bytes | None,
+    state: MirrorState,
+    verified: Callable[[bytes], int | None],
 ) -> list[str]:
     """What to upload, in upload order, to make the mirror hold ``files``.
 
     Args:
         files: the signed files in upload order (``TrustRepo.mirror_files``).
-        present: name -> size of what the remote holds.
-        remote_timestamp: the remote's ``timestamp.json``, when it has one (ours is
-            uploaded only when the bytes differ).
+        state: what the mirror holds (:func:`read_state`).
+        verified: the version of timestamp bytes signed by this repository's keys,
+            None for anything else (``TrustRepo.mirrored_timestamp``).
 
     Raises:
-        RollbackError: the remote holds a timestamp of a higher version than ours:
-            the repository's metadata is behind what was mirrored (a release whose
-            metadata commit was never pushed); uploading would roll devices back.
+        RollbackError: the mirror holds a timestamp this repository signed with a
+            higher version than ours (sign above it first: :func:`timestamp_floor`);
+            uploading would roll devices back.
     """
     upload = []
     for name, data in files:
-        if name != TIMESTAMP:
-            # A versioned name is signed once: the same name is the same bytes, unless
-            # a copy was cut short or replaced, which its size mostly tells.
-            if present.get(name) != len(data):
-                upload.append(name)
-            continue
-        if name not in present:
+        if name not in state.sizes:
             upload.append(name)
-            continue
-        if remote_timestamp == data:
-            continue
-        ours = _signed_version(data)
-        theirs = _signed_version(remote_timestamp or b"")
-        if ours is not None and theirs is not None and theirs > ours:
-            raise RollbackError(
-                f"the remote's metadata mirror holds timestamp version {theirs}, above the "
-                f"{ours} signed here: the repository's metadata is behind what was mirrored "
-                "(was a release's metadata commit not pushed?)",
-                TIMESTAMP,
-            )
-        upload.append(name)
+        elif _is_root(name):
+            # A root is signed once and never changes: the same name is the same bytes,
+            # unless a copy was cut short, which its size tells.
+            if state.sizes[name] != len(data):
+                upload.append(name)
+        elif state.held.get(name) != data:
+            if name == TIMESTAMP:
+                theirs = verified(state.held.get(name, b""))
+                ours = verified(data)
+                if theirs is not None and ours is not None and theirs > ours:
+                    raise RollbackError(
+                        f"the remote's metadata mirror holds timestamp version {theirs}, "
+                        f"above the {ours} signed here: the repository's metadata is "
+                        "behind what was mirrored (was a metadata commit not pushed?)",
+                        TIMESTAMP,
+                    )
+            upload.append(name)
     return upload
 
 
-def mirror(folder: MirrorFolder, files: Sequence[tuple[str, bytes]]) -> list[str]:
-    """Upload what the remote lacks of ``files``, in their order; returns the names.
+def mirror(
+    folder: MirrorFolder,
+    files: Sequence[tuple[str, bytes]],
+    verified: Callable[[bytes], int | None],
+    state: MirrorState | None = None,
+) -> list[str]:
+    """Upload what the mirror lacks of ``files``, in their order; returns the names.
+
+    Args:
+        folder: the remote's metadata folder.
+        files: the signed files in upload order.
+        verified: see :func:`plan_mirror`.
+        state: what the folder holds, when already read.
 
     Raises:
         RollbackError: see :func:`plan_mirror`.
         ToolError: the remote cannot be read or written.
     """
-    present = folder.sizes()
+    state = state or read_state(folder, files)
+    names = plan_mirror(files, state, verified)
     data = dict(files)
-    remote_timestamp = None
-    if TIMESTAMP in data and TIMESTAMP in present:
-        remote_timestamp = folder.read(TIMESTAMP, _MAX_TIMESTAMP_BYTES)
-    names = plan_mirror(files, present, remote_timestamp)
     for name in names:
         folder.write(name, data[name])
     return names

@@ -41,7 +41,16 @@ from pipelines.publish._external import (
     sign_version,
     stage_data_deltas,
 )
-from pipelines.publish._mirror import FsMirror, LocalMirror, MirrorFolder, mirror
+from pipelines.publish._mirror import (
+    TIMESTAMP,
+    FsMirror,
+    LocalMirror,
+    MirrorFolder,
+    MirrorState,
+    mirror,
+    read_state,
+    timestamp_floor,
+)
 from registry import progress
 from registry.atomic import write_atomic
 from registry.errors import (
@@ -193,6 +202,26 @@ class TargetStore:
                     uploaded.append(rel)
         return uploaded
 
+    def mirror_state(self, trust: TrustRepo) -> MirrorState:
+        """What ``<store>/metadata/`` holds of ``trust``'s files (see
+        :func:`pipelines.publish._mirror.read_state`).
+
+        Raises:
+            ToolError: the remote cannot be read.
+        """
+        return read_state(self._mirror_folder(), trust.mirror_files())
+
+    def mirror_floor(self, trust: TrustRepo) -> dict[str, int]:
+        """The versions to sign above, before signing: a timestamp ``trust``'s keys
+        signed that the mirror holds and git does not (see
+        :func:`pipelines.publish._mirror.timestamp_floor`).
+
+        Raises:
+            ToolError: the remote cannot be read.
+        """
+        ours = dict(trust.mirror_files()).get(TIMESTAMP)
+        return timestamp_floor(ours, self.mirror_state(trust), trust.mirrored_timestamp)
+
     def write_metadata(self, trust: TrustRepo) -> list[str]:
         """Mirror the signed metadata to ``<store>/metadata/``; returns what was uploaded.
 
@@ -202,42 +231,22 @@ class TargetStore:
         file not uploaded yet.  Nothing changed since the last mirror uploads nothing.
 
         Raises:
-            RollbackError: the mirror holds a newer timestamp than ``trust``.
+            RollbackError: the mirror holds a newer timestamp ``trust``'s keys signed.
             ToolError: the remote cannot be read or written.
         """
-        return mirror(self._mirror_folder(), trust.mirror_files())
+        return mirror(self._mirror_folder(), trust.mirror_files(), trust.mirrored_timestamp)
 
     def _mirror_folder(self) -> MirrorFolder:
         if self.local is not None:
             return LocalMirror(self.local / MIRROR_DIR)
-        return FsMirror(self._fs, self._fs.join(self._base, MIRROR_DIR), f"{self.url}/{MIRROR_DIR}")
+        base = self._fs.join(self._base, MIRROR_DIR)
+        return FsMirror(self._fs, base, f"{self.url}/{MIRROR_DIR}")
 
     def _call(self, what: str, fn: Any, *args: str) -> Any:
         try:
             return fn(*args)
         except Exception as e:  # fsspec backends raise anything; report it in one line
             raise ToolError(f"cannot {what} {args[-1]} on {self.url}: {e}") from e
-
-
-def mirror_metadata(
-    root: Path, trust: TrustRepo, remote: str | None = None
-) -> tuple[str, list[str]] | None:
-    """Mirror ``trust``'s signed metadata to the artifact remote of the repository at
-    ``root`` (DVC remote ``remote``, the default when None): what ``modelreg freshness
-    refresh`` does after re-signing the timestamp.
-
-    Returns:
-        The store's URL and the files uploaded; None when no such DVC remote is
-        configured (nothing to mirror to).
-
-    Raises:
-        RollbackError: the mirror holds a newer timestamp than ``trust``.
-        ToolError: DVC is missing, or the remote cannot be read or written.
-    """
-    if not dvc.has_remote(root, remote):
-        return None
-    store = TargetStore(root, remote)
-    return store.url, store.write_metadata(trust)
 
 
 def _facts(entry: VersionEntry, kind: str, ctx: CiContext, **extra: str) -> TargetFacts:
@@ -634,8 +643,10 @@ def publish(
         added.append(CHANNELS_PATH)
     with progress.stage("publish", f"upload targets to {store.url}"):
         store.write(trust)
+    # a timestamp mirrored by a run whose metadata commit was lost: sign above it
+    floor = store.mirror_floor(trust)
     with progress.stage("publish", "sign metadata"):
-        result = trust.publish(signers)
+        result = trust.publish(signers, floor=floor)
     run.signed(trust)
     with progress.stage("publish", f"mirror metadata to {store.url}"):
         mirrored = store.write_metadata(trust)

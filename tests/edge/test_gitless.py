@@ -70,18 +70,23 @@ def test_freshness_refresh_mirrors_the_new_timestamp(rig: EdgeRig) -> None:
     assert rig.sync().updates["mlp"].version == "1.0.0"
 
 
-def test_a_mirror_ahead_of_the_repository_is_not_rolled_back(rig: EdgeRig) -> None:
-    """Releases whose metadata commits never reached git, then a refresh from the git
-    tip: its timestamp is older than the mirror's, and devices would refuse it."""
+def test_a_timestamp_mirrored_by_a_lost_push_is_signed_above(rig: EdgeRig) -> None:
+    """Refreshes mirrored timestamps whose commits never reached git (the workflow's
+    push was lost); a device following the mirror holds the newest.  The next run,
+    from git's older timestamp, signs above it, and the device moves on."""
+    rig.source = "artifacts"
     for _ in range(2):
         rig.run("freshness", "refresh")  # mirrored, never committed
-    ahead = (rig.mirror / "timestamp.json").read_bytes()
+    assert rig.sync().updates["mlp"].version == "1.0.0"
+    held = json.loads((rig.mirror / "timestamp.json").read_bytes())["signed"]["version"]
     git(rig.root, "checkout", "-q", "--", "trust/metadata")
-    refresh = rig.cli("freshness", "refresh", cwd=rig.root)
-    assert refresh.code == 1
-    (line,) = refresh.err.strip().splitlines()
-    assert "timestamp.json: the remote's metadata mirror holds timestamp version" in line
-    assert (rig.mirror / "timestamp.json").read_bytes() == ahead
+    behind = json.loads((rig.root / "trust/metadata/timestamp.json").read_bytes())
+    assert behind["signed"]["version"] == held - 2
+    done = json.loads(rig.run("freshness", "refresh", "--json").out)
+    assert done["versions"] == {"timestamp": held + 1}
+    assert done["mirrored"] == ["timestamp.json"]
+    rig.release_version("1.1.0", "1.0.0")
+    assert rig.sync().updates["mlp"].version == "1.1.0"
 
 
 # --- the device side --------------------------------------------------------------------

@@ -14,63 +14,99 @@ from pathlib import Path
 import pytest
 
 from edge_sync.trust import DeviceTrust
-from pipelines.publish._mirror import TIMESTAMP, LocalMirror, mirror, plan_mirror
+from pipelines.publish._mirror import (
+    TIMESTAMP,
+    LocalMirror,
+    MirrorState,
+    mirror,
+    plan_mirror,
+    read_state,
+    timestamp_floor,
+)
 from signing.errors import RollbackError
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import MIRROR_DIR
 from tests.trust_sim import RepoSim
 
 
-def _timestamp(version: int, pad: str = "") -> bytes:
-    return json.dumps({"signed": {"_type": "timestamp", "version": version}, "pad": pad}).encode()
+def _timestamp(version: int, pad: str = "", *, ours: bool = True) -> bytes:
+    doc = {"signed": {"_type": "timestamp", "version": version}, "pad": pad, "ours": ours}
+    return json.dumps(doc).encode()
+
+
+def _verified(data: bytes) -> int | None:
+    """Stands for ``TrustRepo.mirrored_timestamp``: a version for our signed bytes only."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    return int(doc["signed"]["version"]) if doc.get("ours") else None
 
 
 FILES = (("1.root.json", b"root-1"), ("2.root.json", b"root-22"), ("3.targets.json", b"t" * 30),
          ("3.snapshot.json", b"s" * 20), (TIMESTAMP, _timestamp(3)))  # fmt: skip
 ALL = [name for name, _ in FILES]
+SIZES = {n: len(d) for n, d in FILES}
+HELD = {n: d for n, d in FILES if not n.endswith(".root.json")}
+
+
+def _state(
+    sizes: dict[str, int] | None = None, held: dict[str, bytes] | None = None
+) -> MirrorState:
+    return MirrorState(SIZES if sizes is None else sizes, {**HELD, **(held or {})})
 
 
 @pytest.mark.parametrize(
-    ("present", "remote_timestamp", "expected"),
+    ("state", "expected"),
     [
-        pytest.param({}, None, ALL, id="empty-remote-everything-in-order"),
-        pytest.param({n: len(d) for n, d in FILES}, _timestamp(3), [], id="up-to-date-nothing"),
+        pytest.param(MirrorState({}, {}), ALL, id="empty-remote-everything-in-order"),
+        pytest.param(_state(), [], id="up-to-date-nothing"),
         pytest.param(
-            {n: len(d) for n, d in FILES if n != "2.root.json"},
-            _timestamp(3),
+            _state({n: v for n, v in SIZES.items() if n != "2.root.json"}),
             ["2.root.json"],
             id="a-missing-root",
         ),
+        pytest.param(_state({**SIZES, "1.root.json": 2}), ["1.root.json"], id="a-root-cut-short"),
         pytest.param(
-            {**{n: len(d) for n, d in FILES}, "3.targets.json": 7},
-            _timestamp(3),
-            ["3.targets.json"],
-            id="a-versioned-file-cut-short",
+            _state(held={"3.targets.json": b"T" * 30}), ["3.targets.json"], id="a-lost-runs-targets"
         ),
+        pytest.param(_state(held={TIMESTAMP: _timestamp(2)}), [TIMESTAMP], id="an-older-timestamp"),
         pytest.param(
-            {n: len(d) for n, d in FILES}, _timestamp(2), [TIMESTAMP], id="an-older-timestamp"
+            _state(held={TIMESTAMP: _timestamp(3, " ")}), [TIMESTAMP], id="same-version-other-bytes"
         ),
+        pytest.param(_state(held={TIMESTAMP: b"\x00garbage"}), [TIMESTAMP], id="garbage"),
         pytest.param(
-            {n: len(d) for n, d in FILES},
-            _timestamp(3, pad=" "),
+            _state(held={TIMESTAMP: _timestamp(9, ours=False)}),
             [TIMESTAMP],
-            id="same-version-other-bytes",
+            id="a-forged-newer-one",
         ),
-        pytest.param({n: len(d) for n, d in FILES}, b"\x00garbage", [TIMESTAMP], id="garbage"),
     ],
 )
-def test_what_the_mirror_uploads(
-    present: dict[str, int], remote_timestamp: bytes | None, expected: list[str]
-) -> None:
-    assert plan_mirror(FILES, present, remote_timestamp) == expected
+def test_what_the_mirror_uploads(state: MirrorState, expected: list[str]) -> None:
+    assert plan_mirror(FILES, state, _verified) == expected
 
 
 def test_a_mirror_ahead_of_the_repository_is_never_rolled_back() -> None:
-    """The remote holds a newer timestamp than the metadata being mirrored (a release
-    whose metadata commit never reached git): uploading would roll devices back."""
-    present = {n: len(d) for n, d in FILES}
+    """The mirror holds a newer timestamp this repository signed (a run whose metadata
+    commit never reached git): uploading ours would roll devices back."""
     with pytest.raises(RollbackError, match="holds timestamp version 9, above the 3"):
-        plan_mirror(FILES, present, _timestamp(9))
+        plan_mirror(FILES, _state(held={TIMESTAMP: _timestamp(9)}), _verified)
+
+
+@pytest.mark.parametrize(
+    ("theirs", "floor"),
+    [
+        pytest.param(None, {}, id="nothing-mirrored"),
+        pytest.param(_timestamp(3), {}, id="ours"),
+        pytest.param(_timestamp(2), {}, id="older"),
+        pytest.param(_timestamp(3, " "), {"timestamp": 3}, id="same-version-a-fork"),
+        pytest.param(_timestamp(5), {"timestamp": 5}, id="a-lost-push"),
+        pytest.param(_timestamp(5, ours=False), {}, id="forged"),
+    ],
+)
+def test_what_a_release_signs_above(theirs: bytes | None, floor: dict[str, int]) -> None:
+    held = {TIMESTAMP: theirs} if theirs is not None else {}
+    assert timestamp_floor(_timestamp(3), MirrorState(SIZES, held), _verified) == floor
 
 
 class _Recording(LocalMirror):
@@ -87,7 +123,7 @@ def test_roots_first_then_targets_and_snapshot_and_the_timestamp_last(tmp_path: 
     sim = RepoSim.create(tmp_path, seed="mirror")
     sim.release("mlp", "1.0.0", channels={"canary": ("1.0.0", None)})
     folder = _Recording(sim.remote / MIRROR_DIR)
-    assert mirror(folder, sim.repo.mirror_files()) == folder.writes == [
+    assert mirror(folder, sim.repo.mirror_files(), sim.repo.mirrored_timestamp) == folder.writes == [
         "1.root.json", "1.targets.json", "1.snapshot.json", TIMESTAMP,
     ]  # fmt: skip
     # the exact bytes of the repository's files
@@ -96,14 +132,14 @@ def test_roots_first_then_targets_and_snapshot_and_the_timestamp_last(tmp_path: 
         assert stat.S_IMODE((folder.folder / name).stat().st_mode) == 0o644
     # nothing new: nothing written (an idle device's conditional request stays "304")
     before = (folder.folder / TIMESTAMP).stat()
-    assert mirror(folder, sim.repo.mirror_files()) == []
+    assert mirror(folder, sim.repo.mirror_files(), sim.repo.mirrored_timestamp) == []
     assert (folder.folder / TIMESTAMP).stat().st_ino == before.st_ino
     # a key rotation and a release: the new root before anything signed under it
     new_root = sim.repo.rotate_root(sim.root_signers, [s.public_key for s in sim.root_signers],
                                     sim.root_signers, 1)  # fmt: skip
     sim.release("mlp", "1.1.0")
     folder.writes.clear()
-    mirror(folder, sim.repo.mirror_files())
+    mirror(folder, sim.repo.mirror_files(), sim.repo.mirrored_timestamp)
     assert folder.writes == [f"{new_root}.root.json", "2.targets.json", "2.snapshot.json",
                              TIMESTAMP]  # fmt: skip
 
@@ -125,7 +161,9 @@ def test_the_bytes_mirrored_are_those_loaded_and_verified(tmp_path: Path) -> Non
 def test_a_device_reads_the_mirror_as_it_reads_the_checkout(tmp_path: Path) -> None:
     sim = RepoSim.create(tmp_path, seed="mirror")
     path = sim.release("mlp", "1.0.0", channels={"canary": ("1.0.0", None)})
-    mirror(LocalMirror(sim.remote / MIRROR_DIR), sim.repo.mirror_files())
+    mirror(
+        LocalMirror(sim.remote / MIRROR_DIR), sim.repo.mirror_files(), sim.repo.mirrored_timestamp
+    )
     DeviceTrust.provision(sim.state, (sim.metadata_dir / "1.root.json").read_bytes())
     device = DeviceTrust(sim.state, None, sim.remote, metadata=sim.remote / MIRROR_DIR)
     device.refresh()
@@ -134,7 +172,9 @@ def test_a_device_reads_the_mirror_as_it_reads_the_checkout(tmp_path: Path) -> N
     assert fetched.read_bytes() == sim.released[path]
     # the timestamp handed over by the watcher is not downloaded again
     sim.release("mlp", "1.1.0")
-    mirror(LocalMirror(sim.remote / MIRROR_DIR), sim.repo.mirror_files())
+    mirror(
+        LocalMirror(sim.remote / MIRROR_DIR), sim.repo.mirror_files(), sim.repo.mirrored_timestamp
+    )
     given = (sim.remote / MIRROR_DIR / TIMESTAMP).read_bytes()
     device = DeviceTrust(sim.state, None, sim.remote, metadata=sim.remote / MIRROR_DIR,
                          prefetched={TIMESTAMP: given})  # fmt: skip
@@ -142,3 +182,39 @@ def test_a_device_reads_the_mirror_as_it_reads_the_checkout(tmp_path: Path) -> N
     assert device.trusted()["timestamp"].version == 2
     # root 2 (absent: 404), snapshot 2, targets 2; not the timestamp
     assert device.requests == 3
+
+
+def test_a_lost_push_is_signed_above_and_devices_move_on(tmp_path: Path) -> None:
+    """A refresh mirrored timestamp 2 and its commit never reached git; the next run,
+    from git's timestamp 1, signs 3 (a timestamp 2 again would be one devices already
+    hold another of, and keep)."""
+    sim = RepoSim.create(tmp_path, seed="mirror")
+    sim.release("mlp", "1.0.0", channels={"canary": ("1.0.0", None)})
+    folder = LocalMirror(sim.remote / MIRROR_DIR)
+    mirror(folder, sim.repo.mirror_files(), sim.repo.mirrored_timestamp)
+    git_copy = (sim.metadata_dir / TIMESTAMP).read_bytes()
+    sim.repo.refresh_timestamp(sim.signers["timestamp"])
+    mirror(folder, sim.repo.mirror_files(), sim.repo.mirrored_timestamp)
+    DeviceTrust.provision(sim.state, (sim.metadata_dir / "1.root.json").read_bytes())
+    device = DeviceTrust(sim.state, None, sim.remote, metadata=sim.remote / MIRROR_DIR)
+    device.refresh()
+    assert device.trusted()["timestamp"].version == 2
+    (sim.metadata_dir / TIMESTAMP).write_bytes(git_copy)  # the push was lost
+    repo = TrustRepo.load(sim.metadata_dir)
+    ours = dict(repo.mirror_files())[TIMESTAMP]
+    state = read_state(folder, repo.mirror_files())
+    floor = timestamp_floor(ours, state, repo.mirrored_timestamp)
+    assert floor == {"timestamp": 2}
+    with pytest.raises(RollbackError):  # mirroring git's timestamp 1 as it is: refused
+        mirror(folder, repo.mirror_files(), repo.mirrored_timestamp)
+    assert repo.refresh_timestamp(sim.signers["timestamp"], floor=floor).versions == {
+        "timestamp": 3
+    }
+    assert mirror(folder, repo.mirror_files(), repo.mirrored_timestamp) == [TIMESTAMP]
+    device.refresh()
+    assert device.trusted()["timestamp"].version == 3
+    # nothing mirrored ahead any more: no floor, and a publish signs nothing new
+    state = read_state(folder, repo.mirror_files())
+    assert timestamp_floor(dict(repo.mirror_files())[TIMESTAMP], state,
+                           repo.mirrored_timestamp) == {}  # fmt: skip
+    assert not repo.publish(sim.signers, floor={}).changed
