@@ -70,6 +70,23 @@ def test_freshness_refresh_mirrors_the_new_timestamp(rig: EdgeRig) -> None:
     assert rig.sync().updates["mlp"].version == "1.0.0"
 
 
+def test_a_remote_that_cannot_be_reached_does_not_stop_the_refresh(rig: EdgeRig) -> None:
+    """Devices that follow git still get their timestamp (the workflow commits it);
+    the failed mirror is one line and exit code 1."""
+    config = rig.root / ".dvc/config"
+    text = config.read_text()
+    config.write_text(text.replace("url = ../.modelreg/remote", "url = http://u:pw@127.0.0.1:9/x"))
+    before = json.loads((rig.root / "trust/metadata/timestamp.json").read_bytes())
+    refresh = rig.cli("freshness", "refresh", cwd=rig.root)
+    assert refresh.code == 1
+    (line,) = refresh.err.strip().splitlines()
+    assert "timestamp re-signed, not mirrored" in line
+    assert "127.0.0.1:9" in line
+    assert "pw@" not in line
+    after = json.loads((rig.root / "trust/metadata/timestamp.json").read_bytes())
+    assert after["signed"]["version"] == before["signed"]["version"] + 1
+
+
 def test_a_timestamp_mirrored_by_a_lost_push_is_signed_above(rig: EdgeRig) -> None:
     """Refreshes mirrored timestamps whose commits never reached git (the workflow's
     push was lost); a device following the mirror holds the newest.  The next run,
