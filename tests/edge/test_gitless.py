@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import time
 import types
 from typing import Any
 
@@ -259,3 +260,23 @@ def test_git_stays_the_default_and_the_state_carries_over(rig: EdgeRig) -> None:
     assert rig.state().sync.commit.startswith("sha256:")
     rig.release_version("1.1.0", "1.0.0")
     assert rig.sync().updates["mlp"].version == "1.1.0"
+
+
+def test_the_daemon_follows_the_mirror_over_http(rig: EdgeRig) -> None:
+    """``modelreg edge run`` with no git: it installs, idles on 304s, installs a release."""
+    from tests.edge.test_daemon import _serving, _start, _stop, _wait
+
+    with StaticServer(rig.remote) as server:
+        config = rig.config(repository=GITLESS, artifacts={"url": server.url()})
+        proc = _start(config)
+        try:
+            _wait(config, lambda s: _serving(s) == "1.0.0")
+            time.sleep(2.5)  # a couple of idle polls (poll_interval 1s)
+            idle = [s for s in server.served if s.path == "/metadata/timestamp.json"][1:]
+            assert idle
+            assert all((s.status, s.conditional) == (304, True) for s in idle), idle
+            rig.release_version("1.1.0", "1.0.0")
+            status = _wait(config, lambda s: _serving(s) == "1.1.0")
+            assert status["sync"]["commit"].startswith("sha256:")
+        finally:
+            _stop(proc)
