@@ -223,68 +223,103 @@ class Demo:
         self.run("git", "ls-files", "trust")
 
     def edge(self) -> None:
-        """A device running the edge daemon: production installed in full, then 1.1.0
-        promoted and installed by delta, each update's stage timeline printed."""
+        """Two devices running the edge daemon, one following git and one the metadata
+        mirrored to the artifact remote, both reporting to a folder: production
+        installed in full, then 1.1.0 promoted and installed by delta (under traffic on
+        the first), each update's stage timeline printed, then the fleet's view."""
         from edge_sync.config import load_edge_config
         from edge_sync.daemon import status_document
 
-        self.step("A device: the edge daemon follows production (modelreg edge run)")
-        device = self.work / "device-cam-0042"
-        device.mkdir()
-        shutil.copy(self.repo / "trust/metadata/1.root.json", device / "1.root.json")
-        config = device / "edge.yaml"
-        config.write_text(
-            "apiVersion: modelreg/v1\n"
-            "kind: EdgeConfig\n"
-            "device: {id: cam-0042, labels: {arch: x86_64, accelerator: none}}\n"
-            f"repository: {{url: {self.repo}, branch: main, poll_interval: 1h}}\n"
-            "# or with no git on the device, the metadata `ci release` mirrored to the\n"
-            "# artifact remote (one conditional request per idle poll):\n"
-            "# repository: {source: artifacts, poll_interval: 1h}\n"
-            "trust: {root: 1.root.json}\n"
-            f"artifacts: {{url: {self.repo / '.modelreg/remote/modelreg'}}}\n"
-            "models: [{name: mlp, channel: production}]\n"
-            "state_dir: state\n"
-            "serve: {listen: 127.0.0.1:0}\n",
-            encoding="utf-8",
-        )
-        print("  " + config.read_text(encoding="utf-8").strip().replace("\n", "\n  "))
-        edge = load_edge_config(config)
+        self.step("Devices: the edge daemon follows production (modelreg edge run)")
+        reports = self.work / "fleet-reports"
+        sources = {
+            "cam-0042": f"{{url: {self.repo}, branch: main, poll_interval: 1h}}",
+            # no git on this one: the metadata `ci release` mirrored to the remote
+            "cam-0043": "{source: artifacts, poll_interval: 1h}",
+        }
+        devices: dict[str, tuple[Path, Any]] = {}
+        for name, repository in sources.items():
+            device = self.work / f"device-{name}"
+            device.mkdir()
+            shutil.copy(self.repo / "trust/metadata/1.root.json", device / "1.root.json")
+            config = device / "edge.yaml"
+            config.write_text(
+                "apiVersion: modelreg/v1\n"
+                "kind: EdgeConfig\n"
+                f"device: {{id: {name}, labels: {{arch: x86_64, accelerator: none}}}}\n"
+                f"repository: {repository}\n"
+                "trust: {root: 1.root.json}\n"
+                f"artifacts: {{url: {self.repo / '.modelreg/remote/modelreg'}}}\n"
+                "models: [{name: mlp, channel: production}]\n"
+                "state_dir: state\n"
+                "serve: {listen: 127.0.0.1:0}\n"
+                f"report: {{url: {reports}, heartbeat: 1h}}\n",
+                encoding="utf-8",
+            )
+            print(f"  {device.name}/edge.yaml:")
+            print("    " + config.read_text(encoding="utf-8").strip().replace("\n", "\n    "))
+            devices[name] = (device, load_edge_config(config))
+        first, (device, edge) = next(iter(devices.items()))
 
-        def serving() -> str | None:
-            model = status_document(edge)["models"]["mlp"]["serving"]
+        def serving(config: Any) -> str | None:
+            model = status_document(config)["models"]["mlp"]["serving"]
             return None if model is None else str(model["version"])
 
         def wait_for(version: str) -> None:
             deadline = time.monotonic() + 120
-            while serving() != version:
-                if daemon.poll() is not None or time.monotonic() > deadline:
-                    log = (device / "daemon.log").read_text(encoding="utf-8")
-                    raise SystemExit(f"demo failed: the daemon did not install {version}\n{log}")
-                time.sleep(0.2)
+            for name, (folder, config) in devices.items():
+                while serving(config) != version:
+                    if daemons[name].poll() is not None or time.monotonic() > deadline:
+                        log = (folder / "daemon.log").read_text(encoding="utf-8")
+                        raise SystemExit(f"demo failed: {name} did not install {version}\n{log}")
+                    time.sleep(0.2)
 
-        print(f"$ modelreg edge run --config {config.name} &")
-        with (device / "daemon.log").open("w") as log:
-            daemon = subprocess.Popen(
-                [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
-                cwd=device, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+        daemons: dict[str, Any] = {}
         try:
+            for name, (folder, _) in devices.items():
+                print(f"$ modelreg edge run --config {folder.name}/edge.yaml &")
+                with (folder / "daemon.log").open("w") as log:
+                    daemons[name] = subprocess.Popen(
+                        [sys.executable, "-m", "modelreg", "edge", "run", "--config", "edge.yaml"],
+                        cwd=folder, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                    )  # fmt: skip
             wait_for("1.0.0")
             self.infer(edge)
-            self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
+            self.run("modelreg", "edge", "status", "--config", "edge.yaml", cwd=device)
             self.step("v2 reaches production; under traffic, SIGHUP syncs at once; by delta")
             self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "production")
             self.run("git", "commit", "-qam", "promote mlp 1.1.0 to production")
             self.run("modelreg", "ci", "release")
-            self.under_traffic(edge, daemon, lambda: wait_for("1.1.0"))
+            for name, process in daemons.items():
+                if name != first:
+                    process.send_signal(signal.SIGHUP)
+            self.under_traffic(edge, daemons[first], lambda: wait_for("1.1.0"))
             self.infer(edge)
-            self.run("modelreg", "edge", "status", "--config", config.name, cwd=device)
+            self.run("modelreg", "edge", "status", "--config", "edge.yaml", cwd=device)
+            self.fleet(reports, devices)
         finally:
-            print("$ kill -TERM <daemon>")
-            daemon.send_signal(signal.SIGTERM)
-            code = daemon.wait(timeout=60)
-            print(f"  the daemon exited {code}")
+            for name, process in daemons.items():
+                print(f"$ kill -TERM <{name}>")
+                process.send_signal(signal.SIGTERM)
+                print(f"  the daemon exited {process.wait(timeout=60)}")
+
+    def fleet(self, reports: Path, devices: dict[str, tuple[Path, Any]]) -> None:
+        """What the fleet's reports say, once every device has reported 1.1.0."""
+        import json
+
+        self.step("The fleet: each device reports to a folder (S3 or HTTP PUT at scale)")
+        deadline = time.monotonic() + 60
+        for name in devices:
+            report = reports / f"{name}.json"
+            while True:
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    served = json.loads(report.read_text(encoding="utf-8"))["models"]["mlp"]
+                    if served["serving"]["version"] == "1.1.0":
+                        break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"demo failed: {name} did not report 1.1.0")
+                time.sleep(0.2)
+        self.run("modelreg", "fleet", "status", "--reports", str(reports))
 
     def under_traffic(self, edge: Any, daemon: Any, wait: Any) -> None:
         """Send SIGHUP while 16 clients keep requests in flight; print what they saw

@@ -201,7 +201,11 @@ class SyncReport(Strict):
     last_checked: Stamp | None = None
     result: Literal["current", "failed"] | None = None
     reason: Text | None = None
-    commit: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{40,64}$")] | None = None
+    commit: (
+        Annotated[str, StringConstraints(pattern=r"^(sha256:[0-9a-f]{64}|[0-9a-f]{40,64})$")] | None
+    ) = None
+    """What the device followed: the git commit, or (``repository.source: artifacts``)
+    ``sha256:<hex>`` of the mirrored ``timestamp.json``."""
 
 
 class DeviceReport(Strict):

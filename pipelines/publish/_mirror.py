@@ -44,8 +44,9 @@ _MAX_TIMESTAMP_BYTES: Final = 1 << 20
 class MirrorFolder(Protocol):
     """The remote's metadata folder, as the mirror needs it."""
 
-    def sizes(self) -> dict[str, int]:
-        """Name -> size of every file in the folder (empty when it does not exist).
+    def sizes(self, names: Sequence[str]) -> dict[str, int]:
+        """Name -> size of each of ``names`` the folder holds (none when it does not
+        exist).
 
         Raises:
             ToolError: the remote cannot be read.
@@ -92,7 +93,7 @@ def read_state(folder: MirrorFolder, files: Sequence[tuple[str, bytes]]) -> Mirr
     Raises:
         ToolError: the remote cannot be read.
     """
-    sizes = folder.sizes()
+    sizes = folder.sizes([name for name, _ in files])
     held = {}
     for name, data in files:
         if _is_root(name) or name not in sizes:
@@ -195,11 +196,14 @@ class LocalMirror:
         """Mirror into ``folder`` (created on the first write)."""
         self.folder = folder
 
-    def sizes(self) -> dict[str, int]:
+    def sizes(self, names: Sequence[str]) -> dict[str, int]:
         """See :class:`MirrorFolder`."""
+        wanted = set(names)
         try:
             with os.scandir(self.folder) as entries:
-                return {e.name: e.stat().st_size for e in entries if e.is_file()}
+                return {
+                    e.name: e.stat().st_size for e in entries if e.name in wanted and e.is_file()
+                }
         except FileNotFoundError:
             return {}
         except OSError as e:
@@ -238,8 +242,10 @@ class FsMirror:
         except Exception as e:  # fsspec backends raise anything; report it in one line
             raise ToolError(f"cannot {what} {self._shown}: {e}") from e
 
-    def sizes(self) -> dict[str, int]:
-        """See :class:`MirrorFolder`."""
+    def sizes(self, names: Sequence[str]) -> dict[str, int]:
+        """See :class:`MirrorFolder`.  One listing where the remote lists folders (S3,
+        SSH, ...); a plain HTTP server does not, and is asked for each name instead."""
+        wanted = set(names)
 
         def listing() -> Any:
             try:
@@ -247,13 +253,26 @@ class FsMirror:
             except FileNotFoundError:
                 return []  # nothing mirrored yet
 
+        try:
+            listed = listing()
+        except Exception:  # noqa: BLE001 - any backend's "cannot list": ask name by name
+            return {n: size for n in names if (size := self._size(n)) is not None}
         sizes = {}
-        listed = self._call("list", listing)
         for entry in listed:
-            if entry.get("type") == "file":
-                name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            name = str(entry["name"]).rstrip("/").rsplit("/", 1)[-1]
+            if entry.get("type") == "file" and name in wanted:
                 sizes[name] = int(entry.get("size") or 0)
         return sizes
+
+    def _size(self, name: str) -> int | None:
+        def info() -> int | None:
+            try:
+                return int(self._fs.info(self._fs.join(self._base, name)).get("size") or 0)
+            except FileNotFoundError:
+                return None
+
+        size: int | None = self._call("read", info)
+        return size
 
     def read(self, name: str, limit: int) -> bytes:
         """See :class:`MirrorFolder`."""

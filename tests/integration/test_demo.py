@@ -29,4 +29,11 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "    diff: **Weights only**" in out
     assert "attached: modelreg/1.1.0.diff.md, modelreg/1.1.0.sigstore.json" in out
     assert "channel changes of 'mlp' are released from branch 'main' only" in out
+    # two devices, one following git and one the remote's metadata mirror, both report
+    assert "repository: {source: artifacts, poll_interval: 1h}" in out
+    assert "2 devices reporting in" in out
+    production = next(line for line in out.splitlines() if "│ production │" in line)
+    assert [c.strip() for c in production.split("│")[1:-1]] == [
+        "mlp", "production", "1.1.0", "100", "2", "2", "2", "0", "0", "0"
+    ]  # fmt: skip
     assert "Traceback" not in out + proc.stderr

@@ -30,6 +30,12 @@ def test_a_report_as_devices_send_it_is_read() -> None:
     assert read.reported.tzinfo is not None
 
 
+@pytest.mark.parametrize("followed", ["ab" * 20, "sha256:" + "cd" * 32])
+def test_a_device_following_git_or_the_remote_mirror_is_read(followed: str) -> None:
+    doc = _with("sync.commit", followed)
+    assert parse_report(_bytes(doc)).sync.commit == followed
+
+
 def _with(path: str, value: Any) -> dict[str, Any]:
     doc = report("cam-1")
     *parents, last = path.split(".")
@@ -68,6 +74,8 @@ _DELETE = object()
         ("labels", {"site": "plant\u202e3"}, "labels: Value error, holds control"),
         ("models", {f"m{i}": model() for i in range(65)}, "models: Dictionary should have at"),
         ("sync.result", "maybe", "sync.result:"),
+        ("sync.commit", "sha256:" + "cd" * 20, "sync.commit: String should match"),
+        ("sync.commit", "main", "sync.commit: String should match"),
         ("trust.stale", "no", "trust.stale: Input should be a valid boolean"),
     ],
 )
