@@ -79,22 +79,31 @@ def fetch_s3(
     try:
         response = _client(limits).get_object(**request)
     except ClientError as e:
-        status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        code = str(e.response.get("Error", {}).get("Code", "error"))
+        status, code = _status(e)
         if status == 416 and offset:
             return fetch_s3(url, 0, limits, chunk_size, budget)
-        if code in ("NoSuchKey", "404", "NotFound"):
-            status = 404
-        if status == 403 or code == "AccessDenied":
-            raise tuf_errors.DownloadHTTPError(
-                "S3: access denied (the device's AWS credentials, or none, may not read it)",
-                403,
-            ) from None
-        raise tuf_errors.DownloadHTTPError(f"S3 {code}", status or 500) from None
+        raise _refused(status, code) from None
     except BotoCoreError as e:
         raise tuf_errors.DownloadError(f"S3: {e}") from None
     start = offset if offset and response.get("ContentRange") else 0
     return start, _chunks(response["Body"], chunk_size, budget())
+
+
+def _status(error: Any) -> tuple[int, str]:
+    """The HTTP status and the S3 error code of a botocore ``ClientError``."""
+    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return status, str(error.response.get("Error", {}).get("Code", "error"))
+
+
+def _refused(status: int, code: str) -> tuf_errors.DownloadHTTPError:
+    """What a refused S3 request is to the TUF client (never the request's details)."""
+    if code in ("NoSuchKey", "404", "NotFound"):
+        status = 404
+    if status == 403 or code == "AccessDenied":
+        return tuf_errors.DownloadHTTPError(
+            "S3: access denied (the device's AWS credentials, or none, may not read it)", 403
+        )
+    return tuf_errors.DownloadHTTPError(f"S3 {code}", status or 500)
 
 
 def _chunks(body: Any, chunk_size: int, budget: Any) -> Iterator[bytes]:
@@ -139,19 +148,10 @@ def probe_s3(
     try:
         response = _client(limits).get_object(**request)
     except ClientError as e:
-        meta = e.response.get("ResponseMetadata", {})
-        status = int(meta.get("HTTPStatusCode", 0) or 0)
-        code = str(e.response.get("Error", {}).get("Code", "error"))
+        status, code = _status(e)
         if etag is not None and (status == 304 or code in ("304", "NotModified")):
-            return None, etag, 1, _header_bytes(meta)
-        if code in ("NoSuchKey", "404", "NotFound"):
-            status = 404
-        if status == 403 or code == "AccessDenied":
-            raise tuf_errors.DownloadHTTPError(
-                "S3: access denied (the device's AWS credentials, or none, may not read it)",
-                403,
-            ) from None
-        raise tuf_errors.DownloadHTTPError(f"S3 {code}", status or 500) from None
+            return None, etag, 1, _header_bytes(e.response.get("ResponseMetadata", {}))
+        raise _refused(status, code) from None
     except BotoCoreError as e:
         raise tuf_errors.DownloadError(f"S3: {e}") from None
     from edge_sync._fetch import _TransferBudget

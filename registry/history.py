@@ -404,17 +404,7 @@ def channel_history(
     Raises:
         ToolError: git is missing or fails.
     """
-    paths = [model_file] + ([released] if released else [])
-    commits = list(reversed(read_log(root, paths, rev)))
-    blobs = read_blobs(
-        root,
-        [
-            f"{c.sha}:{model_file}"
-            for c in commits
-            for st, p in c.changes
-            if p == model_file and st != "D"
-        ],
-    )
+    commits, blobs = _model_file_log(root, model_file, rev, released)
     maps: list[dict[str, Assignment]] = []
     state: dict[str, Assignment] = {}
     prefix = f"{released.rstrip('/')}/" if released else None
@@ -499,6 +489,15 @@ def rollout_started(
     Raises:
         ToolError: git is missing or fails.
     """
+    commits, blobs = _model_file_log(root, model_file, rev, released)
+    return released_since(commits, model_file, blobs, channel, current, released=released)
+
+
+def _model_file_log(
+    root: Path, model_file: str, rev: str, released: str | None
+) -> tuple[list[LogCommit], dict[str, bytes | None]]:
+    """Oldest first, the commits of ``rev`` that changed ``model_file`` (or, with
+    ``released``, the trust metadata), and that file's content at each of them."""
     paths = [model_file] + ([released] if released else [])
     commits = list(reversed(read_log(root, paths, rev)))
     blobs = read_blobs(
@@ -510,4 +509,4 @@ def rollout_started(
             if p == model_file and st != "D"
         ],
     )
-    return released_since(commits, model_file, blobs, channel, current, released=released)
+    return commits, blobs
