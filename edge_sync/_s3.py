@@ -69,11 +69,7 @@ def fetch_s3(
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    if not bucket or not key:
-        raise tuf_errors.DownloadError(f"{url}: not an s3://bucket/key URL")
-    request: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    request = _object(url)
     if offset:
         request["Range"] = f"bytes={offset}-"
     try:
@@ -87,6 +83,19 @@ def fetch_s3(
         raise tuf_errors.DownloadError(f"S3: {e}") from None
     start = offset if offset and response.get("ContentRange") else 0
     return start, _chunks(response["Body"], chunk_size, budget())
+
+
+def _object(url: str) -> dict[str, Any]:
+    """The ``GetObject`` arguments naming the object at ``url``.
+
+    Raises:
+        DownloadError: ``url`` is not an ``s3://bucket/key`` URL.
+    """
+    parsed = urlparse(url)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    if not bucket or not key:
+        raise tuf_errors.DownloadError(f"{url}: not an s3://bucket/key URL")
+    return {"Bucket": bucket, "Key": key}
 
 
 def _status(error: Any) -> tuple[int, str]:
@@ -138,11 +147,7 @@ def probe_s3(
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    parsed = urlparse(url)
-    bucket, key = parsed.netloc, parsed.path.lstrip("/")
-    if not bucket or not key:
-        raise tuf_errors.DownloadError(f"{url}: not an s3://bucket/key URL")
-    request: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    request = _object(url)
     if etag is not None:
         request["IfNoneMatch"] = etag
     try:
