@@ -270,12 +270,12 @@ def _read_fd(fd: int, shown: str, max_bytes: int, size: int) -> bytes:
     """At most ``max_bytes`` of ``fd``, which ``fstat`` said holds ``size`` bytes; one
     more means it grew while read: refused."""
     # Sized by fstat (a buffer of max_bytes per read costs more than the read): a first
-    # read shorter than size + 1 bytes met the end of a regular file; one that is not
-    # (the file grew, or is a /proc file that stats as 0 bytes) reads on, to the cap.
-    first = min(max_bytes, size) + 1
-    chunks = [os.read(fd, first)]
+    # read that returned exactly the size met the end of the file.  Anything else reads
+    # on, to the cap: the file grew, it is a /proc file that stats as 0 bytes, or the
+    # read was short (Linux returns at most 2 GiB - 4 KiB per read; FUSE may return less).
+    chunks = [os.read(fd, min(max_bytes, size) + 1)]
     left = max_bytes + 1 - len(chunks[0])
-    while len(chunks[0]) == first and left > 0:
+    while len(chunks[0]) != size and left > 0:
         chunk = os.read(fd, left)
         if not chunk:
             break

@@ -57,8 +57,10 @@ def repository_status(
             relative[entry.file] = entry.path.resolve().relative_to(base).as_posix()
     under = (repo.root / repo.config.manifests).resolve()
     under_rel = under.relative_to(top.resolve()).as_posix() if top is not None else "."
-    commits = last_commits(repo.root, relative.values(), under_rel) if top is not None else {}
-    dirty = dirty_paths(repo.root, under_rel) if top is not None else set()
+    # git runs at its top level: the pathspec is relative to it (the repository may be a
+    # folder inside a larger git work tree).
+    commits = last_commits(top, relative.values(), under_rel) if top is not None else {}
+    dirty = dirty_paths(top, under_rel) if top is not None else set()
     rows = collect_status(repo, commits, dirty, relative)
     if model is not None:
         rows = [r for r in rows if r.model == model]

@@ -193,3 +193,18 @@ def test_status_is_reused_until_the_tree_or_git_moves(repo: Path) -> None:
     after, reused = _status(repo)
     assert (after["mlp 1.1.0"], reused) == ((second, False), False)
     assert _status(repo) == (after, True)
+
+
+def test_status_of_a_repository_in_a_folder_of_a_larger_work_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = copy_repo(tmp_path)  # tmp_path/repo, with git at tmp_path
+    monkeypatch.chdir(root)
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "first")
+    head = _git(tmp_path, "rev-parse", "HEAD").strip()
+    rows, _ = _status(root)
+    assert rows["mlp 1.1.0"] == (head, False)
+    _rewrite(root / "manifests/mlp/versions/1.1.0.yaml", "parent: 1.0.0", "parent: 1.0.0  # x")
+    assert _status(root)[0]["mlp 1.1.0"] == (head, True)
