@@ -125,6 +125,8 @@ class _Display:
         self.root_path = root
         rel = os.path.relpath(self.root, cwd) if self.root.startswith(cwd) else self.root
         self.prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        self.real_folders: dict[str, bool] = {}
+        """Repository-relative folders seen in this load: real folders all the way?"""
 
     def __call__(self, path: str) -> str:
         if path.startswith(self.root + os.sep):
@@ -326,11 +328,32 @@ def _pointer_key(task: _Task) -> str:
 
 
 def _pointer_stamp(artifact: str, show: _Display) -> Stamp | None:
+    """The pointer's stamp, or None (never cached) when it is not a regular file reached
+    through real folders: a folder moved and replaced by a link keeps the pointer's own
+    stamp, and a fresh read refuses it."""
+    if not _real_folders(artifact.rpartition("/")[0], show):
+        return None
     try:
         info = os.lstat(os.path.join(show.root, f"{artifact}.dvc"))
     except OSError:
         return None
     return stamp_of(info) if stat.S_ISREG(info.st_mode) else None
+
+
+def _real_folders(folder: str, show: _Display) -> bool:
+    """Whether every folder of ``folder`` (repository-relative) is a folder, not a link
+    (asked once per folder and load)."""
+    if not folder:
+        return True
+    known = show.real_folders.get(folder)
+    if known is None:
+        try:
+            mode = os.lstat(os.path.join(show.root, folder)).st_mode
+        except OSError:
+            mode = 0
+        known = stat.S_ISDIR(mode) and _real_folders(folder.rpartition("/")[0], show)
+        show.real_folders[folder] = known
+    return known
 
 
 def _pointer_of(cache: ParseCache, task: _Task, data: Any, show: _Display) -> PointerCheck | None:

@@ -31,17 +31,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from registry.atomic import write_atomic
+from registry.cache import read_own, write_own
 from registry.errors import Problem
+from registry.root import TOOL_FOLDERS
 
 RESULTS_DIR: Final = ".modelreg/cache/results"
 _FORMAT: Final = 1
 _RACY_NS: Final = 2_000_000_000
-SKIPPED: Final = frozenset(
-    {".git", ".modelreg/cache", ".modelreg/remote", ".dvc/cache", ".dvc/tmp"}
-)
-"""Folders validate never reads and commands write to: git's, modelreg's caches and
-default remote, DVC's cache and temporary files."""
+SKIPPED: Final = frozenset(TOOL_FOLDERS)
+"""Folders validate never reads (no manifest may name a file in them) and commands
+write to: git's, modelreg's caches and default remote, DVC's cache and temporary files."""
 _HOLDERS: Final = frozenset({".modelreg", ".dvc"})
 """Folders that a first command may create just to hold a skipped one: they count by
 what else they hold."""
@@ -58,7 +57,7 @@ def fingerprint(root: Path, context: str) -> str | None:
         entry was modified within the racy window, the tree is over
         :data:`MAX_ENTRIES` entries, or a folder cannot be read.
     """
-    digest = hashlib.blake2b(context.encode(), digest_size=32)
+    digest = hashlib.blake2b(context.encode("utf-8", "surrogateescape"), digest_size=32)
     newest = time.time_ns() - _RACY_NS
     count = 0
     pending = [""]
@@ -80,8 +79,8 @@ def fingerprint(root: Path, context: str) -> str | None:
                             lines.append(f"{name}\0{info.st_mode}\n")
                         folders.append(name)
                         continue
-                    if info.st_mtime_ns > newest:
-                        return None  # racily new (a change of mode alone shows in st_mode)
+                    if max(info.st_mtime_ns, info.st_ctime_ns) > newest:
+                        return None  # racily new, by its content or an old mtime set back
                     lines.append(
                         f"{name}\0{info.st_mode} {info.st_size} {info.st_mtime_ns} "
                         f"{info.st_ctime_ns} {info.st_ino}\n"
@@ -118,33 +117,63 @@ def context(command: str, *extra: str, packages: Sequence[str] = ("registry",)) 
     for package in packages:
         spec = find_spec(package)
         folder = Path(spec.origin).parent if spec and spec.origin else None
-        for entry in sorted(os.scandir(folder), key=lambda e: e.name) if folder else ():
-            if entry.name.endswith(".py"):
-                info = entry.stat()
-                parts.append(f"{package}/{entry.name} {info.st_size} {info.st_mtime_ns}")
+        for where, dirs, files in os.walk(folder) if folder else ():
+            dirs.sort()
+            for name in sorted(f for f in files if f.endswith(".py")):
+                info = os.stat(os.path.join(where, name))  # noqa: PTH116, PTH118
+                parts.append(f"{where}/{name} {info.st_size} {info.st_mtime_ns}")
+    # Who runs it: what one user may read, another may not.
+    parts.append(f"uid {os.geteuid()} gid {os.getegid()} groups {sorted(os.getgroups())}")
     return "\0".join(parts)
 
 
 def git_state(root: Path) -> str | None:
-    """What a result that reads git depends on: the HEAD commit and the index's stamp.
+    """What a result that reads git depends on, besides the tree: the HEAD commit (or
+    the unborn branch), the stamps of the index, of git's configuration and ignore
+    files (the repository's, the user's, ``core.excludesFile``, the ``.gitignore``
+    files between the work tree's top and ``root``), and the ``GIT_*`` environment.
 
-    None when the index changed within the racy window (not stored, like the tree).
-    Outside a git work tree, or before the first commit, a fixed answer.
+    None when one of those files changed within the racy window (not stored, like the
+    tree).  Outside a git work tree, a fixed answer.
     """
     from registry.gitinfo import git
 
-    proc = git(root, "rev-parse", "--absolute-git-dir", "--verify", "-q", "HEAD", check=False)
-    lines = proc.stdout.split()
-    if proc.returncode != 0 or len(lines) != 2:
-        return f"git: none ({proc.returncode}, {len(lines)} lines)"
-    git_dir, head = lines
-    try:
-        index = os.stat(os.path.join(git_dir, "index"))  # noqa: PTH116, PTH118
-    except OSError:
-        return f"git: {head} no index"
-    if index.st_mtime_ns > time.time_ns() - _RACY_NS:
-        return None
-    return f"git: {head} {index.st_size} {index.st_mtime_ns} {index.st_ino}"
+    proc = git(
+        root, "rev-parse", "--absolute-git-dir", "--show-toplevel", "--verify", "-q", "HEAD",
+        check=False,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines()
+    if len(lines) < 2:
+        return f"git: none ({proc.returncode})"
+    git_dir, top = Path(lines[0]), Path(lines[1])
+    head = lines[2] if len(lines) > 2 else "unborn"
+    excludes = git(root, "config", "--path", "--get", "core.excludesFile", check=False)
+    home = Path.home()
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "git"
+    files = [
+        git_dir / "index",
+        git_dir / "HEAD",
+        git_dir / "config",
+        git_dir / "info" / "exclude",
+        home / ".gitconfig",
+        xdg / "config",
+        xdg / "ignore",
+        *([Path(excludes.stdout.strip())] if excludes.stdout.strip() else []),
+        *(folder / ".gitignore" for folder in (root, *root.parents) if folder.is_relative_to(top)),
+    ]
+    parts = [f"git: {head} at {top}"]
+    newest = time.time_ns() - _RACY_NS
+    for path in files:
+        try:
+            info = os.stat(path)  # noqa: PTH116
+        except OSError:
+            parts.append(f"{path} -")
+            continue
+        if max(info.st_mtime_ns, info.st_ctime_ns) > newest:
+            return None
+        parts.append(f"{path} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}")
+    parts.extend(sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith("GIT_")))
+    return "\0".join(parts)
 
 
 def problem_row(problem: Problem) -> list[Any]:
@@ -174,10 +203,9 @@ def problem_from_row(row: Any) -> Problem:
 
 def load(root: Path, command: str, key: str) -> Any | None:
     """The result ``command`` stored under ``key`` in the repository at ``root``, if any."""
-    path = root / RESULTS_DIR / f"{command}.json"
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        with path.open("rb") as fh:
-            raw = json.loads(fh.read(MAX_RESULT_BYTES + 1))
+    held = read_own(root, f"{RESULTS_DIR}/{command}.json", MAX_RESULT_BYTES)
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        raw: Any = json.loads(held) if held is not None else {}
         if raw["format"] == _FORMAT and raw["key"] == key:
             return raw["result"]
     return None
@@ -188,10 +216,7 @@ def store(root: Path, command: str, key: str, result: Any) -> None:
     payload = json.dumps({"format": _FORMAT, "key": key, "result": result}).encode()
     if len(payload) > MAX_RESULT_BYTES:
         return
-    path = root / RESULTS_DIR / f"{command}.json"
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, payload)
+    write_own(root, f"{RESULTS_DIR}/{command}.json", payload)
 
 
 __all__ = [

@@ -12,9 +12,23 @@ from typing import Final
 
 from registry.errors import RepositoryError
 
-__all__ = ["CONFIG_FILE", "find_root"]
+__all__ = ["CONFIG_FILE", "TOOL_FOLDERS", "find_root", "tool_folder_of"]
 
 CONFIG_FILE: Final = "modelreg.yaml"
+TOOL_FOLDERS: Final = (".git", ".modelreg/cache", ".modelreg/remote", ".dvc/cache", ".dvc/tmp")
+"""Folders of the repository that git, DVC and modelreg write to as they run: no
+manifest may name a file in them (``registry.schema.repo_path``), and the stored
+results of an unchanged tree do not look into them (``registry.result_cache``)."""
+
+
+def tool_folder_of(path: str) -> str | None:
+    """The tool folder a repository-relative POSIX ``path`` is in (or is), if any;
+    compared without case, as a case-insensitive file system would."""
+    folded = path.casefold()
+    for folder in TOOL_FOLDERS:
+        if folded == folder or folded.startswith(f"{folder}/"):
+            return folder
+    return None
 
 
 def find_root(start: Path) -> Path:

@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from registry.errors import quote
+from registry.root import tool_folder_of
 from registry.units import parse_duration
 
 __all__ = [
@@ -135,6 +136,8 @@ def repo_path(value: str) -> str:
             f"{quote(value)} is not a clean repository-relative path "
             "(use forward slashes, no '..', no leading '/')"
         )
+    if (folder := tool_folder_of(value)) is not None:
+        raise ValueError(f"{quote(value)} is inside {folder}, which git, DVC and modelreg write to")
     return value
 
 

@@ -12,7 +12,7 @@ so only the changed files are parsed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Final
 
 from registry import result_cache
@@ -61,15 +61,6 @@ class Validation:
         return cls(problems, models, versions, files, reused=True)
 
 
-def _reads_skipped(*folders: str) -> bool:
-    """Whether a configured folder is one the fingerprint does not see."""
-    return any(
-        f == skipped or f.startswith(f"{skipped}/")
-        for f in (PurePosixPath(folder).as_posix() for folder in folders)
-        for skipped in result_cache.SKIPPED
-    )
-
-
 def validate_repository(start: Path, *, jobs: int | None = None, cache: bool = True) -> Validation:
     """Load and check the whole repository containing ``start``.
 
@@ -101,7 +92,7 @@ def validate_repository(start: Path, *, jobs: int | None = None, cache: bool = T
         versions=sum(len(v) for v in repo.versions.values()),
         files=len(repo.files),
     )
-    if key is not None and not _reads_skipped(repo.config.manifests, repo.config.artifacts):
+    if key is not None:
         result_cache.store(root, _COMMAND, key, result.to_json())
     return result
 

@@ -578,11 +578,10 @@ def test_a_file_larger_than_its_stat_size_is_read_to_the_cap_and_no_further() ->
 def test_short_reads_never_truncate_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Linux returns at most 2 GiB - 4 KiB per read(), and FUSE file systems may return
     # less than asked at any size: a short read is not the end of a file.
-    import registry.safe_io
     from registry.safe_io import read_regular
 
     path = tmp_path / "f.bin"
     path.write_bytes(bytes(range(256)) * 40)
     real_read = os.read
-    monkeypatch.setattr(registry.safe_io.os, "read", lambda fd, n: real_read(fd, min(n, 7)))
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, min(n, 7)))
     assert read_regular(path, max_bytes=1 << 20) == path.read_bytes()

@@ -8,10 +8,21 @@ import shutil
 import time
 from pathlib import Path
 
+import pytest
+
+import registry.cache
 from registry.cache import CACHE_FILE
 from registry.checks import validate_paths
 from registry.repository import load_repository
 from tests.conftest import REPO_ROOT
+
+
+@pytest.fixture(autouse=True)
+def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A file is "racily new" for two seconds after its mtime or ctime; a copy made by a
+    # test always is (its ctime cannot be set back).  test_racily_new_files_are_not_kept
+    # puts the window back.
+    monkeypatch.setattr(registry.cache, "_RACY_SECONDS", 0.0)
 
 
 def copy_repo(tmp_path: Path) -> Path:
@@ -105,3 +116,25 @@ def test_a_crafted_pointer_entry_is_read_again(tmp_path: Path) -> None:
         payload["entries"][key][1] = forged
         cache.write_text(json.dumps(payload))
         assert pointers(root) == truth
+
+
+def test_a_pointer_folder_replaced_by_a_link_is_refused_through_the_cache(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    assert summary(root, cache=True)[2] == []
+    assert summary(root, cache=True)[2] == []  # pointers from the cache now
+    # the pointers keep their own stamps when their folder moves
+    (root / "models/mlp").rename(root / "models/mlp.real")
+    (root / "models/mlp").symlink_to("mlp.real")
+    problems = summary(root, cache=True)[2]
+    assert problems == summary(root, cache=False)[2]
+    assert any("folder models/mlp is a symbolic link" in p for p in problems), problems
+
+
+def test_racily_new_files_are_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry.cache, "_RACY_SECONDS", 2.0)
+    root = copy_repo(tmp_path)  # old mtimes, but every ctime is now
+    summary(root, cache=True)
+    assert (
+        not (root / CACHE_FILE).exists()
+        or not json.loads((root / CACHE_FILE).read_text())["entries"]
+    )

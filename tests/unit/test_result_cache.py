@@ -5,6 +5,7 @@ into use, and CI never uses one."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,18 +21,19 @@ from tests.unit.test_parse_cache import copy_repo
 RESULT = f"{result_cache.RESULTS_DIR}/validate.json"
 
 
+@pytest.fixture(autouse=True)
+def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a test copies or edits is always "racily new" (its ctime is now): without
+    # this, every edit would be seen because nothing is stored, never because the
+    # fingerprint changed.  test_a_recently_modified_tree_is_not_stored puts it back.
+    monkeypatch.setattr(result_cache, "_RACY_NS", 0)
+
+
 @pytest.fixture
 def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = copy_repo(tmp_path)
     monkeypatch.chdir(root)
     return root
-
-
-@pytest.fixture
-def no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    # An edit made by a test is always "racily new": without this, every edit would be
-    # seen because nothing is stored, never because the fingerprint changed.
-    monkeypatch.setattr(result_cache, "_RACY_NS", 0)
 
 
 def strings(result: Validation) -> list[str]:
@@ -47,7 +49,6 @@ def test_an_unchanged_tree_reuses_the_result(repo: Path) -> None:
     assert (second.models, second.versions, second.files) == (fresh.models, fresh.versions, 8)
 
 
-@pytest.mark.usefixtures("no_racy_window")
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
@@ -95,15 +96,19 @@ def _rewrite(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
-def test_a_recently_modified_tree_is_not_stored(repo: Path) -> None:
-    (repo / "manifests/mlp/versions/1.1.0.yaml").touch()
+def test_a_recently_modified_tree_is_not_stored(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(result_cache, "_RACY_NS", 2_000_000_000)
+    past = (repo / "modelreg.yaml").stat().st_mtime
+    edited = repo / "manifests/mlp/versions/1.1.0.yaml"
+    os.utime(edited, (past, past))  # an old mtime set back: the ctime is still now
     assert result_cache.fingerprint(repo, "x") is None
     validate_repository(repo)
     assert not (repo / RESULT).exists()
     assert not validate_repository(repo).reused
 
 
-@pytest.mark.usefixtures("no_racy_window")
 def test_the_working_directory_is_part_of_the_key(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -142,7 +147,6 @@ def test_ci_never_reads_or_writes_a_result(repo: Path) -> None:
         assert not validate_repository(repo).reused
 
 
-@pytest.mark.usefixtures("no_racy_window")
 def test_the_command_prints_the_same_both_times(repo: Path) -> None:
     _rewrite(repo / "manifests/mlp/versions/1.1.0.yaml", "parent: 1.0.0", "parent: 1.0.7")
     runner = CliRunner()
@@ -170,7 +174,6 @@ def _status(root: Path) -> tuple[dict[str, tuple[str | None, bool]], bool]:
     return {f"{r.model} {r.version}": (r.commit, r.dirty) for r in report.rows}, reused
 
 
-@pytest.mark.usefixtures("no_racy_window")
 def test_status_is_reused_until_the_tree_or_git_moves(repo: Path) -> None:
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")
@@ -208,3 +211,48 @@ def test_status_of_a_repository_in_a_folder_of_a_larger_work_tree(
     assert rows["mlp 1.1.0"] == (head, False)
     _rewrite(root / "manifests/mlp/versions/1.1.0.yaml", "parent: 1.0.0", "parent: 1.0.0  # x")
     assert _status(root)[0]["mlp 1.1.0"] == (head, True)
+
+
+def test_status_follows_gits_own_ignore_rules(repo: Path) -> None:
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "first")
+    new = repo / "manifests/mlp/versions/1.1.0.yaml"
+    _rewrite(new, "parent: 1.0.0", "parent: 1.0.0  # x")
+    assert _status(repo)[0]["mlp 1.1.0"][1] is True
+    assert _status(repo)[1] is True
+    # git's own files are outside the tree's fingerprint, but in the key
+    exclude = repo / ".git/info/exclude"
+    exclude.write_text(exclude.read_text() + "# another rule\n")
+    assert _status(repo)[1] is False
+
+
+def test_a_manifest_may_not_name_a_file_in_a_tool_folder(repo: Path) -> None:
+    _rewrite(
+        repo / "manifests/mlp/versions/1.1.0.yaml",
+        "path: models/mlp/1.1.0.onnx",
+        "path: .git/mlp/1.1.0.onnx",
+    )
+    problems = strings(validate_repository(repo))
+    assert any("'.git/mlp/1.1.0.onnx' is inside .git, which git" in p for p in problems), problems
+
+
+def test_a_linked_cache_folder_is_neither_read_nor_written(repo: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "shared"
+    elsewhere.mkdir()
+    (repo / ".modelreg").mkdir()
+    (repo / ".modelreg/cache").symlink_to(elsewhere)
+    validate_repository(repo)
+    assert not validate_repository(repo).reused
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_working_directory_that_is_not_utf8(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    odd = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/odd\xff"))
+    odd.mkdir()
+    root = copy_repo(odd)
+    monkeypatch.chdir(root)
+    assert validate_repository(root).problems == []
+    assert validate_repository(root).reused
