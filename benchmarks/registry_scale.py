@@ -8,13 +8,16 @@ in ``stamp.json``) match; each is checked once after generation
 (``benchmarks._scale_fixtures``).
 
 modelreg keeps a parse cache in the repository (``.modelreg/cache/manifests.json``,
-keyed by each file's stat), so every modelreg command is timed two ways:
+keyed by each file's stat) and the results of ``validate`` and ``status`` of an
+unchanged tree (``registry.result_cache``), so every modelreg command is timed two ways:
 
 * cold, with ``--no-cache``: every manifest is parsed, as in a fresh CI clone, which
   has no cache.  ``modelreg validate --no-cache`` uses the default workers (one
   parser process per core); ``--jobs 1`` parses in the main process.
-* warm: the cache is filled by an untimed ``modelreg validate`` first, as for a
-  developer repeating commands.  Cold runs neither read nor write it.
+* warm: the caches are filled by an untimed ``modelreg validate`` first, as for a
+  developer repeating commands.  Cold runs neither read nor write them.  Beside
+  them, ``validate`` after one edit (in a clone of its own): the whole validation
+  again, one file parsed.
 
 Timed, as subprocesses, median of 3 runs taken round-robin (so a burst of other work
 hits every command alike): the five modelreg commands and ``gto show`` (one run when
