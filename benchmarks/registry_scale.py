@@ -218,6 +218,7 @@ def run(quick: bool) -> dict[str, Any]:
     listed = _contains(model_name(0), last)
 
     warm_up = warm_cache(mr_repo, env, manifests)
+    run_checked([*modelreg, "status"], cwd=mr_repo, env=env)  # stores status's result too
     print(f"timing on {total:,} versions (cold and warm) ...", flush=True)
     load_before = load_average()
     if warning := busy_warning():
@@ -384,6 +385,7 @@ def _growth(params: ScaleParams, env: dict[str, str], gto: GtoTool) -> dict[str,
     mr_repo, gto_repo = base / "modelreg", base / "gto"
     modelreg = modelreg_argv()
     warm_cache(mr_repo, env, manifest_count(params))
+    run_checked([*modelreg, "status"], cwd=mr_repo, env=env)
     print(f"timing on {params.total:,} versions (growth) ...", flush=True)
     valid = _contains(f"{params.total} versions")
     rows = _lines(params.total + 1)
