@@ -179,6 +179,26 @@ class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(connection, req, context=self._ssl)
 
 
+def guarded_opener(
+    budget: _TransferBudget, redirects: urllib.request.HTTPRedirectHandler | None = None
+) -> urllib.request.OpenerDirector:
+    """An opener for HTTP(S) only (proxies from the environment, redirects followed by
+    ``redirects``) whose every read runs under ``budget``; ``budget.received`` then
+    counts every byte received, status lines and headers included."""
+    opener = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler(),
+        _GuardedHTTPHandler(budget),
+        _GuardedHTTPSHandler(budget),
+        redirects or urllib.request.HTTPRedirectHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        urllib.request.HTTPErrorProcessor(),
+        urllib.request.UnknownHandler(),
+    ):
+        opener.add_handler(handler)
+    return opener
+
+
 def _fetch_http(
     url: str, limits: TrustLimits, chunk_size: int, offset: int = 0
 ) -> tuple[int, Iterator[bytes]]:
@@ -194,17 +214,7 @@ def _fetch_http(
         URLError, HTTPException, OSError: no connection (``fetch()`` wraps them).
     """
     budget = _TransferBudget(limits)
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.ProxyHandler(),
-        _GuardedHTTPHandler(budget),
-        _GuardedHTTPSHandler(budget),
-        urllib.request.HTTPRedirectHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        urllib.request.HTTPErrorProcessor(),
-        urllib.request.UnknownHandler(),
-    ):
-        opener.add_handler(handler)
+    opener = guarded_opener(budget)
     request = urllib.request.Request(url)  # noqa: S310 - the scheme is checked by the caller
     if offset:
         request.add_header("Range", f"bytes={offset}-")

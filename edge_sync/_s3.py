@@ -108,3 +108,62 @@ def _chunks(body: Any, chunk_size: int, budget: Any) -> Iterator[bytes]:
         raise tuf_errors.DownloadError(f"S3 connection failed: {e!r}") from e
     finally:
         body.close()
+
+
+def _header_bytes(metadata: Any) -> int:
+    """About the bytes of a response's status line and headers, as botocore parsed them."""
+    headers = metadata.get("HTTPHeaders", {}) if isinstance(metadata, dict) else {}
+    return len("HTTP/1.1 200 OK\r\n\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items())
+
+
+def probe_s3(
+    url: str, etag: str | None, limits: TrustLimits
+) -> tuple[bytes | None, str | None, int, int]:
+    """The object at ``url`` unless its ETag is still ``etag`` (one ``GetObject`` with
+    ``IfNoneMatch``): (body or None when unchanged, its ETag, requests, bytes received).
+
+    Raises:
+        DownloadHTTPError: the object is missing (404) or access is refused.
+        DownloadLengthMismatchError: it is over ``limits.timestamp_max_length``.
+        DownloadError: the service cannot be reached.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    parsed = urlparse(url)
+    bucket, key = parsed.netloc, parsed.path.lstrip("/")
+    if not bucket or not key:
+        raise tuf_errors.DownloadError(f"{url}: not an s3://bucket/key URL")
+    request: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if etag is not None:
+        request["IfNoneMatch"] = etag
+    try:
+        response = _client(limits).get_object(**request)
+    except ClientError as e:
+        meta = e.response.get("ResponseMetadata", {})
+        status = int(meta.get("HTTPStatusCode", 0) or 0)
+        code = str(e.response.get("Error", {}).get("Code", "error"))
+        if etag is not None and (status == 304 or code in ("304", "NotModified")):
+            return None, etag, 1, _header_bytes(meta)
+        if code in ("NoSuchKey", "404", "NotFound"):
+            status = 404
+        if status == 403 or code == "AccessDenied":
+            raise tuf_errors.DownloadHTTPError(
+                "S3: access denied (the device's AWS credentials, or none, may not read it)",
+                403,
+            ) from None
+        raise tuf_errors.DownloadHTTPError(f"S3 {code}", status or 500) from None
+    except BotoCoreError as e:
+        raise tuf_errors.DownloadError(f"S3: {e}") from None
+    from edge_sync._fetch import _TransferBudget
+
+    body = b""
+    for chunk in _chunks(response["Body"], limits.chunk_size, _TransferBudget(limits)):
+        body += chunk
+        if len(body) > limits.timestamp_max_length:
+            response["Body"].close()
+            raise tuf_errors.DownloadLengthMismatchError(
+                f"over the {limits.timestamp_max_length} bytes a timestamp may be"
+            )
+    received = len(body) + _header_bytes(response.get("ResponseMetadata"))
+    tag = response.get("ETag")
+    return body, tag if isinstance(tag, str) else None, 1, received

@@ -10,6 +10,8 @@ are plain paths, are relative to the config file's folder.  See SPEC section 7::
     kind: EdgeConfig
     device: {id: cam-0042, labels: {arch: x86_64}}
     repository: {url: git://127.0.0.1/fleet.git, branch: main, poll_interval: 60s}
+    # or, without git on the device: the metadata mirrored to the artifact remote
+    # repository: {source: artifacts, poll_interval: 60s}
     trust: {root: /etc/modelreg/1.root.json}
     artifacts: {url: file:///srv/models/modelreg}
     models: [{name: mlp, channel: production}]
@@ -24,7 +26,15 @@ from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlparse
 
-from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from registry.errors import ManifestError
 from registry.loader import validate_document
@@ -130,16 +140,39 @@ class DeviceConfig(Strict):
 
 
 class RepositoryConfig(Strict):
-    """The git repository the device follows for signed metadata."""
+    """Where the device follows the signed metadata, and how often it asks.
 
-    url: Annotated[Text, _url(_SCHEMES)]
+    ``source: git`` (the default) follows ``branch`` of the git repository at ``url``;
+    ``source: artifacts`` follows the copy that ``publish`` mirrors to the artifact
+    remote (``<artifacts.url>/metadata/``), with one conditional request per idle poll
+    and no git on the device; ``url`` and ``branch`` are then not used (and refused).
+    Either way the metadata is verified against the device's root.
+    """
+
+    source: Literal["git", "artifacts"] = "git"
+    url: Annotated[Text, _url(_SCHEMES)] | None = None
     branch: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/-]{1,255}$")] = "main"
     poll_interval: Annotated[Duration, Field(gt=0)] = 60.0
     jitter: Annotated[float, Field(ge=0, lt=1)] = 0.2
     max_backoff: Annotated[Duration, Field(gt=0)] = 900.0
 
+    @field_validator("url", "branch")
+    @classmethod
+    def _git_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("source") == "artifacts" and value is not None:
+            raise ValueError(
+                "not used with source: artifacts (the device follows the metadata mirrored "
+                "to artifacts.url); remove it, or use source: git"
+            )
+        return value
+
     @model_validator(mode="after")
     def _branch_is_a_ref(self) -> RepositoryConfig:
+        if self.source == "git" and self.url is None:
+            raise ValueError(
+                "url: the git repository to follow is required with source: git (or use "
+                "source: artifacts to follow the metadata mirrored to the artifact remote)"
+            )
         if ".." in self.branch or self.branch.startswith(("-", "/")) or self.branch.endswith("/"):
             raise ValueError(f"branch {self.branch!r} is not a branch name")
         return self
@@ -249,7 +282,7 @@ def load_edge_config(path: Path) -> EdgeConfig:
                     update={"root": _resolve(config.trust.root, base)}
                 ),
                 "repository": config.repository.model_copy(
-                    update={"url": _resolve(config.repository.url, base)}
+                    update={"url": config.repository.url and _resolve(config.repository.url, base)}
                 ),
                 "artifacts": config.artifacts.model_copy(
                     update={"url": _resolve(config.artifacts.url, base)}

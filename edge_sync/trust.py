@@ -4,8 +4,9 @@ A device trusts only signatures that chain to the root it was provisioned with
 (:meth:`DeviceTrust.provision`).  Git and the artifact remote are untrusted transports:
 python-tuf's ``ngclient.Updater`` does every check of the TUF client workflow
 (signatures and thresholds, root rotation, rollback, freeze, mix-and-match, lengths and
-hashes); this module feeds it metadata from the git checkout and files from the remote,
-checks modelreg's signed facts, and turns every failure into one ``signing.errors`` type:
+hashes); this module feeds it metadata from the git checkout (or from the copy mirrored
+to the artifact remote) and files from the remote, checks modelreg's signed facts, and
+turns every failure into one ``signing.errors`` type:
 
 =================================================  ===========================
 python-tuf / transport failure                     raised here
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -123,22 +124,32 @@ def _translated(subject: str) -> Iterator[None]:
 
 
 class _Counting(FetcherInterface):
-    """A fetcher that counts the bytes another one yields (what a device downloaded)."""
+    """A fetcher that counts the downloads and bytes of another one (what a device
+    downloaded), and answers the first request for a prefetched URL itself."""
 
-    def __init__(self, inner: FetcherInterface) -> None:
+    def __init__(
+        self, inner: FetcherInterface, *, prefetched: Mapping[str, bytes] | None = None
+    ) -> None:
         self._inner = inner
+        self._prefetched = dict(prefetched or {})
         self.received = 0
+        self.requests = 0
 
     def _fetch(self, url: str) -> Iterator[bytes]:
+        given = self._prefetched.pop(url, None)
+        if given is not None:  # already downloaded (and counted) by the watcher
+            return iter((given,))
+        self.requests += 1
         return self._count(self._inner._fetch(url))
 
     def fetch_from(self, url: str, offset: int) -> tuple[int, Iterator[bytes]]:
         """Resume at ``offset`` where the inner fetcher can (see ``LocalFetcher``)."""
         resume = getattr(self._inner, "fetch_from", None)
         if offset and callable(resume):
+            self.requests += 1
             start, chunks = resume(url, offset)
             return int(start), self._count(chunks)
-        return 0, self._count(self._inner.fetch(url))
+        return 0, self.fetch(url)
 
     def _count(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
         for chunk in chunks:
@@ -185,19 +196,29 @@ class DeviceTrust:
     def __init__(
         self,
         state_dir: Path,
-        checkout_dir: Path,
+        checkout_dir: Path | None,
         remote: str | Path,
         *,
+        metadata: str | Path | None = None,
+        prefetched: Mapping[str, bytes] | None = None,
         limits: TrustLimits | None = None,
         fetcher: FetcherInterface | None = None,
         cancelled: Callable[[], bool] | None = None,
     ) -> None:
-        """Verify releases of the repository checked out at ``checkout_dir``.
+        """Verify releases of the repository checked out at ``checkout_dir``, or whose
+        metadata is at ``metadata``.
 
         Args:
             state_dir: the device's state dir (trust state goes under ``trust/``).
-            checkout_dir: the git checkout; metadata is read from ``trust/metadata/``.
+            checkout_dir: the git checkout; metadata is read from ``trust/metadata/``
+                (None when ``metadata`` says where it is).
             remote: the artifact remote: a folder, ``file://``, ``http(s)://`` URL.
+            metadata: where metadata is read instead: a folder, or a ``file://``,
+                ``http(s)://`` or ``s3://`` URL (the artifact remote's mirror,
+                ``<remote>/metadata``).
+            prefetched: metadata files already downloaded (by the watcher), by name
+                under ``metadata`` (``timestamp.json``): the first request for each
+                is answered from here, verified like any download.
             limits: caps on untrusted input: sizes, and the time each download may take.
             fetcher: transport to use instead of :class:`LocalFetcher` (tests wrap it).
             cancelled: asked between the chunks of a target download; when it answers
@@ -205,7 +226,8 @@ class DeviceTrust:
 
         Raises:
             KeyMaterialError: the device was not provisioned with a root.
-            ValueError: ``remote`` has an unsupported URL scheme.
+            ValueError: ``remote`` or ``metadata`` has an unsupported URL scheme, or
+                neither ``checkout_dir`` nor ``metadata`` is given.
         """
         self._dir = state_dir / TRUST_DIR
         self._anchor = self._dir / ANCHOR_FILE
@@ -215,11 +237,18 @@ class DeviceTrust:
                 "1.root.json first"
             )
         self._limits = limits or TrustLimits()
-        self._metadata_url, metadata_dir = _base_url(checkout_dir / METADATA_DIR)
+        if metadata is None:
+            if checkout_dir is None:
+                raise UsageError("DeviceTrust: give the checkout or the metadata's location")
+            metadata = checkout_dir / METADATA_DIR
+        self._metadata_url, metadata_dir = _base_url(metadata)
         remote_url, remote_dir = _base_url(remote)
         self._targets_url = f"{remote_url}{TARGETS_DIR}/"
         roots = [d for d in (metadata_dir, remote_dir and remote_dir / TARGETS_DIR) if d]
-        self._fetcher = _Counting(fetcher or LocalFetcher(roots, limits=self._limits))
+        given = {f"{self._metadata_url}{name}": data for name, data in (prefetched or {}).items()}
+        self._fetcher = _Counting(
+            fetcher or LocalFetcher(roots, limits=self._limits), prefetched=given
+        )
         self._cancelled = cancelled
         self._updater: Updater | None = None
 
@@ -227,6 +256,12 @@ class DeviceTrust:
     def bytes_downloaded(self) -> int:
         """Bytes received from the transports (metadata and targets) by this object."""
         return self._fetcher.received
+
+    @property
+    def requests(self) -> int:
+        """Downloads started by this object (metadata and targets; a download of a
+        target that resumes counts once per try; prefetched files are not counted)."""
+        return self._fetcher.requests
 
     @staticmethod
     def provision(state_dir: Path, root_json: bytes, *, replace: bool = False) -> None:

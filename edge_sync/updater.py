@@ -2,8 +2,9 @@
 self-test, swap, commit (SPEC section 7, "Loop").
 
 :class:`Updater` is what the daemon calls once per poll.  Every file it acts on is a
-TUF target verified by :class:`~edge_sync.trust.DeviceTrust`; the git checkout carries
-only the metadata.  A failure at any stage keeps what the device serves and is recorded
+TUF target verified by :class:`~edge_sync.trust.DeviceTrust`; the watcher's source (the
+git checkout, or the metadata mirrored to the artifact remote) carries only the
+metadata.  A failure at any stage keeps what the device serves and is recorded
 (``state.json``: ``sync`` for device-wide failures, the model's ``last_update``
 otherwise).  A version that verified and then failed its self-test, or cannot run on
 this device, is *rejected*: recorded with its reason and not tried again until its
@@ -57,7 +58,7 @@ from edge_sync.state import (
     reason_text,
 )
 from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts, trusted_role
-from edge_sync.watcher import GitError, GitWatcher
+from edge_sync.watcher import SourceError, Watcher, watcher_for
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
 from signing.target_names import artifact_path, delta_path, golden_path, version_path
@@ -186,7 +187,7 @@ class Updater:
         host: EngineHost,
         *,
         limits: TrustLimits | None = None,
-        watcher: GitWatcher | None = None,
+        watcher: Watcher | None = None,
         observer: Observer | None = None,
         should_stop: Callable[[], bool] | None = None,
         gate: GatePolicy | None = None,
@@ -204,8 +205,8 @@ class Updater:
         self.state = state
         self.host = host
         self.limits = limits or TrustLimits()
-        self.watcher = watcher or GitWatcher(
-            config.repository.url, config.repository.branch, state.checkout
+        self.watcher = watcher or watcher_for(
+            config, state.root, state.checkout, limits=self.limits
         )
         self.gate = gate if gate is not None and gate.window_s > 0 and recorder else None
         self.recorder = recorder
@@ -368,7 +369,7 @@ class Updater:
         try:
             with stages("detect"):
                 head = self.watcher.sync()
-        except GitError as e:
+        except SourceError as e:
             return self._device_failure(state, f"repository: {e}")
         pending = any(
             (m.last_update is not None and m.last_update.result == "failed")
@@ -395,8 +396,10 @@ class Updater:
             with stages("verify_metadata"):
                 trust = DeviceTrust(
                     self.state.root,
-                    self.state.checkout,
+                    None,
                     self.config.artifacts.url,
+                    metadata=self.watcher.metadata,
+                    prefetched=head.prefetched,
                     limits=self.limits,
                     cancelled=self.should_stop,
                 )

@@ -1,28 +1,76 @@
-"""Follow one branch of the fleet's git repository, as cheaply as git allows.
+"""Follow where the signed metadata is published: a git branch, or its mirror on the
+artifact remote (``edge.yaml``: ``repository.source``).
 
-The device needs only the signed metadata (``trust/metadata/``), so the checkout is
-shallow (one commit), sparse (only that folder is written) and blob-filtered where the
-server supports it; an idle poll is one ``ls-remote`` round trip, which compares the
-remote branch's commit with the checkout's before anything is fetched.
+The device needs only the signed metadata; either source is an untrusted transport
+(``edge_sync.trust`` verifies every file it reads).  A watcher's :meth:`sync` answers
+"did anything change?" as cheaply as its source allows, and says where the TUF client
+reads the metadata (:attr:`metadata`):
 
-The checkout is untrusted input (``edge_sync.trust`` verifies every file it reads):
-links are checked out as plain files (``core.symlinks=false``), only the configured URL
-is contacted, git never prompts, and every git command has a time limit.
+- :class:`GitWatcher` (``source: git``, the default): the checkout is shallow (one
+  commit), sparse (only ``trust/metadata/`` is written) and blob-filtered where the
+  server supports it; an idle poll is one ``ls-remote`` round trip, which compares the
+  remote branch's commit with the checkout's before anything is fetched.  Links are
+  checked out as plain files (``core.symlinks=false``), only the configured URL is
+  contacted, git never prompts, and every git command has a time limit.
+- :class:`RemoteMetadataWatcher` (``source: artifacts``): ``publish`` mirrors the
+  metadata to ``<artifacts url>/metadata/``; an idle poll is one conditional read of
+  ``timestamp.json`` there (HTTP ``If-None-Match``/``If-Modified-Since`` answered
+  ``304``, S3 ``IfNoneMatch``, a file's ``stat``; see ``edge_sync._probe``).  Its
+  version stamp is the SHA-256 of the ``timestamp.json`` it read, so a server that
+  changes an ETag without changing the bytes costs no refresh, and the validators it
+  asks with are kept in ``<state_dir>/metadata-watch.json`` (a hint: losing it costs
+  one unconditional read).
+
+Errors::
+
+    registry.RegistryError
+    └── SourceError                 the metadata's source cannot be reached or read
+        ├── GitError                git: unreachable, no such branch, a folder too large
+        └── RemoteMetadataError     the artifact remote's mirror: unreachable, missing,
+                                    an error status, a timestamp over its size cap
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final, Protocol
+from urllib.parse import urlsplit
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+from tuf.api import exceptions as tuf_errors
+
+from edge_sync._probe import Probe, Prober, Validators, probe
+from edge_sync.limits import TrustLimits
+from registry.atomic import write_atomic
 from registry.errors import RegistryError
-from signing.tuf_roles import METADATA_DIR
+from registry.redact import redact
+from signing.tuf_roles import METADATA_DIR, MIRROR_DIR
 
-__all__ = ["GitError", "GitWatcher", "Head"]
+if TYPE_CHECKING:
+    from edge_sync.config import EdgeConfig
+
+__all__ = [
+    "WATCH_FILE",
+    "GitError",
+    "GitWatcher",
+    "Head",
+    "Probe",
+    "Prober",
+    "RemoteMetadataError",
+    "RemoteMetadataWatcher",
+    "SourceError",
+    "Validators",
+    "Watcher",
+    "probe",
+    "watcher_for",
+]
 
 _PROTOCOLS: Final = "file:git:http:https:ssh"
 MAX_METADATA_FILES: Final = 100_000
@@ -32,16 +80,51 @@ MAX_METADATA_BYTES: Final = 256 << 20
 _MAX_OUTPUT: Final = 1 << 20
 
 
-class GitError(RegistryError):
+class SourceError(RegistryError):
+    """The signed metadata's source (git, or the artifact remote's mirror) could not be
+    reached or read: a device-wide failure of the sync."""
+
+
+class GitError(SourceError):
     """The repository could not be reached or read."""
+
+
+class RemoteMetadataError(SourceError):
+    """The metadata mirrored to the artifact remote could not be reached or read."""
 
 
 @dataclass(frozen=True)
 class Head:
-    """The branch's commit, and whether the checkout moved to it in this call."""
+    """What the source holds now, and whether it moved in this call.
+
+    Attributes:
+        commit: an opaque version stamp: the branch's commit (git), or
+            ``sha256:<hex>`` of the mirror's ``timestamp.json``.
+        changed: whether it differs from what this watcher held before the call.
+        prefetched: metadata files the watcher already downloaded, by name under
+            :attr:`Watcher.metadata` (``timestamp.json``), so the TUF client does not
+            download them again; untrusted like everything the source gives.
+    """
 
     commit: str
     changed: bool
+    prefetched: Mapping[str, bytes] = field(default_factory=lambda: MappingProxyType({}))
+
+
+class Watcher(Protocol):
+    """What the updater needs of a source: a poll, and where the metadata is read."""
+
+    @property
+    def metadata(self) -> str | Path:
+        """The metadata folder or base URL the TUF client reads (``N.root.json``,
+        ``timestamp.json`` ...)."""
+
+    def sync(self) -> Head:
+        """Poll the source once.
+
+        Raises:
+            SourceError: the source cannot be reached or read.
+        """
 
 
 class GitWatcher:
@@ -53,6 +136,11 @@ class GitWatcher:
         self.branch = branch
         self.checkout = checkout
         self.timeout_s = timeout_s
+
+    @property
+    def metadata(self) -> Path:
+        """The checkout's metadata folder."""
+        return self.checkout / METADATA_DIR
 
     def _git(self, *args: str, cwd: Path | None = None) -> str:
         env = {
@@ -185,3 +273,153 @@ class GitWatcher:
                 f"{self.url}: {METADATA_DIR} holds {count} files of {total} bytes, over the "
                 f"{MAX_METADATA_FILES} files or {MAX_METADATA_BYTES} bytes a device accepts"
             )
+
+
+WATCH_FILE: Final = "metadata-watch.json"
+"""In the state dir: what :class:`RemoteMetadataWatcher` last read (its validators)."""
+_MAX_WATCH_BYTES: Final = 4096
+TIMESTAMP_FILE: Final = "timestamp.json"
+
+
+class _Seen(BaseModel):
+    """What the watcher last read (:data:`WATCH_FILE`): its stamp, and the validators
+    to ask with next time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    source: str
+    stamp: str
+    etag: str | None = None
+    last_modified: str | None = None
+    stat: tuple[int, int, int, int] | None = None
+
+    @property
+    def validators(self) -> Validators:
+        return Validators(self.etag, self.last_modified, self.stat)
+
+
+def _shown(url: str) -> str:
+    """``url`` for a message: no query or fragment (tokens live there), no credentials."""
+    return redact(urlsplit(url)._replace(query="", fragment="").geturl())
+
+
+class RemoteMetadataWatcher:
+    """Follow the signed metadata that ``publish`` mirrors to the artifact remote.
+
+    Each :meth:`sync` is one conditional read of ``<artifacts>/metadata/timestamp.json``
+    (see the module doc); :attr:`requests` and :attr:`bytes_received` count what the
+    polls cost, :attr:`last` is the last one's answer.  For a fleet simulation, pass a
+    ``prober`` (the real one is :func:`edge_sync._probe.probe`) to count or fake the
+    transport.
+    """
+
+    def __init__(
+        self,
+        artifacts_url: str,
+        state_dir: Path,
+        *,
+        limits: TrustLimits | None = None,
+        prober: Prober | None = None,
+    ) -> None:
+        """Follow ``<artifacts_url>/metadata/`` (a path, file://, http(s):// or s3://),
+        keeping what was read in ``state_dir`` (:data:`WATCH_FILE`)."""
+        self.artifacts_url = artifacts_url
+        self.url = f"{artifacts_url.rstrip('/')}/{MIRROR_DIR}"
+        self.timestamp_url = f"{self.url}/{TIMESTAMP_FILE}"
+        self.state_dir = state_dir
+        self.limits = limits or TrustLimits()
+        self._prober = prober or probe
+        # which remote the kept validators belong to, without keeping its URL (and any
+        # credentials in it) on disk
+        self._source = hashlib.sha256(self.url.encode()).hexdigest()[:32]
+        self.requests = 0
+        self.bytes_received = 0
+        self.last: Probe | None = None
+
+    @property
+    def metadata(self) -> str:
+        """The mirror's base URL (or folder): ``<artifacts>/metadata``."""
+        return self.url
+
+    def _load(self) -> _Seen | None:
+        path = self.state_dir / WATCH_FILE
+        try:
+            with path.open("rb") as fh:
+                data = fh.read(_MAX_WATCH_BYTES + 1)
+        except OSError:
+            return None
+        if len(data) > _MAX_WATCH_BYTES:
+            return None
+        try:
+            seen = _Seen.model_validate_json(data)
+        except ValidationError:
+            return None  # written by another version, or damaged: ask unconditionally
+        return seen if seen.source == self._source else None
+
+    def _save(self, seen: _Seen) -> None:
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.state_dir / WATCH_FILE, seen.model_dump_json().encode())
+        except OSError:
+            pass  # a hint only: the next poll reads the file unconditionally
+
+    def sync(self) -> Head:
+        """Ask whether ``timestamp.json`` changed since the copy last read.
+
+        Returns:
+            The stamp of the timestamp now held (``sha256:<hex>`` of its bytes), whether
+            it differs from the one before, and the bytes when they were read.
+
+        Raises:
+            RemoteMetadataError: the mirror cannot be reached, has no
+                ``timestamp.json``, answers with an error, is too slow (the time limits
+                of :class:`TrustLimits`), or sends more than a timestamp may hold.
+        """
+        seen = self._load()
+        known = seen.validators if seen is not None else Validators()
+        shown = _shown(self.timestamp_url)
+        try:
+            answer = self._prober(self.timestamp_url, known, self.limits)
+        except tuf_errors.DownloadHTTPError as e:
+            if e.status_code == 404:
+                raise RemoteMetadataError(
+                    f"{shown}: not found (has `modelreg publish` mirrored the metadata there?)"
+                ) from None
+            raise RemoteMetadataError(f"{shown}: {e}") from None
+        except tuf_errors.SlowRetrievalError as e:
+            raise RemoteMetadataError(f"{shown}: too slow: {e}") from None
+        except (tuf_errors.DownloadError, OSError) as e:
+            raise RemoteMetadataError(f"{shown}: {e}") from None
+        self.last = answer
+        self.requests += answer.requests
+        self.bytes_received += answer.received
+        if answer.body is None:
+            if seen is None:  # "unchanged" when nothing was asked: a prober's bug
+                raise RemoteMetadataError(f"{shown}: not modified, but nothing was held")
+            return Head(seen.stamp, changed=False)
+        stamp = f"sha256:{hashlib.sha256(answer.body).hexdigest()}"
+        v = answer.validators
+        now = _Seen(source=self._source, stamp=stamp, etag=v.etag,
+                    last_modified=v.last_modified, stat=v.stat)  # fmt: skip
+        if now != seen:
+            self._save(now)
+        prefetched = MappingProxyType({TIMESTAMP_FILE: answer.body})
+        return Head(stamp, changed=seen is None or seen.stamp != stamp, prefetched=prefetched)
+
+
+def watcher_for(
+    config: EdgeConfig, state_dir: Path, checkout: Path, *, limits: TrustLimits | None = None
+) -> Watcher:
+    """The watcher ``config`` asks for (``repository.source``).
+
+    Args:
+        config: the device's configuration.
+        state_dir: the state dir (the remote watcher keeps its validators there).
+        checkout: where the git watcher keeps its checkout.
+        limits: caps and time limits on what the remote sends.
+    """
+    repo = config.repository
+    if repo.source == "artifacts":
+        return RemoteMetadataWatcher(config.artifacts.url, state_dir, limits=limits)
+    assert repo.url is not None  # noqa: S101 - the config requires it for git
+    return GitWatcher(repo.url, repo.branch, checkout)

@@ -173,6 +173,18 @@ def add(root: Path, path: Path, *more: Path) -> None:
             raise ToolError(f"dvc add {path} failed: {e}") from None
 
 
+def has_remote(root: Path, name: str | None = None) -> bool:
+    """Whether DVC remote ``name`` (the default remote when None) is configured.
+
+    Raises:
+        ToolError: DVC is missing.
+    """
+    with quiet():
+        config = open_repo(root).config
+        remote = name or config["core"].get("remote")
+        return bool(remote) and remote in config["remote"]
+
+
 def remote_url(root: Path, name: str | None = None) -> str:
     """URL of DVC remote ``name`` (the default remote when None), paths made absolute.
 

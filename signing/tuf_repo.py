@@ -15,6 +15,9 @@ and on the artifact remote (a local directory in the embedded default)::
 
     targets/<dir>/<sha256>.<name>                   e.g. targets/models/mlp/<sha>.1.0.0.onnx
     targets/<sha256>.channels.json
+    metadata/                                       a mirror of the metadata devices fetch
+                                                    (:meth:`TrustRepo.mirror_files`, uploaded
+                                                    by ``pipelines.publish``)
 
 Writes are atomic, and ``timestamp.json`` is written last: a reader that sees the new
 timestamp finds every file it points to.  Old versions are kept (they are small, and a
@@ -65,12 +68,13 @@ from tuf.api.metadata import (
 from registry.atomic import AtomicFile, write_atomic
 from registry.errors import FileTooLargeError, UnsafeFileError, UsageError
 from registry.safe_io import read_regular
-from signing.errors import DigestMismatchError, FileSetError, HistoryError
+from signing.errors import DigestMismatchError, FileSetError, HistoryError, VerificationError
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts
 from signing.tuf_history import VERSIONED_ROLES, TrustState, check_versioned_files
 from signing.tuf_history import check_floor as _check_floor
 from signing.tuf_history import check_follows as _check_follows
 from signing.tuf_roles import (
+    ONLINE_ROLES,
     RECOVER,
     TARGETS_DIR,
     Expiry,
@@ -79,6 +83,7 @@ from signing.tuf_roles import (
     check_channels_update,
     meta_file,
     new_root,
+    parse,
     plan_release,
     sign_online,
     sign_root,
@@ -154,18 +159,20 @@ class TrustRepo:
         self,
         metadata_dir: Path,
         roots: list[tuple[bytes, Metadata[Root]]],
-        online: dict[str, Online],
+        online: dict[str, tuple[bytes, Online]],
         expiry: Expiry,
     ) -> None:
         """Use :meth:`load` or :meth:`initialize`; this takes already-verified state.
 
-        ``roots`` pairs each root's stored bytes with its metadata, oldest first.
+        ``roots`` pairs each root's stored bytes with its metadata, oldest first;
+        ``online`` does the same for each online role's current version.
         """
         self.metadata_dir = metadata_dir
         self.expiry = expiry
         self._root_bytes = [data for data, _ in roots]
         self._roots = [md for _, md in roots]
-        self._online = online
+        self._online = {role: md for role, (_, md) in online.items()}
+        self._online_bytes = {role: data for role, (data, _) in online.items()}
         self._staged: dict[str, TargetFile] = (
             dict(self._signed(Targets).targets) if "targets" in online else {}
         )
@@ -233,22 +240,29 @@ class TrustRepo:
         """
         root_files = [(str(path), _read(path)) for path in _root_files(metadata_dir)]
         roots = verify_root_chain(root_files)
-        online: dict[str, Online] = {}
+        online: dict[str, tuple[bytes, Online]] = {}
         listed: dict[str, int] | None = None
         # Each file is checked (listed length/hash, version, signature) before the
         # next one is read, in the order a device reads them.
         ts_path = metadata_dir / "timestamp.json"
         if os.path.lexists(ts_path):  # a link is refused by _read, not taken for absent
-            ts = verify_listed(_read(ts_path), Timestamp, roots, str(ts_path))
+            ts_data = _read(ts_path)
+            ts = verify_listed(ts_data, Timestamp, roots, str(ts_path))
             meta = ts.signed.snapshot_meta
             snap_path = metadata_dir / f"{meta.version}.snapshot.json"
-            snap = verify_listed(_read(snap_path), Snapshot, roots, str(snap_path), meta)
+            snap_data = _read(snap_path)
+            snap = verify_listed(snap_data, Snapshot, roots, str(snap_path), meta)
             tmeta = snap.signed.meta.get("targets.json")
             if tmeta is None:
                 raise FileSetError("does not list targets.json", str(snap_path))
             targets_path = metadata_dir / f"{tmeta.version}.targets.json"
-            targets = verify_listed(_read(targets_path), Targets, roots, str(targets_path), tmeta)
-            online = {"timestamp": ts, "snapshot": snap, "targets": targets}
+            targets_data = _read(targets_path)
+            targets = verify_listed(targets_data, Targets, roots, str(targets_path), tmeta)
+            online = {
+                "timestamp": (ts_data, ts),
+                "snapshot": (snap_data, snap),
+                "targets": (targets_data, targets),
+            }
             listed = {"snapshot": meta.version, "targets": tmeta.version}
         check_versioned_files(_versioned_files(metadata_dir), listed, str(metadata_dir))
         pairs = [(data, md) for (_, data), md in zip(root_files, roots, strict=True)]
@@ -276,6 +290,37 @@ class TrustRepo:
     def published(self, path: str) -> TargetFile | None:
         """The signed description of ``path``, or ``None`` when it is not published."""
         return self._signed(Targets).targets.get(path) if "targets" in self._online else None
+
+    def mirrored_timestamp(self, data: bytes) -> int | None:
+        """The version of ``data`` if it is timestamp metadata signed by a threshold of
+        the timestamp keys of the newest root (a copy found on a mirror: one this
+        repository signed, perhaps in a run whose metadata commit was lost), else None.
+
+        Expiry is not checked; anything unsigned, malformed or of another role is None.
+        """
+        try:
+            md = parse(data, Timestamp, "timestamp.json")
+        except VerificationError:
+            return None
+        return md.signed.version if verifies(self.root, md) else None
+
+    def mirror_files(self) -> tuple[tuple[str, bytes], ...]:
+        """The files a TUF client fetches, by name, with the exact bytes verified or
+        signed here, in the order a mirror must upload them.
+
+        Every root (``N.root.json``: a device walks the chain from the root it
+        trusts), then the current ``N.targets.json`` and ``N.snapshot.json``, then
+        ``timestamp.json`` last: a reader that sees the new timestamp finds every file
+        it points to.  Empty roles (before the first release) are left out.
+        """
+        pairs = zip(self._root_bytes, self._roots, strict=True)
+        files = [(f"{md.signed.version}.root.json", data) for data, md in pairs]
+        for role in ONLINE_ROLES:  # targets, snapshot, timestamp: each listed by the next
+            if role not in self._online_bytes:
+                continue
+            name = "timestamp.json" if role == "timestamp" else f"{self.version(role)}.{role}.json"
+            files.append((name, self._online_bytes[role]))
+        return tuple(files)
 
     @property
     def state(self) -> TrustState:
@@ -396,13 +441,19 @@ class TrustRepo:
     # --- signing ------------------------------------------------------------------------
 
     def publish(
-        self, signers: Mapping[str, Signer], *, now: datetime | None = None
+        self,
+        signers: Mapping[str, Signer],
+        *,
+        now: datetime | None = None,
+        floor: Mapping[str, int] | None = None,
     ) -> PublishResult:
         """Sign the staged targets: new targets, snapshot and timestamp versions as needed.
 
         A role gets a new version only when its content changed or it is due for
         renewal (less than half its validity left), so publishing twice in a row
-        writes nothing the second time.
+        writes nothing the second time.  ``floor`` names versions of online roles that
+        were signed elsewhere (see :meth:`mirrored_timestamp`): a role at or below its
+        floor is signed again, above it, so that devices holding those move on.
 
         Raises:
             KeyMaterialError: a role must be re-signed and ``signers`` lacks its key, or
@@ -411,7 +462,7 @@ class TrustRepo:
                 replaced).
             OSError: the folder is not writable.
         """
-        return self._release(signers, _utc(now), include_staged=True)
+        return self._release(signers, _utc(now), include_staged=True, floor=floor)
 
     def refresh_timestamp(
         self,
@@ -420,11 +471,13 @@ class TrustRepo:
         snapshot_signer: Signer | None = None,
         targets_signer: Signer | None = None,
         now: datetime | None = None,
+        floor: Mapping[str, int] | None = None,
     ) -> PublishResult:
         """Re-sign the timestamp (the scheduled freshness job), leaving staged files out.
 
         Snapshot and targets are re-signed too when they would expire before the new
-        timestamp does; their signers are needed only then.
+        timestamp does; their signers are needed only then.  ``floor``: as
+        :meth:`publish`.
 
         Raises:
             KeyMaterialError: snapshot or targets must be re-signed and their signer
@@ -437,7 +490,12 @@ class TrustRepo:
         signers = {"timestamp": timestamp_signer}
         signers |= {role: signer for role, signer in optional.items() if signer is not None}
         return self._release(
-            signers, _utc(now), include_staged=False, force={"timestamp"}, renew_early=False
+            signers,
+            _utc(now),
+            include_staged=False,
+            force={"timestamp"},
+            renew_early=False,
+            floor=floor,
         )
 
     def rotate_root(
@@ -529,13 +587,18 @@ class TrustRepo:
         force: set[str] | None = None,
         renew_early: bool = True,
         new_root: Metadata[Root] | None = None,
+        floor: Mapping[str, int] | None = None,
     ) -> PublishResult:
         root = new_root.signed if new_root is not None else self.root
+        floor = {role: v for role, v in (floor or {}).items() if role in self._online}
         # A role whose signatures the new root no longer accepts must be re-signed now:
         # its key is being replaced (load() refuses a role the newest root rejects).
-        force = set(force or ()) | {
-            role for role, md in self._online.items() if not verifies(root, md)
-        }
+        # One at or below its floor too: devices may hold a version of that number.
+        force = (
+            set(force or ())
+            | {role for role, md in self._online.items() if not verifies(root, md)}
+            | {role for role, v in floor.items() if v >= self.version(role)}
+        )
         has_targets = "targets" in self._online
         signed_files = self._signed(Targets).targets if has_targets else {}
         files = self._staged if include_staged else signed_files
@@ -553,7 +616,8 @@ class TrustRepo:
         out: list[tuple[str, Path, bytes, Online]] = []
         listed: MetaFile | None = None
         for role in plan:
-            version, expires = self.version(role) + 1, now + self.expiry.period(role)
+            version = max(self.version(role), floor.get(role, 0)) + 1
+            expires = now + self.expiry.period(role)
             # A role re-signed without the one it lists keeps listing what it listed.
             if listed is None and role == "snapshot":
                 listed = self._signed(Snapshot).meta["targets.json"]
@@ -579,7 +643,7 @@ class TrustRepo:
         written: list[Path] = []
         for role, path, data, md in versioned:
             write_atomic(path, data)
-            self._online[role] = md
+            self._online[role], self._online_bytes[role] = md, data
             versions[role] = md.signed.version
             written.append(path)
         if new_root is not None:
@@ -587,7 +651,7 @@ class TrustRepo:
             versions["root"] = new_root.signed.version
         for role, path, data, md in timestamp:
             write_atomic(path, data)
-            self._online[role] = md
+            self._online[role], self._online_bytes[role] = md, data
             versions[role] = md.signed.version
             written.append(path)
         return PublishResult(versions, tuple(written))

@@ -59,6 +59,10 @@ METADATA_DIR: Final = "trust/metadata"
 """Where the signed metadata lives, relative to the model repository's root."""
 TARGETS_DIR: Final = "targets"
 """Where target files live, relative to the artifact remote's root."""
+MIRROR_DIR: Final = "metadata"
+"""Where ``publish`` mirrors the signed metadata, relative to the artifact remote's root
+(the exact bytes of the files a TUF client fetches; a device may follow it there instead
+of the git repository)."""
 SPEC_VERSION: Final = ".".join(SPECIFICATION_VERSION)
 ONLINE_ROLES: Final = ("targets", "snapshot", "timestamp")
 """Online roles in signing order: each one's new version is listed by the next."""

@@ -92,12 +92,18 @@ def init_trust(paths: TrustPaths) -> list[KeyFiles]:
     return created
 
 
-def refresh(paths: TrustPaths, env: Mapping[str, str] | None = None) -> PublishResult:
+def refresh(
+    paths: TrustPaths,
+    env: Mapping[str, str] | None = None,
+    *,
+    floor: Mapping[str, int] | None = None,
+) -> PublishResult:
     """Re-sign the timestamp (and snapshot/targets only if they would expire first).
 
     Only metadata that verifies under the newest root is re-signed (see
     :meth:`TrustRepo.load`): a timestamp, snapshot or targets file written with a
-    replaced key is refused, never renewed under the current one.
+    replaced key is refused, never renewed under the current one.  ``floor``: versions
+    signed elsewhere to sign above (see :meth:`TrustRepo.publish`).
 
     Raises:
         KeyMaterialError: the timestamp key is missing, or a role that must be
@@ -119,6 +125,7 @@ def refresh(paths: TrustPaths, env: Mapping[str, str] | None = None) -> PublishR
         signer(paths, "timestamp", env),
         snapshot_signer=optional("snapshot"),
         targets_signer=optional("targets"),
+        floor=floor,
     )
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from modelreg.cli._output import emit_json, ok
+from modelreg.cli._output import detail, emit_json, ok
 from registry.repository import display_path
 
 if TYPE_CHECKING:
@@ -138,18 +138,33 @@ def freshness() -> None:
 
 
 @freshness.command("refresh")
+@click.option(
+    "--mirror/--no-mirror",
+    default=True,
+    show_default=True,
+    help="Mirror the signed metadata to the DVC remote (<remote>/modelreg/metadata/), "
+    "for devices that follow it instead of git; needs the remote's credentials.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def freshness_refresh(as_json: bool) -> None:
-    """Re-sign the timestamp role (and snapshot/targets when they would expire first)."""
-    from signing.workspace import refresh
+def freshness_refresh(mirror: bool, as_json: bool) -> None:
+    """Re-sign the timestamp role (and snapshot/targets when they would expire first),
+    and mirror the metadata to the artifact remote."""
+    from pipelines.publish import refresh_metadata
+    from registry.config import find_root
 
-    paths = _repo_trust()
-    result = refresh(paths)
+    report = refresh_metadata(find_root(Path.cwd()), mirror=mirror)
+    result = report.result
     if as_json:
-        emit_json({"versions": dict(result.versions), "written": [str(p) for p in result.written]})
+        emit_json({
+            "versions": dict(result.versions),
+            "written": [str(p) for p in result.written],
+            "mirrored": report.mirrored,
+        })  # fmt: skip
         return
     versions = ", ".join(f"{r} {v}" for r, v in sorted(result.versions.items())) or "nothing due"
     ok(f"refreshed: {versions}")
+    if report.mirrored:
+        detail(f"  mirrored to {report.remote}/metadata: {', '.join(report.mirrored)}")
 
 
 @click.command()

@@ -12,7 +12,9 @@ nothing new writes nothing.
 
 The TUF targets live under ``<DVC remote>/modelreg/targets/`` (consistent-snapshot
 names), on any remote DVC can write; devices use ``<DVC remote>/modelreg`` as their
-artifact remote.
+artifact remote.  Once signed, the metadata is mirrored beside them, under
+``<DVC remote>/modelreg/metadata/`` (:mod:`pipelines.publish._mirror`), for devices that
+follow the remote instead of git.
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ from pipelines.publish._external import (
     md5_of,
     sign_version,
     stage_data_deltas,
+)
+from pipelines.publish._mirror import (
+    TIMESTAMP,
+    FsMirror,
+    LocalMirror,
+    MirrorFolder,
+    MirrorState,
+    mirror,
+    read_state,
+    timestamp_floor,
 )
 from registry import progress
 from registry.atomic import write_atomic
@@ -65,7 +77,7 @@ from signing.target_names import (
 )
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
-from signing.tuf_roles import TARGETS_DIR, stored_name
+from signing.tuf_roles import MIRROR_DIR, TARGETS_DIR, stored_name
 from signing.workspace import ONLINE, TrustPaths, signer
 
 TUF_SUBDIR: Final = "modelreg"
@@ -107,6 +119,8 @@ class PublishReport:
     added: list[str] = field(default_factory=list)
     versions: Mapping[str, int] = field(default_factory=dict)
     metadata: list[Path] = field(default_factory=list)
+    mirrored: list[str] = field(default_factory=list)
+    """Metadata files uploaded to the remote's mirror (``<remote>/metadata/``), in order."""
 
     @property
     def changed(self) -> bool:
@@ -187,6 +201,46 @@ class TargetStore:
                     self._call("upload", self._fs.put_file, str(path), dest)
                     uploaded.append(rel)
         return uploaded
+
+    def mirror_state(self, trust: TrustRepo) -> MirrorState:
+        """What ``<store>/metadata/`` holds of ``trust``'s files (see
+        :func:`pipelines.publish._mirror.read_state`).
+
+        Raises:
+            ToolError: the remote cannot be read.
+        """
+        return read_state(self._mirror_folder(), trust.mirror_files())
+
+    def mirror_floor(self, trust: TrustRepo) -> dict[str, int]:
+        """The versions to sign above, before signing: a timestamp ``trust``'s keys
+        signed that the mirror holds and git does not (see
+        :func:`pipelines.publish._mirror.timestamp_floor`).
+
+        Raises:
+            ToolError: the remote cannot be read.
+        """
+        ours = dict(trust.mirror_files()).get(TIMESTAMP)
+        return timestamp_floor(ours, self.mirror_state(trust), trust.mirrored_timestamp)
+
+    def write_metadata(self, trust: TrustRepo) -> list[str]:
+        """Mirror the signed metadata to ``<store>/metadata/``; returns what was uploaded.
+
+        Call it after :meth:`write` and after signing: the roots, then targets and
+        snapshot metadata, then ``timestamp.json`` last (see
+        :mod:`pipelines.publish._mirror`), so no reader sees a timestamp that names a
+        file not uploaded yet.  Nothing changed since the last mirror uploads nothing.
+
+        Raises:
+            RollbackError: the mirror holds a newer timestamp ``trust``'s keys signed.
+            ToolError: the remote cannot be read or written.
+        """
+        return mirror(self._mirror_folder(), trust.mirror_files(), trust.mirrored_timestamp)
+
+    def _mirror_folder(self) -> MirrorFolder:
+        if self.local is not None:
+            return LocalMirror(self.local / MIRROR_DIR)
+        base = self._fs.join(self._base, MIRROR_DIR)
+        return FsMirror(self._fs, base, f"{self.url}/{MIRROR_DIR}")
 
     def _call(self, what: str, fn: Any, *args: str) -> Any:
         try:
@@ -546,8 +600,9 @@ def publish(
             artifact is in neither the work tree nor DVC's cache or
             remote, or differs from its pointer.
         KeyMaterialError: the targets, snapshot or timestamp key is not available.
-        ToolError: DVC or git fails.
-        VerificationError: the trust metadata in the repository does not verify.
+        ToolError: DVC or git fails, or the remote cannot be written.
+        VerificationError: the trust metadata in the repository does not verify; a
+            ``RollbackError`` when the remote's metadata mirror is ahead of it.
     """
     # The signer parses every manifest itself: no parse cache from the checkout.
     run = ReleaseContext.of(start, env, cache=False)
@@ -588,7 +643,13 @@ def publish(
         added.append(CHANNELS_PATH)
     with progress.stage("publish", f"upload targets to {store.url}"):
         store.write(trust)
+    # a timestamp mirrored by a run whose metadata commit was lost: sign above it
+    floor = store.mirror_floor(trust)
     with progress.stage("publish", "sign metadata"):
-        result = trust.publish(signers)
+        result = trust.publish(signers, floor=floor)
     run.signed(trust)
-    return PublishReport(store.url, pushed, added, dict(result.versions), list(result.written))
+    with progress.stage("publish", f"mirror metadata to {store.url}"):
+        mirrored = store.write_metadata(trust)
+    return PublishReport(
+        store.url, pushed, added, dict(result.versions), list(result.written), mirrored
+    )

@@ -5,6 +5,10 @@ goldens and an ONNX Runtime target); each test copies it and releases more as it
 A device is an ``edge.yaml`` with its own state dir; :meth:`EdgeRig.sync` runs one sync
 of the real :class:`~edge_sync.updater.Updater` in-process (the daemon's loop and
 signals are tested through ``modelreg edge run`` in a subprocess).
+
+Devices follow the git repository, or with ``rig.source = "artifacts"`` the metadata
+that ``publish`` mirrors to the artifact remote; a test runs in both modes with
+``@pytest.mark.parametrize("rig", SOURCES, indirect=True)``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from tests.conftest import git
 
 pytestmark = pytest.mark.integration
 
+SOURCES = ("git", "artifacts")
+"""Where a device follows the signed metadata (``repository.source``)."""
+
 
 @dataclass
 class EdgeRig:
@@ -35,11 +42,41 @@ class EdgeRig:
     hosts: dict[str, Any] = field(default_factory=dict)
     updater_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments every Updater of this rig gets (a health gate, say)."""
+    source: str = "git"
+    """Where devices follow the metadata: the git repository, or the artifact
+    remote's mirror (``artifacts``)."""
 
     @property
     def remote(self) -> Path:
         """The artifact remote devices read (``<DVC remote>/modelreg``)."""
         return self.root / ".modelreg/remote/modelreg"
+
+    @property
+    def mirror(self) -> Path:
+        """The metadata mirror on the artifact remote (``<remote>/metadata``)."""
+        return self.remote / "metadata"
+
+    def push(self, message: str) -> None:
+        """Bring what was written by hand to ``trust/metadata`` to devices, as whoever
+        holds the transport does: a commit on the branch (git), or the exact bytes
+        copied to the remote's mirror (artifacts).
+
+        A device that follows the mirror looks only when ``timestamp.json`` changes:
+        when these files leave it as it was, its copy gets a trailing newline (its
+        signature still verifies), as an attacker who wants the device to look does.
+        """
+        git(self.root, "add", "-A")
+        git(self.root, "commit", "-qm", message)
+        if self.source != "artifacts":
+            return
+        before = (self.mirror / "timestamp.json").read_bytes()
+        for path in sorted((self.root / "trust/metadata").iterdir()):
+            if path.name != "timestamp.json":
+                shutil.copyfile(path, self.mirror / path.name)
+        timestamp = (self.root / "trust/metadata/timestamp.json").read_bytes()
+        (self.mirror / "timestamp.json").write_bytes(
+            timestamp + b"\n" if timestamp == before else timestamp
+        )
 
     def run(self, *args: str) -> Any:
         """``modelreg ARGS`` in the repository; asserts success."""
@@ -82,17 +119,15 @@ class EdgeRig:
         anchor = folder / "1.root.json"
         if not anchor.exists():
             shutil.copy(self.root / "trust/metadata/1.root.json", anchor)
+        polls = {"poll_interval": "1s", "jitter": 0.1, "max_backoff": "4s"}
+        follow = {"url": str(self.root), "branch": "main"}
+        if self.source == "artifacts":
+            follow = {"source": "artifacts"}
         doc: dict[str, Any] = {
             "apiVersion": "modelreg/v1",
             "kind": "EdgeConfig",
             "device": {"id": f"{name}-0001", "labels": {"arch": "x86_64"}},
-            "repository": {
-                "url": str(self.root),
-                "branch": "main",
-                "poll_interval": "1s",
-                "jitter": 0.1,
-                "max_backoff": "4s",
-            },
+            "repository": {**follow, **polls},
             "trust": {"root": "1.root.json"},
             "artifacts": {"url": str(self.remote)},
             "models": [{"name": "mlp", "channel": "canary"}],
@@ -133,8 +168,16 @@ class EdgeRig:
 
 
 @pytest.fixture
-def rig(_released_template: Path, tmp_path: Path, cli: Any, example_models: Path) -> EdgeRig:
-    """A fresh copy of the released fleet repository (mlp 1.0.0 on canary)."""
+def rig(
+    _released_template: Path,
+    tmp_path: Path,
+    cli: Any,
+    example_models: Path,
+    request: pytest.FixtureRequest,
+) -> EdgeRig:
+    """A fresh copy of the released fleet repository (mlp 1.0.0 on canary); devices
+    follow git, or the source given by indirect parametrization (:data:`SOURCES`)."""
     root = tmp_path / "fleet"
     shutil.copytree(_released_template, root, symlinks=True)
-    return EdgeRig(root, tmp_path, cli, example_models)
+    source = getattr(request, "param", "git")
+    return EdgeRig(root, tmp_path, cli, example_models, source=source)

@@ -1,7 +1,11 @@
 """The trust attacks, replayed through the updater a daemon runs (issue 9, point 8):
 whoever holds (or stole) online keys and controls the git host and the artifact remote.
 Each time the device keeps what it serves and says why; the running-daemon replays of
-rollback, forged signatures and swapped files are in ``test_daemon.py``."""
+rollback, forged signatures and swapped files are in ``test_daemon.py``.
+
+Every attack runs twice: against a device that follows the git repository, and one
+that follows the metadata mirrored to the artifact remote (``source: artifacts``,
+issue 14), where the attacker writes the mirror instead of the branch."""
 
 from __future__ import annotations
 
@@ -25,11 +29,10 @@ from signing.tuf_roles import (
     target_file,
     to_bytes,
 )
-from tests.conftest import git
-from tests.edge.conftest import EdgeRig
+from tests.edge.conftest import SOURCES, EdgeRig
 from tests.trust_sim import online_signers, sign_online
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.parametrize("rig", SOURCES, indirect=True)]
 
 ARTIFACT = artifact_path("mlp", "1.1.0")
 
@@ -41,10 +44,10 @@ def _signers(rig: EdgeRig, pattern: str = "{role}.key") -> dict[str, CryptoSigne
 def _release(
     rig: EdgeRig, signers: Mapping[str, CryptoSigner], files: dict[str, TargetFile]
 ) -> None:
-    """Sign a release of ``files`` with ``signers`` and push it to the git host."""
+    """Sign a release of ``files`` with ``signers`` and push it to the git host (or the
+    remote's mirror)."""
     sign_online(rig.root / "trust/metadata", signers, files)
-    git(rig.root, "add", "-A")
-    git(rig.root, "commit", "-qm", "an attacker's release")
+    rig.push("an attacker's release")
 
 
 def _installed_11(rig: EdgeRig) -> dict[str, TargetFile]:
@@ -88,7 +91,7 @@ def test_a_new_timestamp_over_an_old_snapshot_is_refused(rig: EdgeRig) -> None:
     )
     timestamp.sign(signers["timestamp"])
     (folder / "timestamp.json").write_bytes(to_bytes(timestamp))
-    git(rig.root, "commit", "-qam", "rewind the snapshot")
+    rig.push("rewind the snapshot")
     report = rig.sync()
     assert report.result == "failed"
     assert "snapshot" in (report.reason or "")
@@ -101,8 +104,7 @@ def test_keys_rotated_away_sign_nothing_a_device_accepts(rig: EdgeRig) -> None:
     files = _installed_11(rig)
     for role in ONLINE_ROLES:
         rig.run("keys", "rotate", "--role", role)
-    git(rig.root, "add", "-A")
-    git(rig.root, "commit", "-qm", "rotate the online keys")
+    rig.push("rotate the online keys")
     assert rig.sync().result == "current"  # the new root chain is followed
     facts = TargetFacts.from_custom(files[ARTIFACT].custom)
     forged = b"weights that were never reviewed"
@@ -122,8 +124,7 @@ def test_a_root_signed_by_a_rotated_away_root_key_is_refused(rig: EdgeRig) -> No
 
     _installed_11(rig)
     rig.run("keys", "rotate", "--role", "root")
-    git(rig.root, "add", "-A")
-    git(rig.root, "commit", "-qm", "rotate the root key")
+    rig.push("rotate the root key")
     assert rig.sync().result == "current"  # the device follows the new root
     folder = rig.root / "trust/metadata"
     newest = max(folder.glob("*.root.json"), key=lambda p: int(p.name.split(".")[0]))
@@ -134,8 +135,7 @@ def test_a_root_signed_by_a_rotated_away_root_key_is_refused(rig: EdgeRig) -> No
     forged: Metadata[Root] = Metadata(root)
     forged.sign(CryptoSigner(old, public_key_of(old)))
     (folder / f"{root.version}.root.json").write_bytes(to_bytes(forged))
-    git(rig.root, "add", "-A")
-    git(rig.root, "commit", "-qm", "a root from the old key")
+    rig.push("a root from the old key")
     report = rig.sync()
     assert report.result == "failed"
     assert "root was signed by 0/1 keys" in (report.reason or ""), report.reason

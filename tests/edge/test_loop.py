@@ -8,7 +8,7 @@ import random
 import pytest
 
 from edge_sync.daemon import backoff_delay, next_delay
-from tests.edge.conftest import EdgeRig
+from tests.edge.conftest import SOURCES, EdgeRig
 
 
 def test_polls_spread_within_the_jitter() -> None:
@@ -31,6 +31,7 @@ def test_backoff_starts_small_doubles_and_is_capped() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("rig", SOURCES, indirect=True)
 def test_a_channels_document_that_goes_back_is_refused(rig: EdgeRig) -> None:
     """The device keeps the last accepted channels document: a validly signed one whose
     sequence is lower (replayed, or signed by a stolen key) is a rollback."""

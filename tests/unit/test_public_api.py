@@ -178,6 +178,7 @@ PUBLIC: dict[str, set[str]] = {
     "pipelines.publish": {
         "CiContext",
         "PublishReport",
+        "RefreshReport",
         "RELEASE_DIR",
         "TUF_SUBDIR",
         "TargetStore",
@@ -185,6 +186,7 @@ PUBLIC: dict[str, set[str]] = {
         "current_branch",
         "engine_file_name",
         "publish",
+        "refresh_metadata",
         "released_changes",
         "released_deprecations",
     },
