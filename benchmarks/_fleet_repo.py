@@ -1,20 +1,20 @@
 """The fleet simulation's repository: every release it plays, made up front by the real
 ``modelreg`` command line, and served from loopback one step at a time.
 
-The model ``mlp`` (the small example, 30 KB, with golden cases) has the channel order
-``canary,production``.  Before the simulation starts, 1.0.0 went through canary to
-production and 1.1.0 (parent 1.0.0, so a delta is signed) reached ``canary``: the lab's
-channel, which no device of the simulated fleet follows.  The simulation then plays:
+The model ``mlp`` (the small example, 30 KB, with golden cases) has one channel,
+``production``, which every simulated device follows; its canary is a rollout share
+(SPEC section 7), not a channel of its own.  The simulation plays three releases:
 
-* ``start``: as above; every device follows ``production`` and serves 1.0.0;
+* ``start``: 1.0.0 on ``production``; 1.1.0 (parent 1.0.0, so a delta is signed)
+  released but on no channel yet;
 * ``canary``: ``promote mlp 1.1.0 -c production --percent 10``: the canary cohort;
 * ``production``: ``promote mlp 1.1.0 -c production``: every device.
 
 Each step is a ``modelreg ci release`` made in advance, so that releasing it during the
 simulation is instant and costs the fleet's servers nothing: for git, moving ``main``
 of the served bare repository to the step's commit (``git update-ref``); for the
-metadata mirrored to the artifact remote (``<remote>/modelreg/metadata/``, when
-``publish`` writes one), putting that step's files in place, ``timestamp.json`` last.
+metadata mirrored to the artifact remote (``<remote>/modelreg/metadata/``, which
+``publish`` writes), putting that step's files in place, ``timestamp.json`` last.
 The signed targets of every step are served from the start (a device learns of one only
 from metadata that signs it).
 """
@@ -101,17 +101,14 @@ def build(work: Path) -> FleetRepo:
 
     steps: dict[str, Step] = {}
     modelreg("init", str(repo))
-    modelreg("model", "add", MODEL, "--channel-order", "canary,production")
+    modelreg("model", "add", MODEL, "--channel-order", CHANNEL)
     for version, parent in ((OLD, None), (NEW, OLD)):
         args = ["version", "add", MODEL, version,
                 "--artifact", str(examples / f"{MODEL}/{version}.onnx"),
                 "--golden-inputs", str(examples / f"{MODEL}/{version}.inputs.npz")]  # fmt: skip
         modelreg(*args, *(["--parent", parent] if parent else []))
-        modelreg("promote", MODEL, version, "-c", "canary")
-        release(f"{MODEL} {version} on canary", "start" if version == NEW else None)
-        if version == OLD:
-            modelreg("promote", MODEL, OLD, "-c", CHANNEL)
-            release(f"{MODEL} {OLD} on {CHANNEL}")
+    modelreg("promote", MODEL, OLD, "-c", CHANNEL)
+    release(f"{MODEL} {OLD} on {CHANNEL}, {NEW} released", "start")
     modelreg("promote", MODEL, NEW, "-c", CHANNEL, "--percent", f"{CANARY_PERCENT:g}")
     release(f"{MODEL} {NEW} to {CANARY_PERCENT:g} % of {CHANNEL}", "canary")
     modelreg("promote", MODEL, NEW, "-c", CHANNEL)

@@ -8,9 +8,9 @@ CPU time is its own (read from ``/proc``) and the simulated devices do not share
   bytes in (request line and headers) and out (status line, headers, body), and keeps
   the start and end of every download of a model file (``targets/models/`` or
   ``targets/deltas/``), from which the benchmark reads concurrent downloads.  With
-  ``--rate``, every body is sent at that many bytes per second per connection: a device's
-  link, so that a download lasts as it would in the field and not the microseconds of
-  loopback.
+  ``--rate``, model files are sent at that many bytes per second per connection: a
+  device's link, so that a download lasts as it would in the field and not the
+  microseconds of loopback (metadata, a few hundred bytes to a few KB, goes at once).
 * ``python -m benchmarks._fleet_servers proxy PORT``: a TCP proxy in front of ``git
   daemon`` on ``PORT`` that counts connections (one per git request) and bytes both ways
   (git daemon itself counts nothing).
@@ -210,13 +210,14 @@ def _handler(root: Path, rate: int | None, counters: _Counters) -> type[BaseHTTP
             try:
                 with local.open("rb") as fh:
                     fh.seek(offset)
-                    piece = _CHUNK if rate is None else max(1, int(rate * _TICK_S))
+                    paced = rate if download else None
+                    piece = _CHUNK if paced is None else max(1, int(paced * _TICK_S))
                     while length > 0 and (data := fh.read(min(piece, length))):
                         tick = time.monotonic()
                         self.wfile.write(data)
                         length -= len(data)
-                        if rate is not None and length > 0:
-                            time.sleep(max(0.0, len(data) / rate - (time.monotonic() - tick)))
+                        if paced is not None and length > 0:
+                            time.sleep(max(0.0, len(data) / paced - (time.monotonic() - tick)))
             except OSError:
                 pass  # the device hung up
             finally:

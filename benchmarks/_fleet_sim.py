@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -28,11 +29,17 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from benchmarks._fleet_repo import CHANNEL, MODEL, NEW, OLD, Served
 from benchmarks._fleet_servers import cpu_seconds, read_control
 from benchmarks._util import REPO_ROOT, BenchmarkError, git_daemon_process, isolated_env
+
+DEVICES_PER_WORKER: Final = 200
+"""Most devices in one worker process.  The daemon sleeps in ``select.select``, which
+refuses descriptors numbered 1024 and over (``FD_SETSIZE``), and each daemon holds
+three (its state dir's lock and a wake-up pipe): a process of 500 daemons stopped some
+of them with "filedescriptor out of range in select()"."""
 
 Mode = Literal["git", "artifacts"]
 """Where devices follow the signed metadata (``repository.source`` in ``edge.yaml``)."""
@@ -47,7 +54,8 @@ class RunParams:
         poll_s: every device's ``repository.poll_interval``.
         jitter: every device's ``repository.jitter``.
         mode: ``git`` or ``artifacts`` (gitless).
-        workers: processes the devices are spread over.
+        workers: processes the devices are spread over (at least one per
+            :data:`DEVICES_PER_WORKER` devices).
         link_rate: bytes/s at which the artifact server sends a model file or delta to
             one device (None: loopback speed).
         idle_polls: length of the idle period before the canary release, in poll
@@ -336,7 +344,8 @@ def simulate(served: Served, params: RunParams, work: Path, cohort: set[str]) ->
         template = _template(work / "template", params, servers, served.fleet.root)
         configs = _device_dirs(devices, template, params, servers, root=served.fleet.root,
                                where=work / "devices")  # fmt: skip
-        fleet = _Fleet(configs, params.workers, work)
+        workers = max(params.workers, math.ceil(params.devices / DEVICES_PER_WORKER))
+        fleet = _Fleet(configs, workers, work)
 
         def snapshot() -> Snapshot:
             return replace(servers.snapshot(), fleet_cpu_s=fleet.cpu_s())

@@ -17,20 +17,21 @@ id) instead of a thousand identical first installs; their daemons then all start
 once.
 
 **Scenario** (``benchmarks._fleet_repo``).  All devices follow ``production`` at mlp
-1.0.0; 1.1.0 went through the lab's ``canary`` channel.  The canary cohort is a rollout
-share, as the product defines it (SPEC section 7: a device is in the cohort when
-hash(device id, model, version) falls under ``rollout.percent``): ``production`` gets
-1.1.0 at 10 %, then at 100 %.  A ``canary`` channel of its own would reach only the
-devices configured to follow it, a share fixed by provisioning and not by a release.
+1.0.0.  The canary is a rollout share, as the product defines it (SPEC section 7: a
+device is in the cohort when hash(device id, model, version) falls under
+``rollout.percent``): ``production`` gets 1.1.0 at 10 %, then at 100 %.  A ``canary``
+channel of its own would reach only the devices configured to follow it, a share fixed
+when they are provisioned, not by the release.
 
 **Servers** (``benchmarks._fleet_servers``), each in a process of its own: the HTTP
 artifact server counts requests and bytes, answers conditional requests (ETag,
-If-Modified-Since) and ranges, and sends model files at a device's link rate (so that a
-download lasts as in the field, and concurrent downloads can be counted: the rate is
-set so that the delta a device fetches lasts a tenth of a poll interval; metadata goes
-at loopback speed); git traffic passes a counting TCP proxy (one connection per git
-request).  Server CPU is read from ``/proc``: the git daemon with the upload-packs it
-forked and reaped, the HTTP server's own process.
+If-Modified-Since) and ranges, and sends model files at a device's link rate, so that a
+download lasts as in the field and concurrent downloads can be counted: the delta a
+device fetches lasts a tenth of a poll interval, or less where that rate would be under
+4x the device's own slowest accepted rate (``TrustLimits.min_bytes_per_s``, which
+would cut it off); metadata goes at loopback speed.  Git traffic passes a counting TCP
+proxy (one connection per git request).  Server CPU is read from ``/proc``: the git
+daemon with the upload-packs it forked and reaped, the HTTP server's own process.
 
 **Figures.**  Per run: devices on each version over time; requests, bytes and server
 CPU per idle poll, per *refresh* (a poll that verifies new metadata and installs
@@ -51,6 +52,7 @@ import argparse
 import contextlib
 import math
 import os
+import random
 import shutil
 import sys
 from collections.abc import Sequence
@@ -190,6 +192,25 @@ def peak(intervals: Sequence[tuple[float, float]], a: float, b: float) -> int:
     return best
 
 
+def herd_model(
+    devices: int, poll_s: float, jitter: float, *, release_s: float, download_s: float
+) -> int:
+    """Peak concurrent downloads of a model fleet: daemons that all start at 0 and wait
+    between polls exactly as the daemon does (:func:`edge_sync.daemon.next_delay`), with
+    syncs that take no time, each downloading for ``download_s`` from its first poll
+    after ``release_s``.  What the simulation would show without sharing its CPUs."""
+    from edge_sync.daemon import next_delay
+
+    rng = random.Random(14)  # a model: a fixed seed, the same figure every run
+    starts = []
+    for _ in range(devices):
+        t = 0.0
+        while t <= release_s:
+            t += next_delay(poll_s, jitter, rng)
+        starts.append(t)
+    return peak([(t, t + download_s) for t in starts], -math.inf, math.inf)
+
+
 def analyse(record: RunRecord, cohort: set[str]) -> dict[str, Any]:
     """The figures of one run (see the module doc)."""
     p, marks, events = record.params, record.marks, record.events
@@ -200,6 +221,7 @@ def analyse(record: RunRecord, cohort: set[str]) -> dict[str, Any]:
     last = max((e["t"] for e in installs), default=math.inf)
     t2 = marks["canary_end"].t
     downloads = record.downloads
+    mean_s = sum(e - s for s, e in downloads) / max(len(downloads), 1)
     failed = [e for e in events if e["r"] == "failed"]
     times = sorted((e["t"] - record.started) for e in installs)
     return {
@@ -219,9 +241,17 @@ def analyse(record: RunRecord, cohort: set[str]) -> dict[str, Any]:
         },
         "downloads": {
             "total": len(downloads),
+            "canary": sum(marks["canary"].t < s <= t2 for s, _ in downloads),
+            "production": sum(t2 < s <= marks["end"].t for s, _ in downloads),
             "peak_canary": peak(downloads, marks["canary"].t, t2),
             "peak_production": peak(downloads, t2, marks["end"].t),
-            "mean_s": round(sum(e - s for s, e in downloads) / max(len(downloads), 1), 3),
+            "mean_s": round(mean_s, 3),
+            "model_peak_production": herd_model(
+                n, p.poll_s, p.jitter, release_s=t2 - record.started, download_s=mean_s
+            ),
+            "model_peak_unjittered": herd_model(
+                n, p.poll_s, 0.0, release_s=t2 - record.started, download_s=mean_s
+            ),
         },
         "costs": _costs(record),
         "simulator_cpu_share": {
@@ -276,6 +306,14 @@ def goals(runs: dict[str, dict[str, Any]], *, indicative: bool) -> list[dict[str
                   conv["poll_intervals"] if conv["all_on_new"] else math.inf, 2,
                   indicative=indicative),
         ]  # fmt: skip
+    for run in runs.values():
+        if run["params"]["jitter"] == 0.2:
+            d = run["downloads"]
+            out.append(_goal(
+                f"{run['label']}: download peak / jitter 0, the daemon's waits (model)",
+                d["model_peak_production"] / max(d["model_peak_unjittered"], 1), 0.3,
+                indicative=True,
+            ))  # fmt: skip
     for mode in ("git", "artifacts"):
         if (mode, 0.0) in by and (mode, 0.2) in by:
             jittered = by[(mode, 0.2)]["downloads"]["peak_production"]
@@ -291,7 +329,10 @@ def goals(runs: dict[str, dict[str, Any]], *, indicative: bool) -> list[dict[str
 
 def plan(size: Size, fleet: FleetRepo, modes: Sequence[Mode]) -> list[RunParams]:
     """The runs of one benchmark: every mode at jitter 0.2, then at jitter 0."""
-    rate = math.ceil(fleet.delta_bytes / (DOWNLOAD_SHARE * size.poll_s))
+    from edge_sync.limits import TrustLimits
+
+    slowest = 4 * TrustLimits().min_bytes_per_s
+    rate = max(math.ceil(fleet.delta_bytes / (DOWNLOAD_SHARE * size.poll_s)), slowest)
     base = RunParams(size.devices, size.poll_s, 0.2, "git", size.workers, link_rate=rate)
     return [replace(base, mode=m, jitter=j) for j in (0.2, 0.0) for m in modes]
 
