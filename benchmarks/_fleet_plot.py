@@ -13,6 +13,7 @@ import matplotlib as mpl
 mpl.use("Agg")  # files only: no display on a benchmark machine
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from benchmarks._fleet_repo import NEW, OLD
 
@@ -84,10 +85,13 @@ def _costs(axes: list[Axes], runs: dict[str, dict[str, Any]]) -> None:
             values = [max(run["costs"][kind][key], 1e-3) for kind in _KINDS]
             xs = [k + (i - (len(chosen) - 1) / 2) * width for k in range(len(_KINDS))]
             style = _style(run)
-            ax.bar(xs, values, width, color=style["color"], label=style["label"])
+            bars = ax.bar(xs, values, width, color=style["color"], label=style["label"])
+            ax.bar_label(bars, [f"{v:.3g}" for v in values], fontsize="x-small")
         ax.set_xticks(range(len(_KINDS)), ["idle poll", "refresh", "update"])
         ax.set_yscale("log")
-        ax.set_title(f"{title} per device poll")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"{title} per device poll (both servers)")
         ax.legend(fontsize="small")
 
 

@@ -13,7 +13,7 @@ CPU time is its own (read from ``/proc``) and the simulated devices do not share
   microseconds of loopback (metadata, a few hundred bytes to a few KB, goes at once).
 * ``python -m benchmarks._fleet_servers proxy PORT``: a TCP proxy in front of ``git
   daemon`` on ``PORT`` that counts connections (one per git request) and bytes both ways
-  (git daemon itself counts nothing).
+  (git daemon itself counts nothing), a thread per connection.
 
 Each writes ``{"port": ..., "control": ...}`` to ``--ready FILE`` once it listens, and
 answers every connection to its control port with its counters as one JSON document
@@ -29,7 +29,6 @@ import io
 import json
 import os
 import re
-import selectors
 import signal
 import socket
 import sys
@@ -249,52 +248,48 @@ def serve_http(root: Path, rate: int | None, ready: Path) -> None:
 
 
 def serve_proxy(target: int, ready: Path) -> None:
-    """Relay 127.0.0.1:<new port> to 127.0.0.1:``target`` until SIGTERM, counting."""
+    """Relay 127.0.0.1:<new port> to 127.0.0.1:``target`` until SIGTERM, counting.
+
+    A thread per connection: connecting to ``git daemon`` may wait seconds in a herd
+    (its listen backlog is 5: a dropped SYN is sent again after 1 s, 3 s, ...), and that
+    wait must hold up only the device that waits, as it would without the proxy.
+    """
     counters = _Counters()
     listener = socket.create_server(("127.0.0.1", 0), backlog=4096)
-    listener.setblocking(False)  # noqa: FBT003 - the socket API
-    selector = selectors.DefaultSelector()
-    selector.register(listener, selectors.EVENT_READ)
-    peers: dict[socket.socket, socket.socket] = {}
     control = _serve_control(counters.snapshot)
-    stopping = threading.Event()
     _announce(ready, listener.getsockname()[1], control)
-    _stop_on_term(stopping.set)
+    _stop_on_term(lambda: listener.shutdown(socket.SHUT_RDWR))  # wakes accept()
 
-    def close(sock: socket.socket) -> None:
-        for s in (sock, peers.pop(sock, None)):
-            if s is not None:
-                peers.pop(s, None)
-                with contextlib.suppress(KeyError, ValueError):
-                    selector.unregister(s)
-                s.close()
+    def pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                counters.add(bytes=len(data))
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)  # the other way may still be talking
 
-    while not stopping.is_set():
-        for key, _ in selector.select(timeout=0.2):
-            sock = key.fileobj
-            assert isinstance(sock, socket.socket)
-            if sock is listener:
-                with contextlib.suppress(BlockingIOError):
-                    client, _ = listener.accept()
-                    client.setblocking(True)  # noqa: FBT003 - the socket API
-                    upstream = socket.create_connection(("127.0.0.1", target))
-                    counters.add(connections=1)
-                    peers[client], peers[upstream] = upstream, client
-                    for s in (client, upstream):
-                        selector.register(s, selectors.EVENT_READ)
-                continue
+    def relay(client: socket.socket) -> None:
+        with client:
             try:
-                data = sock.recv(1 << 16)
+                upstream = socket.create_connection(("127.0.0.1", target))
             except OSError:
-                data = b""
-            if not data:
-                close(sock)
-                continue
-            counters.add(bytes=len(data))
-            try:
-                peers[sock].sendall(data)  # small on loopback: blocking sends are brief
-            except (OSError, KeyError):
-                close(sock)
+                return
+            with upstream:
+                back = threading.Thread(target=pipe, args=(upstream, client), daemon=True)
+                back.start()
+                pipe(client, upstream)
+                back.join()
+
+    while True:
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # closed by SIGTERM
+        counters.add(connections=1)
+        threading.Thread(target=relay, args=(client,), daemon=True).start()
 
 
 def _announce(ready: Path, port: int, control: int) -> None:
