@@ -23,7 +23,7 @@ from benchmarks._util import REPO_ROOT, BenchmarkError, fmt_seconds, machine_inf
 
 BENCHMARKS: Final = (
     "registry_scale", "hashing", "delta", "release", "edge_update", "serving", "large_model",
-    "fleet_status",
+    "fleet_status", "fleet",
 )  # fmt: skip
 """Modules of this package run by default, in order; each has ``run(quick) -> dict``."""
 
@@ -42,7 +42,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         choices=BENCHMARKS,
         action="append",
         default=[],
-        help="leave this benchmark out (repeatable; large_model needs ~25 GB of disk)",
+        help="leave this benchmark out (repeatable; large_model needs ~25 GB of disk, "
+        "fleet runs 1,000 devices for about half an hour)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smaller inputs: a fast check, not the figures"

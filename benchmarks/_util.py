@@ -358,15 +358,38 @@ def git_daemon(base: Path) -> Iterator[str]:
     Raises:
         BenchmarkError: the daemon did not start within 30 s.
     """
+    with git_daemon_process(base) as (url, _proc):
+        yield url
+
+
+@contextlib.contextmanager
+def git_daemon_process(
+    base: Path, *, max_connections: int = 32
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`git_daemon`, also yielding the daemon's process (to read its CPU time);
+    ``max_connections`` is git's own limit on concurrent clients (0: none).  The daemon
+    runs in a session of its own, and its whole process group is ended on exit.
+
+    Raises:
+        BenchmarkError: the daemon did not start within 30 s.
+    """
+    import signal
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # git-daemon itself where it is installed: `git daemon` runs it as a child of the
+    # `git` wrapper, which would hide its CPU time until the wrapper exits
+    exec_path = subprocess.run(["git", "--exec-path"], capture_output=True, text=True,
+                               check=False).stdout.strip()  # fmt: skip
+    dashed = Path(exec_path) / "git-daemon"
+    command = [str(dashed)] if exec_path and dashed.is_file() else ["git", "daemon"]
     proc = subprocess.Popen(
-        ["git", "daemon", "--reuseaddr", "--export-all", "--enable=receive-pack",
+        [*command, "--reuseaddr", "--export-all", "--enable=receive-pack",
+         f"--max-connections={max_connections}",
          f"--base-path={base}", "--listen=127.0.0.1", f"--port={port}", str(base)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
@@ -378,7 +401,8 @@ def git_daemon(base: Path) -> Iterator[str]:
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise BenchmarkError("git daemon did not start") from None
                 time.sleep(0.1)
-        yield f"git://127.0.0.1:{port}"
+        yield f"git://127.0.0.1:{port}", proc
     finally:
-        proc.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # the daemon and the upload-packs it forked
         proc.wait(timeout=30)

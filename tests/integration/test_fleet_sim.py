@@ -1,0 +1,104 @@
+"""A small fleet through the fleet benchmark's own simulation (``benchmarks.fleet``, issue
+14): 24 devices, each the daemon's real loop with its own id and state dir, follow one
+``git daemon`` and then the metadata mirrored to one HTTP artifact server, through a
+canary release at 10 % and the release to all.  About a minute."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from benchmarks.fleet import Size, simulate_fleet
+
+pytestmark = pytest.mark.integration
+
+SIZE = Size(devices=24, poll_s=3.0, workers=1)
+SHARE = 0.10
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+    """Both modes at jitter 0.2, simulated once for the module."""
+    base = tmp_path_factory.mktemp("fleet")
+    home = base / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = fleet\n\temail = fleet@example.invalid\n[init]\n\tdefaultBranch = main\n"
+    )
+    with pytest.MonkeyPatch.context() as mp:  # the module's own HOME: not the autouse one
+        mp.setenv("HOME", str(home))
+        mp.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
+        mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
+        yield simulate_fleet(SIZE, base / "work", modes=["git", "artifacts"], jitters=[0.2])
+
+
+def _binomial_range(n: int, p: float, outside: float = 0.001) -> tuple[int, int]:
+    """The counts k with P(X < k) and P(X > k) both at least ``outside`` / 2."""
+    pmf = [math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)]
+    below = [sum(pmf[:k]) for k in range(n + 1)]
+    lo = max(k for k in range(n + 1) if below[k] <= outside / 2)
+    hi = min(k for k in range(n + 1) if 1 - below[k] - pmf[k] <= outside / 2)
+    return lo, hi
+
+
+def test_both_modes_ran(runs: dict[str, dict[str, Any]]) -> None:
+    assert set(runs) == {"git, jitter 0.2", "gitless, jitter 0.2"}
+    for run in runs.values():
+        assert run["failed_syncs"] == 0, run["failure_reasons"]
+        assert run["problems"] == []
+
+
+def test_the_canary_reaches_its_cohort_and_no_other(runs: dict[str, dict[str, Any]]) -> None:
+    lo, hi = _binomial_range(SIZE.devices, SHARE)
+    for run in runs.values():
+        canary = run["canary"]
+        assert canary["outside_cohort"] == []
+        assert canary["cohort_missing"] == []
+        assert lo <= canary["devices"] <= hi, (canary, lo, hi)
+
+
+def test_every_device_converges_after_the_production_release(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    for run in runs.values():
+        convergence = run["convergence"]
+        assert convergence["all_on_new"]
+        # the daemon waits at most poll * (1 + jitter) between polls; the rest is the
+        # update itself (and a shared CI machine)
+        assert convergence["poll_intervals"] <= 2.5, convergence
+
+
+def test_a_gitless_idle_poll_is_one_small_conditional_request(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    idle = runs["gitless, jitter 0.2"]["costs"]["idle_poll"]
+    # one request per poll, answered 304 (a poll cut by a window's edge may count twice)
+    assert 0.95 <= idle["http_requests"] <= 1.05, idle
+    assert 0.95 <= idle["http_304"] <= 1.05, idle
+    assert idle["bytes"] <= 1000, idle
+    assert idle["git_requests"] == 0
+
+
+def test_a_git_idle_poll_is_one_round_trip_to_the_git_host(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    idle = runs["git, jitter 0.2"]["costs"]["idle_poll"]
+    assert 0.95 <= idle["git_requests"] <= 1.05, idle
+    assert idle["http_requests"] == 0
+
+
+def test_the_servers_counted_what_the_devices_did(runs: dict[str, dict[str, Any]]) -> None:
+    for run in runs.values():
+        counts, downloads = run["costs"]["counts"], run["downloads"]
+        # one download (the delta from 1.0.0) per install, in the window it happened
+        assert downloads["canary"] == counts["canary_installs"] == run["canary"]["devices"]
+        assert downloads["production"] == counts["production_installs"]
+        assert counts["canary_installs"] + counts["production_installs"] == SIZE.devices
+        # and the template device's full download of 1.0.0 before the fleet started
+        assert downloads["total"] == SIZE.devices + 1
+        assert counts["idle_polls"] >= SIZE.devices  # each polled at least once when idle
+        update = run["costs"]["update"]
+        assert update["requests"] > run["costs"]["idle_poll"]["requests"]
