@@ -168,15 +168,21 @@ class _GuardedHTTPHandler(urllib.request.HTTPHandler):
         return self.do_open(functools.partial(_GuardedHTTPConnection, budget=self._budget), req)
 
 
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    # Made once per process: loading the system's CA certificates costs ~20 ms, most of
+    # an idle poll's CPU when it was made per request (and for http:// URLs as well).
+    return ssl.create_default_context()
+
+
 class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
     def __init__(self, budget: _TransferBudget) -> None:
-        self._ssl = ssl.create_default_context()
-        super().__init__(context=self._ssl)
+        super().__init__(context=_tls_context())
         self._budget = budget
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         connection = functools.partial(_GuardedHTTPSConnection, budget=self._budget)
-        return self.do_open(connection, req, context=self._ssl)
+        return self.do_open(connection, req, context=_tls_context())
 
 
 def guarded_opener(

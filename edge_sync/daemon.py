@@ -104,8 +104,12 @@ class _Wakeup:
 
     def sleep(self, seconds: float) -> None:
         """Wait up to ``seconds``, or until poked."""
+        # poll(), not select(): select() refuses descriptors past 1024 (a process that
+        # holds many files, or runs many daemons, as the fleet benchmark does).
+        poller = select.poll()
+        poller.register(self.read_fd, select.POLLIN)
         with contextlib.suppress(InterruptedError):
-            select.select([self.read_fd], [], [], max(seconds, 0))
+            poller.poll(max(seconds, 0) * 1000)
         with contextlib.suppress(BlockingIOError, OSError):
             while os.read(self.read_fd, 4096):
                 pass
