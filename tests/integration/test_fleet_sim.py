@@ -86,7 +86,10 @@ def test_a_git_idle_poll_is_one_round_trip_to_the_git_host(
     runs: dict[str, dict[str, Any]],
 ) -> None:
     idle = runs["git, jitter 0.2"]["costs"]["idle_poll"]
-    assert 0.95 <= idle["git_requests"] <= 1.05, idle
+    # One ls-remote; a poll that met git daemon's full accept backlog (5) connects again,
+    # so a loaded machine may count a little over one.  A fetch on an idle poll would
+    # make it two or more.
+    assert 0.95 <= idle["git_requests"] <= 1.5, idle
     assert idle["http_requests"] == 0
 
 
