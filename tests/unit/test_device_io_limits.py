@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import resource
+import ssl
 import time
+import urllib.request
+from typing import Any
 
 import pytest
 
@@ -36,9 +39,23 @@ def test_the_daemon_sleeps_and_wakes_on_a_descriptor_past_1024() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_one_tls_context_serves_every_opener() -> None:
+def test_one_tls_context_serves_every_opener(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[ssl.SSLContext] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
     _tls_context.cache_clear()
-    for _ in range(5):
-        guarded_opener(budget=None)  # type: ignore[arg-type]
-    info = _tls_context.cache_info()
-    assert (info.misses, info.currsize) == (1, 1)
+    openers = [guarded_opener(budget=None) for _ in range(5)]  # type: ignore[arg-type]
+    assert len(made) == 1
+    # the context each HTTPS handler connects with (urllib keeps both unannotated)
+    contexts = {
+        id(getattr(h, "_context", None))
+        for o in openers
+        for h in getattr(o, "handlers", [])
+        if isinstance(h, urllib.request.HTTPSHandler)
+    }
+    assert contexts == {id(made[0])}
