@@ -145,10 +145,13 @@ def staged_channels(
 
 
 def _started_at(commit: LogCommit | None) -> datetime | None:
+    """When a wave's release reached the branch: the later of its author and committer
+    dates (an author date can be set back to any time; a merge, rebase or squash sets
+    the committer date), so that a soak is never shortened by a date someone chose."""
     if commit is None:
         return None
-    when = datetime.fromisoformat(commit.date)
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    dates = [datetime.fromisoformat(d) for d in (commit.date, commit.committed) if d]
+    return max(d if d.tzinfo is not None else d.replace(tzinfo=UTC) for d in dates)
 
 
 def _committed(repo: Repository, target: StagedChannel) -> None:

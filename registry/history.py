@@ -35,7 +35,7 @@ EventKind = Literal[
 ]  # fmt: skip
 
 _START: Final = "\x01"
-_FORMAT: Final = "%x01%H%x00%aI%x00%an%x00%s"
+_FORMAT: Final = "%x01%H%x00%aI%x00%cI%x00%an%x00%s"
 """With ``-z``: every field ends with NUL, which no author name, subject or path holds
 (an author or a subject is whoever pushed it: a separator they can type, a tab or a
 carriage return, would shift or forge fields)."""
@@ -51,6 +51,9 @@ class LogCommit:
     date: str
     subject: str
     changes: tuple[tuple[str, str], ...] = ()
+    committed: str = ""
+    """The committer date: when the commit reached the branch by a merge, a rebase or
+    a squash (the author date is whatever its author set)."""
 
     @property
     def pr(self) -> int | None:
@@ -136,7 +139,7 @@ class ModelLog:
 def parse_log(text: str) -> list[LogCommit]:
     """Commits from ``git log -z --format=<_FORMAT> --name-status`` output, as listed.
 
-    Fields are read by position between NULs: a commit's four fields, then (status,
+    Fields are read by position between NULs: a commit's five fields, then (status,
     path) pairs up to the next commit's mark, so no text inside a field is read as
     structure.
     """
@@ -148,10 +151,10 @@ def parse_log(text: str) -> list[LogCommit]:
         if not token.startswith(_START):
             pos += 1  # the empty tail
             continue
-        fields = [token[1:], *tokens[pos + 1 : pos + 4]]
-        fields += [""] * (4 - len(fields))
-        sha, date, author, subject = fields
-        pos += 4
+        fields = [token[1:], *tokens[pos + 1 : pos + 5]]
+        fields += [""] * (5 - len(fields))
+        sha, date, committed, author, subject = fields
+        pos += 5
         changes: list[tuple[str, str]] = []
         while pos + 1 < len(tokens):
             status = tokens[pos].lstrip("\n")
@@ -159,7 +162,7 @@ def parse_log(text: str) -> list[LogCommit]:
                 break
             changes.append((status[:1], tokens[pos + 1]))
             pos += 2
-        commits.append(LogCommit(sha, author, date, subject, tuple(changes)))
+        commits.append(LogCommit(sha, author, date, subject, tuple(changes), committed))
     return commits
 
 

@@ -59,11 +59,15 @@ def _pointer(v: str) -> str:
     return f"outs:\n- md5: {'0123456789abcdef' * 2}\n  size: 123\n  hash: md5\n  path: {v}.onnx\n"
 
 
-def _commit(root: Path, message: str, *, at: datetime | None = None) -> str:
+def _commit(
+    root: Path, message: str, *, at: datetime | None = None, authored: datetime | None = None
+) -> str:
     env = dict(os.environ)
     if at is not None:
         stamp = at.isoformat()
         env |= {"GIT_AUTHOR_DATE": stamp, "GIT_COMMITTER_DATE": stamp}
+    if authored is not None:
+        env["GIT_AUTHOR_DATE"] = authored.isoformat()
     git(root, "add", "-A")
     subprocess.run(["git", "commit", "-qm", message], cwd=root, env=env, check=True)
     return git(root, "rev-parse", "HEAD").strip()
@@ -72,12 +76,12 @@ def _commit(root: Path, message: str, *, at: datetime | None = None) -> str:
 _releases = iter(range(2, 1000))
 
 
-def release(root: Path, at: datetime) -> str:
+def release(root: Path, at: datetime, *, authored: datetime | None = None) -> str:
     """What `ci release` commits on the promotion branch: new signed targets metadata."""
     folder = root / "trust/metadata"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{next(_releases)}.targets.json").write_text("{}")
-    return _commit(root, "modelreg release [skip ci]", at=at)
+    return _commit(root, "modelreg release [skip ci]", at=at, authored=authored)
 
 
 @pytest.fixture
@@ -193,6 +197,16 @@ def test_waves_advance_one_at_a_time_as_the_fleet_allows(
         "channel canary: 1.1.0 (50%) -> 1.1.0 (100%)",
         "channel canary: 1.1.0 (10%) -> 1.1.0 (50%)",
     ]
+
+
+def test_a_backdated_author_date_does_not_shorten_the_soak(repo: Path) -> None:
+    # A commit that reached the branch an hour ago, authored "a week ago" (anyone may set
+    # an author date; a merge, rebase or squash sets the committer date): the wave
+    # started when the commit reached the branch.
+    release(repo, NOW - H / 2, authored=NOW - 7 * 24 * H)
+    (step,) = advance(repo, lambda *_: Progress(3, 3, 0), now=NOW)
+    assert (step.action, step.commit) == ("wait", None)
+    assert step.decision.until == NOW + H / 2  # type: ignore[union-attr]
 
 
 def test_a_tripped_stop_condition_holds_the_rollout_and_says_why(

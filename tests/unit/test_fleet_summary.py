@@ -282,3 +282,23 @@ def test_reports_from_an_http_folder_listing(http_folder: _Folder) -> None:
         load_reports(base)
     with pytest.raises(ReportsError, match=r"cannot list the reports \(HTTP 404\)"):
         load_reports(base.replace("/fleet/", "/elsewhere/"))
+
+
+@pytest.mark.parametrize("command", ["status", "advance"])
+def test_a_reports_url_with_credentials_is_never_printed(
+    http_folder: _Folder, tmp_path: Path, cli: Any, command: str
+) -> None:
+    # rollout.yml passes the reports URL from a secret: userinfo and query tokens in it
+    # appear in no output, whether the reports are read or not.
+    http_folder.files = {"cam-0.json": json.dumps(report("cam-0")).encode()}
+    http_folder.listing = json.dumps(["cam-0.json"]).encode()
+    port = http_folder.server_address[1]
+    for url in (
+        f"http://fleet:S3cretPassw0rd@127.0.0.1:{port}/fleet/",
+        f"http://127.0.0.1:{port}/fleet/?token=S3cretPassw0rd",
+        f"http://fleet:S3cretPassw0rd@127.0.0.1:{port}/elsewhere/",
+    ):
+        for extra in ([], ["--json"]):
+            r = cli("fleet", command, "--reports", url, *extra, cwd=tmp_path)
+            assert "S3cretPassw0rd" not in r.out + r.err, (url, r.out, r.err)
+            assert f"127.0.0.1:{port}" in r.out + r.err  # it did say where it read

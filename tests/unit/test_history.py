@@ -32,7 +32,9 @@ def _log(*commits: tuple[str, str, str, str, list[tuple[str, str]]]) -> str:
     """What ``git log -z --format=<_FORMAT> --name-status`` writes for ``commits``."""
     out = ""
     for sha, date, author, subject, changes in commits:
-        out += f"\x01{sha}\0{date}\0{author}\0{subject}\0"
+        # committed an hour after it was authored, as a merge or a rebase does
+        committed = date.replace("T0", "T1", 1)
+        out += f"\x01{sha}\0{date}\0{committed}\0{author}\0{subject}\0"
         pairs = [f"{st}\0{path}\0" for st, path in changes]
         out += ("\n" if pairs else "") + "".join(pairs)
     return out
@@ -66,9 +68,9 @@ def test_text_inside_a_field_is_never_read_as_structure() -> None:
         ("aaa", "2024-01-02T03:04:05+00:00", author, subject, [("M", "manifests/mlp/model.yaml")]),
         ("bbb", "2024-01-01T00:00:00+00:00", "Bo", "ok", [("A", "\x01odd path")]),
     ))  # fmt: skip
-    assert [(c.sha, c.date, c.author, c.subject) for c in commits] == [
-        ("aaa", "2024-01-02T03:04:05+00:00", author, subject),
-        ("bbb", "2024-01-01T00:00:00+00:00", "Bo", "ok"),
+    assert [(c.sha, c.date, c.committed, c.author, c.subject) for c in commits] == [
+        ("aaa", "2024-01-02T03:04:05+00:00", "2024-01-02T13:04:05+00:00", author, subject),
+        ("bbb", "2024-01-01T00:00:00+00:00", "2024-01-01T10:00:00+00:00", "Bo", "ok"),
     ]
     assert commits[0].changes == (("M", "manifests/mlp/model.yaml"),)
     assert commits[1].changes == (("A", "\x01odd path"),)
