@@ -12,15 +12,18 @@ counts every request and the bytes it sent (what an idle device poll costs).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import socketserver
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from email.utils import formatdate, parsedate_to_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 
 @dataclass(frozen=True)
@@ -296,3 +299,20 @@ class StaticServer:
                 return
 
         return Handler
+
+
+S = TypeVar("S", bound=socketserver.BaseServer)
+
+
+@contextlib.contextmanager
+def running(server: S) -> Iterator[S]:
+    """``server`` answering in a thread of its own; shut down and closed on exit."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.daemon = True
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
@@ -20,6 +19,7 @@ from fleet.summary import ChannelTarget, channel_progress, latest, summarize
 from registry.cohort import in_cohort
 from registry.device_report import LIMITS, DeviceReport, parse_report
 from tests.fleet_reports import NOW, model, report, stamp, write
+from tests.http_sim import running
 
 
 def _parsed(*docs: dict[str, Any]) -> list[DeviceReport]:
@@ -248,13 +248,8 @@ class _FolderHandler(BaseHTTPRequestHandler):
 def http_folder() -> Iterator[_Folder]:
     server = _Folder(("127.0.0.1", 0), _FolderHandler)
     server.files, server.requests = {}, []
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with running(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_reports_from_an_http_folder_listing(http_folder: _Folder) -> None:

@@ -5,7 +5,6 @@ never raises; the HTTP sink PUTs with the device's token on real HTTP on loopbac
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -27,6 +26,7 @@ from fleet.reports import load_reports
 from registry.device_report import parse_report
 from registry.errors import ManifestError
 from tests.fleet_reports import model, report
+from tests.http_sim import running
 
 BASE: dict[str, Any] = {
     "apiVersion": "modelreg/v1",
@@ -271,13 +271,8 @@ class _PutHandler(BaseHTTPRequestHandler):
 def put_server() -> Iterator[_PutServer]:
     server = _PutServer(("127.0.0.1", 0), _PutHandler)
     server.received, server.answer = [], 201
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with running(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_an_http_sink_puts_with_the_devices_token(
