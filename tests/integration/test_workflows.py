@@ -526,7 +526,8 @@ def test_rollout_workflow_commits_a_wave_and_pushes_it(tmp_path: Path, origin: s
     git(dev, "add", "-A")
     released = (datetime.now(UTC) - timedelta(hours=2)).isoformat()
     subprocess.run(["git", "commit", "-qm", "mlp 1.0.0 to 10% of canary, released"], cwd=dev,
-                   env={**os.environ, "GIT_AUTHOR_DATE": released}, check=True)  # fmt: skip
+                   env={**os.environ, "GIT_AUTHOR_DATE": released,
+                        "GIT_COMMITTER_DATE": released}, check=True)  # fmt: skip
     git(dev, "remote", "add", "origin", origin)
     git(dev, "push", "-q", "origin", "main")
     devices = [d for d in (f"cam-{i}" for i in range(300)) if in_cohort(d, "mlp", "1.0.0", 10)]

@@ -83,7 +83,9 @@ def test_a_model_download_is_paced_ranged_and_recorded(server: dict[str, Any]) -
     assert headers["Content-Range"] == "bytes 2000-2047/2048"
     downloads = read_control(server["control"])["downloads"]
     assert len(downloads) == 2
-    assert all(end > begin for begin, end in downloads)
+    (begin, end), (range_begin, range_end) = sorted(downloads)
+    assert end - begin >= 0.19  # the paced whole file, recorded from start to end
+    assert range_end >= range_begin  # 48 bytes go in one write: it may take no time at all
 
 
 def test_peak_counts_intervals_open_at_once() -> None:
