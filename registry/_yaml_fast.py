@@ -71,10 +71,36 @@ class _Unhandled(Exception):  # noqa: N818 - a control-flow signal, not an error
     """Not in the corner this reader handles: libyaml's path decides."""
 
 
+# First characters that no implicit resolver of libyaml's path looks at (only '0'-'9',
+# '+-.~<=' and the first letters of the bool and null words have one): a plain scalar
+# starting with any other is a string, whatever follows (``models/m1.onnx``, ``runs:/``).
+_STRING_FIRST: Final = (
+    frozenset(map(chr, range(0x21, 0x7F))) - frozenset(Resolver.yaml_implicit_resolvers)
+    if None not in Resolver.yaml_implicit_resolvers and not Resolver.yaml_path_resolvers
+    else frozenset()
+)
+# The two numbers manifests are full of, which the resolver would try float on first
+# and the constructors turn into exactly float(text) and int(text).
+_DECIMAL: Final = re.compile(r"[0-9]+\.[0-9]+")
+_INTEGER: Final = re.compile(r"0|[1-9][0-9]*")
+_FLOAT_TAG: Final = TAG + "float"
+_INT_TAG: Final = TAG + "int"
+
+
 def _typed(text: str) -> tuple[str, Any]:
     """(tag, value) of a plain scalar, typed as libyaml's resolver would."""
     hit = _plains.get(text)
     if hit is not None:
+        return hit
+    if text[0] in _STRING_FIRST:
+        hit = (STR, text)
+    elif _DECIMAL.fullmatch(text) is not None:
+        hit = (_FLOAT_TAG, float(text))
+    elif _INTEGER.fullmatch(text) is not None:
+        hit = (_INT_TAG, int(text))
+    if hit is not None:
+        if len(_plains) < _MEMO_SIZE:
+            _plains[text] = hit
         return hit
     tag = _resolver.resolve(ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
     construct = SCALARS.get(tag)
@@ -160,14 +186,19 @@ def _value(raw: str) -> tuple[int, Any]:
                 raise _Unhandled
             pairs[_key(key)] = _plain(_plain_ok(value, flow=True))
         return _FLOW_MAP, tuple(pairs.items())
-    return _SCALAR, _plain(_plain_ok(raw, flow=False))
+    # _plain_ok(raw, flow=False), inlined: most distinct lines of a repository end here.
+    if (first in _INDICATORS and not _dash_led(raw)) or ": " in raw or raw[-1] == ":":
+        raise _Unhandled
+    return _SCALAR, _typed(raw)[1]
 
 
 def _keyed(indent: int, text: str) -> _Entry:
     match = _KEY.fullmatch(text)
     if match is None:
         raise _Unhandled
-    key, raw = _key(match[1]), match[2]
+    key, raw = match[1], match[2]
+    if _typed(key)[0] != STR:
+        raise _Unhandled  # 'yes', '1', 'null', a date ... are not string keys
     if raw is None or raw.startswith("#"):  # nothing but perhaps a comment
         return (indent, False, key, _NONE, None)
     return (indent, False, key, *_value(raw))

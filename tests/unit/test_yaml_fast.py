@@ -275,3 +275,20 @@ def _render(node: Any, indent: int, style: st.DataObject) -> list[str]:
 @given(st.dictionaries(_PLAIN_KEYS, _TREES, min_size=1, max_size=5), st.data())
 def test_rendered_trees_agree_with_libyaml(tree: dict[str, Any], data: st.DataObject) -> None:
     agree("\n".join(_render(tree, 0, data)) + "\n")
+
+
+_SCALAR_TEXT = st.one_of(
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=12),
+    st.from_regex(r"[-+]?[0-9_]{1,6}(\.[0-9_]{0,6})?([eE][-+]?[0-9]{1,3})?", fullmatch=True),
+    st.sampled_from(["0", "00", "07", "08", "0.5", "1.", ".5", "1e3", "True", "off", "Null"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_SCALAR_TEXT)
+def test_scalar_types_are_libyamls(text: str) -> None:
+    """The reader's shortcuts for strings and plain numbers type a scalar exactly as
+    libyaml's resolver and constructors do (or leave it to them)."""
+    assume(":" not in text and "#" not in text)
+    agree(f"key: {text}\n")
+    agree(f"key: [{text}]\n")
