@@ -274,6 +274,42 @@ def _scan_model(
     return tasks
 
 
+_Wire = tuple[Any, tuple[Problem, ...], tuple[str, bool, tuple[Problem, ...], str | None] | None]
+"""What a worker sends back for one task: plain data only (the data of the document,
+its problems, the pointer check as a tuple).  The task itself, the document's paths
+and the dataclasses would cost more to pickle than the YAML costs to parse."""
+
+_work: tuple[list[_Task], _Display] | None = None
+"""The tasks of this load, in a worker (inherited through fork, never pickled)."""
+
+
+def _start_worker(tasks: list[_Task], show: _Display) -> None:
+    global _work  # noqa: PLW0603 - a worker process's one piece of state
+    _work = (tasks, show)
+
+
+def _parse_span(start: int, stop: int) -> list[_Wire]:
+    """Parse tasks ``start:stop`` of this worker's load, for the wire."""
+    assert _work is not None  # noqa: S101 - set by the pool's initializer
+    tasks, show = _work
+    out: list[_Wire] = []
+    for task in tasks[start:stop]:
+        doc, problems, pointer = _parse(task, show)
+        sent = (
+            (pointer.artifact, pointer.exists, pointer.problems, pointer.md5) if pointer else None
+        )
+        out.append((doc.data if doc is not None else None, problems, sent))
+    return out
+
+
+def _from_wire(task: _Task, wire: _Wire, show: _Display) -> _Parsed:
+    data, problems, sent = wire
+    if problems:
+        return None, problems, None
+    doc = YamlDocument(task.file, data, None, source=task.path, root=show.root_path)
+    return doc, (), PointerCheck(*sent) if sent is not None else None
+
+
 def _parse_all(tasks: list[_Task], jobs: int | None, show: _Display) -> Iterator[_Parsed]:
     """Parsed documents in task order, yielded as soon as each chunk is ready.
 
@@ -285,8 +321,17 @@ def _parse_all(tasks: list[_Task], jobs: int | None, show: _Display) -> Iterator
         yield from (_parse(t, show) for t in tasks)
         return
     chunk = max(64, len(tasks) // (workers * 8))
-    with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
-        yield from pool.map(functools.partial(_parse, show=show), tasks, chunksize=chunk)
+    spans = [(i, min(i + chunk, len(tasks))) for i in range(0, len(tasks), chunk)]
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=get_context("fork"),
+        initializer=_start_worker,
+        initargs=(tasks, show),
+    ) as pool:
+        futures = [pool.submit(_parse_span, start, stop) for start, stop in spans]
+        for (start, _), future in zip(spans, futures, strict=True):
+            for i, wire in enumerate(future.result(), start):
+                yield _from_wire(tasks[i], wire, show)
 
 
 def _run(
