@@ -5,7 +5,7 @@ request in one run.  Large repositories are parsed on all cores (a process pool 
 fork, since parsing is CPU-bound and each file is independent).
 
 Stable API: ``Repository``, ``ModelEntry``, ``VersionEntry``, ``load_repository``,
-``no_gc`` (also for other bulk loads: the fleet's device reports).
+``version_key``, ``no_gc`` (also for other bulk loads: the fleet's device reports).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Repository:
 
     def sorted_versions(self, name: str) -> list[VersionEntry]:
         """Versions of ``name`` in SemVer order (oldest first)."""
-        return sorted(self.versions.get(name, {}).values(), key=lambda v: v.semver)
+        return sorted(self.versions.get(name, {}).values(), key=lambda v: version_key(v.version))
 
     def all_versions(self) -> Iterator[VersionEntry]:
         """Every version, by model name then SemVer order."""
@@ -110,6 +110,35 @@ def parse_version(version: str) -> semver.Version:
         ValueError: not a SemVer version.
     """
     return semver.Version.parse(version)
+
+
+PrecedenceKey = tuple[int, int, int, tuple[Any, ...]]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def version_key(version: str) -> PrecedenceKey:
+    """A sort key that orders versions as SemVer precedence does (``semver.Version``'s
+    comparison, build metadata ignored), as a plain tuple: comparing tuples costs a
+    fraction of comparing ``semver.Version`` objects, and large repositories sort a lot.
+
+    Raises:
+        ValueError: not a SemVer version.
+    """
+    parsed = parse_version(version)
+    pre = parsed.prerelease
+    # A release ranks above each of its pre-releases; pre-release identifiers compare
+    # one by one (numbers by value and below words, words as ASCII), then by count.
+    rest: tuple[Any, ...] = (1,) if not pre else (0, *map(_identifier_key, pre.split(".")))
+    return (parsed.major, parsed.minor, parsed.patch, rest)
+
+
+def _identifier_key(identifier: str) -> tuple[int, int, str]:
+    if not identifier.isdigit():
+        return (1, 0, identifier)
+    if not identifier.isascii():
+        identifier = str(int(identifier))
+    digits = identifier.lstrip("0") or "0"  # by value, without int() of any length
+    return (0, len(digits), digits)
 
 
 class _Display:
