@@ -132,14 +132,42 @@ def _parent(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
         yield _at(entry.doc, loc, f"parent {parent} must be older than {entry.version}")
 
 
-def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> Iterator[Problem]:
+Claim = tuple[str, str, str, YamlDocument | None, str, str, Loc]
+"""A version naming a file as its artifact or one of its files: (path, "<model> <version>",
+"the artifact" or "a file", the manifest or None, its display name, its path, the
+location).  Plain data, so that worker processes can send claims back."""
+
+
+def _claim(entry: VersionEntry, path: str, what: str, loc: Loc, keep_doc: bool) -> Claim:
+    doc = entry.doc if keep_doc else None
+    return (path, f"{entry.name} {entry.version}", what, doc, entry.file, str(entry.path), loc)
+
+
+def ownership_problems(claims: Iterable[Claim], root: Path) -> Iterator[Problem]:
+    """Each file claimed by more than one version: the first claimant (in the order
+    given: model by model, oldest version first) owns it; each other one is a problem.
+
+    Args:
+        claims: every claim of the repository, in ``Repository.all_versions`` order.
+        root: the repository root (a claim without its document is re-read for its
+            position; only a conflict needs one).
+    """
+    owners: dict[str, str] = {}
+    for path, label, what, doc, file, source, loc in claims:
+        other = owners.setdefault(path, label)
+        if other != label:
+            where = doc or YamlDocument(file, None, None, source=Path(source), root=root)
+            yield _at(where, loc, f"{path} is already {what} of {other}")
+
+
+def _artifact(
+    repo: Repository, entry: VersionEntry, claims: list[Claim], keep_doc: bool
+) -> Iterator[Problem]:
     path = entry.manifest.spec.artifact.path
     raw = entry.doc.data["spec"]["artifact"]
     # the short form `artifact: models/x.onnx` has no `path` key to point at
     loc: Loc = ("spec", "artifact", "path") if isinstance(raw, dict) else ("spec", "artifact")
-    other = owners.setdefault(path, f"{entry.name} {entry.version}")
-    if other != f"{entry.name} {entry.version}":
-        yield _at(entry.doc, loc, f"{path} is already the artifact of {other}")
+    claims.append(_claim(entry, path, "the artifact", loc, keep_doc))
     # Loading usually checked the pointer already (in parallel); else check it now.
     check = repo.pointers.get(path) or check_pointer(repo.show.root, repo.show.prefix, path)
     if not check.exists:
@@ -155,19 +183,17 @@ def _artifact(repo: Repository, entry: VersionEntry, owners: dict[str, str]) -> 
         yield _at(
             entry.doc, loc, f"{path} is a symbolic link; links in a repository are never followed"
         )
-    yield from _external_data(repo, entry, owners)
+    yield from _external_data(repo, entry, claims, keep_doc)
 
 
 def _external_data(
-    repo: Repository, entry: VersionEntry, owners: dict[str, str]
+    repo: Repository, entry: VersionEntry, claims: list[Claim], keep_doc: bool
 ) -> Iterator[Problem]:
-    """Each external data file: owned by this version alone, DVC-tracked, not a link."""
+    """Each external data file: DVC-tracked, not a link (and claimed: owned by one version)."""
     artifact = entry.manifest.spec.artifact
     for i, path in enumerate(artifact.files()[1:]):
         loc: Loc = ("spec", "artifact", "external_data", i)
-        other = owners.setdefault(path, f"{entry.name} {entry.version}")
-        if other != f"{entry.name} {entry.version}":
-            yield _at(entry.doc, loc, f"{path} is already a file of {other}")
+        claims.append(_claim(entry, path, "a file", loc, keep_doc))
         check = check_pointer(repo.show.root, repo.show.prefix, path)
         if not check.exists:
             yield _at(
@@ -373,8 +399,22 @@ def check_repository(repo: Repository) -> list[Problem]:
     Returns:
         The problems, in no particular order (``ManifestError`` sorts them).
     """
+    problems, claims = check_models(repo, keep_docs=True)
+    problems.extend(ownership_problems(claims, repo.root))
+    return problems
+
+
+def check_models(repo: Repository, *, keep_docs: bool = False) -> tuple[list[Problem], list[Claim]]:
+    """``check_repository`` but for which file belongs to which version: the problems
+    and the claims (for ``ownership_problems``), for a repository loaded whole or for
+    some of its models (each model's checks need only that model's files).
+
+    Args:
+        repo: a loaded repository, or some models of one.
+        keep_docs: put each claiming document in its claim (else: its path).
+    """
     problems: list[Problem] = []
-    owners: dict[str, str] = {}
+    claims: list[Claim] = []
     for model in repo.models.values():
         problems.extend(_model(repo, model))
     for name in repo.versions:
@@ -382,7 +422,7 @@ def check_repository(repo: Repository) -> list[Problem]:
     for entry in repo.all_versions():
         problems.extend(_identity(repo, entry))
         problems.extend(_parent(repo, entry))
-        problems.extend(_artifact(repo, entry, owners))
+        problems.extend(_artifact(repo, entry, claims, keep_docs))
         problems.extend(_files_exist(repo, entry))
         owner = repo.models.get(entry.name)
         signature = entry.manifest.spec.signature
@@ -391,7 +431,7 @@ def check_repository(repo: Repository) -> list[Problem]:
             problems.extend(target_problems(owner, entry))
             signature = signature or owner.manifest.spec.signature
         problems.extend(_golden_names(entry, signature))
-    return problems
+    return problems, claims
 
 
 def _depends_on(repo: Repository, selected: list[Path]) -> set[Path]:

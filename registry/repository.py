@@ -16,12 +16,12 @@ import gc
 import os
 import re
 import stat
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, TypeVar
 
 import semver
 import yaml
@@ -171,16 +171,16 @@ def display_path(path: Path) -> str:
         return path.as_posix()
 
 
-@dataclass(frozen=True, slots=True)
-class _Task:
+# Named tuples, not frozen dataclasses: a load makes one of each per file, and a frozen
+# dataclass's __init__ (a setattr per field) costs more than the tuple's construction.
+class _Task(NamedTuple):
     path: Path
     file: str
     kind: str | None
     model_dir: str
 
 
-@dataclass(frozen=True, slots=True)
-class _Result:
+class _Result(NamedTuple):
     task: _Task
     doc: YamlDocument | None
     manifest: RegisteredModel | ModelVersion | None
@@ -240,17 +240,28 @@ def _linked(path: str, show: _Display) -> Problem:
 def _scan(
     manifests: Path, show: _Display, problems: list[Problem], only: Collection[str] | None = None
 ) -> list[_Task]:
-    tasks: list[_Task] = []
+    return [
+        task
+        for name in _model_folders(manifests, show, problems, only)
+        for task in _scan_model(os.path.join(manifests, name), name, show, problems)
+    ]
+
+
+def _model_folders(
+    manifests: Path, show: _Display, problems: list[Problem], only: Collection[str] | None = None
+) -> Iterator[str]:
+    """The model folders of ``manifests`` in name order, each as it is met (so that
+    problems found below it come after those found before it)."""
     try:
         check_folder(manifests, root=Path(show.root))
     except UnsafeFileError as e:
         problems.append(Problem(display_path(manifests), e.reason))
-        return tasks
+        return
     except OSError:
         problems.append(
             Problem(display_path(manifests), "manifests folder is missing or not a folder")
         )
-        return tasks
+        return
     for model_dir in sorted(os.scandir(manifests), key=lambda e: e.name):
         if only is not None and model_dir.name not in only:
             continue
@@ -268,16 +279,12 @@ def _scan(
                     )
                 )
         elif not model_dir.name.startswith("."):
-            tasks.extend(_scan_model(model_dir, show, problems))
-    return tasks
+            yield model_dir.name
 
 
-def _scan_model(
-    model_dir: os.DirEntry[str], show: _Display, problems: list[Problem]
-) -> list[_Task]:
-    base = model_dir.path
+def _scan_model(base: str, name: str, show: _Display, problems: list[Problem]) -> list[_Task]:
     model_file = os.path.join(base, MODEL_FILE)
-    tasks = [_Task(Path(model_file), show(model_file), "RegisteredModel", model_dir.name)]
+    tasks = [_Task(Path(model_file), show(model_file), "RegisteredModel", name)]
     for entry in os.scandir(base):
         if entry.name in (MODEL_FILE, VERSIONS_DIR) or not entry.name.endswith((".yaml", ".yml")):
             continue
@@ -299,7 +306,7 @@ def _scan_model(
             problems.append(Problem(show(entry.path), "version files end in .yaml, not .yml"))
         elif entry.name.endswith(".yaml"):
             # A linked version file is a task too: read_yaml refuses it, with its name.
-            tasks.append(_Task(Path(entry.path), show(entry.path), "ModelVersion", model_dir.name))
+            tasks.append(_Task(Path(entry.path), show(entry.path), "ModelVersion", name))
     return tasks
 
 
@@ -554,17 +561,75 @@ def load_repository(
         RepositoryError: no ``modelreg.yaml`` at or above ``start``.
         ManifestError: ``modelreg.yaml`` itself is invalid.
     """
+    found = outline(start, models=models, files=True)
+    assert found.tasks is not None  # noqa: S101 - files=True
+    repo = found.empty()
+    repo.problems.extend(found.problems)
+    use_cache = cache and not in_untrusted_checkout()
+    _load(repo, found.tasks, jobs=jobs, cache=use_cache, prune=models is None)
+    return repo
+
+
+@dataclass(frozen=True)
+class Outline:
+    """A repository found but not yet read: its root, configuration and model folders."""
+
+    root: Path
+    config: RepoConfig
+    show: _Display
+    models: list[str]
+    """Model folders, in name order."""
+    problems: list[Problem]
+    """What the scan found wrong (links, files out of place)."""
+    tasks: list[_Task] | None = None
+    """The manifest files, when the model folders were scanned too."""
+
+    def empty(self) -> Repository:
+        """A repository of this root and configuration with nothing loaded."""
+        repo = Repository(root=self.root, config=self.config)
+        repo.show = self.show
+        return repo
+
+    def version_files(self) -> dict[str, Path]:
+        """Display name -> path of every version file (model folders scanned only)."""
+        return {t.file: t.path for t in self.tasks or () if t.kind == "ModelVersion"}
+
+
+def outline(start: Path, *, models: Collection[str] | None = None, files: bool = False) -> Outline:
+    """Find the repository containing ``start`` and list its model folders.
+
+    Args:
+        start: the repository root or any folder inside it.
+        models: only these model folders.
+        files: scan the model folders too (``Outline.tasks``); else their problems
+            are found by whoever scans them.
+
+    Raises:
+        RepositoryError: no ``modelreg.yaml`` at or above ``start``.
+        ManifestError: ``modelreg.yaml`` itself is invalid.
+    """
     root = find_root(start)
     config = load_config(root, display_path(root / CONFIG_FILE))
-    repo = Repository(root=root, config=config)
-    repo.show = _Display(root)
-    tasks = _scan(root / config.manifests, repo.show, repo.problems, models)
-    use_cache = cache and not in_untrusted_checkout()
+    show = _Display(root)
+    problems: list[Problem] = []
+    manifests = root / config.manifests
+    names = []
+    tasks: list[_Task] | None = [] if files else None
+    for name in _model_folders(manifests, show, problems, models):
+        names.append(name)
+        if tasks is not None:
+            tasks.extend(_scan_model(os.path.join(manifests, name), name, show, problems))
+    return Outline(root, config, show, names, problems, tasks)
+
+
+def _load(
+    repo: Repository, tasks: list[_Task], *, jobs: int | None, cache: bool, prune: bool
+) -> None:
     with no_gc(), reusing_folders():
         # Decoding the cache builds as many objects as parsing did: no collections.
-        parse_cache = ParseCache(root, cache_key()) if use_cache else None
+        parse_cache = ParseCache(repo.root, cache_key()) if cache else None
         results = _run(tasks, jobs, parse_cache, repo.show)
-    if parse_cache is not None and models is None:  # a partial load would prune the rest
+    if parse_cache is not None and prune:  # a partial load would prune the rest
         parse_cache.save()
     for loaded in results:
         result = _named_by_version(loaded)
@@ -606,4 +671,104 @@ def load_repository(
             repo.versions.setdefault(task.model_dir, {})[version] = VersionEntry(
                 task.model_dir, version, task.file, task.path, result.doc, manifest
             )
-    return repo
+
+
+T = TypeVar("T")
+
+_groups: tuple[Outline, Callable[[Repository], Any]] | None = None
+"""A worker's outline and work (inherited through fork, never pickled)."""
+
+
+def _start_group_worker(found: Outline, work: Callable[[Repository], Any]) -> None:
+    global _groups  # noqa: PLW0603 - a worker process's one piece of state
+    _groups = (found, work)
+    # A worker lives for one load and frees nothing: the cyclic collector would only
+    # walk (and so copy, page by page) the memory it shares with its parent.
+    gc.disable()
+
+
+def _run_group(start: int, stop: int) -> Any:
+    assert _groups is not None  # noqa: S101 - set by the pool's initializer
+    found, work = _groups
+    repo = found.empty()
+    if found.tasks is not None:
+        tasks = found.tasks[start:stop]
+    else:
+        manifests = found.root / found.config.manifests
+        tasks = [
+            task
+            for name in found.models[start:stop]
+            for task in _scan_model(os.path.join(manifests, name), name, found.show, repo.problems)
+        ]
+    _load(repo, tasks, jobs=1, cache=False, prune=False)
+    return work(repo)
+
+
+def _files_per_model(found: Outline) -> list[int]:
+    """How many manifests each model folder holds (a listing each, nothing parsed)."""
+    if found.tasks is not None:
+        counts = dict.fromkeys(found.models, 0)
+        for task in found.tasks:
+            counts[task.model_dir] += 1
+        return list(counts.values())
+    manifests = os.path.join(found.root, found.config.manifests)
+    sizes = []
+    for name in found.models:
+        try:
+            folder = os.path.join(manifests, name, VERSIONS_DIR)
+            sizes.append(1 + len(os.listdir(folder)))  # noqa: PTH208 - names only, 1,000s
+        except OSError:
+            sizes.append(1)  # no versions folder (or not one): the scan reports it
+    return sizes
+
+
+def map_models(
+    found: Outline, work: Callable[[Repository], T], *, jobs: int | None = None
+) -> list[T] | None:
+    """``work`` on the repository one group of whole models at a time, in worker
+    processes: each scans and loads its models' files (without the parse cache) and
+    runs ``work`` on them, and only what ``work`` returns comes back.
+
+    For what needs every file read but only a summary back (``validate``, ``status``
+    of a repository checked out cold): loading and checking in the workers costs a
+    fraction of sending loaded manifests between processes, and leaves this process
+    nothing to do but wait.
+
+    Args:
+        found: the repository's outline; its own problems are the caller's to report
+            (those found scanning a model folder are in that group's ``repo.problems``).
+        work: what to do with each group's repository (its models' files only, so
+            nothing that needs another model); its result must pickle.
+        jobs: worker processes (default: one per core).
+
+    Returns:
+        ``work``'s results, one per group, in model order; None when workers would not
+        pay (one job, or fewer files than ``_PARALLEL_FROM``): load the whole
+        repository instead.
+    """
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    if workers <= 1 or not found.models:
+        return None
+    sizes = _files_per_model(found)
+    total = sum(sizes)
+    if total < _PARALLEL_FROM:
+        return None
+    # Groups of whole models, about the same number of files each, several per worker
+    # so that an uneven group does not leave a worker idle at the end.
+    target = max(1, total // (workers * 4))
+    spans: list[tuple[int, int]] = []
+    start = files = offset = 0
+    for i, size in enumerate(sizes):
+        files += size
+        if files >= target or i == len(sizes) - 1:
+            end = offset + files if found.tasks is not None else i + 1
+            spans.append((offset if found.tasks is not None else start, end))
+            offset, start, files = offset + files, i + 1, 0
+    with ProcessPoolExecutor(
+        workers,
+        mp_context=get_context("fork"),
+        initializer=_start_group_worker,
+        initargs=(found, work),
+    ) as pool:
+        futures = [pool.submit(_run_group, a, b) for a, b in spans]
+        return [f.result() for f in futures]

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from registry import result_cache
 from registry.cache import in_untrusted_checkout
 from registry.errors import Problem
 from registry.root import find_root
+
+if TYPE_CHECKING:
+    from registry.checks import Claim
+    from registry.repository import Repository
 
 # Only what finding a stored result needs is imported up front: the loader and the
 # checks (pydantic, the schema: half of a hit's time) come in on a miss.
@@ -85,16 +89,57 @@ def validate_repository(start: Path, *, jobs: int | None = None, cache: bool = T
     from registry.checks import validate_paths
     from registry.repository import load_repository
 
-    repo = load_repository(root, jobs=jobs, cache=cache)
-    result = Validation(
-        validate_paths(repo),
+    result = None
+    if not cache or in_untrusted_checkout():
+        result = _in_workers(root, jobs)  # every file is read: read and check in parallel
+    if result is None:
+        repo = load_repository(root, jobs=jobs, cache=cache)
+        result = _counted(repo, validate_paths(repo))
+    if key is not None:
+        result_cache.store(root, _COMMAND, key, result.to_json())
+    return result
+
+
+def _counted(repo: Repository, problems: list[Problem]) -> Validation:
+    return Validation(
+        problems,
         models=len(repo.models),
         versions=sum(len(v) for v in repo.versions.values()),
         files=len(repo.files),
     )
-    if key is not None:
-        result_cache.store(root, _COMMAND, key, result.to_json())
-    return result
+
+
+def _check_group(repo: Repository) -> tuple[Validation, list[Claim]]:
+    from registry.checks import check_models
+
+    problems, claims = check_models(repo)
+    return _counted(repo, [*repo.problems, *problems]), claims
+
+
+def _in_workers(root: Path, jobs: int | None) -> Validation | None:
+    """The validation of a repository loaded and checked by groups of models in worker
+    processes (``registry.repository.map_models``); None where workers would not pay."""
+    from registry.checks import ownership_problems
+    from registry.repository import map_models, outline
+
+    found = outline(root)
+    groups = map_models(found, _check_group, jobs=jobs)
+    if groups is None:
+        return None
+    problems = list(found.problems)
+    claims: list[Claim] = []
+    for part, claimed in groups:
+        problems.extend(part.problems)
+        claims.extend(claimed)
+    # Which version owns a file is the one check across models: claims come back in
+    # model order, as one process would have made them.
+    problems.extend(ownership_problems(claims, found.root))
+    return Validation(
+        problems,
+        models=sum(part.models for part, _ in groups),
+        versions=sum(part.versions for part, _ in groups),
+        files=sum(part.files for part, _ in groups),
+    )
 
 
 __all__ = ["Validation", "validate_repository"]

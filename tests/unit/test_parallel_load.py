@@ -18,7 +18,8 @@ import pytest
 from benchmarks._scale_repos import write_modelreg_tree
 from registry import repository
 from registry.checks import validate_paths
-from registry.repository import load_repository
+from registry.repository import load_repository, map_models, outline
+from registry.validation import validate_repository
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,19 @@ def big_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.rmtree(manifests / "m0130" / "versions" / "1.5.0.yaml", ignore_errors=True)
     (manifests / "m0130" / "versions" / "1.5.0.yaml").write_bytes(b"\xff\xfe")
     (manifests / "m0141" / "model.yaml").unlink()
+    # Two versions naming one file, across models (so across groups of the pool) and
+    # within a model where the newer version comes first in the file listing.
+    _point(manifests / "m0145" / "versions" / "1.1.0.yaml", "models/m0002/1.0.0.onnx")
+    _point(manifests / "m0020" / "versions" / "1.2.0.yaml", "models/m0020/1.5.0.onnx")
+    (manifests / "stray.yaml").write_text("kind: nothing\n")
+    (manifests / "m0033" / "notes.yaml").write_text("x: 1\n")
     return root
+
+
+def _point(version_file: Path, artifact: str) -> None:
+    text = version_file.read_text()
+    old = text.split("    path: ", 1)[1].split("\n", 1)[0]
+    version_file.write_text(text.replace(f"    path: {old}", f"    path: {artifact}"))
 
 
 def _picture(root: Path, jobs: int) -> dict[str, Any]:
@@ -71,6 +84,16 @@ def test_a_pooled_load_equals_a_single_process_load(big_repo: Path) -> None:
         "m0120/versions/1.4.0.yaml: is a symbolic link",
         "m0130/versions/1.5.0.yaml:1:1: not UTF-8",
         "m0141/model.yaml: model folder 'm0141' has versions but no model.yaml",
+        (
+            "m0145/versions/1.1.0.yaml:10:11: spec.artifact.path: models/m0002/1.0.0.onnx is "
+            "already the artifact of m0002 1.0.0"
+        ),
+        (
+            "m0020/versions/1.5.0.yaml:10:11: spec.artifact.path: models/m0020/1.5.0.onnx is "
+            "already the artifact of m0020 1.2.0"
+        ),
+        "manifests/stray.yaml: unexpected manifest location",
+        "m0033/notes.yaml: unexpected file",
     ):
         assert expected in problems, expected
     assert len(pooled["versions"]) == sum(1 for _ in big_repo.rglob("versions/*.yaml")) - 4
@@ -90,3 +113,32 @@ def test_the_pool_runs_in_other_processes(big_repo: Path, monkeypatch: pytest.Mo
     assert os.getpid() not in parsed_here
     load_repository(big_repo, jobs=1, cache=False)
     assert os.getpid() in parsed_here
+
+
+def test_validate_by_groups_of_models_equals_validate_of_the_whole(big_repo: Path) -> None:
+    """``validate`` without the parse cache loads and checks groups of models in
+    workers: the same problems, counts and order as one process checking the whole."""
+    grouped = validate_repository(big_repo, jobs=2, cache=False)
+    whole = load_repository(big_repo, jobs=1, cache=False)
+    assert sorted(map(str, grouped.problems)) == sorted(map(str, validate_paths(whole)))
+    assert (grouped.models, grouped.versions, grouped.files) == (
+        len(whole.models),
+        sum(len(v) for v in whole.versions.values()),
+        len(whole.files),
+    )
+    # ... and it did run in groups (not the whole-repository fallback).
+    found = outline(big_repo)
+    groups = map_models(found, lambda repo: (os.getpid(), sorted(repo.models)), jobs=2)
+    assert groups is not None
+    assert len(groups) >= 8
+    assert os.getpid() not in {pid for pid, _ in groups}
+    names = [name for _, models in groups for name in models]
+    assert names == sorted(whole.models)
+    assert len(set(names)) == len(names)
+
+
+def test_small_repositories_and_one_job_are_not_grouped(big_repo: Path, tmp_path: Path) -> None:
+    assert map_models(outline(big_repo), len, jobs=1) is None
+    small = tmp_path / "small"
+    write_modelreg_tree(small, 3, 2)
+    assert map_models(outline(small), len, jobs=2) is None
