@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from registry.errors import ToolError
 
@@ -83,25 +84,90 @@ def last_commits(root: Path, wanted: Iterable[str], under: str) -> dict[str, Com
     found: dict[str, Commit] = {}
     if not remaining or toplevel(root) is None:
         return found
-    argv = [
-        "git",
-        "-C",
-        str(root),
-        "log",
-        "--format=%x00%H %cI",
-        "--name-only",
-        "--no-renames",
-        "--",
-        under,
-    ]
+    argv = ["git", "-C", str(root), *_LOG_ARGS, "--", under]
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     except FileNotFoundError:
         raise ToolError("git is not installed or not on PATH", argv) from None
+    return _read_log(proc, remaining)
+
+
+class StatusQuery:
+    """What ``status`` asks git of the files under ``under``: the last commit of each file
+    in HEAD, and the uncommitted paths.  The git processes start at once and are read
+    when asked, so that they run while the caller loads the manifests.
+
+    Use as a context manager: leaving it stops whatever git has not finished.
+    """
+
+    def __init__(self, top: Path, under: str) -> None:
+        self._procs: list[subprocess.Popen[str]] = []
+        # The files in HEAD are the ones the history names: reading the log can stop
+        # once each has been seen (a file never committed would never be).
+        self._tree = self._spawn(top, "ls-tree", "-r", "--name-only", "HEAD", "--", under)
+        self._log = self._spawn(top, *_LOG_ARGS, "--", under)
+        self._status = self._spawn(top, *_STATUS_ARGS, "--", under)
+
+    def _spawn(self, top: Path, *args: str) -> subprocess.Popen[str]:
+        argv = ["git", "-C", str(top), *args]
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            )
+        except FileNotFoundError:
+            self.close()
+            raise ToolError("git is not installed or not on PATH", argv) from None
+        self._procs.append(proc)
+        return proc
+
+    def commits(self) -> dict[str, Commit]:
+        """Path (top-level relative) -> its last commit, for every file in HEAD."""
+        out, _ = self._tree.communicate()
+        wanted = set(out.splitlines()) if self._tree.returncode == 0 else set()
+        return _read_log(self._log, wanted)
+
+    def dirty(self) -> set[str]:
+        """Paths that differ from HEAD or are untracked (top-level relative)."""
+        out, _ = self._status.communicate()
+        return _porcelain_paths(out) if self._status.returncode == 0 else set()
+
+    def close(self) -> None:
+        """Stop and reap the git processes."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            proc.wait()
+
+    def __enter__(self) -> StatusQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_LOG_ARGS: Final = ("log", "--format=%x00%H %cI", "--name-only", "--no-renames")
+# --no-optional-locks: a read never rewrites the index (git status refreshes it when
+# it can), so the index stays what a stored status result was keyed by.
+_STATUS_ARGS: Final = (
+    "--no-optional-locks",
+    "status",
+    "--porcelain=v1",
+    "-z",
+    "--untracked-files=all",
+)
+
+
+def _read_log(proc: subprocess.Popen[str], wanted: set[str]) -> dict[str, Commit]:
+    """The first (newest) commit ``git log --name-only`` names each of ``wanted`` in;
+    stops reading (and stops git) once all are found."""
+    remaining = set(wanted)
+    found: dict[str, Commit] = {}
     assert proc.stdout is not None  # noqa: S101 - stdout=PIPE
     current: Commit | None = None
     try:
-        for raw in proc.stdout:
+        for raw in proc.stdout if remaining else ():
             line = raw.rstrip("\n")
             if line.startswith("\x00"):
                 sha, _, date = line[1:].partition(" ")
@@ -118,24 +184,9 @@ def last_commits(root: Path, wanted: Iterable[str], under: str) -> dict[str, Com
     return found
 
 
-def dirty_paths(root: Path, under: str) -> set[str]:
-    """Paths under ``under`` that differ from HEAD or are untracked (top-level relative)."""
-    if toplevel(root) is None:
-        return set()
-    # --no-optional-locks: a read never rewrites the index (git status refreshes it when
-    # it can), so the index stays what a stored status result was keyed by.
-    proc = git(
-        root,
-        "--no-optional-locks",
-        "status",
-        "--porcelain=v1",
-        "-z",
-        "--untracked-files=all",
-        "--",
-        under,
-    )
+def _porcelain_paths(text: str) -> set[str]:
     out: set[str] = set()
-    entries = proc.stdout.split("\x00")
+    entries = text.split("\x00")
     i = 0
     while i < len(entries):
         entry = entries[i]
@@ -145,3 +196,11 @@ def dirty_paths(root: Path, under: str) -> set[str]:
                 i += 1  # the rename source follows
         i += 1
     return out
+
+
+def dirty_paths(root: Path, under: str) -> set[str]:
+    """Paths under ``under`` that differ from HEAD or are untracked (top-level relative)."""
+    if toplevel(root) is None:
+        return set()
+    proc = git(root, *_STATUS_ARGS, "--", under)
+    return _porcelain_paths(proc.stdout)

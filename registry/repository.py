@@ -96,6 +96,10 @@ class Repository:
         """Versions of ``name`` in SemVer order (oldest first)."""
         return sorted(self.versions.get(name, {}).values(), key=lambda v: version_key(v.version))
 
+    def version_files(self) -> dict[str, Path]:
+        """Display name -> path of every version that loaded."""
+        return {e.file: e.path for e in self.all_versions()}
+
     def all_versions(self) -> Iterator[VersionEntry]:
         """Every version, by model name then SemVer order."""
         for name in sorted(self.versions):
@@ -701,7 +705,13 @@ def _run_group(start: int, stop: int) -> Any:
             for task in _scan_model(os.path.join(manifests, name), name, found.show, repo.problems)
         ]
     _load(repo, tasks, jobs=1, cache=False, prune=False)
+    # Kept until the worker exits (os._exit: nothing is freed one object at a time);
+    # freeing a loaded group costs as much as checking it.
+    _kept.append(repo)
     return work(repo)
+
+
+_kept: list[Repository] = []
 
 
 def _files_per_model(found: Outline) -> list[int]:

@@ -106,6 +106,11 @@ def _yes_no(value: bool | None) -> str:
     return "-" if value is None else ("yes" if value else "no")
 
 
+RowFields = tuple[str, str, str | None, str, str, tuple[str, ...]]
+"""What a row needs from the manifests: model, version, parent, file, git-relative path,
+channels (plain data: worker processes send it back)."""
+
+
 def collect_status(
     repo: Repository, commits: Mapping[str, Commit], dirty: set[str], relative: Mapping[str, str]
 ) -> list[VersionStatus]:
@@ -117,7 +122,12 @@ def collect_status(
         dirty: git-relative paths with uncommitted changes.
         relative: display file name -> git-relative path.
     """
-    rows = []
+    return make_rows(row_fields(repo, relative), commits, dirty)
+
+
+def row_fields(repo: Repository, relative: Mapping[str, str]) -> list[RowFields]:
+    """The manifests' part of each row, in table order (see ``collect_status``)."""
+    out: list[RowFields] = []
     for entry in repo.all_versions():
         channels = []
         model = repo.models.get(entry.name)
@@ -128,17 +138,36 @@ def collect_status(
                     share = f" ({rollout.percent:g}%)" if rollout is not None else ""
                     channels.append(channel + share)
         rel = relative.get(entry.file, entry.file)
+        out.append(
+            (
+                entry.name,
+                entry.version,
+                entry.manifest.spec.parent,
+                entry.file,
+                rel,
+                tuple(channels),
+            )
+        )
+    return out
+
+
+def make_rows(
+    found: Sequence[RowFields], commits: Mapping[str, Commit], dirty: set[str]
+) -> list[VersionStatus]:
+    """Rows from their manifests' part (``row_fields``) and git's."""
+    rows = []
+    for model, version, parent, file, rel, channels in found:
         commit = commits.get(rel)
         rows.append(
             VersionStatus(
-                model=entry.name,
-                version=entry.version,
-                parent=entry.manifest.spec.parent,
-                file=entry.file,
+                model=model,
+                version=version,
+                parent=parent,
+                file=file,
                 commit=commit.sha if commit else None,
                 committed_at=commit.date if commit else None,
                 dirty=rel in dirty,
-                channels=tuple(channels),
+                channels=channels,
             )
         )
     return rows

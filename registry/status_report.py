@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from registry import result_cache
 from registry.cache import in_untrusted_checkout
 from registry.errors import Problem
-from registry.gitinfo import dirty_paths, last_commits, toplevel
+from registry.gitinfo import StatusQuery, toplevel
 from registry.root import find_root
 from registry.status import VersionStatus
+
+if TYPE_CHECKING:
+    from registry.repository import Repository
+    from registry.status import RowFields
 
 _COMMAND: Final = "status"
 
@@ -40,31 +45,68 @@ def repository_status(
         ToolError: git is missing.
     """
     # The loader comes in here, not up front: a stored result needs none of it.
-    from registry.repository import load_repository
-    from registry.status import collect_status
+    from registry.config import load_config
+    from registry.repository import display_path, load_repository, map_models, outline
+    from registry.root import CONFIG_FILE
+    from registry.status import make_rows, row_fields
 
-    repo = load_repository(start, jobs=jobs, cache=cache)
-    top = toplevel(repo.root)
+    grouped = not cache or in_untrusted_checkout()  # every file is read: read in parallel
+    found = outline(start, files=False) if grouped else None
+    root = found.root if found is not None else find_root(start)
+    config = found.config if found else load_config(root, display_path(root / CONFIG_FILE))
+    top = toplevel(root)
     # Manifest paths come from scanning the resolved root, so the git-relative name is
     # a string operation (resolving 10,000 paths one by one costs most of a second).
-    base = str((top if top is not None else repo.root).resolve()) + os.sep
-    relative: dict[str, str] = {}
-    for entry in repo.all_versions():
-        path = str(entry.path)
-        if path.startswith(base):
-            relative[entry.file] = path[len(base) :].replace(os.sep, "/")
+    base = str((top if top is not None else root).resolve()) + os.sep
+
+    def fields(repo: Repository) -> list[RowFields]:
+        return row_fields(repo, _relative(repo, base))
+
+    def group(repo: Repository) -> tuple[list[RowFields], list[Problem], list[str]]:
+        return fields(repo), repo.problems, list(repo.models)
+
+    # git answers while the manifests load (git runs at its top level: the pathspec is
+    # relative to it, the repository may be a folder inside a larger work tree).
+    with _git_query(root, top, config.manifests) as git:
+        groups = map_models(found, group, jobs=jobs) if found is not None else None
+        if groups is not None and found is not None:
+            problems = list(found.problems)
+            table: list[RowFields] = []
+            names: list[str] = []
+            for part, problem, models in groups:
+                table.extend(part)
+                problems.extend(problem)
+                names.extend(models)
         else:
-            relative[entry.file] = entry.path.resolve().relative_to(base).as_posix()
-    under = (repo.root / repo.config.manifests).resolve()
-    under_rel = under.relative_to(top.resolve()).as_posix() if top is not None else "."
-    # git runs at its top level: the pathspec is relative to it (the repository may be a
-    # folder inside a larger git work tree).
-    commits = last_commits(top, relative.values(), under_rel) if top is not None else {}
-    dirty = dirty_paths(top, under_rel) if top is not None else set()
-    rows = collect_status(repo, commits, dirty, relative)
+            repo = load_repository(start, jobs=jobs, cache=cache)
+            table, problems, names = fields(repo), repo.problems, list(repo.models)
+        commits, dirty = (git.commits(), git.dirty()) if git is not None else ({}, set())
+    rows = make_rows(table, commits, dirty)
     if model is not None:
         rows = [r for r in rows if r.model == model]
-    return StatusReport(repo.root, rows, repo.problems, tuple(repo.models))
+    return StatusReport(root, rows, problems, tuple(names))
+
+
+@contextlib.contextmanager
+def _git_query(root: Path, top: Path | None, manifests: str) -> Iterator[StatusQuery | None]:
+    if top is None:
+        yield None
+        return
+    under = (root / manifests).resolve().relative_to(top.resolve()).as_posix()
+    with StatusQuery(top, under) as query:
+        yield query
+
+
+def _relative(repo: Repository, base: str) -> dict[str, str]:
+    """Display name -> path relative to git's top level (``base``), of each version."""
+    relative: dict[str, str] = {}
+    for file, path in repo.version_files().items():
+        text = str(path)
+        if text.startswith(base):
+            relative[file] = text[len(base) :].replace(os.sep, "/")
+        else:
+            relative[file] = path.resolve().relative_to(base).as_posix()
+    return relative
 
 
 Fill = Callable[[Path, list[VersionStatus]], list[VersionStatus]]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,10 @@ import pytest
 from benchmarks._scale_repos import write_modelreg_tree
 from registry import repository
 from registry.checks import validate_paths
+from registry.gitinfo import dirty_paths, last_commits
 from registry.repository import Repository, load_repository, map_models, outline
+from registry.status import collect_status
+from registry.status_report import repository_status
 from registry.validation import validate_repository
 
 
@@ -146,3 +150,45 @@ def test_small_repositories_and_one_job_are_not_grouped(big_repo: Path, tmp_path
 
 def _model_count(repo: Repository) -> int:
     return len(repo.models)
+
+
+def test_status_by_groups_of_models_equals_status_of_the_whole(
+    big_repo: Path, tmp_path: Path
+) -> None:
+    """``status`` without the parse cache reads groups of models in workers while git
+    answers: the same rows (commits, uncommitted files, channels) and problems as the
+    rows built from one load and git asked file by file."""
+    repo_dir = tmp_path / "status"
+    shutil.copytree(big_repo, repo_dir, symlinks=True)
+    git = ["git", "-C", str(repo_dir), "-c", "user.name=t", "-c", "user.email=t@t.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "all", "--no-verify"], check=True)
+    edited = repo_dir / "manifests" / "m0007" / "versions" / "1.1.0.yaml"
+    edited.write_text(edited.read_text().replace("Retrained", "Re-trained"))
+    new = repo_dir / "manifests" / "m0008" / "versions" / "1.10.0.yaml"
+    new.write_text(
+        (repo_dir / "manifests" / "m0008" / "versions" / "1.9.0.yaml")
+        .read_text()
+        .replace("version: 1.9.0", "version: 1.10.0")
+        .replace("1.9.0.onnx", "1.8.0.onnx")
+    )
+
+    grouped = repository_status(repo_dir, jobs=2, cache=False)
+    whole = load_repository(repo_dir, jobs=1, cache=False)
+    relative = {e.file: e.path.relative_to(repo_dir).as_posix() for e in whole.all_versions()}
+    expected = collect_status(
+        whole,
+        last_commits(repo_dir, relative.values(), "manifests"),
+        dirty_paths(repo_dir, "manifests"),
+        relative,
+    )
+    assert grouped.rows == expected
+    assert sorted(map(str, grouped.problems)) == sorted(map(str, whole.problems))
+    assert grouped.models == tuple(whole.models)
+    by_file = {r.file.rsplit("manifests/", 1)[1]: r for r in grouped.rows}
+    assert by_file["m0007/versions/1.1.0.yaml"].dirty
+    assert by_file["m0007/versions/1.1.0.yaml"].commit is not None
+    assert by_file["m0008/versions/1.10.0.yaml"].commit is None
+    assert by_file["m0008/versions/1.10.0.yaml"].dirty
+    assert sum(r.commit is not None for r in grouped.rows) == len(grouped.rows) - 1
