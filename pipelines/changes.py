@@ -46,14 +46,14 @@ def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
     signature_changed = {
         name
         for name, model in repo.models.items()
-        if model.path.relative_to(root).as_posix() in changed
-        and _old_signature(root, base, model.path.relative_to(root).as_posix())
+        if repo.relative(model.path) in changed
+        and _old_signature(root, base, repo.relative(model.path))
         != model.doc.data["spec"].get("signature")
     }
     selected: set[tuple[str, str]] = set()
     for entry in repo.all_versions():
         spec = entry.manifest.spec
-        inputs = {entry.path.relative_to(root).as_posix()}
+        inputs = {repo.relative(entry.path)}
         inputs.update(f"{file}.dvc" for file in spec.artifact.files())
         for case in spec.goldens.cases if spec.goldens else []:
             inputs.update(v for v in (case.inputs, case.outputs) if isinstance(v, str))

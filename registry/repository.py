@@ -96,6 +96,17 @@ class Repository:
         """Versions of ``name`` in SemVer order (oldest first)."""
         return sorted(self.versions.get(name, {}).values(), key=lambda v: version_key(v.version))
 
+    def relative(self, path: Path) -> str:
+        """``path`` (below the root) relative to the root, in POSIX form.
+
+        A string operation for the paths a load made (under the root as scanned):
+        ``Path.relative_to`` per version costs more than a large repository's checks.
+        """
+        text, root = str(path), str(self.root)
+        if text.startswith(root + os.sep):
+            return text[len(root) + 1 :].replace(os.sep, "/")
+        return path.relative_to(self.root).as_posix()
+
     def version_files(self) -> dict[str, Path]:
         """Display name -> path of every version that loaded."""
         return {e.file: e.path for e in self.all_versions()}
@@ -156,13 +167,19 @@ class _Display:
         cwd = os.getcwd()
         self.root = str(root)
         self.root_path = root
-        rel = os.path.relpath(self.root, cwd) if self.root.startswith(cwd) else self.root
+        inside = self.root == cwd or self.root.startswith(cwd.rstrip(os.sep) + os.sep)
+        rel = os.path.relpath(self.root, cwd) if inside else self.root
         self.prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        # Run from a folder inside the repository: names below it are relative to it.
+        self.below = cwd + os.sep if not inside and cwd.startswith(self.root + os.sep) else None
         self.real_folders: dict[str, bool] = {}
         """Repository-relative folders seen in this load: real folders all the way?"""
 
     def __call__(self, path: str) -> str:
-        if path.startswith(self.root + os.sep):
+        if self.below is not None:
+            if path.startswith(self.below):
+                return path[len(self.below) :].replace(os.sep, "/")
+        elif path.startswith(self.root + os.sep):
             return self.prefix + path[len(self.root) + 1 :].replace(os.sep, "/")
         return display_path(Path(path))
 

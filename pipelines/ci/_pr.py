@@ -172,7 +172,7 @@ def _deprecations(
     promotions: list[_Promotion] = []
     for entry in repo.all_versions():
         rel = f"{base_config.manifests}/{entry.name}/versions/{entry.version}.yaml"
-        if rel not in paths and repo.display(entry.path) not in paths:
+        if rel not in paths and entry.file not in paths:
             continue
         data = show(repo.root, pr.base, rel)
         before = None
