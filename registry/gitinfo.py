@@ -109,7 +109,8 @@ class StatusQuery:
         self._status = self._spawn(top, *_STATUS_ARGS, "--", under)
 
     def _spawn(self, top: Path, *args: str) -> subprocess.Popen[str]:
-        argv = ["git", "-C", str(top), *args]
+        # --literal-pathspecs: the folder is a name, never pathspec magic (":(glob)...").
+        argv = ["git", "-C", str(top), "--literal-pathspecs", *args]
         try:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
@@ -147,6 +148,7 @@ class StatusQuery:
         self.close()
 
 
+_LOG_BLOCK: Final = 1 << 16
 _LOG_ARGS: Final = ("log", "--format=%x00%H %cI", "--name-only", "--no-renames")
 # --no-optional-locks: a read never rewrites the index (git status refreshes it when
 # it can), so the index stays what a stored status result was keyed by.
@@ -166,17 +168,24 @@ def _read_log(proc: subprocess.Popen[str], wanted: set[str]) -> dict[str, Commit
     found: dict[str, Commit] = {}
     assert proc.stdout is not None  # noqa: S101 - stdout=PIPE
     current: Commit | None = None
+    tail = ""
     try:
-        for raw in proc.stdout if remaining else ():
-            line = raw.rstrip("\n")
-            if line.startswith("\x00"):
-                sha, _, date = line[1:].partition(" ")
-                current = Commit(sha, date)
-            elif line and current is not None and line in remaining:
-                remaining.discard(line)
-                found[line] = current
-                if not remaining:
-                    break
+        # Read in blocks (a line at a time costs more than the lines' own work on a
+        # large repository) and stop at the block where the last wanted file appears.
+        while remaining and (block := proc.stdout.read(_LOG_BLOCK)):
+            lines = (tail + block).split("\n")
+            tail = lines.pop()  # a line cut by the block's end: the next block ends it
+            for line in lines:
+                if line.startswith("\x00"):
+                    sha, _, date = line[1:].partition(" ")
+                    current = Commit(sha, date)
+                elif current is not None and line in remaining:
+                    remaining.discard(line)
+                    found[line] = current
+                    if not remaining:
+                        break
+        if remaining and tail and current is not None and tail in remaining:
+            found[tail] = current  # the output's last line, without its newline
     finally:
         proc.kill()
         proc.stdout.close()

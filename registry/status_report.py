@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from registry import result_cache
 from registry.cache import in_untrusted_checkout
-from registry.errors import Problem
+from registry.errors import ManifestError, Problem
 from registry.gitinfo import StatusQuery, toplevel
-from registry.root import find_root
+from registry.root import CONFIG_FILE, find_root
 from registry.status import VersionStatus
+from registry.yamlsrc import read_yaml
 
 if TYPE_CHECKING:
     from registry.repository import Repository
@@ -44,30 +46,36 @@ def repository_status(
         ManifestError: ``modelreg.yaml`` is invalid.
         ToolError: git is missing.
     """
-    # The loader comes in here, not up front: a stored result needs none of it.
-    from registry.config import load_config
-    from registry.repository import display_path, load_repository, map_models, outline
-    from registry.root import CONFIG_FILE
-    from registry.status import make_rows, row_fields
-
-    grouped = not cache or in_untrusted_checkout()  # every file is read: read in parallel
-    found = outline(start, files=False) if grouped else None
-    root = found.root if found is not None else find_root(start)
-    config = found.config if found else load_config(root, display_path(root / CONFIG_FILE))
+    root = find_root(start)
     top = toplevel(root)
-    # Manifest paths come from scanning the resolved root, so the git-relative name is
-    # a string operation (resolving 10,000 paths one by one costs most of a second).
-    base = str((top if top is not None else root).resolve()) + os.sep
+    with contextlib.ExitStack() as stack:
+        # git answers while the manifests load: it starts on the folder modelreg.yaml
+        # names before the loader (and its schema) is even imported; the validated
+        # configuration decides whether that was the folder.
+        guess = _manifests_named(root)
+        git = stack.enter_context(_git_query(root, top, guess)) if guess else None
+        # The loader comes in here, not up front: a stored result needs none of it.
+        from registry.config import load_config
+        from registry.repository import display_path, load_repository, map_models, outline
+        from registry.status import make_rows, row_fields
 
-    def fields(repo: Repository) -> list[RowFields]:
-        return row_fields(repo, _relative(repo, base))
+        grouped = not cache or in_untrusted_checkout()  # every file is read: in parallel
+        found = outline(start, files=False) if grouped else None
+        config = found.config if found else load_config(root, display_path(root / CONFIG_FILE))
+        if guess != config.manifests:
+            if git is not None:
+                git.close()
+            git = stack.enter_context(_git_query(root, top, config.manifests))
+        # Manifest paths come from scanning the resolved root, so the git-relative name
+        # is a string operation (resolving 10,000 paths one by one costs most of a second).
+        base = str((top if top is not None else root).resolve()) + os.sep
 
-    def group(repo: Repository) -> tuple[list[RowFields], list[Problem], list[str]]:
-        return fields(repo), repo.problems, list(repo.models)
+        def fields(repo: Repository) -> list[RowFields]:
+            return row_fields(repo, _relative(repo, base))
 
-    # git answers while the manifests load (git runs at its top level: the pathspec is
-    # relative to it, the repository may be a folder inside a larger work tree).
-    with _git_query(root, top, config.manifests) as git:
+        def group(repo: Repository) -> tuple[list[RowFields], list[Problem], list[str]]:
+            return fields(repo), repo.problems, list(repo.models)
+
         groups = map_models(found, group, jobs=jobs) if found is not None else None
         if groups is not None and found is not None:
             problems = list(found.problems)
@@ -87,13 +95,36 @@ def repository_status(
     return StatusReport(root, rows, problems, tuple(names))
 
 
+_PLAIN_FOLDER: Final = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
+
+
+def _manifests_named(root: Path) -> str | None:
+    """The manifests folder ``modelreg.yaml`` names, read without the schema; None when
+    it does not plainly name one.  Only a head start for git: what is used is what the
+    validated configuration says."""
+    try:
+        data = read_yaml(root / CONFIG_FILE, CONFIG_FILE, root=root).data
+    except ManifestError:
+        return None  # loading the configuration reports it
+    named = data.get("manifests", "manifests") if isinstance(data, dict) else None
+    if not isinstance(named, str) or not _PLAIN_FOLDER.fullmatch(named):
+        return None
+    return None if {".", ".."} & set(named.split("/")) else named
+
+
 @contextlib.contextmanager
 def _git_query(root: Path, top: Path | None, manifests: str) -> Iterator[StatusQuery | None]:
-    if top is None:
+    """git's answers about ``manifests`` (None outside a git work tree, or for a folder
+    outside it); git runs at its top level, the pathspec relative to it (the repository
+    may be a folder inside a larger work tree)."""
+    try:
+        under = (root / manifests).resolve().relative_to(top.resolve()) if top else None
+    except (OSError, ValueError, RuntimeError):
+        under = None  # a linked folder that leads out: the scan refuses it
+    if top is None or under is None:
         yield None
         return
-    under = (root / manifests).resolve().relative_to(top.resolve()).as_posix()
-    with StatusQuery(top, under) as query:
+    with StatusQuery(top, under.as_posix()) as query:
         yield query
 
 

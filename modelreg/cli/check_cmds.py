@@ -198,9 +198,13 @@ def _with_release_state(root: Path, rows: list[VersionStatus]) -> list[VersionSt
     import dataclasses
 
     from registry.config import load_config
+
+    config = load_config(root)
+    if not (root / config.trust.metadata / "1.root.json").is_file():
+        return rows  # never released: nothing to fill, and no TUF to load (release_state)
     from signing.workspace import ReleaseState, release_state
 
-    state = release_state(root, load_config(root))
+    state = release_state(root, config)
     if state is None:
         return rows
     out = []

@@ -1,0 +1,136 @@
+"""What git says of manifest files (``registry.gitinfo``): last commits and uncommitted
+paths, read from a real git repository."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from registry.gitinfo import StatusQuery, dirty_paths, last_commits
+
+_ID = ("-c", "user.name=t", "-c", "user.email=t@t.invalid")
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *_ID, *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """Three commits under ``m/``: the second touches more names than one 64 KiB block
+    of ``git log`` output holds, the third one file again."""
+    root = tmp_path / "repo"
+    (root / "m").mkdir(parents=True)
+    _git(root, "init", "-q")
+    (root / "m" / "a.yaml").write_text("1\n")
+    (root / "outside.txt").write_text("x\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "first")
+    first = _git(root, "rev-parse", "HEAD")
+    many = root / "m" / ("long-folder-name-" * 4)
+    many.mkdir()
+    for i in range(1500):
+        (many / f"file-{i:05d}.yaml").write_text(f"{i}\n")
+    (root / "m" / "b.yaml").write_text("2\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "second")
+    second = _git(root, "rev-parse", "HEAD")
+    (root / "m" / "b.yaml").write_text("3\n")
+    _git(root, "commit", "-qam", "third")
+    third = _git(root, "rev-parse", "HEAD")
+    return root, {"first": first, "second": second, "third": third}
+
+
+def test_last_commits_read_across_blocks(history: tuple[Path, dict[str, str]]) -> None:
+    root, shas = history
+    names = [f"m/{'long-folder-name-' * 4}/file-{i:05d}.yaml" for i in (0, 777, 1499)]
+    found = last_commits(root, ["m/a.yaml", "m/b.yaml", *names, "m/never.yaml"], "m")
+    assert found["m/a.yaml"].sha == shas["first"]
+    assert found["m/b.yaml"].sha == shas["third"]
+    assert {found[n].sha for n in names} == {shas["second"]}
+    assert "m/never.yaml" not in found
+
+
+def test_a_status_query_answers_for_every_file_in_head(
+    history: tuple[Path, dict[str, str]],
+) -> None:
+    root, shas = history
+    (root / "m" / "a.yaml").write_text("edited\n")
+    (root / "m" / "new.yaml").write_text("new\n")
+    with StatusQuery(root, "m") as query:
+        commits, dirty = query.commits(), query.dirty()
+    assert len(commits) == 1502  # every file in HEAD under m/, none outside
+    assert commits["m/a.yaml"].sha == shas["first"]
+    assert commits["m/b.yaml"].sha == shas["third"]
+    assert "outside.txt" not in commits
+    assert dirty == {"m/a.yaml", "m/new.yaml"} == dirty_paths(root, "m")
+
+
+def test_a_status_query_without_commits_says_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "unborn"
+    (root / "m").mkdir(parents=True)
+    _git(root, "init", "-q")
+    (root / "m" / "a.yaml").write_text("1\n")
+    with StatusQuery(root, "m") as query:
+        assert query.commits() == {}
+        assert query.dirty() == {"m/a.yaml"}
+
+
+def test_status_asks_git_about_the_folder_the_validated_config_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git starts on the manifests folder read from modelreg.yaml without the schema; when
+    that read names another folder, the folder the validated configuration names is
+    asked instead."""
+    from benchmarks._scale_repos import write_modelreg_tree
+    from registry import status_report
+
+    root = tmp_path / "repo"
+    write_modelreg_tree(root, 2, 2)
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "all")
+    head = _git(root, "rev-parse", "HEAD")
+    asked: list[str] = []
+    original = status_report._git_query
+
+    def spy(root_: Path, top: Path | None, manifests: str) -> object:
+        asked.append(manifests)
+        return original(root_, top, manifests)
+
+    monkeypatch.setattr(status_report, "_git_query", spy)
+    monkeypatch.setattr(status_report, "_manifests_named", lambda _root: "models")
+    report = status_report.repository_status(root, cache=False)
+    assert asked == ["models", "manifests"]
+    assert [r.commit for r in report.rows] == [head] * 4
+    asked.clear()
+    monkeypatch.setattr(status_report, "_manifests_named", lambda _root: "manifests")
+    assert status_report.repository_status(root, cache=False).rows == report.rows
+    assert asked == ["manifests"]
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        ("", "manifests"),  # the default
+        ("manifests: defs/models\n", "defs/models"),
+        ("manifests: ../outside\n", None),
+        ("manifests: a/../b\n", None),
+        ("manifests: ':(glob)**'\n", None),
+        ("manifests: [a]\n", None),
+        ("manifests: {\n", None),  # not YAML: loading the configuration says so
+    ],
+)
+def test_the_manifests_folder_read_without_the_schema(
+    tmp_path: Path, line: str, named: str | None
+) -> None:
+    from registry.status_report import _manifests_named
+
+    (tmp_path / "modelreg.yaml").write_text(
+        "apiVersion: modelreg/v1\nkind: RegistryConfig\n" + line
+    )
+    assert _manifests_named(tmp_path) == named
