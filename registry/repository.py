@@ -367,6 +367,14 @@ def _from_wire(task: _Task, wire: _Wire, show: _Display) -> _Parsed:
     return doc, (), PointerCheck(*sent) if sent is not None else None
 
 
+def _fork_pool(workers: int, start: Callable[..., None], *state: Any) -> ProcessPoolExecutor:
+    """Worker processes forked from this one, each given ``state`` by ``start``: inherited
+    through fork, never pickled (a load's tasks, a group's work function)."""
+    return ProcessPoolExecutor(
+        workers, mp_context=get_context("fork"), initializer=start, initargs=state
+    )
+
+
 def _parse_all(tasks: list[_Task], jobs: int | None, show: _Display) -> Iterator[_Parsed]:
     """Parsed documents in task order, yielded as soon as each chunk is ready.
 
@@ -379,12 +387,7 @@ def _parse_all(tasks: list[_Task], jobs: int | None, show: _Display) -> Iterator
         return
     chunk = max(64, len(tasks) // (workers * 8))
     spans = [(i, min(i + chunk, len(tasks))) for i in range(0, len(tasks), chunk)]
-    with ProcessPoolExecutor(
-        workers,
-        mp_context=get_context("fork"),
-        initializer=_start_worker,
-        initargs=(tasks, show),
-    ) as pool:
+    with _fork_pool(workers, _start_worker, tasks, show) as pool:
         futures = [pool.submit(_parse_span, start, stop) for start, stop in spans]
         for (start, _), future in zip(spans, futures, strict=True):
             for i, wire in enumerate(future.result(), start):
@@ -791,11 +794,6 @@ def map_models(
             end = offset + files if found.tasks is not None else i + 1
             spans.append((offset if found.tasks is not None else start, end))
             offset, start, files = offset + files, i + 1, 0
-    with ProcessPoolExecutor(
-        workers,
-        mp_context=get_context("fork"),
-        initializer=_start_group_worker,
-        initargs=(found, work),
-    ) as pool:
+    with _fork_pool(workers, _start_group_worker, found, work) as pool:
         futures = [pool.submit(_run_group, a, b) for a, b in spans]
         return [f.result() for f in futures]
