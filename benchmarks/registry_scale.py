@@ -12,8 +12,9 @@ keyed by each file's stat) and the results of ``validate`` and ``status`` of an
 unchanged tree (``registry.result_cache``), so every modelreg command is timed two ways:
 
 * cold, with ``--no-cache``: every manifest is parsed, as in a fresh CI clone, which
-  has no cache.  ``modelreg validate --no-cache`` uses the default workers (one
-  parser process per core); ``--jobs 1`` parses in the main process.
+  has no cache.  ``modelreg validate --no-cache`` and ``status --no-cache`` use the
+  default workers (one process per core), each loading and checking whole models
+  (``registry.repository.map_models``); ``--jobs 1`` does it all in the main process.
 * warm: the caches are filled by an untimed ``modelreg validate`` first, as for a
   developer repeating commands.  Cold runs neither read nor write them.  Beside
   them, ``validate`` after one edit (in a clone of its own): the whole validation
