@@ -97,7 +97,10 @@ def _typed(text: str) -> tuple[str, Any]:
     elif _DECIMAL.fullmatch(text) is not None:
         hit = (_FLOAT_TAG, float(text))
     elif _INTEGER.fullmatch(text) is not None:
-        hit = (_INT_TAG, int(text))
+        try:
+            hit = (_INT_TAG, int(text))
+        except ValueError:  # over Python's digit limit: libyaml's path reports it
+            raise _Unhandled from None
     if hit is not None:
         if len(_plains) < _MEMO_SIZE:
             _plains[text] = hit

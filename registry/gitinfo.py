@@ -81,10 +81,12 @@ def last_commits(root: Path, wanted: Iterable[str], under: str) -> dict[str, Com
         ToolError: git is missing.
     """
     remaining = set(wanted)
-    found: dict[str, Commit] = {}
-    if not remaining or toplevel(root) is None:
-        return found
-    argv = ["git", "-C", str(root), *_LOG_ARGS, "--", under]
+    top = toplevel(root) if remaining else None
+    if top is None:
+        return {}
+    # At the top level: ``wanted`` and ``under`` are relative to it (``root`` may be a
+    # folder inside a larger work tree).
+    argv = ["git", "-C", str(top), "--literal-pathspecs", *_LOG_ARGS, "--", under]
     try:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     except FileNotFoundError:
@@ -115,16 +117,20 @@ class StatusQuery:
             proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
             )
-        except FileNotFoundError:
-            self.close()
-            raise ToolError("git is not installed or not on PATH", argv) from None
+        except OSError as e:
+            self.close()  # the ones already started
+            if isinstance(e, FileNotFoundError):
+                raise ToolError("git is not installed or not on PATH", argv) from None
+            raise ToolError(f"cannot run git: {e.strerror or e}", argv) from None
         self._procs.append(proc)
         return proc
 
     def commits(self) -> dict[str, Commit]:
         """Path (top-level relative) -> its last commit, for every file in HEAD."""
         out, _ = self._tree.communicate()
-        wanted = set(out.splitlines()) if self._tree.returncode == 0 else set()
+        # Split as the log is (on newlines only: with core.quotePath off, a name may hold
+        # other line breaks, which splitlines() would cut it at).
+        wanted = set(out.split("\n")) - {""} if self._tree.returncode == 0 else set()
         return _read_log(self._log, wanted)
 
     def dirty(self) -> set[str]:
@@ -209,7 +215,8 @@ def _porcelain_paths(text: str) -> set[str]:
 
 def dirty_paths(root: Path, under: str) -> set[str]:
     """Paths under ``under`` that differ from HEAD or are untracked (top-level relative)."""
-    if toplevel(root) is None:
+    top = toplevel(root)
+    if top is None:
         return set()
-    proc = git(root, *_STATUS_ARGS, "--", under)
+    proc = git(top, "--literal-pathspecs", *_STATUS_ARGS, "--", under)  # as last_commits
     return _porcelain_paths(proc.stdout)

@@ -157,7 +157,10 @@ def _identifier_key(identifier: str) -> tuple[int, int, str]:
 
 
 class _Display:
-    """Names paths for messages relative to the working directory, without pathlib.
+    """Names paths for messages relative to the working directory, without pathlib:
+    relative when the repository is at or below the working directory, else absolute
+    (also from a folder inside the repository: one name per file whichever of its
+    folders a command runs from, as the parse cache keys entries by name).
 
     Building a display name per file with pathlib costs more than parsing the file's
     YAML does in a 10,000-version repository, so this works on strings.
@@ -170,16 +173,11 @@ class _Display:
         inside = self.root == cwd or self.root.startswith(cwd.rstrip(os.sep) + os.sep)
         rel = os.path.relpath(self.root, cwd) if inside else self.root
         self.prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-        # Run from a folder inside the repository: names below it are relative to it.
-        self.below = cwd + os.sep if not inside and cwd.startswith(self.root + os.sep) else None
         self.real_folders: dict[str, bool] = {}
         """Repository-relative folders seen in this load: real folders all the way?"""
 
     def __call__(self, path: str) -> str:
-        if self.below is not None:
-            if path.startswith(self.below):
-                return path[len(self.below) :].replace(os.sep, "/")
-        elif path.startswith(self.root + os.sep):
+        if path.startswith(self.root + os.sep):
             return self.prefix + path[len(self.root) + 1 :].replace(os.sep, "/")
         return display_path(Path(path))
 
@@ -744,9 +742,13 @@ def _files_per_model(found: Outline) -> list[int]:
     manifests = os.path.join(found.root, found.config.manifests)
     sizes = []
     for name in found.models:
+        folder = os.path.join(manifests, name, VERSIONS_DIR)
+        if os.path.islink(folder):  # noqa: PTH114 - never listed through a link
+            sizes.append(1)  # (the scan refuses it)
+            continue
         try:
-            folder = os.path.join(manifests, name, VERSIONS_DIR)
-            sizes.append(1 + len(os.listdir(folder)))  # noqa: PTH208 - names only, 1,000s
+            with os.scandir(folder) as entries:
+                sizes.append(1 + sum(1 for _ in entries))
         except OSError:
             sizes.append(1)  # no versions folder (or not one): the scan reports it
     return sizes
@@ -781,8 +783,8 @@ def map_models(
         return None
     sizes = _files_per_model(found)
     total = sum(sizes)
-    if total < _PARALLEL_FROM:
-        return None
+    if total < _PARALLEL_FROM or max(sizes) * workers > total:
+        return None  # too small, or one model is more than a worker's share: a group each
     # Groups of whole models, about the same number of files each, several per worker
     # so that an uneven group does not leave a worker idle at the end.
     target = max(1, total // (workers * 4))

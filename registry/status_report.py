@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from registry import result_cache
 from registry.cache import in_untrusted_checkout
-from registry.errors import ManifestError, Problem
+from registry.errors import ManifestError, Problem, ToolError
 from registry.gitinfo import StatusQuery, toplevel
 from registry.root import CONFIG_FILE, find_root
 from registry.status import VersionStatus
@@ -53,7 +53,12 @@ def repository_status(
         # names before the loader (and its schema) is even imported; the validated
         # configuration decides whether that was the folder.
         guess = _manifests_named(root)
-        git = stack.enter_context(_git_query(root, top, guess)) if guess else None
+        git = None
+        if guess is not None:
+            with contextlib.suppress(ToolError):  # no head start: asked again below
+                git = stack.enter_context(_git_query(root, top, guess))
+            if git is None:
+                guess = None
         # The loader comes in here, not up front: a stored result needs none of it.
         from registry.config import load_config
         from registry.repository import display_path, load_repository, map_models, outline
@@ -92,10 +97,12 @@ def repository_status(
     rows = make_rows(table, commits, dirty)
     if model is not None:
         rows = [r for r in rows if r.model == model]
+    problems.sort(key=Problem.sort_key)  # one order, whichever way the files were read
     return StatusReport(root, rows, problems, tuple(names))
 
 
 _PLAIN_FOLDER: Final = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
+_GUESS_LIMIT: Final = 255  # a folder name as people write them; anything else waits
 
 
 def _manifests_named(root: Path) -> str | None:
@@ -107,7 +114,11 @@ def _manifests_named(root: Path) -> str | None:
     except ManifestError:
         return None  # loading the configuration reports it
     named = data.get("manifests", "manifests") if isinstance(data, dict) else None
-    if not isinstance(named, str) or not _PLAIN_FOLDER.fullmatch(named):
+    if (
+        not isinstance(named, str)
+        or len(named) > _GUESS_LIMIT
+        or not _PLAIN_FOLDER.fullmatch(named)
+    ):
         return None
     return None if {".", ".."} & set(named.split("/")) else named
 

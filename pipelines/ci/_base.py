@@ -276,7 +276,9 @@ def refuse_uncommitted(repo: Repository) -> None:
     dirty = sorted(
         path
         for path in (
-            p.removeprefix(prefix) for p in dirty_paths(repo.root, ".") if p.startswith(prefix)
+            p.removeprefix(prefix)
+            for p in dirty_paths(repo.root, prefix.rstrip("/") or ".")  # top-relative
+            if p.startswith(prefix)
         )
         if path in content or path.startswith(manifests)
     )

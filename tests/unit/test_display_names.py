@@ -1,5 +1,6 @@
 """Names of files in messages: the loader's string-based ``_Display`` says what
-``display_path`` (pathlib) says, wherever the command runs from."""
+``display_path`` (pathlib) says, except from a folder inside the repository, where every
+name is absolute (one name per file: the parse cache keys on it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from registry.repository import Repository, _Display, display_path
     [
         ("work", "work/repo"),  # the repository below the working directory
         ("work/repo", "work/repo"),  # at its root
-        ("work/repo/manifests", "work/repo"),  # inside it: absolute names
         ("work/re", "work/repo"),  # a sibling whose name is a prefix of the root's
         ("other", "work/repo"),
     ],
@@ -29,6 +29,20 @@ def test_display_names_match_pathlib(
     monkeypatch.chdir(tmp_path / cwd)
     file = tmp_path / root / "manifests" / "mlp" / "model.yaml"
     assert _Display(tmp_path / root)(str(file)) == display_path(file)
+
+
+def test_names_are_absolute_from_inside_the_repository(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "repo"
+    (root / "manifests" / "mlp").mkdir(parents=True)
+    show = _Display(root)
+    monkeypatch.chdir(root / "manifests")
+    inside = _Display(root)
+    file = root / "manifests" / "mlp" / "model.yaml"
+    assert inside(str(file)) == str(file)
+    assert inside.prefix == f"{root}/"
+    assert show(str(file)) == str(file)  # made elsewhere: tmp_path is not below the cwd
 
 
 def test_relative_names_are_posix_below_the_root(tmp_path: Path) -> None:

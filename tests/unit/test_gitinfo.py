@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from registry.errors import ToolError
 from registry.gitinfo import StatusQuery, dirty_paths, last_commits
 
 _ID = ("-c", "user.name=t", "-c", "user.email=t@t.invalid")
@@ -123,6 +124,7 @@ def test_status_asks_git_about_the_folder_the_validated_config_names(
         ("manifests: ':(glob)**'\n", None),
         ("manifests: [a]\n", None),
         ("manifests: {\n", None),  # not YAML: loading the configuration says so
+        (f"manifests: {'a' * 300}\n", None),  # longer than folder names are written
     ],
 )
 def test_the_manifests_folder_read_without_the_schema(
@@ -134,3 +136,60 @@ def test_the_manifests_folder_read_without_the_schema(
         "apiVersion: modelreg/v1\nkind: RegistryConfig\n" + line
     )
     assert _manifests_named(tmp_path) == named
+
+
+def test_a_repository_in_a_folder_of_a_larger_work_tree(tmp_path: Path) -> None:
+    """Paths are relative to git's top level, whatever folder the repository is in."""
+    top = tmp_path / "mono"
+    sub = top / "ml" / "registry"
+    (sub / "m").mkdir(parents=True)
+    _git(top, "init", "-q")
+    (sub / "m" / "a.yaml").write_text("1\n")
+    _git(top, "add", "-A")
+    _git(top, "commit", "-qm", "one")
+    head = _git(top, "rev-parse", "HEAD")
+    (sub / "m" / "b.yaml").write_text("new\n")
+    found = last_commits(sub, ["ml/registry/m/a.yaml"], "ml/registry/m")
+    assert found["ml/registry/m/a.yaml"].sha == head
+    assert dirty_paths(sub, "ml/registry/m") == {"ml/registry/m/b.yaml"}
+    with StatusQuery(top, "ml/registry/m") as query:
+        assert set(query.commits()) == {"ml/registry/m/a.yaml"}
+
+
+def test_names_with_other_line_breaks(tmp_path: Path) -> None:
+    """With core.quotePath off git prints names as they are: a name holding U+2028 is
+    one name (not cut where str.splitlines would cut it)."""
+    root = tmp_path / "repo"
+    (root / "m").mkdir(parents=True)
+    _git(root, "init", "-q")
+    _git(root, "config", "core.quotePath", "false")
+    odd = "m/a\u2028b.yaml"
+    (root / odd).write_text("1\n")
+    (root / "m" / "café.yaml").write_text("1\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "one")
+    head = _git(root, "rev-parse", "HEAD")
+    with StatusQuery(root, "m") as query:
+        commits = query.commits()
+    assert {name: c.sha for name, c in commits.items()} == {odd: head, "m/café.yaml": head}
+
+
+def test_a_query_that_cannot_start_stops_what_it_started(
+    history: tuple[Path, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, _ = history
+    started: list[subprocess.Popen[str]] = []
+    real = subprocess.Popen
+
+    def popen(*args: object, **kwargs: object) -> subprocess.Popen[str]:
+        if started:
+            raise OSError(24, "Too many open files")
+        proc: subprocess.Popen[str] = real(*args, **kwargs)  # type: ignore[call-overload]
+        started.append(proc)
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with pytest.raises(ToolError, match="cannot run git: Too many open files"):
+        StatusQuery(root, "m")
+    assert len(started) == 1
+    assert started[0].returncode is not None  # stopped and reaped

