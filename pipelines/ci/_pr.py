@@ -172,7 +172,9 @@ def _deprecations(
     promotions: list[_Promotion] = []
     for entry in repo.all_versions():
         rel = f"{base_config.manifests}/{entry.name}/versions/{entry.version}.yaml"
-        if rel not in paths and entry.file not in paths:
+        # by its path in the repository (what `git diff --relative` names), never by its
+        # display name, which depends on the folder the command runs from
+        if rel not in paths and repo.relative(entry.path) not in paths:
             continue
         data = show(repo.root, pr.base, rel)
         before = None

@@ -353,3 +353,33 @@ def test_ci_pr_refuses_deleting_a_released_version_or_editing_its_parent(
                                "modelreg version deprecate mlp 1.0.0 --reason TEXT)")  # fmt: skip
     assert lines[1].startswith("manifests/mlp/versions/1.1.0.yaml:")
     assert "spec.parent: version 1.1.0 is released and its parent is signed with it" in lines[1]
+
+
+def test_an_undeprecation_in_a_moved_manifests_folder_is_seen_from_any_folder(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull request that moves the manifests folder and takes a deprecation away:
+    the deprecation change is found by the file's path in the repository, not by how
+    a message would name it, so running ``ci pr`` from a folder inside the repository
+    does not hide it."""
+    _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+    git(fleet, "commit", "-qm", "deprecate 1.0.0")
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    git(fleet, "checkout", "-qb", "move-and-undo")
+    git(fleet, "mv", "manifests", "defs")
+    config = fleet / "modelreg.yaml"
+    config.write_text(config.read_text().replace("manifests: manifests", "manifests: defs"))
+    path = fleet / "defs/mlp/versions/1.0.0.yaml"
+    path.write_text(path.read_text().replace("  deprecated:\n    reason: leaks PII\n", ""))
+    git(fleet, "add", "-A")
+    git(fleet, "commit", "-qm", "move, and 1.0.0 is fine")
+    github_env(tmp_path, monkeypatch, base, "main")
+    head = git(fleet, "rev-parse", "HEAD").strip()
+    (tmp_path / "event.json").write_text(json.dumps({"pull_request": {
+        "number": 7, "base": {"sha": base, "ref": "main"}, "head": {"sha": head}}}))  # fmt: skip
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    r = cli("ci", "pr", cwd=fleet / "defs" / "mlp")
+    assert r.code == 1
+    assert "cannot count the approvals this change needs" in r.err
+    comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
+    assert "deprecation: `mlp 1.0.0 no longer deprecated (was: leaks PII)`" in comment
