@@ -191,5 +191,31 @@ def test_a_query_that_cannot_start_stops_what_it_started(
     monkeypatch.setattr(subprocess, "Popen", popen)
     with pytest.raises(ToolError, match="cannot run git: Too many open files"):
         StatusQuery(root, "m")
-    assert len(started) == 1
     assert started[0].returncode is not None  # stopped and reaped
+
+
+def test_release_refuses_uncommitted_content_of_a_repository_in_a_larger_work_tree(
+    tmp_path: Path,
+) -> None:
+    """``ci release`` signs only committed content: the guard sees the repository's own
+    uncommitted files wherever it sits in the work tree, and only those."""
+    from benchmarks._scale_repos import write_modelreg_tree
+    from pipelines.ci._base import refuse_uncommitted
+    from registry.errors import RepositoryError
+    from registry.repository import load_repository
+
+    top = tmp_path / "mono"
+    root = top / "ml" / "registry"
+    write_modelreg_tree(root, 2, 2)
+    (top / "README.md").write_text("mono\n")
+    _git(top, "init", "-q")
+    _git(top, "add", "-A")
+    _git(top, "commit", "-qm", "all")
+    (top / "README.md").write_text("edited, outside the repository\n")
+    repo = load_repository(root, jobs=1, cache=False)
+    refuse_uncommitted(repo)  # nothing of the repository's own is uncommitted
+    version = root / "manifests" / "m0001" / "versions" / "1.1.0.yaml"
+    version.write_text(version.read_text().replace("Retrained", "Re-trained"))
+    with pytest.raises(RepositoryError, match=r"'manifests/m0001/versions/1\.1\.0\.yaml'") as e:
+        refuse_uncommitted(repo)
+    assert "README" not in str(e.value)
