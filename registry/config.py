@@ -19,6 +19,7 @@ __all__ = [
     "RepoConfig",
     "TrustConfig",
     "find_root",
+    "has_trust_metadata",
     "load_config",
 ]
 
@@ -71,6 +72,12 @@ class RepoConfig(Strict):
     remote: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     mlflow: MlflowConfig = MlflowConfig()
     trust: TrustConfig = TrustConfig()
+
+
+def has_trust_metadata(root: Path, config: RepoConfig) -> bool:
+    """Whether the repository at ``root`` holds signed release metadata (its first root):
+    a repository never released has none, and nothing of TUF needs loading for it."""
+    return (root / config.trust.metadata / "1.root.json").is_file()
 
 
 def load_config(root: Path, display: str = CONFIG_FILE) -> RepoConfig:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from registry.errors import ManifestError, Problem, ToolError
 from registry.gitinfo import StatusQuery, toplevel
 from registry.root import CONFIG_FILE, find_root
 from registry.status import VersionStatus
-from registry.yamlsrc import read_yaml
 
 if TYPE_CHECKING:
     from registry.repository import Repository
@@ -48,40 +46,46 @@ def repository_status(
     """
     root = find_root(start)
     top = toplevel(root)
+    # Git's paths are relative to its top level; the repository may be a folder in it.
+    below = root.resolve().relative_to(top.resolve()).as_posix() if top is not None else "."
+    prefix = "" if below == "." else below + "/"
     with contextlib.ExitStack() as stack:
         # git answers while the manifests load: it starts on the folder modelreg.yaml
         # names before the loader (and its schema) is even imported; the validated
         # configuration decides whether that was the folder.
-        guess = _manifests_named(root)
+        asked = _manifests_named(root)
         git = None
-        if guess is not None:
+        if asked is not None:
             with contextlib.suppress(ToolError):  # no head start: asked again below
-                git = stack.enter_context(_git_query(root, top, guess))
+                git = stack.enter_context(_git_query(root, top, asked))
             if git is None:
-                guess = None
+                asked = None
+
+        def ask_about(manifests: str) -> StatusQuery | None:
+            nonlocal asked, git
+            if manifests != asked:
+                if git is not None:
+                    git.close()
+                asked, git = manifests, stack.enter_context(_git_query(root, top, manifests))
+            return git
+
         # The loader comes in here, not up front: a stored result needs none of it.
-        from registry.config import load_config
-        from registry.repository import display_path, load_repository, map_models, outline
+        from registry.repository import load_repository, map_models, outline
         from registry.status import make_rows, row_fields
 
-        grouped = not cache or in_untrusted_checkout()  # every file is read: in parallel
-        found = outline(start, files=False) if grouped else None
-        config = found.config if found else load_config(root, display_path(root / CONFIG_FILE))
-        if guess != config.manifests:
-            if git is not None:
-                git.close()
-            git = stack.enter_context(_git_query(root, top, config.manifests))
-        # Manifest paths come from scanning the resolved root, so the git-relative name
-        # is a string operation (resolving 10,000 paths one by one costs most of a second).
-        base = str((top if top is not None else root).resolve()) + os.sep
-
         def fields(repo: Repository) -> list[RowFields]:
-            return row_fields(repo, _relative(repo, base))
+            relative = {f: prefix + repo.relative(p) for f, p in repo.version_files().items()}
+            return row_fields(repo, relative)
 
         def group(repo: Repository) -> tuple[list[RowFields], list[Problem], list[str]]:
             return fields(repo), repo.problems, list(repo.models)
 
-        groups = map_models(found, group, jobs=jobs) if found is not None else None
+        grouped = not cache or in_untrusted_checkout()  # every file is read: in parallel
+        found = outline(start, files=False) if grouped else None
+        groups = None
+        if found is not None:
+            git = ask_about(found.config.manifests)
+            groups = map_models(found, group, jobs=jobs)
         if groups is not None and found is not None:
             problems = list(found.problems)
             table: list[RowFields] = []
@@ -92,6 +96,7 @@ def repository_status(
                 names.extend(models)
         else:
             repo = load_repository(start, jobs=jobs, cache=cache)
+            git = ask_about(repo.config.manifests)
             table, problems, names = fields(repo), repo.problems, list(repo.models)
         commits, dirty = (git.commits(), git.dirty()) if git is not None else ({}, set())
     rows = make_rows(table, commits, dirty)
@@ -109,6 +114,8 @@ def _manifests_named(root: Path) -> str | None:
     """The manifests folder ``modelreg.yaml`` names, read without the schema; None when
     it does not plainly name one.  Only a head start for git: what is used is what the
     validated configuration says."""
+    from registry.yamlsrc import read_yaml  # here: a stored status needs no YAML reader
+
     try:
         data = read_yaml(root / CONFIG_FILE, CONFIG_FILE, root=root).data
     except ManifestError:
@@ -137,18 +144,6 @@ def _git_query(root: Path, top: Path | None, manifests: str) -> Iterator[StatusQ
         return
     with StatusQuery(top, under.as_posix()) as query:
         yield query
-
-
-def _relative(repo: Repository, base: str) -> dict[str, str]:
-    """Display name -> path relative to git's top level (``base``), of each version."""
-    relative: dict[str, str] = {}
-    for file, path in repo.version_files().items():
-        text = str(path)
-        if text.startswith(base):
-            relative[file] = text[len(base) :].replace(os.sep, "/")
-        else:
-            relative[file] = path.resolve().relative_to(base).as_posix()
-    return relative
 
 
 Fill = Callable[[Path, list[VersionStatus]], list[VersionStatus]]

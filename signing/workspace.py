@@ -15,7 +15,7 @@ from pathlib import Path
 from securesystemslib.signer import CryptoSigner, Signer
 
 from registry.atomic import write_atomic
-from registry.config import RepoConfig
+from registry.config import RepoConfig, has_trust_metadata
 from registry.errors import UsageError
 from signing.errors import KeyMaterialError
 from signing.keys import (
@@ -257,9 +257,9 @@ def release_state(root: Path, config: RepoConfig) -> dict[tuple[str, str], Relea
     Raises:
         VerificationError: the trust metadata in the repository does not verify.
     """
-    paths = trust_paths(root, config)
-    if not (paths.metadata / "1.root.json").is_file():
+    if not has_trust_metadata(root, config):
         return None
+    paths = trust_paths(root, config)
     return release_states(TrustRepo.load(paths.metadata, expiry=paths.expiry))
 
 
@@ -272,9 +272,9 @@ def released_deprecation(root: Path, config: RepoConfig, model: str, version: st
     """
     from signing.target_names import deprecation_path
 
-    paths = trust_paths(root, config)
-    if not (paths.metadata / "1.root.json").is_file():
+    if not has_trust_metadata(root, config):
         return None
+    paths = trust_paths(root, config)
     info = TrustRepo.load(paths.metadata, expiry=paths.expiry).published(
         deprecation_path(model, version)
     )

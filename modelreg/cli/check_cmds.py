@@ -197,11 +197,11 @@ def _with_release_state(root: Path, rows: list[VersionStatus]) -> list[VersionSt
     """Fill the signed/published columns from the repository's signed TUF targets."""
     import dataclasses
 
-    from registry.config import load_config
+    from registry.config import has_trust_metadata, load_config
 
     config = load_config(root)
-    if not (root / config.trust.metadata / "1.root.json").is_file():
-        return rows  # never released: nothing to fill, and no TUF to load (release_state)
+    if not has_trust_metadata(root, config):
+        return rows  # never released: nothing to fill, and no TUF to import
     from signing.workspace import ReleaseState, release_state
 
     state = release_state(root, config)

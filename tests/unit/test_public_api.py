@@ -250,6 +250,7 @@ PUBLIC: dict[str, set[str]] = {
         "RepoConfig",
         "TrustConfig",
         "find_root",
+        "has_trust_metadata",
         "load_config",
     },
     "registry.validation": {"Validation", "validate_repository"},
