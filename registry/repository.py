@@ -612,10 +612,6 @@ class Outline:
         repo.show = self.show
         return repo
 
-    def version_files(self) -> dict[str, Path]:
-        """Display name -> path of every version file (model folders scanned only)."""
-        return {t.file: t.path for t in self.tasks or () if t.kind == "ModelVersion"}
-
 
 def outline(start: Path, *, models: Collection[str] | None = None, files: bool = False) -> Outline:
     """Find the repository containing ``start`` and list its model folders.
@@ -713,15 +709,12 @@ def _run_group(start: int, stop: int) -> Any:
     assert _groups is not None  # noqa: S101 - set by the pool's initializer
     found, work = _groups
     repo = found.empty()
-    if found.tasks is not None:
-        tasks = found.tasks[start:stop]
-    else:
-        manifests = found.root / found.config.manifests
-        tasks = [
-            task
-            for name in found.models[start:stop]
-            for task in _scan_model(os.path.join(manifests, name), name, found.show, repo.problems)
-        ]
+    manifests = found.root / found.config.manifests
+    tasks = [
+        task
+        for name in found.models[start:stop]
+        for task in _scan_model(os.path.join(manifests, name), name, found.show, repo.problems)
+    ]
     _load(repo, tasks, jobs=1, cache=False, prune=False)
     # Kept until the worker exits (os._exit: nothing is freed one object at a time);
     # freeing a loaded group costs as much as checking it.
@@ -734,11 +727,6 @@ _kept: list[Repository] = []
 
 def _files_per_model(found: Outline) -> list[int]:
     """How many manifests each model folder holds (a listing each, nothing parsed)."""
-    if found.tasks is not None:
-        counts = dict.fromkeys(found.models, 0)
-        for task in found.tasks:
-            counts[task.model_dir] += 1
-        return list(counts.values())
     manifests = os.path.join(found.root, found.config.manifests)
     sizes = []
     for name in found.models:
@@ -767,8 +755,9 @@ def map_models(
     nothing to do but wait.
 
     Args:
-        found: the repository's outline; its own problems are the caller's to report
-            (those found scanning a model folder are in that group's ``repo.problems``).
+        found: the repository's model folders (``outline`` without ``files``); its own
+            problems are the caller's to report (those found scanning a model folder are
+            in that group's ``repo.problems``).
         work: what to do with each group's repository (its models' files only, so
             nothing that needs another model); its result must pickle.
         jobs: worker processes (default: one per core).
@@ -778,6 +767,8 @@ def map_models(
         pay (one job, or fewer files than ``_PARALLEL_FROM``): load the whole
         repository instead.
     """
+    if found.tasks is not None:
+        raise ValueError("map_models scans the model folders itself: outline(files=False)")
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     if workers <= 1 or not found.models:
         return None
@@ -789,13 +780,12 @@ def map_models(
     # so that an uneven group does not leave a worker idle at the end.
     target = max(1, total // (workers * 4))
     spans: list[tuple[int, int]] = []
-    start = files = offset = 0
+    start = files = 0
     for i, size in enumerate(sizes):
         files += size
         if files >= target or i == len(sizes) - 1:
-            end = offset + files if found.tasks is not None else i + 1
-            spans.append((offset if found.tasks is not None else start, end))
-            offset, start, files = offset + files, i + 1, 0
+            spans.append((start, i + 1))
+            start, files = i + 1, 0
     with _fork_pool(workers, _start_group_worker, found, work) as pool:
         futures = [pool.submit(_run_group, a, b) for a, b in spans]
         return [f.result() for f in futures]

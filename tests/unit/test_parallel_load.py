@@ -218,3 +218,10 @@ def test_a_linked_versions_folder_is_not_listed(tmp_path: Path) -> None:
     shutil.rmtree(linked)
     linked.symlink_to(elsewhere)
     assert repository._files_per_model(outline(root)) == [3, 1]
+
+
+def test_groups_are_scanned_by_the_workers_only(big_repo: Path) -> None:
+    """An outline that scanned the files already would have its scan problems reported
+    twice (by the caller and by each group): refused."""
+    with pytest.raises(ValueError, match="outline"):
+        map_models(outline(big_repo, files=True), _model_count, jobs=2)
