@@ -81,7 +81,12 @@ def test_a_model_download_is_paced_ranged_and_recorded(server: dict[str, Any]) -
     status, headers, body = _get(url, Range="bytes=2000-")
     assert (status, body) == (206, (bytes(range(256)) * 8)[2000:])
     assert headers["Content-Range"] == "bytes 2000-2047/2048"
-    downloads = read_control(server["control"])["downloads"]
+    # The server records a download once its last byte is written, which may be after
+    # this client has read that byte: wait for the record (a few ms at most).
+    deadline = time.monotonic() + 5
+    while len(downloads := read_control(server["control"])["downloads"]) < 2:
+        assert time.monotonic() < deadline, downloads
+        time.sleep(0.01)
     assert len(downloads) == 2
     (begin, end), (range_begin, range_end) = sorted(downloads)
     assert end - begin >= 0.19  # the paced whole file, recorded from start to end
