@@ -1,4 +1,4 @@
-"""The OMS bundle of a model with every file it is made of (stable API).
+"""The OMS bundle of a model with every file it is made of.
 
 A model stored with ONNX external data is its ``.onnx`` graph and the data files the
 graph names beside it; a bundle over the graph alone would let any byte of the weights
