@@ -1,10 +1,13 @@
 """``modelreg edge run``: the device's loop, and ``modelreg edge status``.
 
 The daemon takes the state dir's lock, serves what the state file names (no network
-needed), syncs once, then every poll interval with jitter; SIGHUP syncs at once, SIGTERM
-(or SIGINT) stops it cleanly (exit 0).  After a failed sync the next try comes after
+needed), syncs (at once while a model has nothing to serve, else after a random part of
+one poll interval, so a fleet that restarts together does not poll together), then every
+poll interval with jitter; SIGHUP syncs at once, SIGTERM (or SIGINT) stops it cleanly
+(a last report, exit 0).  After a failed sync the next try comes after
 min(poll_interval, 5 s), doubling up to ``max_backoff``; a rejected version is no failure.
-With systemd it reports readiness and status through ``NOTIFY_SOCKET`` (``Type=notify``).
+With systemd it reports readiness and status through ``NOTIFY_SOCKET`` (``Type=notify``)
+and feeds its watchdog from the loop (``edge_sync._systemd``).
 """
 
 from __future__ import annotations
