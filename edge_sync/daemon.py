@@ -1,10 +1,13 @@
 """``modelreg edge run``: the device's loop, and ``modelreg edge status``.
 
 The daemon takes the state dir's lock, serves what the state file names (no network
-needed), syncs once, then every poll interval with jitter; SIGHUP syncs at once, SIGTERM
-(or SIGINT) stops it cleanly (exit 0).  After a failed sync the next try comes after
+needed), syncs (at once while a model has nothing to serve, else after a random part of
+one poll interval, so a fleet that restarts together does not poll together), then every
+poll interval with jitter; SIGHUP syncs at once, SIGTERM (or SIGINT) stops it cleanly
+(a last report, exit 0).  After a failed sync the next try comes after
 min(poll_interval, 5 s), doubling up to ``max_backoff``; a rejected version is no failure.
-With systemd it reports readiness and status through ``NOTIFY_SOCKET`` (``Type=notify``).
+With systemd it reports readiness and status through ``NOTIFY_SOCKET`` (``Type=notify``)
+and feeds its watchdog from the loop (``edge_sync._systemd``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import os
 import random
 import select
 import signal
-import socket
 import sys
 import threading
 import time
@@ -22,20 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from edge_sync._systemd import Watchdog, systemd_unit
+from edge_sync._systemd import notify as _notify
 from edge_sync.config import EdgeConfig
 from edge_sync.engine import EngineError, EngineHost
 from edge_sync.health import GatePolicy, Recorder
 from edge_sync.host import InProcessHost
 from edge_sync.limits import TrustLimits
-from edge_sync.report import Reporter
+from edge_sync.report import LAST_REPORT_S, Reporter
 from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, trusted_role
 from edge_sync.updater import GATE_CHECK_S, StoppedError, SyncReport, Updater
-from registry.errors import UsageError
 from signing.errors import VerificationError
 
 __all__ = [
@@ -73,18 +75,6 @@ def backoff_delay(failures: int, poll_s: float, max_backoff_s: float) -> float:
     first = min(poll_s, FIRST_RETRY_S)
     doubled = first * 2.0 ** min(failures - 1, 60)  # days offline must not overflow it
     return float(min(doubled, max(max_backoff_s, first)))
-
-
-def _notify(message: str) -> None:
-    """Tell systemd (``NOTIFY_SOCKET``) something; a no-op without it."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.connect(address)
-        sock.sendall(message.encode())
 
 
 class _Wakeup:
@@ -136,6 +126,7 @@ class Daemon:
     _updater: Updater | None = None
     _wakeup: _Wakeup | None = None
     _reporter: Reporter | None = None
+    _watchdog: Watchdog | None = None
 
     def request_sync(self) -> None:
         """Sync now (what SIGHUP does)."""
@@ -172,9 +163,11 @@ class Daemon:
         rng = random.Random()  # noqa: S311 - jitter, not secrecy
         failures = 0
         repo = self.config.repository
+        self._wait(updater, wakeup, server, self._first_delay(rng))
         while not self._stopping:
             self._sync_now = False
             report = _guarded(updater)
+            self._alive()
             self._closed_gates(updater.settled, server)
             if server is not None:
                 for model, record in report.updates.items():
@@ -190,17 +183,45 @@ class Daemon:
                 failures = 0
                 delay = next_delay(repo.poll_interval, repo.jitter, rng)
             _notify(f"STATUS=last sync: {report.result}")
-            deadline = time.monotonic() + delay
-            while not (self._stopping or self._sync_now):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                gate_in = updater.next_gate_s()
-                wakeup.sleep(left if gate_in is None else min(left, gate_in))
-                closed = updater.check_gates()
-                self._closed_gates(closed, server)
-                if closed:
-                    self._report_changes()
+            self._wait(updater, wakeup, server, delay)
+
+    def _first_delay(self, rng: random.Random) -> float:
+        """The wait before the first sync: none while a subscribed model has nothing to
+        serve, else a random part of one poll interval (a fleet that restarts together,
+        after a power cut, must not poll together)."""
+        repo, host = self.config.repository, self.host
+        if repo.jitter == 0 or host is None:
+            return 0.0
+        if any(host.current(sub.name) is None for sub in self.config.models):
+            return 0.0
+        return rng.uniform(0, repo.poll_interval)
+
+    def _wait(
+        self, updater: Updater, wakeup: _Wakeup, server: _Server | None, delay: float
+    ) -> None:
+        """Wait ``delay`` seconds, or until stopped or asked to sync, closing health
+        gates when due and telling systemd's watchdog the loop is alive."""
+        deadline = time.monotonic() + delay
+        while not (self._stopping or self._sync_now):
+            self._alive()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            gate_in = updater.next_gate_s()
+            watchdog = self._watchdog.wait_s if self._watchdog is not None else left
+            wakeup.sleep(min(left, watchdog, left if gate_in is None else gate_in))
+            closed = updater.check_gates()
+            self._closed_gates(closed, server)
+            if closed:
+                self._report_changes()
+
+    def _alive(self) -> bool:
+        """Ping systemd's watchdog; whether a stop was asked for.  The updater asks it at
+        every stage boundary and download chunk: a sync making progress keeps the
+        watchdog fed, one stuck does not."""
+        if self._watchdog is not None:
+            self._watchdog.ping()
+        return self._stopping
 
     def _report_changes(self) -> None:
         """Let the reporter look at the state (it sends only what changed)."""
@@ -293,6 +314,7 @@ class Daemon:
         state = StateDir(self.config.state_path)
         state.lock()
         wakeup = self._wakeup = _Wakeup()
+        self._watchdog = Watchdog()
         try:
             if install_signals:
                 self._signals(wakeup)
@@ -323,7 +345,7 @@ class Daemon:
                 state,
                 self.host,
                 limits=self.limits,
-                should_stop=lambda: self.stopping,
+                should_stop=self._alive,
                 gate=GatePolicy(
                     gate.window, gate.min_requests, gate.max_error_rate, gate.max_latency_ratio
                 ),
@@ -348,6 +370,10 @@ class Daemon:
             _notify("STOPPING=1")
             if server is not None:
                 server.stop()
+            reporter, self._reporter = self._reporter, None
+            if reporter is not None:
+                # the fleet sees a stopped device as stopped, not running until stale
+                reporter.stop(LAST_REPORT_S, last=True)
             return 0
         finally:
             if self._reporter is not None:
@@ -509,19 +535,3 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
         "sync": state_dir.last_sync(state).model_dump(mode="json"),
         "models": models,
     }
-
-
-def systemd_unit(config: Path, executable: str) -> str:
-    """The systemd unit that runs ``executable edge run --config config`` (``Type=notify``,
-    restart on failure, sandboxed; see ``edge_sync/systemd/modelreg-edge.service``).
-
-    Raises:
-        ValueError: a path holds a character systemd would split or expand.
-    """
-    from importlib.resources import files
-
-    for value, spaces in ((str(config), False), (executable, True)):
-        if any((c.isspace() and not spaces) or c in "%$\\\"'\n" for c in value):
-            raise UsageError(f"{value!r}: a unit file takes it only without quoting or expansion")
-    text = files("edge_sync").joinpath("systemd", "modelreg-edge.service").read_text("utf-8")
-    return text.replace("@EXEC@", executable).replace("@CONFIG@", str(config))

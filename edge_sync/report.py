@@ -37,6 +37,7 @@ from registry.errors import RegistryError, UsageError
 from registry.redact import redact
 
 __all__ = [
+    "LAST_REPORT_S",
     "TOKEN_ENV",
     "FolderSink",
     "HttpSink",
@@ -53,6 +54,9 @@ TOKEN_ENV: Final = "MODELREG_REPORT_TOKEN"  # noqa: S105 - the variable's name
 _VOLATILE: Final = (("reported",), ("sync", "last_checked"))
 """What changes at every poll without anything happening: no reason to send."""
 _MAX_CREDENTIALS_BYTES: Final = 64 * 1024
+LAST_REPORT_S: Final = 5.0
+"""How long a stopping daemon waits for its last report (and a send in progress before
+it): a slow sink must not hold up the stop."""
 
 
 class SendError(RegistryError):
@@ -75,16 +79,23 @@ class Sink(Protocol):
         ...  # pragma: no cover - protocol
 
 
-def report_document(config: EdgeConfig, status: Mapping[str, Any], version: str) -> dict[str, Any]:
+def report_document(
+    config: EdgeConfig, status: Mapping[str, Any], version: str, *, stopped: bool = False
+) -> dict[str, Any]:
     """The report: ``status`` (the ``edge status`` document) with the report's fields.
 
     ``edge status``'s live-only parts (``/status``'s engines) are not in it: the
-    report says what the device runs, not how its memory is split.
+    report says what the device runs, not how its memory is split.  ``stopped``: the
+    daemon's last report, sent while it stops; its daemon reads as ``edge status``
+    shows one not running.
     """
     doc = {"kind": KIND, "format": REPORT_FORMAT, **status}
     doc["labels"] = dict(config.device.labels)
     doc["reported"] = now_iso()
-    doc["daemon"] = {**status["daemon"], "version": version}
+    daemon = dict(status["daemon"])
+    if stopped:
+        daemon.update(running=False, pid=None, listen=None, started=None)
+    doc["daemon"] = {**daemon, "version": version}
     return doc
 
 
@@ -297,27 +308,31 @@ class Reporter:
         self.sent = 0
         self._wake = threading.Event()
         self._stopping = False
+        self._last = False
         self._thread: threading.Thread | None = None
 
     def poke(self) -> None:
         """Something may have changed: look now (from any thread)."""
         self._wake.set()
 
-    def tick(self) -> bool | None:
+    def tick(self, *, last: bool = False) -> bool | None:
         """Send the report if it changed since the last try or a heartbeat is due.
+
+        Args:
+            last: send the daemon's last report (marked stopped), due or not.
 
         Returns:
             True when sent, False when the send failed, None when nothing was due.
         """
         try:
-            doc = report_document(self.config, self._status(), self._version)
+            doc = report_document(self.config, self._status(), self._version, stopped=last)
             key = _fingerprint(doc)
         except Exception as e:  # noqa: BLE001 - a corrupt state file: say it, keep going
             self._failed("status", f"cannot read the status: {type(e).__name__}: {e}")
             self._last_try = self._clock()
             return False
         now = self._clock()
-        due = self._last_try is None or now - self._last_try >= self.heartbeat_s
+        due = last or self._last_try is None or now - self._last_try >= self.heartbeat_s
         if key == self._tried_key and not due:
             return None
         self._tried_key, self._last_try = key, now
@@ -352,6 +367,10 @@ class Reporter:
             since = 0.0 if self._last_try is None else now - self._last_try
             self._wake.wait(max(self.heartbeat_s - since, 0.05))
             self._wake.clear()
+        if self._last:
+            # here, not in the stopping thread: after any send in progress, so an
+            # earlier "running" report cannot land after it
+            self.tick(last=True)
 
     def start(self) -> None:
         """Send now, then on every :meth:`poke` that changed something and at each
@@ -359,9 +378,16 @@ class Reporter:
         self._thread = threading.Thread(target=self._run, name="fleet-report", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 2.0) -> None:
+    def stop(self, timeout_s: float = 2.0, *, last: bool = False) -> None:
         """Stop the thread; a send in progress is left to finish on its own (its time
-        limit bounds it) rather than hold up the daemon's exit."""
+        limit bounds it) rather than hold up the daemon's exit beyond ``timeout_s``.
+
+        Args:
+            timeout_s: the longest to wait for the thread.
+            last: send a last report first, with the daemon marked stopped (a clean
+                stop), within ``timeout_s``.
+        """
+        self._last = last
         self._stopping = True
         self._wake.set()
         if self._thread is not None:

@@ -75,6 +75,7 @@ def render_json(
             for s in summary.stale
         ],
         "trust_stale": summary.trust_stale,
+        "stopped": summary.stopped,
         "unreadable": [{"source": u.source, "reason": u.reason} for u in loaded.unreadable],
         "skipped": loaded.skipped,
     }
@@ -130,6 +131,10 @@ def render_text(
     lines += _cut(
         [f"trust metadata expired on {d}: it installs nothing new" for d in summary.trust_stale],
         "devices",
+    )
+    lines += _cut(
+        [f"stopped: {d} (its daemon stopped: it serves nothing now)" for d in summary.stopped],
+        "stopped devices",
     )
     lines += _cut([f"unreadable: {u.source}: {u.reason}" for u in loaded.unreadable], "reports")
     if loaded.skipped:

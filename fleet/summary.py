@@ -126,6 +126,8 @@ class FleetSummary:
         stale: devices whose last report is older than the stale limit, oldest first.
         trust_stale: devices whose trusted timestamp has expired (they install
             nothing until the metadata is re-signed).
+        stopped: devices whose last report says their daemon stopped (a clean stop
+            sends one): what they serve is not served now.
     """
 
     devices: int
@@ -134,6 +136,7 @@ class FleetSummary:
     undeclared: list[tuple[str, str, int]] = field(default_factory=list)
     stale: list[StaleDevice] = field(default_factory=list)
     trust_stale: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
 
 
 def latest(reports: Iterable[DeviceReport]) -> dict[str, DeviceReport]:
@@ -262,10 +265,12 @@ def summarize(
     devices = latest(reports)
     versions: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
     following: dict[tuple[str, str], list[DeviceReport]] = defaultdict(list)
-    trust_stale = []
+    trust_stale, stopped = [], []
     for report in devices.values():
         if report.trust.stale:
             trust_stale.append(report.device)
+        if not report.daemon.running:
+            stopped.append(report.device)
         for name, state in report.models.items():
             versions[name][state.serving.version if state.serving else None] += 1
             following[(name, state.channel)].append(report)
@@ -288,4 +293,5 @@ def summarize(
         undeclared=undeclared,
         stale=stale,
         trust_stale=sorted(trust_stale),
+        stopped=sorted(stopped),
     )

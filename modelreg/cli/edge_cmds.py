@@ -103,10 +103,17 @@ def edge_status(config_path: Path, as_json: bool) -> None:
     help="The modelreg executable (default: the one running now).",
 )
 def edge_unit(config_path: Path, executable: str | None) -> None:
-    """Print a systemd unit for the daemon (Type=notify, restart, sandboxing)."""
-    import shutil
+    """Print a systemd unit for the daemon (Type=notify, watchdog, restart, sandboxing).
 
+    The config is loaded first (a missing or invalid one is refused): the state dir and
+    a report folder it names are the paths the sandboxed service may write.
+    """
+    import shutil
+    from pathlib import PurePosixPath
+
+    from edge_sync.config import load_edge_config
     from edge_sync.daemon import systemd_unit
 
+    config = load_edge_config(config_path)
     exe = executable or shutil.which("modelreg") or f"{sys.executable} -m modelreg"
-    click.echo(systemd_unit(config_path.absolute(), exe), nl=False)
+    click.echo(systemd_unit(PurePosixPath(config_path.absolute()), exe, config), nl=False)

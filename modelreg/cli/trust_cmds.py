@@ -183,10 +183,12 @@ def freshness_refresh(mirror: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the verified facts as JSON.")
 def verify(path: Path, bundle: Path, public_key: Path, as_json: bool) -> None:
     """Verify a model file or directory against its OMS signature bundle."""
+    from pipelines.model_bundle import check_covered
     from signing.hashing import SINGLE_FILE
     from signing.oms import verify_model
 
     result = verify_model(path, bundle, public_key)
+    check_covered(result)  # an .onnx's external data is signed too
     facts = result.facts.to_json() if result.facts is not None else None
     if as_json:
         emit_json(
@@ -246,9 +248,14 @@ def sign(
     parent: str | None,
     as_json: bool,
 ) -> None:
-    """Sign a model file or directory into an OMS bundle (verifiable with model_signing)."""
+    """Sign a model file or directory into an OMS bundle (verifiable with model_signing).
+
+    An .onnx stored with external data is signed with every data file it names beside
+    it (the bundle lists each file, as `ci release` writes them).
+    """
+    from pipelines.model_bundle import sign_path
     from signing.keys import load_private_key, private_key_from_env
-    from signing.oms import ModelFacts, sign_model, write_bundle
+    from signing.oms import ModelFacts, write_bundle
 
     if private_key is not None:
         key = load_private_key(private_key)
@@ -281,7 +288,7 @@ def sign(
             raise click.UsageError(str(e)) from None
     elif model_name or version_:
         raise click.UsageError("--model and --version go together")
-    bundle = sign_model(path, key, facts=facts, bundle_path=bundle_path)
+    bundle, external = sign_path(path, key, facts=facts, bundle_path=bundle_path)
     write_bundle(bundle, bundle_path)
     if as_json:
         emit_json(
@@ -292,10 +299,13 @@ def sign(
                 "bundle_sha256": hashlib.sha256(bundle_path.read_bytes()).hexdigest(),
                 "key_hint": bundle["verificationMaterial"]["publicKey"]["hint"],
                 "facts": facts.to_json() if facts is not None else None,
+                "external_data": list(external),
             }
         )
         return
     ok(f"signed {path} -> {display_path(bundle_path)}")
+    if external:
+        detail(f"  with its external data: {', '.join(external)}")
 
 
 @click.command()

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.errors import ArtifactError
+from pipelines.model_bundle import sign_onnx
 from registry.errors import RegistryError
 from registry.repository import Repository, VersionEntry
-from signing.oms import ModelFacts, sign_files, sign_model
+from signing.oms import ModelFacts
 from signing.target_names import external_data_delta_path, external_data_path
 from signing.tuf_facts import TargetFacts
 from signing.tuf_repo import TrustRepo
@@ -45,10 +46,7 @@ def sign_version(
     """
     name = f"{entry.name}-{entry.version}"
     external = entry.manifest.spec.artifact.external_data
-    if not external:
-        return sign_model(artifact, key, model_name=name, facts=facts)
-    files = {artifact.name: artifact, **{f: artifact.parent / f for f in external}}
-    return sign_files(files, key, model_name=name, facts=facts)
+    return sign_onnx(artifact, external, key, model_name=name, facts=facts)
 
 
 def stage_data_deltas(

@@ -7,7 +7,9 @@ artifact remote can make."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -153,8 +155,11 @@ def test_the_daemon_follows_a_git_host_and_survives_what_it_does(rig: EdgeRig) -
             _stop(proc)
         assert _status(config)["daemon"]["running"] is False
 
-    # the network is gone: a restart serves the last committed version
-    offline = rig.config(repository={"url": str(rig.tmp / "gone.git"), "poll_interval": "1h"})
+    # the network is gone: a restart serves the last committed version (jitter 0: the
+    # first poll at once, though the device has something to serve)
+    offline = rig.config(
+        repository={"url": str(rig.tmp / "gone.git"), "poll_interval": "1h", "jitter": 0}
+    )
     proc = _start(offline)
     try:
         status = _wait(
@@ -199,3 +204,36 @@ def test_edge_status_before_any_run_and_a_bad_config(rig: EdgeRig) -> None:
     (line,) = r.err.strip().splitlines()
     assert line.startswith(f"{bad}:")
     assert "repository.poll_interval: expected a duration" in line
+
+
+def test_a_restarted_device_that_serves_spreads_its_first_poll(rig: EdgeRig) -> None:
+    """A fleet that restarts together (a power cut) must not poll together: a device
+    with something to serve waits a random part of its poll interval first; SIGHUP
+    still syncs at once."""
+    rig.sync()  # 1.0.0 installed: what the restarted daemon serves at once
+    before = _status(rig.config())["sync"]["last_checked"]
+    config = rig.config(repository={"url": str(rig.root), "poll_interval": "24h"})
+    address = rig.tmp / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(address))
+        sock.settimeout(120)
+        with config.with_suffix(".log").open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+                stdout=log, stderr=subprocess.STDOUT, text=True,
+                env={**os.environ, "NOTIFY_SOCKET": str(address)},
+            )  # fmt: skip
+        try:
+            assert sock.recv(4096).decode().startswith("READY=1\n")
+            assert _serving(_status(config)) == "1.0.0"
+            # the loop runs now: before, its first sync came at once (a second or so)
+            sock.settimeout(5)
+            with pytest.raises(TimeoutError):
+                sock.recv(4096)
+            assert _status(config)["sync"]["last_checked"] == before
+            proc.send_signal(signal.SIGHUP)
+            sock.settimeout(120)
+            assert sock.recv(4096).decode() == "STATUS=last sync: current"
+            assert _status(config)["sync"]["last_checked"] != before
+        finally:
+            _stop(proc)

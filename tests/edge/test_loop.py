@@ -4,6 +4,7 @@ and the channels document's sequences as high-water marks across syncs."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,37 @@ def test_an_unexpected_error_in_a_sync_is_a_failed_sync(capsys: pytest.CaptureFi
     report = _guarded(Broken())  # type: ignore[arg-type]
     assert (report.result, report.reason) == ("failed", "internal error: KeyError: 'models'")
     assert "modelreg edge: internal error: KeyError" in capsys.readouterr().err
+
+
+def test_the_first_poll_waits_only_when_every_model_is_served(tmp_path: Path) -> None:
+    """After a restart that serves every subscribed model, the first poll comes at a
+    random point of one poll interval; a model with nothing to serve (a new device, a
+    new subscription) or ``jitter: 0`` polls at once."""
+    from edge_sync.config import EdgeConfig
+    from edge_sync.daemon import Daemon
+
+    def config(jitter: float) -> EdgeConfig:
+        return EdgeConfig.model_validate({
+            "apiVersion": "modelreg/v1", "kind": "EdgeConfig", "device": {"id": "d-1"},
+            "repository": {"url": str(tmp_path), "poll_interval": 60, "jitter": jitter},
+            "trust": {"root": "1.root.json"}, "artifacts": {"url": str(tmp_path)},
+            "models": [{"name": "mlp", "channel": "c"}, {"name": "det", "channel": "c"}],
+            "state_dir": str(tmp_path / "state"),
+        })  # fmt: skip
+
+    class Served:
+        def __init__(self, *models: str) -> None:
+            self.models = models
+
+        def current(self, model: str) -> object | None:
+            return object() if model in self.models else None
+
+    rng = random.Random(3)
+    both = Daemon(config(0.2), host=Served("mlp", "det"), serving=False)  # type: ignore[arg-type]
+    waits = [both._first_delay(rng) for _ in range(2000)]
+    assert 0 <= min(waits) < 1.0
+    assert 59.0 < max(waits) <= 60.0  # spread over the whole interval
+    one = Daemon(config(0.2), host=Served("mlp"), serving=False)  # type: ignore[arg-type]
+    assert one._first_delay(rng) == 0.0
+    fixed = Daemon(config(0.0), host=Served("mlp", "det"), serving=False)  # type: ignore[arg-type]
+    assert fixed._first_delay(rng) == 0.0

@@ -15,13 +15,16 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
 from fleet.reports import LoadedReports, ReportsError, load_reports
 from registry.cohort import in_cohort
 from tests.edge.conftest import EdgeRig
+from tests.http_sim import running
 
 pytestmark = pytest.mark.integration
 
@@ -198,3 +201,97 @@ def test_daemons_report_to_s3_with_their_own_credentials_and_cohorts_agree(
         "reports/a-0001.json", "reports/b-0001.json", "reports/c-0001.json",
         "reports/intruder.json",
     ]  # fmt: skip
+
+
+def _start(config: Path) -> subprocess.Popen[bytes]:
+    with config.with_suffix(".log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+def test_a_clean_stop_sends_a_last_report_and_fleet_status_sees_the_device_stopped(
+    rig: EdgeRig,
+) -> None:
+    reports = rig.tmp / "reports"
+    section = {"url": str(reports), "heartbeat": "1h"}
+    config = rig.config("a", repository={**_QUIET, "url": str(rig.root)}, report=section)
+    proc = _start(config)
+    try:
+        loaded = _wait(str(reports), lambda r: set(_serving(r).values()) == {"1.0.0"})
+        (running,) = loaded.reports
+        assert running.daemon.running
+        assert running.daemon.pid == proc.pid
+        assert _fleet_status(rig, str(reports))["stopped"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    # on disk once the daemon has exited: sent before it, not left to a thread
+    (stopped,) = load_reports(str(reports)).reports
+    assert stopped.daemon.model_dump() == {
+        "running": False, "pid": None, "listen": None, "started": None,
+        "version": running.daemon.version,
+    }  # fmt: skip
+    assert stopped.reported > running.reported
+    assert stopped.models["mlp"].serving == running.models["mlp"].serving  # what it held
+    status = _fleet_status(rig, str(reports))
+    assert status["stopped"] == ["a-0001"]
+    r = rig.cli("fleet", "status", "--reports", str(reports), cwd=rig.root)
+    assert r.code == 0, r.err
+    assert "stopped: a-0001 (its daemon stopped: it serves nothing now)" in r.out
+    # started again, it reports running again
+    proc = _start(config)
+    try:
+        _wait(str(reports), lambda r: all(d.daemon.running for d in r.reports))
+        assert _fleet_status(rig, str(reports))["stopped"] == []
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+class _SlowSink(BaseHTTPRequestHandler):
+    """A report sink that takes the first report and then never answers."""
+
+    bodies: ClassVar[list[bytes]] = []
+    release: ClassVar[threading.Event] = threading.Event()
+
+    def do_PUT(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).bodies.append(body)
+        if len(type(self).bodies) > 1:
+            type(self).release.wait(120)  # slower than any stop may wait
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+
+def test_a_slow_report_sink_does_not_hold_up_the_stop(rig: EdgeRig) -> None:
+    from edge_sync.report import LAST_REPORT_S
+
+    _SlowSink.bodies, _SlowSink.release = [], threading.Event()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowSink)
+    server.daemon_threads = True
+    with running(server):
+        url = f"http://127.0.0.1:{server.server_address[1]}/reports/"
+        section = {"url": url, "heartbeat": "1h", "timeout": "5m"}
+        config = rig.config("a", repository={**_QUIET, "url": str(rig.root)}, report=section)
+        proc = _start(config)
+        try:
+            deadline = time.monotonic() + 120
+            while len(_SlowSink.bodies) < 2:  # the sink now holds a send
+                assert proc.poll() is None
+                assert time.monotonic() < deadline, _SlowSink.bodies
+                time.sleep(0.1)
+        finally:
+            began = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=120)
+            took = time.monotonic() - began
+            _SlowSink.release.set()
+    assert code == 0
+    assert took < LAST_REPORT_S + 15, took  # the stop waited for the sink at most that
+    assert json.loads(_SlowSink.bodies[0])["daemon"]["running"] is True

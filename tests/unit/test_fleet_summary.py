@@ -297,3 +297,14 @@ def test_a_reports_url_with_credentials_is_never_printed(
             r = cli("fleet", command, "--reports", url, *extra, cwd=tmp_path)
             assert "S3cretPassw0rd" not in r.out + r.err, (url, r.out, r.err)
             assert f"127.0.0.1:{port}" in r.out + r.err  # it did say where it read
+
+
+def test_a_device_whose_daemon_stopped_is_listed_as_stopped() -> None:
+    stopped = report("cam-2")
+    stopped["daemon"].update(running=False, pid=None, listen=None, started=None)
+    summary = summarize(_parsed(report("cam-1"), stopped), {}, now=NOW)
+    assert summary.stopped == ["cam-2"]
+    assert summary.versions == {"mlp": {"1.0.0": 2}}  # what it held, counted as before
+    # a newer report from the same device (started again) is what counts
+    again = report("cam-2", age_s=1)
+    assert summarize(_parsed(stopped, again), {}, now=NOW).stopped == []

@@ -110,11 +110,12 @@ PIPELINE_LAYERS = {
     "onnx": {"errors"},
     "fetch": {"dvc", "errors"},
     "goldens": {"errors", "onnx"},
+    "model_bundle": {"onnx"},
     # the stages, in the order a release runs them
     "authoring": {"dvc", "errors", "goldens", "onnx"},
     "build": {"changes", "context", "errors", "fetch", "goldens", "onnx"},
     "diff": {"changes", "context", "errors", "fetch", "github", "onnx"},
-    "publish": {"build", "context", "dvc", "errors", "fetch", "github"},
+    "publish": {"build", "context", "dvc", "errors", "fetch", "github", "model_bundle"},
     "register": {"_probe", "context", "errors", "fetch", "github"},
     # the workflows' entry points, over every stage
     "ci": {"build", "context", "diff", "errors", "github", "publish", "register"},
