@@ -22,13 +22,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edge_sync.engine import OrtEngine
 from edge_sync.host import PREPACK_GAIN, InProcessHost
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
 from tests.edge.conftest import EdgeRig
 
 pytestmark = pytest.mark.integration
 
-DEVICES = {
+DEVICES: dict[str, dict[str, Any]] = {
     "on": {"prepack": "on"},
     "off": {"prepack": "off"},
     # the same settings, two measurements either side of PREPACK_GAIN
@@ -62,8 +63,7 @@ def borderline(seed: int) -> onnx.ModelProto:
     nodes = [
         helper.make_node("Reshape", ["input", "image_shape"], ["image"]),
         helper.make_node("Conv", ["image", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
-        helper.make_node("BatchNormalization", ["conv", "gamma", "beta", "mean", "var"],
-                         ["norm"]),  # fmt: skip
+        helper.make_node("BatchNormalization", ["conv", "gamma", "beta", "mean", "var"], ["norm"]),
         helper.make_node("Reshape", ["norm", "flat_shape"], ["flat"]),
         helper.make_node("MatMul", ["flat", "head"], ["probs"]),
     ]
@@ -84,7 +84,7 @@ def _setup_outputs(path: Path, x: Any) -> dict[str, Any]:
     """The model's answer in each setup a CPU device may run it in."""
     import onnxruntime as ort
 
-    found = {}
+    found: dict[str, Any] = {}
     for setup in session_setups(None):
         options = ort.SessionOptions()
         setup.configure(options)
@@ -181,6 +181,6 @@ def test_ci_and_every_tuned_device_give_a_borderline_version_the_same_verdict(
     for name in DEVICES:
         assert rig.sync(name).updates["mlp"].result == "installed", name
         serving = rig.hosts[name].current("mlp")
-        assert serving is not None
+        assert isinstance(serving, OrtEngine)
         assert serving.version == "1.2.0"
-        assert serving.setup.name == SERVED_IN[name], name  # type: ignore[attr-defined]
+        assert serving.setup.name == SERVED_IN[name], name
