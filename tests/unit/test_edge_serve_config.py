@@ -4,12 +4,14 @@ YAML boolean and made the daemon exit; it now means what it says."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
 
 from edge_sync.config import load_edge_config
 from registry.errors import ManifestError
+from tests.conftest import REPO_ROOT
 
 CONFIG = """\
 apiVersion: modelreg/v1
@@ -68,3 +70,15 @@ def test_onnxruntime_log_levels(tmp_path: Path) -> None:
     for level in ("verbose", "info", "warning", "error", "fatal"):
         serve = _load(tmp_path, f"onnxruntime_log: {level}")
         assert getattr(serve, "onnxruntime_log") == level  # noqa: B009
+
+
+def test_the_readme_config_loads_with_prepack_written_either_way(tmp_path: Path) -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    start = readme.index("   ```yaml\n   apiVersion: modelreg/v1\n   kind: EdgeConfig\n")
+    block = readme[start:].split("\n", 1)[1].split("   ```\n", 1)[0]
+    text = textwrap.dedent(block)
+    assert "prepack: auto" in text
+    path = tmp_path / "edge.yaml"
+    for written, meant in (("auto", "auto"), ("off", "off"), ('"off"', "off"), ("on", "on")):
+        path.write_text(text.replace("prepack: auto", f"prepack: {written}"))
+        assert load_edge_config(path).serve.prepack == meant
