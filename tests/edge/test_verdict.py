@@ -12,6 +12,7 @@ happened to run (a timing measurement, with ``auto``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -22,7 +23,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edge_sync.engine import OrtEngine
+from edge_sync.engine import LoadRequest, OrtEngine
 from edge_sync.host import PREPACK_GAIN, InProcessHost
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
 from tests.edge.conftest import EdgeRig
@@ -131,6 +132,12 @@ def test_ci_and_every_tuned_device_give_a_borderline_version_the_same_verdict(
     gap = float(np.abs(answers[SHARED] - answers[PREPACKED]).max())
     assert 1e-10 < gap < 1e-7, gap
     assert float(np.abs(answers[SHARED]).max()) < 0.1
+    # and the device's engines compute bit for bit what CI's sessions of each setup do
+    request = LoadRequest("mlp", "probe", probe, hashlib.sha256(probe.read_bytes()).hexdigest())
+    for share, setup in ((True, SHARED), (False, PREPACKED)):
+        engine = OrtEngine(request, share=share)
+        assert engine.setup.name == setup
+        assert np.array_equal(engine.run({"input": x})["probs"], answers[setup]), setup
 
     for name in DEVICES:
         _device(rig, name)
