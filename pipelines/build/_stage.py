@@ -113,7 +113,8 @@ class BuildRecord:
         checks_passed: the stages that passed, in order.
         skipped: stages with nothing to check (no signature declared, no goldens,
             no targets); they are in neither ``checks_passed`` nor ``problems``.
-        goldens: per golden case: passed, tolerances, max abs error per output.
+        goldens: per golden case: passed, tolerances, max abs error per output (the
+            largest in any session setup) and per setup (``setups``).
         engines: per target: status, file, digest, size.
         timings_ms: milliseconds per stage that ran.
         problems: every problem found (empty when the build passed).
