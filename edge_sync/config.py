@@ -106,6 +106,17 @@ def _url(schemes: tuple[str, ...]) -> Any:
     return AfterValidator(check)
 
 
+def _on_off(value: object) -> object:
+    """YAML 1.1 reads an unquoted ``on``/``off`` (and ``yes``/``no``, ``true``/``false``)
+    as a boolean: it means the same as the word, so it is taken as ``on``/``off``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return value
+
+
+OnnxRuntimeLog = Literal["verbose", "info", "warning", "error", "fatal"]
+
+
 def _listen(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
@@ -197,9 +208,13 @@ class ServeConfig(Strict):
     threads: Annotated[int, Field(ge=1, le=256)] = 1
     """ONNX Runtime intra-op threads per session (1 is fastest for small models on
     2 cores: requests run in parallel across sessions' runs instead)."""
-    prepack: Literal["auto", "on", "off"] = "auto"
+    prepack: Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off)] = "auto"
     """Prepack weights (faster for some models, but a private copy of every weight, so
-    nothing is shared between versions); ``auto`` measures each model once."""
+    nothing is shared between versions); ``auto`` measures each model once.  An
+    unquoted ``on``/``off`` (a YAML boolean) means the same as the quoted word."""
+    onnxruntime_log: OnnxRuntimeLog = "warning"
+    """The least severe of ONNX Runtime's own messages written to the daemon's log
+    (``edge_sync.ortlog``: through Python's ``logging``, one line each)."""
     health_gate: HealthGateConfig = HealthGateConfig()
     remote_sync: bool = False
     """Accept ``POST /v2/repository/sync`` from any client (default: this machine only)."""

@@ -300,7 +300,10 @@ class Daemon:
                 print(f"modelreg edge: {sub.name}: not tuned: {reason_text(str(e))}",
                       file=sys.stderr)  # fmt: skip
                 continue
-            if decision is not None:
+            if decision is not None and "error" in decision:
+                print(f"modelreg edge: {sub.name}: prepacking not measured, keeps shared "
+                      f"weights: {decision['error']}", file=sys.stderr)  # fmt: skip
+            elif decision is not None:
                 how = "prepacked (private weights)" if decision["prepack"] else "shared weights"
                 print(f"modelreg edge: {sub.name}: runs with {how}: {decision}", file=sys.stderr)
 
@@ -321,12 +324,16 @@ class Daemon:
             provision(self.config, state)
             serve = self.config.serve
             if self.host is None:
+                from edge_sync.ortlog import ort_severity, route_onnxruntime_log
+
+                route_onnxruntime_log(serve.onnxruntime_log)  # before any session logs
                 self.host = InProcessHost(
                     intra_op_threads=serve.threads,
                     prepack=serve.prepack,
                     memory_budget=serve.memory_budget,
                     decisions=state.root / TUNING_FILE,
                     engine_cache=state.root / ENGINE_CACHE_DIR,
+                    log_severity=ort_severity(serve.onnxruntime_log),
                 )
             recorder = Recorder()
             server = (

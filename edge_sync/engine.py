@@ -2,11 +2,12 @@
 
 The updater gets verified bytes onto the device and decides what should run; an
 :class:`EngineHost` turns a verified file into a runnable :class:`Engine`, proves it
-with :func:`self_test` (the signed golden cases within their tolerances, then warm-up
-runs), and swaps it in.  The in-process host here runs ONNX Runtime sessions; the
-serving layer answers requests from :meth:`EngineHost.current`, which always returns
-a whole engine (the swap is one reference assignment under a lock), and releases an
-old engine only when the requests that hold it are done.
+with :func:`self_test` (the signed golden cases within their tolerances, in every
+session setup the device may run the version in, then warm-up runs), and swaps it in.
+The in-process host here runs ONNX Runtime sessions; the serving layer answers
+requests from :meth:`EngineHost.current`, which always returns a whole engine (the
+swap is one reference assignment under a lock), and releases an old engine only when
+the requests that hold it are done.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 from edge_sync import tensorrt
 from edge_sync.weights import WeightError, Weights, external_tensors, split_model
 from registry.errors import RegistryError
+from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -44,6 +46,8 @@ __all__ = [
     "LoadRequest",
     "OrtEngine",
     "SelfTestError",
+    "SetupHost",
+    "check_goldens",
     "self_test",
     "trim_heap",
 ]
@@ -63,7 +67,6 @@ NUMPY_DTYPES: Final = {
     "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
 }  # fmt: skip
 """The numpy dtype of each protocol datatype."""
-_OPTIMIZATION: Final = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
 
 
 class EngineError(RegistryError):
@@ -170,17 +173,30 @@ class EngineHost(Protocol):
         ...  # pragma: no cover - protocol
 
 
-class OrtEngine:
-    """One ONNX Runtime session.
+@runtime_checkable
+class SetupHost(Protocol):
+    """A host that can build an engine in a given session setup (the self-test runs the
+    goldens in every setup a device may switch to: ``registry.sessions``)."""
 
-    Built one of two ways (chosen by :class:`InProcessHost`):
+    def build_in(self, request: LoadRequest, setup: SessionSetup) -> Engine:
+        """An engine for ``request`` in ``setup`` (not serving, not held by the host).
+
+        Raises:
+            EngineError: it cannot be built in that setup here.
+        """
+        ...  # pragma: no cover - protocol
+
+
+class OrtEngine:
+    """One ONNX Runtime session, in one of the setups of ``registry.sessions``
+    (chosen by :class:`InProcessHost`; :attr:`setup` says which):
 
     * **shared weights** (``share=True``, CPU only): the graph without its large
       tensors, which come from memory maps of the verified file, or from ``base`` (the
       version this one replaces) where their bytes are equal (``edge_sync.weights``).
       Graph optimizations and prepacking are off: both would make private copies.
-    * **private**: the file as ONNX Runtime loads it, optimized at the target's level
-      (a prebuilt engine as it is), with prepacking.
+    * **prepacked** (private): the file as ONNX Runtime loads it, optimized at the
+      target's level (a prebuilt engine as it is), with prepacking.
     """
 
     def __init__(
@@ -191,6 +207,7 @@ class OrtEngine:
         share: bool = False,
         base: OrtEngine | None = None,
         engine_cache: Path | None = None,
+        log_severity: int = 3,
     ) -> None:
         """Create the session for ``request``.
 
@@ -201,6 +218,8 @@ class OrtEngine:
             base: the engine to share unchanged weights with.
             engine_cache: where TensorRT engines built here are cached
                 (``edge_sync.tensorrt``; None: a ``trt-cache`` folder beside the blob).
+            log_severity: the least severe of ONNX Runtime's messages this session
+                logs (0 verbose ... 4 fatal; ``edge_sync.ortlog`` routes them).
 
         Raises:
             EngineError: not an ONNX model ONNX Runtime can load, or a provider (or
@@ -237,7 +256,12 @@ class OrtEngine:
                 )
         self.providers = providers
         self.intra_op_threads = intra_op_threads
-        self.shared = share and providers == ["CPUExecutionProvider"]
+        self.log_severity = log_severity
+        setups = session_setups(target, request.kind)
+        self.setup: SessionSetup = next(
+            (s for s in setups if s.name == (SHARED if share else PREPACKED)), setups[-1]
+        )
+        """The session setup this engine runs in (``registry.sessions``)."""
         self._live: _Live | None = None
         self.evicted = False
         """Unloaded to keep within the memory budget: the next run loads it again."""
@@ -267,7 +291,7 @@ class OrtEngine:
 
         request = self.request
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = self.log_severity
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         source: str | bytes = str(request.path)
@@ -275,18 +299,10 @@ class OrtEngine:
         if self.shared:
             try:
                 source, weights = self._split(options, base)
-            except WeightError:
-                self.shared = False  # a file this cannot split loads whole, privately
-        if self.shared:
-            level = "disable"
-            options.add_session_config_entry("session.disable_prepacking", "1")
-        elif request.kind == "engine":
-            level = "disable"  # optimized offline, by CI
-        else:
-            level = getattr(request.target, "optimization", "all")
-        options.graph_optimization_level = ort.GraphOptimizationLevel(
-            {0: 0, 1: 1, 2: 2, 99: 99}[_OPTIMIZATION[level]]
-        )
+            except WeightError:  # a file this cannot split loads whole, privately
+                setups = session_setups(request.target, request.kind)
+                self.setup = setups[-1]
+        self.setup.configure(options)
         try:
             return _Live(ort.InferenceSession(source, options, providers=self.providers), weights)
         except Exception as e:  # noqa: BLE001 - ORT's pybind errors share no other base
@@ -302,6 +318,11 @@ class OrtEngine:
             if self._live is not None:
                 self._live = None  # a run in progress keeps its own reference
                 self.evicted = True
+
+    @property
+    def shared(self) -> bool:
+        """Whether this is a shared-weight session (see the class doc)."""
+        return self.setup.shared
 
     @property
     def loaded(self) -> bool:
@@ -449,31 +470,30 @@ def trim_heap() -> None:
         trim(0)
 
 
-def self_test(
-    engine: Engine, cases: Sequence[GoldenCase], *, warmup_runs: int = WARMUP_RUNS
-) -> dict[str, float]:
-    """Prove ``engine`` before it serves: every golden case within its tolerances,
-    then ``warmup_runs`` runs (of the first case's inputs, or of zeros shaped like the
-    inputs when the version has no golden case).
+def check_goldens(engine: Engine, cases: Sequence[GoldenCase], setup: str | None = None) -> None:
+    """Every golden case of ``cases`` on ``engine``, within its tolerances.
 
-    Returns:
-        Milliseconds spent in ``goldens`` and ``warmup``.
+    Args:
+        engine: the engine to run them on.
+        cases: the signed golden cases.
+        setup: the session setup's label, named in a failure (``registry.sessions``).
 
     Raises:
         SelfTestError: a case fails to run or an output is out of tolerance (the
-            message names the case, the output and the largest error).
+            message names the case, the output, the setup and the largest error).
     """
-    timings: dict[str, float] = {}
-    if cases:
-        from registry.goldens import compare
-    start = time.perf_counter()
+    from registry.goldens import compare
+
+    where = f" in the {setup} session" if setup else ""
     for case in cases:
         wanted = list(case.outputs)
         try:
             got = engine.run(case.inputs, wanted)
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
             first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            raise SelfTestError(f"golden case {case.name!r}: the model fails: {first}") from None
+            raise SelfTestError(
+                f"golden case {case.name!r}{where}: the model fails: {first}"
+            ) from None
         for name in wanted:
             result = compare(case.outputs[name], got[name], case.rtol, case.atol)
             if not result.ok:
@@ -482,7 +502,59 @@ def self_test(
                     f"(max abs error {result.max_abs_error:.3g}, rtol {case.rtol:g}, "
                     f"atol {case.atol:g})"
                 )
-                raise SelfTestError(f"golden case {case.name!r}, output {name!r}: {detail}")
+                raise SelfTestError(f"golden case {case.name!r}, output {name!r}{where}: {detail}")
+
+
+def self_test(
+    engine: Engine,
+    cases: Sequence[GoldenCase],
+    *,
+    warmup_runs: int = WARMUP_RUNS,
+    host: SetupHost | None = None,
+) -> dict[str, float]:
+    """Prove ``engine`` before it serves: every golden case within its tolerances in
+    every session setup the device may run the version in, then ``warmup_runs`` runs
+    (of the first case's inputs, or of zeros shaped like the inputs when the version
+    has no golden case).
+
+    The setups are ``registry.sessions.session_setups`` of the engine's request, in
+    that order: ``engine`` answers for its own setup, and ``host`` builds an engine in
+    each other one for the goldens and releases it at once.  So the verdict is the
+    same on every device of the target, whatever setup (``serve.prepack``, a timing
+    measurement) the device runs.
+
+    Args:
+        engine: the candidate.
+        cases: its signed golden cases.
+        warmup_runs: runs after the goldens.
+        host: what builds engines in the other setups (None, or an engine that names
+            no setup: only ``engine`` is checked).
+
+    Returns:
+        Milliseconds spent in ``goldens`` and ``warmup``.
+
+    Raises:
+        SelfTestError: a case fails to run or an output is out of tolerance (the
+            message names the case, the output, the setup and the largest error).
+        EngineError: the version cannot be built in another setup.
+    """
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    own: SessionSetup | None = getattr(engine, "setup", None)
+    request: LoadRequest | None = getattr(engine, "request", None)
+    if not cases or own is None or request is None or host is None:
+        check_goldens(engine, cases, own.label if own is not None else None)
+    else:
+        for setup in session_setups(request.target, request.kind):
+            if setup == own:
+                check_goldens(engine, cases, setup.label)
+                continue
+            other = host.build_in(request, setup)
+            try:
+                check_goldens(other, cases, setup.label)
+            finally:
+                other.close()
+                trim_heap()  # a private copy of every weight: given back now
     timings["goldens"] = (time.perf_counter() - start) * 1000
     start = time.perf_counter()
     sample = getattr(engine, "sample_inputs", None)

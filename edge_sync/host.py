@@ -3,6 +3,11 @@ that serves it and any others still loaded (the version it replaced while reques
 drain or a health gate watches), shares unchanged weights between versions, decides
 prepacking per model by measurement, and keeps engines within a memory budget.
 
+The measurement decides only how fast a version runs, never whether it is accepted:
+the self-test runs the goldens in every session setup the host may switch a version
+to (:meth:`InProcessHost.build_in`, ``registry.sessions``), so every device of a
+target gives a version the same verdict whatever it measured.
+
 * :meth:`InProcessHost.swap` is one reference assignment under a lock;
 * :meth:`InProcessHost.lease` hands a request the engine it runs on and holds it:
   :meth:`InProcessHost.retire` releases an engine only when its last lease ends, so a
@@ -26,6 +31,8 @@ from typing import Any, Final
 
 from edge_sync.engine import Engine, EngineError, LoadRequest, OrtEngine, trim_heap
 from registry.atomic import write_atomic
+from registry.errors import one_line
+from registry.sessions import SessionSetup
 
 __all__ = ["LRU_K", "PREPACK_GAIN", "PREPACK_RUNS", "CacheStats", "InProcessHost"]
 
@@ -79,7 +86,12 @@ def _best_run_ms(engine: Engine, sample: Mapping[str, Any]) -> float:
     return round(best * 1000, 3)
 
 
-def _read_decisions(path: Path | None) -> dict[str, dict[str, float | bool]]:
+Decision = dict[str, float | bool | str]
+"""Per model: ``prepack`` (whether prepacking won), the milliseconds per run measured
+(``shared_ms``, ``prepacked_ms``), and ``error`` when the measurement failed."""
+
+
+def _read_decisions(path: Path | None) -> dict[str, Decision]:
     """Decisions kept by an earlier run (none when absent or unreadable)."""
     if path is None:
         return {}
@@ -90,7 +102,7 @@ def _read_decisions(path: Path | None) -> dict[str, dict[str, float | bool]]:
     if not isinstance(doc, dict):
         return {}
     return {
-        str(model): {str(k): v for k, v in d.items() if isinstance(v, (bool, int, float))}
+        str(model): {str(k): v for k, v in d.items() if isinstance(v, (bool, int, float, str))}
         for model, d in doc.items()
         if isinstance(d, dict) and isinstance(d.get("prepack"), bool)
     }
@@ -159,6 +171,7 @@ class InProcessHost:
         half_life_s: float = 300.0,
         decisions: Path | None = None,
         engine_cache: Path | None = None,
+        log_severity: int = 3,
     ) -> None:
         """A host with no engines.
 
@@ -172,6 +185,8 @@ class InProcessHost:
             half_life_s: how fast request heat decays.
             decisions: where :meth:`tune`'s decisions are kept (None: in memory).
             engine_cache: where TensorRT engines built on this device are cached.
+            log_severity: the least severe ONNX Runtime message a session logs
+                (0 verbose ... 4 fatal; ``serve.onnxruntime_log``).
         """
         if prepack not in ("auto", "on", "off"):
             raise ValueError(f"prepack must be auto, on or off, not {prepack!r}")
@@ -183,7 +198,8 @@ class InProcessHost:
         """Hits, misses and evictions per model."""
         self.decisions = decisions
         self.engine_cache = engine_cache
-        self.prepack_decisions: dict[str, dict[str, float | bool]] = _read_decisions(decisions)
+        self.log_severity = log_severity
+        self.prepack_decisions: dict[str, Decision] = _read_decisions(decisions)
         """Per model: whether prepacking won, and the milliseconds per run measured."""
         self._serving: dict[str, _Held] = {}
         self._loaded: dict[int, _Held] = {}
@@ -203,6 +219,22 @@ class InProcessHost:
             share=share,
             base=base if isinstance(base, OrtEngine) else None,
             engine_cache=self.engine_cache,
+            log_severity=self.log_severity,
+        )
+
+    def build_in(self, request: LoadRequest, setup: SessionSetup) -> Engine:
+        """An engine for ``request`` in ``setup``, held by nobody (the self-test runs
+        the goldens in it and closes it).
+
+        Raises:
+            EngineError: it cannot be built in that setup here.
+        """
+        return OrtEngine(
+            request,
+            intra_op_threads=self.intra_op_threads,
+            share=setup.shared,
+            engine_cache=self.engine_cache,
+            log_severity=self.log_severity,
         )
 
     def _share(self, request: LoadRequest) -> bool:
@@ -211,13 +243,15 @@ class InProcessHost:
         decided = self.prepack_decisions.get(request.model)
         return decided is None or not decided["prepack"]  # shared until measured
 
-    def tune(self, model: str) -> dict[str, float | bool] | None:
+    def tune(self, model: str) -> Decision | None:
         """With ``prepack: auto``, measure once per model whether prepacking pays: time
         the serving (shared-weight) engine and a private, prepacked one of the same
         version on zeros shaped like the inputs; prepacking wins when it is over
         :data:`PREPACK_GAIN` times faster (it costs a private copy of every weight, and
         sharing on every later swap).  A winning private engine is swapped in at once.
-        The decision is kept (``decisions``) across restarts.
+        The decision is kept (``decisions``) across restarts.  A measurement that
+        fails (the private engine does not build, the model does not run on zeros)
+        keeps sharing, and says why in the decision's ``error``.
 
         Returns:
             The decision made now, or None (already decided, not auto, nothing serving,
@@ -232,20 +266,29 @@ class InProcessHost:
         if busy or not isinstance(serving, OrtEngine) or not serving.shared or not serving.loaded:
             return None
         try:
-            private = OrtEngine(serving.request, intra_op_threads=self.intra_op_threads)
-        except EngineError:
-            return self._decided(model, {"prepack": False})
+            private = OrtEngine(
+                serving.request,
+                intra_op_threads=self.intra_op_threads,
+                log_severity=self.log_severity,
+            )
+        except EngineError as e:
+            return self._decided(model, {"prepack": False, "error": one_line(str(e), 300)})
         try:
             sample = serving.sample_inputs()
             with self.lease(model) as measured:  # not evicted nor released while timed
                 timings = {"shared_ms": _best_run_ms(measured, sample),
                            "prepacked_ms": _best_run_ms(private, sample)}  # fmt: skip
                 agree = _agree(measured.run(sample), private.run(sample))
-        except Exception:  # noqa: BLE001 - zeros may not be valid input: keep sharing
+        except Exception as e:  # noqa: BLE001 - zeros may not be valid input: keep sharing
             private.close()
-            return self._decided(model, {"prepack": False})
-        # the private engine runs other (fused) kernels than the one that passed the
-        # goldens: it must answer as that one does, or it is not used
+            error = one_line(str(e), 300) or type(e).__name__
+            return self._decided(model, {
+                "prepack": False,
+                "error": f"the model does not run on zeros shaped like its inputs: {error}",
+            })  # fmt: skip
+        # the private engine runs other (fused) kernels: the self-test checked the
+        # goldens in both setups before the version was accepted; this check on zeros
+        # still guards a version accepted by an older daemon, which checked only one
         won = agree and timings["shared_ms"] > timings["prepacked_ms"] * PREPACK_GAIN
         if won:
             old = self.swap(model, private)
@@ -256,7 +299,7 @@ class InProcessHost:
             trim_heap()
         return self._decided(model, {"prepack": won, **timings})
 
-    def _decided(self, model: str, decision: dict[str, float | bool]) -> dict[str, float | bool]:
+    def _decided(self, model: str, decision: Decision) -> Decision:
         self.prepack_decisions[model] = decision
         if self.decisions is not None:
             with contextlib.suppress(OSError):  # measured again after a restart: harmless

@@ -41,6 +41,7 @@ from edge_sync.engine import (
     EngineHost,
     GoldenCase,
     LoadRequest,
+    SetupHost,
     self_test,
 )
 from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, Verdict, judge
@@ -814,7 +815,10 @@ class Updater:
         try:
             with stages("self_test"):
                 cases = self._goldens(trust, request.model, request.version, doc)
-                self_test(engine, cases)
+                # in every session setup this host may switch the version to: one
+                # verdict on every device of the target (registry.sessions)
+                host = self.host if isinstance(self.host, SetupHost) else None
+                self_test(engine, cases, host=host)
         except BaseException:
             engine.close()
             raise

@@ -1,13 +1,18 @@
-"""Build stage "goldens": the model reproduces each golden case within tolerance.
+"""Build stage "goldens": the model reproduces each golden case within tolerance, in
+every session setup a device may run it in.
 
 ``compare_output`` is :func:`registry.goldens.compare` (``numpy.allclose`` semantics,
-the rule devices apply in their self-test).  ``run_goldens`` does the I/O: reads
-``.npz`` files (``registry.goldens.read_npz``: no links, caps checked before any array
-is read) or inline tensors, and runs the model.
+the rule devices apply in their self-test).  :func:`golden_setups` says which session
+setups to run (``registry.sessions``, the owner devices use too: a device accepts a
+version only when its goldens pass in each, so CI checks each).  ``run_goldens`` does
+the I/O: reads ``.npz`` files (``registry.goldens.read_npz``: no links, caps checked
+before any array is read) or inline tensors, runs the model in each setup, and fails
+a case naming the setups out of tolerance and the largest error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,13 +22,41 @@ from pipelines.onnx import ort_errors
 from registry.errors import GoldenError, one_line
 from registry.goldens import Comparison, tensor_set
 from registry.goldens import compare as compare_output
-from registry.schema import Goldens, TensorSet
+from registry.schema import Goldens, Target, TensorSet
+from registry.sessions import SessionSetup, session_setups
 from registry.yamlsrc import Loc
 
-__all__ = ["CaseResult", "Comparison", "GoldenFailure", "compare_output", "run_goldens"]
+__all__ = [
+    "CaseResult",
+    "Comparison",
+    "GoldenFailure",
+    "compare_output",
+    "golden_setups",
+    "run_goldens",
+]
 
 if TYPE_CHECKING:
     from pipelines.onnx import Session
+
+
+def golden_setups(targets: Sequence[Target], available: Collection[str]) -> list[SessionSetup]:
+    """The session setups to run a version's goldens in: every setup a device of one
+    of ``targets`` may run it in (``registry.sessions``) whose providers this runner
+    has, each once.  TensorRT targets build their engines on the device, with its own
+    precision: not here.  With no target, or none runnable here, ONNX Runtime on CPU.
+
+    Args:
+        targets: the version's ``spec.targets``.
+        available: the execution providers this runner has.
+    """
+    found: list[SessionSetup] = []
+    for target in targets:
+        if target.engine != "onnxruntime":
+            continue
+        for setup in session_setups(target):
+            if setup not in found and all(p in available for p in setup.providers):
+                found.append(setup)
+    return found or list(session_setups(None))
 
 
 def _run_errors() -> tuple[type[BaseException], ...]:
@@ -48,6 +81,9 @@ class CaseResult:
     atol: float
     passed: bool = True
     max_abs_error: dict[str, float | None] = field(default_factory=dict)
+    """Per output, the largest error in any setup."""
+    setups: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    """Per session setup (its label), per output, the largest error."""
 
     def to_json(self) -> dict[str, Any]:
         """This result as JSON data."""
@@ -57,7 +93,14 @@ class CaseResult:
             "rtol": self.rtol,
             "atol": self.atol,
             "max_abs_error": self.max_abs_error,
+            "setups": self.setups,
         }
+
+    def measured(self, setup: str, output: str, error: float | None) -> None:
+        """Record ``output``'s largest error in ``setup``."""
+        self.setups.setdefault(setup, {})[output] = error
+        known = [e for e in (self.max_abs_error.get(output), error) if e is not None]
+        self.max_abs_error[output] = max(known) if known else None
 
 
 class _TensorsError(Exception):
@@ -76,8 +119,12 @@ def _tensors(root: Path, value: TensorSet) -> dict[str, Any]:
         raise _TensorsError(str(e)) from None
 
 
-def _describe(c: Comparison, case: str, output: str, rtol: float, atol: float) -> str:
+def _describe(
+    c: Comparison, case: str, output: str, rtol: float, atol: float, *, setups: Sequence[str]
+) -> str:
     where = f"case {case!r} output {output!r}"
+    if setups:
+        where += f" in session setup{'s' if len(setups) > 1 else ''} {', '.join(setups)}"
     if c.reason is not None:
         return f"{where}: {c.reason}"
     if c.max_abs_error is None:
@@ -89,14 +136,17 @@ def _describe(c: Comparison, case: str, output: str, rtol: float, atol: float) -
 
 
 def run_goldens(
-    session: Session, root: Path, goldens: Goldens
+    sessions: Sequence[tuple[SessionSetup, Session]], root: Path, goldens: Goldens
 ) -> tuple[list[CaseResult], list[GoldenFailure]]:
-    """Run every case of ``goldens`` through ``session`` and compare the outputs.
+    """Run every case of ``goldens`` in every session and compare the outputs.
 
-    Every case runs even when an earlier one fails.
+    Every case runs even when an earlier one fails.  An output out of tolerance in
+    any setup fails its case once, naming every setup where it is out of tolerance and
+    the largest error among them.
 
     Args:
-        session: an ONNX Runtime ``InferenceSession``.
+        sessions: (setup, ONNX Runtime ``InferenceSession`` set up for it), at least
+            one (:func:`golden_setups`).
         root: the repository root (``.npz`` paths are relative to it).
         goldens: the version's ``spec.goldens``.
 
@@ -105,8 +155,9 @@ def run_goldens(
     """
     results: list[CaseResult] = []
     failures: list[GoldenFailure] = []
-    model_inputs = {i.name for i in session.get_inputs()}
-    model_outputs = [o.name for o in session.get_outputs()]
+    first = sessions[0][1]
+    model_inputs = {i.name for i in first.get_inputs()}
+    model_outputs = [o.name for o in first.get_outputs()]
     for i, case in enumerate(goldens.cases):
         loc: Loc = ("spec", "goldens", "cases", i)
         rtol = goldens.rtol if case.rtol is None else case.rtol
@@ -138,20 +189,31 @@ def run_goldens(
                 f"case {case.name!r}: outputs {unknown} are not outputs of the model "
                 f"({', '.join(model_outputs)})",
             )
-        mismatches = input_mismatches(session, inputs)
+        mismatches = input_mismatches(first, inputs)
         if mismatches:
             source = case.inputs if isinstance(case.inputs, str) else "inline inputs"
             fail((*loc, "inputs"), f"case {case.name!r}: {source}: {'; '.join(mismatches)}")
             continue
         wanted = [n for n in model_outputs if n in expected]
-        try:
-            actual = dict(zip(wanted, session.run(wanted, inputs), strict=True))
-        except _run_errors() as e:
-            fail((*loc, "inputs"), f"case {case.name!r}: the model fails: {one_line(str(e))}")
-            continue
-        for name in wanted:
-            comparison = compare_output(expected[name], actual[name], rtol, atol)
-            result.max_abs_error[name] = comparison.max_abs_error
-            if not comparison.ok:
-                fail((*loc, "outputs"), _describe(comparison, case.name, name, rtol, atol))
+        out_of_tolerance: dict[str, list[tuple[SessionSetup, Comparison]]] = {}
+        for setup, session in sessions:
+            try:
+                actual = dict(zip(wanted, session.run(wanted, inputs), strict=True))
+            except _run_errors() as e:
+                fail(
+                    (*loc, "inputs"),
+                    f"case {case.name!r} in session setup {setup.label}: the model fails: "
+                    f"{one_line(str(e))}",
+                )
+                break
+            for name in wanted:
+                comparison = compare_output(expected[name], actual[name], rtol, atol)
+                result.measured(setup.label, name, comparison.max_abs_error)
+                if not comparison.ok:
+                    out_of_tolerance.setdefault(name, []).append((setup, comparison))
+        for name, found in out_of_tolerance.items():
+            # the worst setup's figures; every setup out of tolerance named
+            worst = max(found, key=lambda f: f[1].max_abs_error or 0.0)[1]
+            labels = [setup.label for setup, _ in found]
+            fail((*loc, "outputs"), _describe(worst, case.name, name, rtol, atol, setups=labels))
     return results, failures

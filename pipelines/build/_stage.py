@@ -3,8 +3,9 @@
 Per version, in stages (each timed): **fetch** the DVC-tracked artifact and verify
 its MD5 against the pointer; **check** it with the ONNX checker and strict shape
 inference; compare the declared **signature** with the graph; **load** it in ONNX
-Runtime on CPU; run the **goldens**; build the target **engines**.  A record of all
-of it goes to ``.modelreg/build/<model>/<version>/build.json``, passing or not.
+Runtime on CPU; run the **goldens** in every session setup a device of the version's
+targets may run it in (``registry.sessions``); build the target **engines**.  A record
+of all of it goes to ``.modelreg/build/<model>/<version>/build.json``, passing or not.
 
 Every version is built even when an earlier one fails, and within a version every
 stage whose inputs are sound still runs (a signature mismatch does not hide a golden
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 from pipelines.build._checks import check_onnx, compare_signatures, graph_signature
 from pipelines.build._engines import FAILED, EngineResult, build_engines
-from pipelines.build._goldens import CaseResult, run_goldens
+from pipelines.build._goldens import CaseResult, golden_setups, run_goldens
 from pipelines.changes import changed_versions
 from pipelines.context import ReleaseContext, repository
 from pipelines.errors import ArtifactError, BuildError, PipelineError
@@ -48,8 +49,6 @@ from registry.yamlsrc import Loc, YamlDocument
 
 if TYPE_CHECKING:
     import onnx
-
-    from pipelines.onnx import Session
 
 Stage = Literal["manifest", "fetch", "check", "signature", "load", "goldens", "engines"]
 STAGES: Final[tuple[Stage, ...]] = ("fetch", "check", "signature", "load", "goldens", "engines")
@@ -114,7 +113,8 @@ class BuildRecord:
         checks_passed: the stages that passed, in order.
         skipped: stages with nothing to check (no signature declared, no goldens,
             no targets); they are in neither ``checks_passed`` nor ``problems``.
-        goldens: per golden case: passed, tolerances, max abs error per output.
+        goldens: per golden case: passed, tolerances, max abs error per output (the
+            largest in any session setup) and per setup (``setups``).
         engines: per target: status, file, digest, size.
         timings_ms: milliseconds per stage that ran.
         problems: every problem found (empty when the build passed).
@@ -382,8 +382,8 @@ class _VersionBuild:
         session = self._stage("load", lambda: load_session(artifact, self.display))
         if session is None:
             return self.record
-        self._stage("goldens", functools.partial(self._goldens, session))
-        del session  # engines load their own; don't hold two copies of the weights
+        del session  # the goldens and engines load their own: one copy of the weights
+        self._stage("goldens", functools.partial(self._goldens, artifact))
         self._stage("engines", lambda: self._engines(artifact))
         return self.record
 
@@ -457,11 +457,17 @@ class _VersionBuild:
         for mismatch in compare_signatures(declared_sig, graph):
             self._problem("signature", _at(doc, mismatch.loc, mismatch.message))
 
-    def _goldens(self, session: Session) -> None:
+    def _goldens(self, artifact: Path) -> None:
+        """The goldens in every session setup a device of the version's targets may
+        run it in (``golden_setups``), each session loaded in turn."""
         if self.spec.goldens is None:
             self.record.skipped.append("goldens")
             return
-        self.record.goldens, failures = run_goldens(session, self.repo.root, self.spec.goldens)
+        import onnxruntime as ort
+
+        setups = golden_setups(list(self.spec.targets), ort.get_available_providers())
+        sessions = [(s, load_session(artifact, self.display, setup=s)) for s in setups]
+        self.record.goldens, failures = run_goldens(sessions, self.repo.root, self.spec.goldens)
         for f in failures:
             self._problem("goldens", _at(self.entry.doc, f.loc, f.message))
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from pipelines.errors import ArtifactError
 from registry.errors import one_line
+from registry.sessions import SessionSetup
 
 
 class NodeArg(Protocol):
@@ -54,12 +55,18 @@ def ort_errors() -> tuple[type[Exception], ...]:
 
 
 def load_session(
-    model: Path | str | bytes, display: str, providers: list[str] | None = None
+    model: Path | str | bytes,
+    display: str,
+    providers: list[str] | None = None,
+    *,
+    setup: SessionSetup | None = None,
 ) -> Session:
     """An ONNX Runtime ``InferenceSession`` over ``model`` (CPU unless told otherwise):
     the one place the CI side opens a session (build, goldens, diff drift).
 
     ``model`` is a path (external data is resolved beside it) or the model's bytes.
+    ``setup`` sets the session up as a device does (``registry.sessions``: graph
+    optimization, prepacking, providers); without it, ONNX Runtime's defaults.
 
     Raises:
         ArtifactError: ONNX Runtime cannot load the model.
@@ -68,6 +75,9 @@ def load_session(
 
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: warnings would go to the CI log unasked
+    if setup is not None:
+        setup.configure(options)
+        providers = list(setup.providers)
     source = model if isinstance(model, bytes) else str(model)
     try:
         session: Session = ort.InferenceSession(

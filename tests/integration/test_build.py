@@ -107,7 +107,8 @@ def test_build_passes_and_writes_record(repo: Path, cli, example_models: Path) -
     assert all(isinstance(ms, float) and ms >= 0 for ms in record["timings_ms"].values())
     assert record["goldens"] == [
         {"case": "default", "passed": True, "rtol": 1e-4, "atol": 1e-5,
-         "max_abs_error": {"probs": 0.0}},
+         "max_abs_error": {"probs": 0.0},
+         "setups": {"shared": {"probs": 0.0}, "prepacked": {"probs": 0.0}}},
     ]  # fmt: skip
 
     cpu, jetson = record["engines"]
@@ -212,7 +213,8 @@ def test_altered_golden_output_fails_naming_case_output_error_and_tolerances(
     (line,) = _error_lines(r.err)
     assert re.fullmatch(
         r"manifests/mlp/versions/1\.0\.0\.yaml:\d+:\d+: spec\.goldens\.cases\[0\]\.outputs: "
-        r"case 'default' output 'probs': max abs error 0\.25 exceeds tolerance "
+        r"case 'default' output 'probs' in session setups shared, prepacked: "
+        r"max abs error 0\.25 exceeds tolerance "
         r"\(rtol=0\.0001, atol=1e-05\); 1 of \d+ values out of tolerance",
         line,
     ), line

@@ -50,7 +50,10 @@ REGISTRY_SIDE = {"mlflow", "dvc", "onnx", "pipelines", "git"}
         ("fleet.reports, fleet.summary", REGISTRY_SIDE | {"onnxruntime", "edge_sync"}),
         # What a device's updater and self-test import: not even ONNX Runtime up front.
         (
-            "registry.goldens, registry.atomic, signing.target_names, signing.version_doc",
+            (
+                "registry.goldens, registry.atomic, registry.sessions, signing.target_names, "
+                "signing.version_doc"
+            ),
             REGISTRY_SIDE | {"onnxruntime"},
         ),
     ],

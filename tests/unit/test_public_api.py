@@ -47,6 +47,8 @@ PUBLIC: dict[str, set[str]] = {
         "NUMPY_DTYPES",
         "OrtEngine",
         "SelfTestError",
+        "SetupHost",
+        "check_goldens",
         "self_test",
         "trim_heap",
     },
@@ -254,6 +256,13 @@ PUBLIC: dict[str, set[str]] = {
         "load_config",
     },
     "registry.validation": {"Validation", "validate_repository"},
+    "registry.sessions": {
+        "OPTIMIZATION_LEVELS",
+        "PREPACKED",
+        "SHARED",
+        "SessionSetup",
+        "session_setups",
+    },
     "registry.cohort": {
         "in_cohort",
     },
