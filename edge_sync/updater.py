@@ -57,7 +57,13 @@ from edge_sync.state import (
     now_iso,
     reason_text,
 )
-from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts, trusted_role
+from edge_sync.trust import (
+    DeviceTrust,
+    SignedTarget,
+    expect_facts,
+    expired_roles,
+    trusted_role,
+)
 from edge_sync.watcher import SourceError, Watcher, watcher_for
 from registry.cohort import in_cohort
 from registry.errors import RegistryError
@@ -455,13 +461,18 @@ class Updater:
             shutil.rmtree(self.state.partials, ignore_errors=True)
 
     def _trust_expired(self) -> bool:
-        """Whether the trusted timestamp has expired (then an idle poll verifies again,
-        and reports the freeze instead of "current")."""
+        """Whether any trusted role has expired, or no timestamp is held yet (then an
+        idle poll verifies again, and reports the freeze instead of "current").
+
+        Every role counts: a timestamp key alone can keep the timestamp fresh over a
+        snapshot or targets past their own bound (see ``trust.expired_roles``).
+        """
         try:
-            timestamp = trusted_role(self.state.root, "timestamp")
+            if trusted_role(self.state.root, "timestamp") is None:
+                return True
+            return bool(expired_roles(self.state.root, _now()))
         except VerificationError:
             return True  # unreadable: verify
-        return timestamp is None or timestamp.expires <= _now()
 
     def _device_failure(
         self, state: DeviceState, reason: str, commit: str | None = None

@@ -42,6 +42,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, Protocol
 from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from tuf.api import exceptions as tuf_errors
@@ -298,6 +299,16 @@ class _Seen(BaseModel):
         return Validators(self.etag, self.last_modified, self.stat)
 
 
+def _resolved(location: str) -> str:
+    """A local remote's folder with its links resolved (a URL as it is)."""
+    parsed = urlsplit(location)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path)).resolve().as_uri()
+    if parsed.scheme:
+        return location.rstrip("/")
+    return str(Path(location).resolve())
+
+
 def _shown(url: str) -> str:
     """``url`` for a message: no query or fragment (tokens live there), no credentials."""
     return redact(urlsplit(url)._replace(query="", fragment="").geturl())
@@ -325,7 +336,9 @@ class RemoteMetadataWatcher:
         keeping what was read in ``state_dir`` (:data:`WATCH_FILE`)."""
         self.artifacts_url = artifacts_url
         self.url = f"{artifacts_url.rstrip('/')}/{MIRROR_DIR}"
-        self.timestamp_url = f"{self.url}/{TIMESTAMP_FILE}"
+        # The operator's path to a local remote is resolved here, once: the probe then
+        # follows no link below it (one planted on the remote would name any file).
+        self.timestamp_url = f"{_resolved(artifacts_url)}/{MIRROR_DIR}/{TIMESTAMP_FILE}"
         self.state_dir = state_dir
         self.limits = limits or TrustLimits()
         self._prober = prober or probe
