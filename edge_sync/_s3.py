@@ -240,4 +240,3 @@ def probe_s3(
             f"over the {limits.timestamp_max_length} bytes a timestamp may be"
         )
     return body, tag if isinstance(tag, str) else None, 1 + redirects, budget.received
-
