@@ -411,11 +411,20 @@ class StateDir:
         self._lock_fd = None
 
     def locked_by_other(self) -> bool:
-        """Whether a live process (not this one) holds the lock."""
+        """Whether a live process (not this one) holds the lock.
+
+        Raises:
+            StateError: this user may not open the lock (the dir is the daemon's own).
+        """
         path = self.root / LOCK_FILE
         if self._lock_fd is not None or not path.exists():
             return False
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:
+            raise StateError(
+                f"{self.root}: readable only by the daemon's user (run as that user, or root)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
