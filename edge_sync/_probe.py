@@ -96,9 +96,16 @@ Prober = Callable[[str, Validators, TrustLimits], Probe]
 a fleet simulation or a test passes its own)."""
 
 
-def probe(url: str, known: Validators, limits: TrustLimits) -> Probe:
+def probe(
+    url: str,
+    known: Validators,
+    limits: TrustLimits,
+    *,
+    cancelled: Callable[[], bool] | None = None,
+) -> Probe:
     """Read ``url`` (a path, ``file://``, ``http(s)://`` or ``s3://`` URL) unless it is
-    unchanged since ``known``.
+    unchanged since ``known``; over the network, ``cancelled`` is asked while a read
+    waits (True ends it with a ``DownloadError``).
 
     Raises:
         DownloadHTTPError: the server answered with an error status (404: missing).
@@ -108,11 +115,11 @@ def probe(url: str, known: Validators, limits: TrustLimits) -> Probe:
     """
     scheme = urlparse(url).scheme
     if scheme in {"http", "https"}:
-        return _probe_http(url, known, limits)
+        return _probe_http(url, known, limits, cancelled)
     if scheme == "s3":
         from edge_sync._s3 import probe_s3
 
-        body, etag, requests, received = probe_s3(url, known.etag, limits)
+        body, etag, requests, received = probe_s3(url, known.etag, limits, cancelled)
         validators = known if body is None else Validators(etag=_etag(etag))
         return Probe(body, validators, requests, received)
     if scheme == "file":
@@ -153,8 +160,10 @@ class _CountedRedirects(SameOriginRedirects):
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _probe_http(url: str, known: Validators, limits: TrustLimits) -> Probe:
-    budget = _TransferBudget(limits)
+def _probe_http(
+    url: str, known: Validators, limits: TrustLimits, cancelled: Callable[[], bool] | None = None
+) -> Probe:
+    budget = _TransferBudget(limits, cancelled=cancelled)
     redirects = _CountedRedirects()
     opener = guarded_opener(budget, redirects)
     # identity: a compressed body would be the hash of other bytes than were signed

@@ -207,7 +207,7 @@ def fetch_s3(
 
 
 def probe_s3(
-    url: str, etag: str | None, limits: TrustLimits
+    url: str, etag: str | None, limits: TrustLimits, cancelled: Callable[[], bool] | None = None
 ) -> tuple[bytes | None, str | None, int, int]:
     """The object at ``url`` unless its ETag is still ``etag`` (one ``GetObject`` with
     ``If-None-Match``): (body or None when unchanged, its ETag, requests, bytes received).
@@ -218,7 +218,7 @@ def probe_s3(
         SlowRetrievalError: a time limit was passed.
         DownloadError: the service cannot be reached.
     """
-    budget = _TransferBudget(limits)
+    budget = _TransferBudget(limits, cancelled=cancelled)
     headers = {"Accept-Encoding": "identity"}
     if etag is not None:
         headers["If-None-Match"] = etag

@@ -199,7 +199,7 @@ class Updater:
         self.host = host
         self.limits = limits or TrustLimits()
         self.watcher = watcher or watcher_for(
-            config, state.root, state.checkout, limits=self.limits
+            config, state.root, state.checkout, limits=self.limits, cancelled=should_stop
         )
         self.gate = gate if gate is not None and gate.window_s > 0 and recorder else None
         self.recorder = recorder
@@ -363,6 +363,7 @@ class Updater:
             with stages("detect"):
                 head = self.watcher.sync()
         except SourceError as e:
+            self._stop_if_stopping(e)
             return self._device_failure(state, f"repository: {e}")
         pending = any(
             (m.last_update is not None and m.last_update.result == "failed")
@@ -401,6 +402,7 @@ class Updater:
                 if state.channels is not None:
                     check_channels_successor(ChannelsDoc.model_validate(state.channels), channels)
         except (SigningError, ValueError) as e:
+            self._stop_if_stopping(e)
             said = str(e) if str(e).startswith("trust metadata") else f"trust metadata: {e}"
             return self._device_failure(state, said, commit=head.commit)
         report = SyncReport("current")
@@ -473,6 +475,16 @@ class Updater:
             return bool(expired_roles(self.state.root, _now()))
         except VerificationError:
             return True  # unreadable: verify
+
+    def _stop_if_stopping(self, error: Exception) -> None:
+        """A poll or a metadata download cut by a stopping daemon is no failure of the
+        source: end the sync as at a stage boundary, recording nothing.
+
+        Raises:
+            StoppedError: the daemon is stopping.
+        """
+        if self.should_stop is not None and self.should_stop():
+            raise StoppedError(f"stopped during the sync ({error})") from error
 
     def _device_failure(
         self, state: DeviceState, reason: str, commit: str | None = None
@@ -586,6 +598,7 @@ class Updater:
                 finished=now_iso(), stages_ms=stages.ms,
             )  # fmt: skip
         except (RegistryError, OSError) as e:
+            self._stop_if_stopping(e)  # a download cut by the stop is resumed, not failed
             record = UpdateRecord(
                 result="failed", version=version, method=_said(plan.method) if plan else None,
                 bytes_fetched=trust.bytes_downloaded - fetched_before, reason=_one_line(e),

@@ -38,13 +38,14 @@ Errors::
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -89,7 +90,8 @@ MAX_METADATA_BYTES: Final = 256 << 20
 """Most bytes it may hold (devices read a few megabytes of it; see ``TrustLimits``)."""
 _MAX_OUTPUT: Final = 1 << 20
 _STORE_POLL_S: Final = 0.2
-"""How often a fetch's ``.git`` is measured against its cap."""
+"""How often a running git command looks at ``cancelled`` (and a fetch's ``.git`` is
+measured against its cap)."""
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
@@ -161,14 +163,17 @@ class GitWatcher:
         *,
         timeout_s: float = 120.0,
         store_max_bytes: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> None:
         """Follow ``branch`` of ``url`` (a path, file://, git://, http(s)://, ssh://),
-        with at most ``store_max_bytes`` in ``.git`` (default: ``TrustLimits``')."""
+        with at most ``store_max_bytes`` in ``.git`` (default: ``TrustLimits``'); a git
+        command is killed within :data:`_STORE_POLL_S` once ``cancelled`` says so."""
         self.url = url
         self.branch = branch
         self.checkout = checkout
         self.timeout_s = timeout_s
         self.store_max_bytes = store_max_bytes or TrustLimits().git_store_max_bytes
+        self._cancelled = cancelled
 
     @property
     def metadata(self) -> Path:
@@ -212,9 +217,12 @@ class GitWatcher:
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
-                out, err = proc.communicate(timeout=_STORE_POLL_S if bounded else self.timeout_s)
+                out, err = proc.communicate(timeout=_STORE_POLL_S)
                 break
             except subprocess.TimeoutExpired:
+                if self._cancelled is not None and self._cancelled():
+                    _kill(proc)
+                    raise GitError(f"git {args[0]}: stopped, the daemon is stopping") from None
                 held = self._store_bytes() if bounded else 0
                 if held > self.store_max_bytes:
                     _kill(proc)
@@ -569,7 +577,12 @@ class RemoteMetadataWatcher:
 
 
 def watcher_for(
-    config: EdgeConfig, state_dir: Path, checkout: Path, *, limits: TrustLimits | None = None
+    config: EdgeConfig,
+    state_dir: Path,
+    checkout: Path,
+    *,
+    limits: TrustLimits | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Watcher:
     """The watcher ``config`` asks for (``repository.source``).
 
@@ -578,10 +591,13 @@ def watcher_for(
         state_dir: the state dir (the remote watcher keeps its validators there).
         checkout: where the git watcher keeps its checkout.
         limits: caps and time limits on what the remote sends.
+        cancelled: asked while a poll waits (git, or the mirror's timestamp); True
+            ends the poll within a fraction of a second (a stopping daemon).
     """
     repo = config.repository
     if repo.source == "artifacts":
-        return RemoteMetadataWatcher(config.artifacts.url, state_dir, limits=limits)
+        prober = functools.partial(probe, cancelled=cancelled)
+        return RemoteMetadataWatcher(config.artifacts.url, state_dir, limits=limits, prober=prober)
     assert repo.url is not None  # noqa: S101 - the config requires it for git
     cap = (limits or TrustLimits()).git_store_max_bytes
-    return GitWatcher(repo.url, repo.branch, checkout, store_max_bytes=cap)
+    return GitWatcher(repo.url, repo.branch, checkout, store_max_bytes=cap, cancelled=cancelled)

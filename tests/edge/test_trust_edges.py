@@ -146,15 +146,17 @@ def test_a_trickling_endpoint_fails_the_sync_at_the_same_bound(
     update = report.updates["mlp"]
     assert (report.result, update.result) == ("failed", "failed")
     assert "slower than 1024 bytes/s" in (update.reason or ""), update.reason
+    print(f"{scheme}: the sync failed after {elapsed:.2f} s: {update.reason}")
     assert elapsed < 20, elapsed  # the trickle would take ~2 days; cut after 2 s
     assert any(path.endswith(".onnx") for path in server.requests)
 
 
 class _Bursts:
-    """An artifact remote on 127.0.0.1 that sends each model in bursts of 12 kB every
-    5 s (2.4 kB/s: within every limit), and notes when the device hangs up."""
+    """An artifact remote on 127.0.0.1 that sends the files named ``*suffix`` in
+    bursts of ``burst`` bytes every 5 s (within every limit for a model's 12 kB), and
+    notes when the device hangs up."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, suffix: str = ".onnx", burst: int = 12_000) -> None:
         self.root = root.resolve()
         self.started = threading.Event()
         self.closed: float | None = None
@@ -170,10 +172,11 @@ class _Bursts:
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                slow = path.suffix == ".onnx"
-                for i in range(0, len(body), 12_000):
+                slow = path.name.endswith(suffix)
+                step = burst if slow else len(body) or 1
+                for i in range(0, len(body), step):
                     try:
-                        self.wfile.write(body[i : i + 12_000])
+                        self.wfile.write(body[i : i + step])
                         self.wfile.flush()
                     except OSError:
                         return
@@ -212,21 +215,25 @@ class _Bursts:
             self.server.server_close()
 
 
-@pytest.mark.parametrize("scheme", ["s3", "http"])
+@pytest.mark.parametrize("scheme", ["s3", "http", "mirror"])
 def test_sigterm_stops_a_transfer_within_a_second(rig: EdgeRig, scheme: str) -> None:
-    """A running daemon downloading from a remote that pauses 5 s between bursts: the
+    """A running daemon downloading from a remote that pauses 5 s between bursts (a
+    model over S3 or HTTP, or the mirror's ``timestamp.json`` an HTTP poll reads): the
     connection is closed within 1 s of SIGTERM (it waited for the next burst over
-    HTTP, and for a whole MiB over S3), and the daemon exits 0."""
+    HTTP, and for a whole MiB over S3), the daemon exits 0, and the stop is recorded
+    as no failure."""
     rig.sync()
     rig.release_version("1.1.0", "1.0.0")
     for delta in (rig.remote / "targets/deltas").rglob("*.delta"):
         delta.unlink()
-    with _Bursts(_bucket(rig)).running() as remote:
+    poll = scheme == "mirror"
+    bursts = _Bursts(_bucket(rig), "timestamp.json", 100) if poll else _Bursts(_bucket(rig))
+    with bursts.running() as remote:
         env = {**os.environ}
         if scheme == "s3":
             env.update(_FAKE_AWS, AWS_ENDPOINT_URL_S3=remote.url().rstrip("/"))
         url = "s3://fleet/modelreg" if scheme == "s3" else remote.url("fleet/modelreg")
-        config = rig.config(artifacts={"url": url})
+        config = rig.config(artifacts={"url": url}, **({"repository": GITLESS} if poll else {}))
         proc = subprocess.Popen(
             [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
             stdout=subprocess.DEVNULL,
@@ -247,7 +254,9 @@ def test_sigterm_stops_a_transfer_within_a_second(rig: EdgeRig, scheme: str) -> 
             proc.wait()
     assert rc == 0
     assert remote.closed is not None, "the device never hung up"
+    print(f"{scheme}: the connection closed {remote.closed - stopped:.3f} s after SIGTERM")
     assert remote.closed - stopped < 1.0, remote.closed - stopped
+    assert "stopping" not in (rig.state().sync.reason or "")
 
 
 # --- 3. the git checkout's object store ----------------------------------------------
@@ -272,6 +281,7 @@ def test_a_git_host_cannot_fill_the_disk_with_blobs_beside_the_metadata(rig: Edg
         git(rig.root, "commit", "-qm", f"recordings {i}")
         assert rig.sync().result == "current"
     after = _bytes_under(store)
+    print(f".git: {before} bytes after the first sync, {after} after three 4 MiB commits")
     assert after < before + (5 << 20), (before, after)  # one 4 MiB blob, not three
 
     (rig.root / "recordings.bin").write_bytes(os.urandom(12 << 20))
