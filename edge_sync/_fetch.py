@@ -8,7 +8,11 @@ HTTP the budget sets the socket timeout before each read of the connection (stat
 line and headers included), so a server that trickles one byte every few seconds is
 cut off when a limit is passed, not when it stops.  The HTTP side is the standard
 library's client with its connection classes bound to the budget: urllib3, which
-python-tuf's own fetcher uses, times single reads but not a whole transfer.
+python-tuf's own fetcher uses, times single reads but not a whole transfer (S3 goes
+through the same client: ``edge_sync._s3`` presigns, this reads).  A read waits for
+data in steps of at most :data:`CANCEL_POLL_S` when the download can be cancelled (a
+stopping daemon), and redirects are followed only to the request's own scheme, host
+and port (:class:`SameOriginRedirects`).
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ class _TransferBudget:
 
     The clock starts at construction (before connecting).  Readers call :meth:`wait_s`
     before a read that may block, :meth:`add` after it, and :meth:`stalled` when the
-    wait ran out; each raises ``SlowRetrievalError`` once a limit is passed.
+    wait ran out; each raises ``SlowRetrievalError`` once a limit is passed, and a
+    ``DownloadError`` once ``cancelled`` answers True.
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class _TransferBudget:
 
         Raises:
             SlowRetrievalError: a limit is already passed.
+            DownloadError: the download was cancelled.
         """
         self.check()
         limits, elapsed = self._limits, self._clock() - self._start
@@ -108,6 +114,7 @@ class _TransferBudget:
 
         Raises:
             SlowRetrievalError: a limit is passed.
+            DownloadError: the download was cancelled.
         """
         self.received += n
         self.check()

@@ -99,6 +99,8 @@ def test_a_timestamp_key_alone_cannot_freeze_a_device_past_the_snapshot_s_bound(
     assert status["trust"]["expired"] == ["snapshot"]
     assert status["sync"]["result"] == "failed"
     assert rig.state().models["mlp"].serving.version == "1.0.0"  # still served
+    shown = rig.cli("edge", "status", "--config", str(rig.config()), cwd=rig.tmp)
+    assert "trust: stale, snapshot expired" in shown.out + shown.err, shown
 
 
 # --- 2. S3 and HTTP transfers: the same bounds, a prompt stop --------------------------
