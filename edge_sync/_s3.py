@@ -147,10 +147,11 @@ def _refused(status: int) -> tuf_errors.DownloadHTTPError:
 
 
 def _open(
-    url: str, limits: TrustLimits, budget: _TransferBudget, headers: dict[str, str]
+    url: str, signed: str, limits: TrustLimits, budget: _TransferBudget, headers: dict[str, str]
 ) -> tuple[Any, int]:
-    """GET the object at ``url`` under ``budget``: the response, and the redirects
-    followed; an error status comes back as the ``HTTPError`` (read and closed).
+    """GET the object at ``url`` (presigned as ``signed``) under ``budget``: the
+    response, and the redirects followed; an error status comes back as the
+    ``HTTPError`` (read and closed).
 
     Raises:
         DownloadError: no connection, a redirect off the endpoint.
@@ -160,7 +161,7 @@ def _open(
     for _ in range(2):
         redirects = _S3Redirects(region)
         opener = guarded_opener(budget, redirects)
-        request = urllib.request.Request(_presigned(url, region), headers=headers)  # noqa: S310 - https or the configured endpoint
+        request = urllib.request.Request(signed, headers=headers)  # noqa: S310 - https or the configured endpoint
         try:
             try:
                 return opener.open(request, timeout=limits.read_timeout_s), redirects.count
@@ -172,6 +173,7 @@ def _open(
                 return e, redirects.count
         except _WrongRegion as w:
             region = w.region
+            signed = _presigned(url, region)
         except tuf_errors.DownloadError:
             raise
         except Exception as e:
@@ -197,7 +199,9 @@ def fetch_s3(
     headers = {"Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
-    response, _ = _open(url, limits, budget(), headers)
+    # signed before the clock starts: making a client is local work, slow the first time
+    signed = _presigned(url, None)
+    response, _ = _open(url, signed, limits, budget(), headers)
     if isinstance(response, urllib.error.HTTPError):
         if response.code == 416 and offset:  # nothing after offset: start again from 0
             return fetch_s3(url, 0, limits, chunk_size, budget)
@@ -218,11 +222,12 @@ def probe_s3(
         SlowRetrievalError: a time limit was passed.
         DownloadError: the service cannot be reached.
     """
+    signed = _presigned(url, None)
     budget = _TransferBudget(limits, cancelled=cancelled)
     headers = {"Accept-Encoding": "identity"}
     if etag is not None:
         headers["If-None-Match"] = etag
-    response, redirects = _open(url, limits, budget, headers)
+    response, redirects = _open(url, signed, limits, budget, headers)
     if isinstance(response, urllib.error.HTTPError):
         if response.code == 304 and etag is not None:
             return None, etag, 1 + redirects, budget.received
