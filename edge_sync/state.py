@@ -497,7 +497,8 @@ class StateDir:
     def commit(self, state: DeviceState) -> None:
         """Replace the state file atomically and durably (0600); a sync record not
         written before gets the next number (:attr:`SyncInfo.seq`)."""
-        if state.sync.seq == 0 and state.sync.last_checked is not None:
+        written = state.sync.last_checked is not None or state.sync.result is not None
+        if state.sync.seq == 0 and written:
             state = state.model_copy(update={"sync": self._numbered(state.sync)})
         data = json.dumps(state.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
         self._private_root()
