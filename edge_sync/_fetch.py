@@ -8,7 +8,11 @@ HTTP the budget sets the socket timeout before each read of the connection (stat
 line and headers included), so a server that trickles one byte every few seconds is
 cut off when a limit is passed, not when it stops.  The HTTP side is the standard
 library's client with its connection classes bound to the budget: urllib3, which
-python-tuf's own fetcher uses, times single reads but not a whole transfer.
+python-tuf's own fetcher uses, times single reads but not a whole transfer (S3 goes
+through the same client: ``edge_sync._s3`` presigns, this reads).  A read waits for
+data in steps of at most :data:`CANCEL_POLL_S` when the download can be cancelled (a
+stopping daemon), and redirects are followed only to the request's own scheme, host
+and port (:class:`SameOriginRedirects`).
 """
 
 from __future__ import annotations
@@ -18,15 +22,17 @@ import http.client
 import io
 import math
 import os
+import select
 import socket
 import ssl
 import stat
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Final
 from urllib.parse import urlparse
 from urllib.request import url2pathname
 
@@ -39,20 +45,38 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 
+CANCEL_POLL_S: Final = 0.25
+"""Longest wait for data between two looks at a download's ``cancelled``."""
+
+
 class _TransferBudget:
     """The time one download may still take: the slow-retrieval decisions, no I/O.
 
     The clock starts at construction (before connecting).  Readers call :meth:`wait_s`
     before a read that may block, :meth:`add` after it, and :meth:`stalled` when the
-    wait ran out; each raises ``SlowRetrievalError`` once a limit is passed.
+    wait ran out; each raises ``SlowRetrievalError`` once a limit is passed, and a
+    ``DownloadError`` once ``cancelled`` answers True.
     """
 
-    def __init__(self, limits: TrustLimits, clock: Callable[[], float] = time.monotonic) -> None:
-        """Start the clock of one download under ``limits`` (``clock`` in seconds)."""
+    def __init__(
+        self,
+        limits: TrustLimits,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        """Start the clock of one download under ``limits`` (``clock`` in seconds);
+        ``cancelled`` is asked at least every :data:`CANCEL_POLL_S` while it waits."""
         self._limits = limits
         self._clock = clock
         self._start = clock()
+        self._cancelled = cancelled
         self.received = 0
+
+    @property
+    def poll_s(self) -> float:
+        """Longest single wait for data: short when someone may cancel the download."""
+        return CANCEL_POLL_S if self._cancelled is not None else math.inf
 
     def violation(self) -> str | None:
         """Why the download must stop now, or None while it is within its limits."""
@@ -74,6 +98,7 @@ class _TransferBudget:
 
         Raises:
             SlowRetrievalError: a limit is already passed.
+            DownloadError: the download was cancelled.
         """
         self.check()
         limits, elapsed = self._limits, self._clock() - self._start
@@ -89,6 +114,7 @@ class _TransferBudget:
 
         Raises:
             SlowRetrievalError: a limit is passed.
+            DownloadError: the download was cancelled.
         """
         self.received += n
         self.check()
@@ -98,7 +124,12 @@ class _TransferBudget:
 
         Raises:
             SlowRetrievalError: a limit is passed.
+            DownloadError: the download was cancelled.
         """
+        if self._cancelled is not None and self._cancelled():
+            raise tuf_errors.DownloadError(
+                f"stopped after {self.received} bytes: the daemon is stopping"
+            )
         if (why := self.violation()) is not None:
             raise tuf_errors.SlowRetrievalError(why)
 
@@ -123,13 +154,29 @@ class _GuardedReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: WriteableBuffer, /) -> int:
-        self._sock.settimeout(self._budget.wait_s())
+        budget = self._budget
+        # Wait in steps no longer than budget.poll_s, so that a stop is seen between
+        # them (a timed-out socket file cannot be read again: the wait is a select).
+        while True:
+            wait = budget.wait_s()
+            step = min(wait, budget.poll_s)
+            if self._readable(step):
+                break
+            if step >= wait:
+                raise budget.stalled()
+        self._sock.settimeout(budget.wait_s())
         try:
             n = self._raw.readinto(buffer) or 0
         except TimeoutError:
-            raise self._budget.stalled() from None
-        self._budget.add(n)
+            raise budget.stalled() from None
+        budget.add(n)
         return n
+
+    def _readable(self, timeout: float) -> bool:
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            return True  # decrypted bytes already wait in the TLS layer
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        return bool(ready)
 
     def close(self) -> None:
         if not self.closed:
@@ -185,18 +232,71 @@ class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(connection, req, context=_tls_context())
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host and port of ``url`` (the port a scheme implies when none is given)."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1  # not a port: no origin matches it
+    scheme = parsed.scheme.lower()
+    implied = {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parsed.hostname or "").lower(), port if port is not None else implied
+
+
+def _shown_origin(url: str) -> str:
+    """``scheme://host:port`` of ``url`` for a message (never a path, query or password)."""
+    scheme, host, port = _origin(url)
+    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to the same scheme, host and port as the request.
+
+    The remote is named by the device's configuration; a redirect elsewhere would send
+    the device (and any credentials in the URL or proxy) to a host nobody configured,
+    or from ``https`` down to ``http``.  Verification would catch wrong bytes, but not
+    the request itself, nor a slow host's hold on the sync.
+    """
+
+    def redirect_request(  # noqa: PLR0917 - urllib's signature
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        """The request to follow ``newurl`` with, when it has the request's origin.
+
+        Raises:
+            DownloadError: ``newurl`` is on another scheme, host or port.
+        """
+        target = urllib.parse.urljoin(req.full_url, newurl)
+        if _origin(target) != _origin(req.full_url):
+            fp.close()  # the redirect's own response, not read any further
+            raise tuf_errors.DownloadError(
+                f"refused a redirect ({code}) from {_shown_origin(req.full_url)} to "
+                f"another origin, {_shown_origin(target)}: a remote's redirects must stay "
+                "on its own scheme, host and port"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
 def guarded_opener(
     budget: _TransferBudget, redirects: urllib.request.HTTPRedirectHandler | None = None
 ) -> urllib.request.OpenerDirector:
     """An opener for HTTP(S) only (proxies from the environment, redirects followed by
-    ``redirects``) whose every read runs under ``budget``; ``budget.received`` then
-    counts every byte received, status lines and headers included."""
+    ``redirects``, by default only to the same origin: :class:`SameOriginRedirects`)
+    whose every read runs under ``budget``; ``budget.received`` then counts every byte
+    received, status lines and headers included."""
     opener = urllib.request.OpenerDirector()
     for handler in (
         urllib.request.ProxyHandler(),
         _GuardedHTTPHandler(budget),
         _GuardedHTTPSHandler(budget),
-        redirects or urllib.request.HTTPRedirectHandler(),
+        redirects or SameOriginRedirects(),
         urllib.request.HTTPDefaultErrorHandler(),
         urllib.request.HTTPErrorProcessor(),
         urllib.request.UnknownHandler(),
@@ -206,7 +306,11 @@ def guarded_opener(
 
 
 def _fetch_http(
-    url: str, limits: TrustLimits, chunk_size: int, offset: int = 0
+    url: str,
+    limits: TrustLimits,
+    chunk_size: int,
+    offset: int = 0,
+    cancelled: Callable[[], bool] | None = None,
 ) -> tuple[int, Iterator[bytes]]:
     """Open ``url`` (proxies from the environment, redirects followed) under a budget.
 
@@ -217,9 +321,10 @@ def _fetch_http(
     Raises:
         DownloadHTTPError: the server answered with an error status.
         SlowRetrievalError: a time limit was passed before the body started.
+        DownloadError: a redirect to another origin, or ``cancelled`` said stop.
         URLError, HTTPException, OSError: no connection (``fetch()`` wraps them).
     """
-    budget = _TransferBudget(limits)
+    budget = _TransferBudget(limits, cancelled=cancelled)
     opener = guarded_opener(budget)
     request = urllib.request.Request(url)  # noqa: S310 - the scheme is checked by the caller
     if offset:
@@ -229,7 +334,7 @@ def _fetch_http(
     except urllib.error.HTTPError as e:
         e.close()
         if e.code == 416 and offset:  # nothing after offset: start again from 0
-            return _fetch_http(url, limits, chunk_size)
+            return _fetch_http(url, limits, chunk_size, cancelled=cancelled)
         # Without the URL: a remote's URL may hold credentials.
         raise tuf_errors.DownloadHTTPError(f"HTTP error {e.code}", e.code) from None
     start = offset if offset and response.status == 206 else 0
@@ -263,6 +368,7 @@ class LocalFetcher(FetcherInterface):
         *,
         limits: TrustLimits | None = None,
         chunk_size: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> None:
         """Serve files under ``roots`` only (symlinks resolved) under ``limits``.
 
@@ -270,10 +376,16 @@ class LocalFetcher(FetcherInterface):
             roots: the folders ``file://`` URLs may name.
             limits: time limits and chunk size (default :class:`TrustLimits`).
             chunk_size: bytes per chunk, instead of ``limits.chunk_size``.
+            cancelled: asked while a network download waits for data (at least every
+                :data:`CANCEL_POLL_S`); True stops it with a ``DownloadError``.
         """
         self._roots = tuple(root.resolve() for root in roots)
         self._limits = limits or TrustLimits()
         self._chunk_size = chunk_size or self._limits.chunk_size
+        self._cancelled = cancelled
+
+    def _budget(self) -> _TransferBudget:
+        return _TransferBudget(self._limits, cancelled=self._cancelled)
 
     def _fetch(self, url: str) -> Iterator[bytes]:
         return self.fetch_from(url, 0)[1]
@@ -289,18 +401,17 @@ class LocalFetcher(FetcherInterface):
         if parsed.scheme == "s3":
             from edge_sync._s3 import fetch_s3
 
-            limits = self._limits
-            return fetch_s3(url, offset, limits, self._chunk_size, lambda: _TransferBudget(limits))
+            return fetch_s3(url, offset, self._limits, self._chunk_size, self._budget)
         if parsed.scheme in {"http", "https"}:
             try:
-                return _fetch_http(url, self._limits, self._chunk_size, offset)
+                return _fetch_http(url, self._limits, self._chunk_size, offset, self._cancelled)
             except tuf_errors.DownloadError:
                 raise
             except Exception as e:
                 raise tuf_errors.DownloadError(f"Failed to download {url}") from e
         if parsed.scheme != "file" or parsed.netloc not in {"", "localhost"}:
             raise tuf_errors.DownloadError(f"{url}: unsupported URL")
-        budget = _TransferBudget(self._limits)
+        budget = self._budget()
         path = Path(url2pathname(parsed.path)).resolve()
         # Checks happen here, not in the generator, so that they raise at fetch time.
         if not any(path.is_relative_to(root) for root in self._roots):

@@ -27,6 +27,7 @@ transport errors, as the fetchers raise them.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -42,7 +43,7 @@ from urllib.request import url2pathname
 
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync._fetch import _TransferBudget, guarded_opener
+from edge_sync._fetch import SameOriginRedirects, _TransferBudget, guarded_opener
 from edge_sync.limits import TrustLimits
 
 _ETAG: Final = re.compile(r'^(W/)?"[\x21\x23-\x7e]{0,200}"$')
@@ -95,9 +96,16 @@ Prober = Callable[[str, Validators, TrustLimits], Probe]
 a fleet simulation or a test passes its own)."""
 
 
-def probe(url: str, known: Validators, limits: TrustLimits) -> Probe:
+def probe(
+    url: str,
+    known: Validators,
+    limits: TrustLimits,
+    *,
+    cancelled: Callable[[], bool] | None = None,
+) -> Probe:
     """Read ``url`` (a path, ``file://``, ``http(s)://`` or ``s3://`` URL) unless it is
-    unchanged since ``known``.
+    unchanged since ``known``; over the network, ``cancelled`` is asked while a read
+    waits (True ends it with a ``DownloadError``).
 
     Raises:
         DownloadHTTPError: the server answered with an error status (404: missing).
@@ -107,11 +115,11 @@ def probe(url: str, known: Validators, limits: TrustLimits) -> Probe:
     """
     scheme = urlparse(url).scheme
     if scheme in {"http", "https"}:
-        return _probe_http(url, known, limits)
+        return _probe_http(url, known, limits, cancelled)
     if scheme == "s3":
         from edge_sync._s3 import probe_s3
 
-        body, etag, requests, received = probe_s3(url, known.etag, limits)
+        body, etag, requests, received = probe_s3(url, known.etag, limits, cancelled)
         validators = known if body is None else Validators(etag=_etag(etag))
         return Probe(body, validators, requests, received)
     if scheme == "file":
@@ -131,8 +139,9 @@ def _too_long(limits: TrustLimits) -> tuf_errors.DownloadLengthMismatchError:
     )
 
 
-class _CountedRedirects(urllib.request.HTTPRedirectHandler):
-    """Follows redirects (as the fetchers do), counting them: each is a request."""
+class _CountedRedirects(SameOriginRedirects):
+    """Follows redirects as the fetchers do (same origin only), counting them: each is a
+    request."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -148,11 +157,13 @@ class _CountedRedirects(urllib.request.HTTPRedirectHandler):
         newurl: str,
     ) -> urllib.request.Request | None:
         self.count += 1
-        return super().redirect_request(req, fp, code, msg, headers, newurl)  # type: ignore[arg-type]
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _probe_http(url: str, known: Validators, limits: TrustLimits) -> Probe:
-    budget = _TransferBudget(limits)
+def _probe_http(
+    url: str, known: Validators, limits: TrustLimits, cancelled: Callable[[], bool] | None = None
+) -> Probe:
+    budget = _TransferBudget(limits, cancelled=cancelled)
     redirects = _CountedRedirects()
     opener = guarded_opener(budget, redirects)
     # identity: a compressed body would be the hash of other bytes than were signed
@@ -187,16 +198,59 @@ def _probe_http(url: str, known: Validators, limits: TrustLimits) -> Probe:
     return Probe(body, validators, 1 + redirects.count, budget.received)
 
 
-def _probe_file(path: Path, known: Validators, limits: TrustLimits) -> Probe:
-    # O_NONBLOCK: a FIFO planted on the remote would block the open forever; the
-    # type is checked on the opened descriptor, so it cannot change in between.
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+def _open_nofollow(path: Path) -> int:
+    """Open ``path`` for reading with no symbolic link followed, in any component: each
+    folder is opened from the one before it (``openat``) with ``O_NOFOLLOW``.
+
+    A remote's folder is untrusted: a link planted there could make the device read,
+    and publish the digest of, any file it may read (``/etc/shadow`` as ``sync.commit``).
+    The operator's own path to the remote is resolved by the caller before it comes
+    here.  ``O_NONBLOCK``: a FIFO planted on the remote would block the open forever.
+
+    Raises:
+        DownloadHTTPError: ``path`` or a folder on the way is missing (404).
+        DownloadError: a component is a symbolic link, or cannot be opened.
+    """
+    # lexical, not resolved: resolving would follow the very links refused here
+    absolute = Path(os.path.abspath(path))  # noqa: PTH100
+    folder_flags = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+    nofollow = os.O_NOFOLLOW
+    fd = os.open("/", folder_flags)
     try:
-        fd = os.open(path, flags)
+        *folders, name = absolute.parts[1:] or ("",)
+        for part in folders:
+            step = os.open(part, folder_flags | nofollow, dir_fd=fd)
+            os.close(fd)
+            fd = step
+        file_flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | nofollow
+        return os.open(name, file_flags, dir_fd=fd)
     except (FileNotFoundError, NotADirectoryError):
+        # a link to a folder, opened as itself (O_PATH | O_NOFOLLOW), is not a folder
+        if _is_link(absolute):
+            raise _link(path) from None
         raise tuf_errors.DownloadHTTPError(f"{path}: not found", 404) from None
     except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _link(path) from None
         raise tuf_errors.DownloadError(f"{path}: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def _is_link(path: Path) -> bool:
+    """Whether ``path`` or a folder on its way is a symbolic link (for the message)."""
+    return any(p.is_symlink() for p in (path, *path.parents))
+
+
+def _link(path: Path) -> tuf_errors.DownloadError:
+    return tuf_errors.DownloadError(
+        f"{path}: a symbolic link on the remote (in the file's path): not followed"
+    )
+
+
+def _probe_file(path: Path, known: Validators, limits: TrustLimits) -> Probe:
+    # The type is checked on the opened descriptor, so it cannot change in between.
+    fd = _open_nofollow(path)
     with os.fdopen(fd, "rb") as fh:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

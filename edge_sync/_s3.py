@@ -1,23 +1,35 @@
 """``s3://bucket/prefix`` artifact remotes, read with boto3 (``modelreg[edge-s3]``).
 
-Private to ``edge_sync._fetch``.  Credentials, region and endpoint come from the
-standard AWS configuration (environment, ``~/.aws``, instance roles;
-``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server); with no
-credentials at all, requests go unsigned (a public bucket, as behind a CDN).  Like the
-other transports, a download resumes with a ``Range`` and runs under the time limits of
-:class:`~edge_sync.limits.TrustLimits`; what it returns is verified by the caller.
+Private to ``edge_sync._fetch`` and ``edge_sync._probe``.  Credentials, region and
+endpoint come from the standard AWS configuration (environment, ``~/.aws``, instance
+roles; ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server);
+with no credentials at all, requests go unsigned (a public bucket, as behind a CDN).
+
+botocore only signs: each ``GetObject`` is a presigned URL, read by the same guarded
+HTTP client as an ``http(s)://`` remote (``edge_sync._fetch``).  So an S3 transfer runs
+under exactly the time limits of :class:`~edge_sync.limits.TrustLimits` (one deadline
+and a minimum rate for the whole file, status line and headers included), stops within
+a fraction of a second when the daemon stops, and follows no redirect off the
+endpoint.  botocore's own reads time only each ``recv``: an endpoint trickling a byte
+every few seconds held a sync for hours.  A ``Range`` or ``If-None-Match`` header is
+sent beside the signature (S3 signs only the host in a presigned GET).  A bucket in
+another region than the client's answers with its region (``x-amz-bucket-region``),
+and the request is signed again for it, once, as botocore's own redirector does.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlparse
 
 from tuf.api import exceptions as tuf_errors
 
+from edge_sync._fetch import SameOriginRedirects, _http_chunks, _TransferBudget, guarded_opener
 from edge_sync.limits import TrustLimits
 
 _CLIENTS: dict[tuple[object, ...], Any] = {}
@@ -27,10 +39,26 @@ _SETTINGS = (
 )  # fmt: skip
 """Environment that changes which client is right (a new one is made when it does)."""
 _LOCK = threading.Lock()
+_PRESIGN_S: Final = 3600
+"""Lifetime of a presigned request (it is sent at once; a resumed one is signed anew)."""
+_REGION_HEADER: Final = "x-amz-bucket-region"
 
 
-def _client(limits: TrustLimits) -> Any:
-    """One boto3 client per limits (clients are thread-safe and slow to make)."""
+class _WrongRegion(Exception):  # noqa: N818 - a signal between two functions, not an error
+    """The bucket lives in ``region``: sign again for it."""
+
+    def __init__(self, region: str) -> None:
+        super().__init__(region)
+        self.region = region
+
+
+def _client(region: str | None = None) -> Any:
+    """One boto3 client per region and AWS settings (clients are thread-safe and slow
+    to make); it only signs, so it has no network settings of its own.
+
+    Raises:
+        DownloadError: boto3 is not installed.
+    """
     try:
         import boto3
         from botocore import UNSIGNED
@@ -39,50 +67,34 @@ def _client(limits: TrustLimits) -> Any:
         raise tuf_errors.DownloadError(
             "s3:// remotes need boto3: install modelreg[edge-s3]"
         ) from None
-    key = (limits.read_timeout_s, *(os.environ.get(name) for name in _SETTINGS))
+    key = (region, *(os.environ.get(name) for name in _SETTINGS))
     with _LOCK:
         if key not in _CLIENTS:
             session = boto3.session.Session()
-            config = Config(
-                connect_timeout=limits.read_timeout_s,
-                read_timeout=limits.read_timeout_s,
-                retries={"max_attempts": 2, "mode": "standard"},
-            )
+            config = Config(signature_version="s3v4")
             if session.get_credentials() is None:
-                config = config.merge(Config(signature_version=UNSIGNED))
-            _CLIENTS[key] = session.client("s3", config=config)
+                config = Config(signature_version=UNSIGNED)
+            _CLIENTS[key] = session.client("s3", config=config, region_name=region)
         return _CLIENTS[key]
 
 
-def fetch_s3(
-    url: str,
-    offset: int,
-    limits: TrustLimits,
-    chunk_size: int,
-    budget: Callable[[], Any],
-) -> tuple[int, Iterator[bytes]]:
-    """The object at ``url`` from ``offset`` on; where its bytes start.
+def _presigned(url: str, region: str | None) -> str:
+    """A presigned ``GetObject`` URL for the object at ``url``.
 
     Raises:
-        DownloadHTTPError: the object is missing (404) or access is refused.
-        DownloadError: the service cannot be reached.
+        DownloadError: ``url`` is not an ``s3://bucket/key`` URL, boto3 is missing, or
+            the AWS configuration cannot be read.
     """
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError
 
-    request = _object(url)
-    if offset:
-        request["Range"] = f"bytes={offset}-"
     try:
-        response = _client(limits).get_object(**request)
-    except ClientError as e:
-        status, code = _status(e)
-        if status == 416 and offset:
-            return fetch_s3(url, 0, limits, chunk_size, budget)
-        raise _refused(status, code) from None
+        return str(
+            _client(region).generate_presigned_url(
+                "get_object", Params=_object(url), ExpiresIn=_PRESIGN_S
+            )
+        )
     except BotoCoreError as e:
         raise tuf_errors.DownloadError(f"S3: {e}") from None
-    start = offset if offset and response.get("ContentRange") else 0
-    return start, _chunks(response["Body"], chunk_size, budget())
 
 
 def _object(url: str) -> dict[str, Any]:
@@ -98,77 +110,138 @@ def _object(url: str) -> dict[str, Any]:
     return {"Bucket": bucket, "Key": key}
 
 
-def _status(error: Any) -> tuple[int, str]:
-    """The HTTP status and the S3 error code of a botocore ``ClientError``."""
-    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-    return status, str(error.response.get("Error", {}).get("Code", "error"))
+class _S3Redirects(SameOriginRedirects):
+    """Same-origin redirects; one that names the bucket's region is signed again."""
+
+    def __init__(self, region: str | None) -> None:
+        super().__init__()
+        self._region = region
+        self.count = 0
+
+    def redirect_request(  # noqa: PLR0917 - urllib's signature
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        self.count += 1
+        region = headers.get(_REGION_HEADER) if headers is not None else None
+        if region and region != self._region:
+            fp.close()
+            raise _WrongRegion(region)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
-def _refused(status: int, code: str) -> tuf_errors.DownloadHTTPError:
+def _refused(status: int) -> tuf_errors.DownloadHTTPError:
     """What a refused S3 request is to the TUF client (never the request's details)."""
-    if code in ("NoSuchKey", "404", "NotFound"):
-        status = 404
-    if status == 403 or code == "AccessDenied":
+    if status == 403:
         return tuf_errors.DownloadHTTPError(
             "S3: access denied (the device's AWS credentials, or none, may not read it)", 403
         )
-    return tuf_errors.DownloadHTTPError(f"S3 {code}", status or 500)
+    if status == 404:
+        return tuf_errors.DownloadHTTPError("S3 NoSuchKey", 404)
+    return tuf_errors.DownloadHTTPError(f"S3 HTTP error {status}", status or 500)
 
 
-def _chunks(body: Any, chunk_size: int, budget: Any) -> Iterator[bytes]:
-    from botocore.exceptions import BotoCoreError
+def _open(
+    url: str, signed: str, limits: TrustLimits, budget: _TransferBudget, headers: dict[str, str]
+) -> tuple[Any, int]:
+    """GET the object at ``url`` (presigned as ``signed``) under ``budget``: the
+    response, and the redirects followed; an error status comes back as the
+    ``HTTPError`` (read and closed).
 
-    try:
-        for chunk in body.iter_chunks(chunk_size):
-            budget.add(len(chunk))
-            yield chunk
-    except (BotoCoreError, OSError) as e:
-        raise tuf_errors.DownloadError(f"S3 connection failed: {e!r}") from e
-    finally:
-        body.close()
+    Raises:
+        DownloadError: no connection, a redirect off the endpoint.
+        SlowRetrievalError: a time limit was passed.
+    """
+    region: str | None = None
+    for _ in range(2):
+        redirects = _S3Redirects(region)
+        opener = guarded_opener(budget, redirects)
+        request = urllib.request.Request(signed, headers=headers)  # noqa: S310 - https or the configured endpoint
+        try:
+            try:
+                return opener.open(request, timeout=limits.read_timeout_s), redirects.count
+            except urllib.error.HTTPError as e:
+                found = e.headers.get(_REGION_HEADER) if e.headers is not None else None
+                e.close()
+                if found and found != region and e.code in (301, 400):
+                    raise _WrongRegion(found) from None
+                return e, redirects.count
+        except _WrongRegion as w:
+            region = w.region
+            signed = _presigned(url, region)
+        except tuf_errors.DownloadError:
+            raise
+        except Exception as e:
+            # Without the URL: a presigned one carries a signature.
+            raise tuf_errors.DownloadError(f"S3: no answer ({type(e).__name__})") from e
+    raise tuf_errors.DownloadError("S3: the bucket's region kept changing")
 
 
-def _header_bytes(metadata: Any) -> int:
-    """About the bytes of a response's status line and headers, as botocore parsed them."""
-    headers = metadata.get("HTTPHeaders", {}) if isinstance(metadata, dict) else {}
-    return len("HTTP/1.1 200 OK\r\n\r\n") + sum(len(k) + len(v) + 4 for k, v in headers.items())
+def fetch_s3(
+    url: str,
+    offset: int,
+    limits: TrustLimits,
+    chunk_size: int,
+    budget: Callable[[], _TransferBudget],
+) -> tuple[int, Iterator[bytes]]:
+    """The object at ``url`` from ``offset`` on; where its bytes start.
+
+    Raises:
+        DownloadHTTPError: the object is missing (404) or access is refused.
+        SlowRetrievalError: a time limit was passed before the body started.
+        DownloadError: the service cannot be reached.
+    """
+    headers = {"Accept-Encoding": "identity"}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    # signed before the clock starts: making a client is local work, slow the first time
+    signed = _presigned(url, None)
+    response, _ = _open(url, signed, limits, budget(), headers)
+    if isinstance(response, urllib.error.HTTPError):
+        if response.code == 416 and offset:  # nothing after offset: start again from 0
+            return fetch_s3(url, 0, limits, chunk_size, budget)
+        raise _refused(response.code)
+    start = offset if offset and response.status == 206 else 0
+    return start, _http_chunks(response, chunk_size)
 
 
 def probe_s3(
-    url: str, etag: str | None, limits: TrustLimits
+    url: str, etag: str | None, limits: TrustLimits, cancelled: Callable[[], bool] | None = None
 ) -> tuple[bytes | None, str | None, int, int]:
     """The object at ``url`` unless its ETag is still ``etag`` (one ``GetObject`` with
-    ``IfNoneMatch``): (body or None when unchanged, its ETag, requests, bytes received).
+    ``If-None-Match``): (body or None when unchanged, its ETag, requests, bytes received).
 
     Raises:
         DownloadHTTPError: the object is missing (404) or access is refused.
         DownloadLengthMismatchError: it is over ``limits.timestamp_max_length``.
+        SlowRetrievalError: a time limit was passed.
         DownloadError: the service cannot be reached.
     """
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    request = _object(url)
+    signed = _presigned(url, None)
+    budget = _TransferBudget(limits, cancelled=cancelled)
+    headers = {"Accept-Encoding": "identity"}
     if etag is not None:
-        request["IfNoneMatch"] = etag
+        headers["If-None-Match"] = etag
+    response, redirects = _open(url, signed, limits, budget, headers)
+    if isinstance(response, urllib.error.HTTPError):
+        if response.code == 304 and etag is not None:
+            return None, etag, 1 + redirects, budget.received
+        raise _refused(response.code)
     try:
-        response = _client(limits).get_object(**request)
-    except ClientError as e:
-        status, code = _status(e)
-        if etag is not None and (status == 304 or code in ("304", "NotModified")):
-            return None, etag, 1, _header_bytes(e.response.get("ResponseMetadata", {}))
-        raise _refused(status, code) from None
-    except BotoCoreError as e:
-        raise tuf_errors.DownloadError(f"S3: {e}") from None
-    from edge_sync._fetch import _TransferBudget
-
-    body = b""
-    for chunk in _chunks(response["Body"], limits.chunk_size, _TransferBudget(limits)):
-        body += chunk
-        if len(body) > limits.timestamp_max_length:
-            response["Body"].close()
-            raise tuf_errors.DownloadLengthMismatchError(
-                f"over the {limits.timestamp_max_length} bytes a timestamp may be"
-            )
-    received = len(body) + _header_bytes(response.get("ResponseMetadata"))
-    tag = response.get("ETag")
-    return body, tag if isinstance(tag, str) else None, 1, received
+        with response:
+            body = response.read(limits.timestamp_max_length + 1)
+            tag = response.headers.get("ETag")
+    except tuf_errors.DownloadError:
+        raise
+    except Exception as e:
+        raise tuf_errors.DownloadError(f"S3 connection failed: {type(e).__name__}") from e
+    if len(body) > limits.timestamp_max_length:
+        raise tuf_errors.DownloadLengthMismatchError(
+            f"over the {limits.timestamp_max_length} bytes a timestamp may be"
+        )
+    return body, tag if isinstance(tag, str) else None, 1 + redirects, budget.received

@@ -36,7 +36,7 @@ from edge_sync.host import InProcessHost
 from edge_sync.limits import TrustLimits
 from edge_sync.report import LAST_REPORT_S, Reporter
 from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
-from edge_sync.trust import DeviceTrust, trusted_role
+from edge_sync.trust import DeviceTrust, expired_roles, trusted_role
 from edge_sync.updater import GATE_CHECK_S, StoppedError, SyncReport, Updater
 from signing.errors import VerificationError
 
@@ -498,11 +498,14 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
     state = state_dir.load()
     try:
         timestamp = trusted_role(state_dir.root, "timestamp")
+        expired = expired_roles(state_dir.root, _now())
     except VerificationError:
-        timestamp = None
+        timestamp, expired = None, []
     version = timestamp.version if timestamp else None
     expires = timestamp.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if timestamp else None
-    stale = timestamp.expires <= datetime.now(UTC) if timestamp else None
+    # stale when any role has expired: a fresh timestamp over an expired snapshot is
+    # a freeze too (``expired`` says which)
+    stale = bool(expired) if timestamp else None
     models: dict[str, Any] = {}
     for sub in config.models:
         model = state.models.get(sub.name)
@@ -538,7 +541,18 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
             "listen": info.listen if info else None,
             "started": info.started if info else None,
         },
-        "trust": {"timestamp_version": version, "timestamp_expires": expires, "stale": stale},
-        "sync": state_dir.last_sync(state).model_dump(mode="json"),
+        "trust": {
+            "timestamp_version": version,
+            "timestamp_expires": expires,
+            "stale": stale,
+            "expired": expired,
+        },
+        # the record's number orders records on the device only
+        "sync": state_dir.last_sync(state).model_dump(mode="json", exclude={"seq"}),
         "models": models,
     }
+
+
+def _now() -> datetime:
+    """The device's clock (one place, so tests can move it)."""
+    return datetime.now(UTC)

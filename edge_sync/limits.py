@@ -38,6 +38,11 @@ class TrustLimits:
         rate_grace_s: time allowed for connecting and a slow start.
         download_deadline_s: longest any one file may take, however fast it flows
             (an engine of 300 MB needs about 85 kB/s to make it).
+        git_store_max_bytes: most bytes the git checkout's ``.git`` may hold, during
+            a fetch and after it.  A device keeps one commit and prunes the rest, and
+            asks for no blob outside ``trust/metadata``; a host that sends them anyway
+            (the blob filter is honoured only if the server wants) fails the sync
+            with this reason instead of filling the disk.
     """
 
     root_max_length: int = 512_000
@@ -51,12 +56,14 @@ class TrustLimits:
     min_bytes_per_s: int = 1024
     rate_grace_s: float = 10.0
     download_deadline_s: float = 3600.0
+    git_store_max_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         """Refuse limits that cannot work.
 
         Raises:
-            ValueError: a time limit that is not positive, a negative rate or grace.
+            ValueError: a time limit that is not positive, a negative rate or grace, a
+                cap below 1.
         """
         for name in ("read_timeout_s", "download_deadline_s"):
             value = getattr(self, name)
@@ -64,6 +71,10 @@ class TrustLimits:
                 raise UsageError(f"TrustLimits.{name} must be a positive number, got {value!r}")
         if not self.min_bytes_per_s >= 0 or not self.rate_grace_s >= 0:
             raise UsageError("TrustLimits.min_bytes_per_s and rate_grace_s must be >= 0")
+        if self.git_store_max_bytes < 1:
+            raise UsageError(
+                f"TrustLimits.git_store_max_bytes must be >= 1, got {self.git_store_max_bytes}"
+            )
         if self.chunk_size < 1:
             raise UsageError(f"TrustLimits.chunk_size must be >= 1, got {self.chunk_size}")
 

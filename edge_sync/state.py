@@ -3,7 +3,7 @@ a lock, and the daemon's announcement (stable API).
 
 Layout (SPEC section 7)::
 
-    <state_dir>/
+    <state_dir>/            0700: only the daemon's user reads it or takes its lock
       lock                  held (flock) by the running daemon; a second one is refused
       state.json            what is installed and why: replaced atomically, never edited
       daemon.json           the running daemon's pid, listen address, start time
@@ -17,6 +17,12 @@ verified (written in ``tmp/``, fsynced, renamed), and ``state.json`` names only 
 that exist.  So after a SIGKILL at any point the state file is the old one or the new
 one, every blob it names is whole, and what is left in ``tmp/`` is discarded (or
 resumed, for a download) at the next start.
+
+Whatever the umask, the state dir is made (and kept) 0700 and the files written here
+0600 (blobs 0400): a daemon run by hand under umask 022 must not show other users its
+blobs, and no other user may open ``lock``, whose shared lock would stop a restart.
+Sync records carry a sequence number (:attr:`SyncInfo.seq`): the newest is the highest,
+whatever the clock said when each was written.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import hashlib
 import json
 import os
 import shutil
+import stat
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +78,11 @@ MAX_STATE_BYTES: Final = 16 << 20
 MAX_REJECTED: Final = 32
 """Rejected digests kept per model (the oldest are forgotten first)."""
 _HASH_CHUNK: Final = 1 << 20
+DIR_MODE: Final = 0o700
+FILE_MODE: Final = 0o600
+BLOB_MODE: Final = 0o400
+_LOCK_WAIT_S: Final = 2.0
+"""How long :meth:`StateDir.lock` waits out a brief holder (``edge status`` looking)."""
 
 
 class StateError(RegistryError):
@@ -187,12 +200,19 @@ class ModelState(_Model):
 
 
 class SyncInfo(_Model):
-    """The last sync as a whole (device-wide failures land here)."""
+    """The last sync as a whole (device-wide failures land here).
+
+    Attributes:
+        seq: the record's number, given when it is first written (:meth:`StateDir.commit`,
+            :meth:`StateDir.note_sync`): the newest record has the highest, whatever
+            the clock said (0: not written yet, or written before records had one).
+    """
 
     last_checked: str | None = None
     result: Literal["current", "failed"] | None = None
     reason: str | None = None
     commit: str | None = None
+    seq: Annotated[int, Field(ge=0)] = 0
 
 
 class DeviceState(_Model):
@@ -263,8 +283,8 @@ class BlobStore:
 
         The caller verified it; it must be on the same filesystem (``tmp/``).
         """
-        self.folder.mkdir(parents=True, exist_ok=True)
-        return replace_file(verified, self.path(sha256), mode=0o444)
+        self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        return replace_file(verified, self.path(sha256), mode=BLOB_MODE)
 
     def discard(self, sha256: str) -> None:
         """Remove a blob (one that no longer hashes to its name)."""
@@ -308,6 +328,8 @@ class StateDir:
         self.root = root
         self.blobs = BlobStore(root / BLOBS_DIR, root / TMP_DIR)
         self._lock_fd: int | None = None
+        self._seq: int | None = None
+        """The highest sync record number written or read (None: not looked yet)."""
 
     @property
     def checkout(self) -> Path:
@@ -324,14 +346,21 @@ class StateDir:
     def lock(self) -> None:
         """Take the state dir for this process (until :meth:`unlock` or exit).
 
+        The dir is made 0700 (an existing one is narrowed to it) and ``lock`` 0600, so
+        no other user can open the lock, let alone hold it; a holder of a moment (this
+        user's ``edge status`` looking whether a daemon runs) is waited out.
+
         Raises:
             LockedError: another live process holds it.
             OSError: the state dir cannot be created.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._private_root()
+        fd = os.open(
+            self.root / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, FILE_MODE
+        )
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.fchmod(fd, FILE_MODE)  # a lock file made before, by a looser daemon
+            self._flock(fd)
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -343,7 +372,34 @@ class StateDir:
             raise
         self._lock_fd = fd
         for folder in (self.blobs.folder, self.blobs.tmp):
-            folder.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+    @staticmethod
+    def _flock(fd: int) -> None:
+        """Take ``fd``'s exclusive lock, retrying for :data:`_LOCK_WAIT_S`.
+
+        Raises:
+            OSError: EWOULDBLOCK when it is still held after that.
+        """
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise
+            else:
+                return
+            time.sleep(0.05)
+
+    def _private_root(self) -> None:
+        """Make the state dir, 0700 whatever the umask (an existing one narrowed)."""
+        self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        info = self.root.lstat()
+        if stat.S_ISDIR(info.st_mode) and info.st_mode & 0o077 and info.st_uid == os.getuid():
+            self.root.chmod(stat.S_IMODE(info.st_mode) & ~0o077)
 
     def unlock(self) -> None:
         """Release the lock (and forget the daemon announcement)."""
@@ -355,11 +411,20 @@ class StateDir:
         self._lock_fd = None
 
     def locked_by_other(self) -> bool:
-        """Whether a live process (not this one) holds the lock."""
+        """Whether a live process (not this one) holds the lock.
+
+        Raises:
+            StateError: this user may not open the lock (the dir is the daemon's own).
+        """
         path = self.root / LOCK_FILE
         if self._lock_fd is not None or not path.exists():
             return False
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except PermissionError:
+            raise StateError(
+                f"{self.root}: readable only by the daemon's user (run as that user, or root)"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
@@ -392,6 +457,7 @@ class StateDir:
             raise StateError(f"{path}: corrupt state file ({where}: {detail['msg']})") from None
         if state.format > FORMAT:
             raise StateError(f"{path}: format {state.format} is newer than this modelreg's")
+        self._seq = max(self._seq or 0, state.sync.seq)
         return state
 
     def load_or_recover(self) -> DeviceState:
@@ -429,32 +495,63 @@ class StateDir:
             return None
 
     def commit(self, state: DeviceState) -> None:
-        """Replace the state file atomically and durably."""
+        """Replace the state file atomically and durably (0600); a sync record not
+        written before gets the next number (:attr:`SyncInfo.seq`)."""
+        written = state.sync.last_checked is not None or state.sync.result is not None
+        if state.sync.seq == 0 and written:
+            state = state.model_copy(update={"sync": self._numbered(state.sync)})
         data = json.dumps(state.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
-        self.root.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.root / STATE_FILE, data.encode(), mode=0o644)
+        self._private_root()
+        write_atomic(self.root / STATE_FILE, data.encode(), mode=FILE_MODE)
+        self._seq = max(self._seq or 0, state.sync.seq)
 
     def note_sync(self, info: SyncInfo) -> None:
-        """Record an idle sync in ``sync.json`` (no fsync: losing it costs nothing)."""
+        """Record an idle sync in ``sync.json`` (no fsync: losing it costs nothing),
+        numbered after every record before it."""
+        info = self._numbered(info) if info.seq == 0 else info
         data = (json.dumps(info.model_dump(mode="json")) + "\n").encode()
         tmp = self.root / f".{SYNC_FILE}.tmp"
         with contextlib.suppress(OSError):
-            tmp.write_bytes(data)
+            tmp.unlink(missing_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
+            fd = os.open(tmp, flags, FILE_MODE)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
             tmp.replace(self.root / SYNC_FILE)
+            self._seq = max(self._seq or 0, info.seq)
+
+    def _noted(self) -> SyncInfo | None:
+        try:
+            return SyncInfo.model_validate_json((self.root / SYNC_FILE).read_bytes())
+        except (OSError, ValidationError):
+            return None
+
+    def _numbered(self, info: SyncInfo) -> SyncInfo:
+        """``info`` numbered after the newest record in ``state.json`` and ``sync.json``."""
+        if self._seq is None:
+            try:
+                self._seq = self.load().sync.seq
+            except StateError:
+                self._seq = 0
+        noted = self._noted()
+        newest = max(self._seq, noted.seq if noted is not None else 0)
+        return info.model_copy(update={"seq": newest + 1})
 
     def last_sync(self, state: DeviceState) -> SyncInfo:
-        """The newer of the state's sync entry and the idle one in ``sync.json``."""
-        try:
-            noted = SyncInfo.model_validate_json((self.root / SYNC_FILE).read_bytes())
-        except (OSError, ValidationError):
+        """The newer of the state's sync entry and the idle one in ``sync.json``: the
+        higher number (a clock that ran ahead once must not hide the records after
+        it); records from before numbers by their time, read as times."""
+        noted = self._noted()
+        if noted is None:
             return state.sync
-        newer = (noted.last_checked or "") > (state.sync.last_checked or "")
-        return noted if newer else state.sync
+        if noted.seq or state.sync.seq:
+            return noted if noted.seq > state.sync.seq else state.sync
+        return noted if _when(noted) > _when(state.sync) else state.sync
 
     def announce(self, info: DaemonInfo) -> None:
         """Write ``daemon.json`` for ``edge status``."""
         data = json.dumps(info.model_dump(mode="json"), indent=1) + "\n"
-        write_atomic(self.root / DAEMON_FILE, data.encode(), mode=0o644)
+        write_atomic(self.root / DAEMON_FILE, data.encode(), mode=FILE_MODE)
 
     def daemon_info(self) -> DaemonInfo | None:
         """The running daemon's announcement, if any (may be stale: check the lock)."""
@@ -471,3 +568,12 @@ class StateDir:
             yield self
         finally:
             self.unlock()
+
+
+def _when(info: SyncInfo) -> datetime:
+    """When an unnumbered record says it was written (the oldest time when it cannot)."""
+    try:
+        at = datetime.fromisoformat((info.last_checked or "").replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)

@@ -221,8 +221,10 @@ class DeviceTrust:
                 is answered from here, verified like any download.
             limits: caps on untrusted input: sizes, and the time each download may take.
             fetcher: transport to use instead of :class:`LocalFetcher` (tests wrap it).
-            cancelled: asked between the chunks of a target download; when it answers
-                True the download stops (kept, with a partial folder, for resuming).
+            cancelled: asked between the chunks of a target download, and while any
+                network download waits for data (at least every
+                ``edge_sync._fetch.CANCEL_POLL_S``); when it answers True the download
+                stops (a target's is kept, with a partial folder, for resuming).
 
         Raises:
             KeyMaterialError: the device was not provisioned with a root.
@@ -247,7 +249,8 @@ class DeviceTrust:
         roots = [d for d in (metadata_dir, remote_dir and remote_dir / TARGETS_DIR) if d]
         given = {f"{self._metadata_url}{name}": data for name, data in (prefetched or {}).items()}
         self._fetcher = _Counting(
-            fetcher or LocalFetcher(roots, limits=self._limits), prefetched=given
+            fetcher or LocalFetcher(roots, limits=self._limits, cancelled=cancelled),
+            prefetched=given,
         )
         self._cancelled = cancelled
         self._updater: Updater | None = None
@@ -532,6 +535,25 @@ def trusted_role(state_dir: Path, role: str) -> RoleState | None:
     return RoleState(signed.version, signed.expires)
 
 
+def expired_roles(state_dir: Path, now: datetime) -> list[str]:
+    """The trusted roles whose expiry has passed at ``now`` (root first, then the online
+    roles); a role not held yet is not listed.
+
+    The idle poll must look at every role, not only the timestamp's: whoever holds the
+    timestamp key alone can keep signing fresh timestamps over a snapshot whose own
+    (7-day) bound has passed, and only a full refresh would notice.
+
+    Raises:
+        VerificationError: the state dir holds unreadable metadata.
+    """
+    expired = []
+    for role in ("root", *ONLINE_ROLES):
+        state = trusted_role(state_dir, role)
+        if state is not None and state.expires <= now:
+            expired.append(role)
+    return expired
+
+
 def expect_facts(
     target: SignedTarget,
     *,
@@ -566,5 +588,6 @@ __all__ = [
     "SignedTarget",
     "TrustLimits",
     "expect_facts",
+    "expired_roles",
     "trusted_role",
 ]

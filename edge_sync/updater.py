@@ -58,7 +58,13 @@ from edge_sync.state import (
     now_iso,
     reason_text,
 )
-from edge_sync.trust import DeviceTrust, SignedTarget, expect_facts, trusted_role
+from edge_sync.trust import (
+    DeviceTrust,
+    SignedTarget,
+    expect_facts,
+    expired_roles,
+    trusted_role,
+)
 from edge_sync.watcher import SourceError, Watcher, watcher_for
 from registry.cohort import in_cohort
 from registry.errors import RegistryError
@@ -194,7 +200,7 @@ class Updater:
         self.host = host
         self.limits = limits or TrustLimits()
         self.watcher = watcher or watcher_for(
-            config, state.root, state.checkout, limits=self.limits
+            config, state.root, state.checkout, limits=self.limits, cancelled=should_stop
         )
         self.gate = gate if gate is not None and gate.window_s > 0 and recorder else None
         self.recorder = recorder
@@ -358,6 +364,7 @@ class Updater:
             with stages("detect"):
                 head = self.watcher.sync()
         except SourceError as e:
+            self._stop_if_stopping(e)
             return self._device_failure(state, f"repository: {e}")
         pending = any(
             (m.last_update is not None and m.last_update.result == "failed")
@@ -396,6 +403,7 @@ class Updater:
                 if state.channels is not None:
                     check_channels_successor(ChannelsDoc.model_validate(state.channels), channels)
         except (SigningError, ValueError) as e:
+            self._stop_if_stopping(e)
             said = str(e) if str(e).startswith("trust metadata") else f"trust metadata: {e}"
             return self._device_failure(state, said, commit=head.commit)
         report = SyncReport("current")
@@ -456,13 +464,28 @@ class Updater:
             shutil.rmtree(self.state.partials, ignore_errors=True)
 
     def _trust_expired(self) -> bool:
-        """Whether the trusted timestamp has expired (then an idle poll verifies again,
-        and reports the freeze instead of "current")."""
+        """Whether any trusted role has expired, or no timestamp is held yet (then an
+        idle poll verifies again, and reports the freeze instead of "current").
+
+        Every role counts: a timestamp key alone can keep the timestamp fresh over a
+        snapshot or targets past their own bound (see ``trust.expired_roles``).
+        """
         try:
-            timestamp = trusted_role(self.state.root, "timestamp")
+            if trusted_role(self.state.root, "timestamp") is None:
+                return True
+            return bool(expired_roles(self.state.root, _now()))
         except VerificationError:
             return True  # unreadable: verify
-        return timestamp is None or timestamp.expires <= _now()
+
+    def _stop_if_stopping(self, error: Exception) -> None:
+        """A poll or a metadata download cut by a stopping daemon is no failure of the
+        source: end the sync as at a stage boundary, recording nothing.
+
+        Raises:
+            StoppedError: the daemon is stopping.
+        """
+        if self.should_stop is not None and self.should_stop():
+            raise StoppedError(f"stopped during the sync ({error})") from error
 
     def _device_failure(
         self, state: DeviceState, reason: str, commit: str | None = None
@@ -576,6 +599,7 @@ class Updater:
                 finished=now_iso(), stages_ms=stages.ms,
             )  # fmt: skip
         except (RegistryError, OSError) as e:
+            self._stop_if_stopping(e)  # a download cut by the stop is resumed, not failed
             record = UpdateRecord(
                 result="failed", version=version, method=_said(plan.method) if plan else None,
                 bytes_fetched=trust.bytes_downloaded - fetched_before, reason=_one_line(e),

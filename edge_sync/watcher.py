@@ -11,7 +11,11 @@ reads the metadata (:attr:`metadata`):
   server supports it; an idle poll is one ``ls-remote`` round trip, which compares the
   remote branch's commit with the checkout's before anything is fetched.  Links are
   checked out as plain files (``core.symlinks=false``), only the configured URL is
-  contacted, git never prompts, and every git command has a time limit.
+  contacted, git never prompts, and every git command has a time limit.  The object
+  store is bounded: no reflog, everything but the one commit pruned after each fetch,
+  and ``.git`` watched during the fetch: over ``TrustLimits.git_store_max_bytes`` (a
+  host that ignores the blob filter and sends big files beside the metadata) the fetch
+  is killed, the checkout removed, and the sync fails with :class:`GitStoreError`.
 - :class:`RemoteMetadataWatcher` (``source: artifacts``): ``publish`` mirrors the
   metadata to ``<artifacts url>/metadata/``; an idle poll is one conditional read of
   ``timestamp.json`` there (HTTP ``If-None-Match``/``If-Modified-Since`` answered
@@ -26,22 +30,28 @@ Errors::
     registry.RegistryError
     └── SourceError                 the metadata's source cannot be reached or read
         ├── GitError                git: unreachable, no such branch, a folder too large
+        │   └── GitStoreError       git: the object store grew over its cap
         └── RemoteMetadataError     the artifact remote's mirror: unreachable, missing,
                                     an error status, a timestamp over its size cap
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final, Protocol
 from urllib.parse import urlsplit
+from urllib.request import url2pathname
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from tuf.api import exceptions as tuf_errors
@@ -59,6 +69,7 @@ if TYPE_CHECKING:
 __all__ = [
     "WATCH_FILE",
     "GitError",
+    "GitStoreError",
     "GitWatcher",
     "Head",
     "Probe",
@@ -78,6 +89,16 @@ MAX_METADATA_FILES: Final = 100_000
 MAX_METADATA_BYTES: Final = 256 << 20
 """Most bytes it may hold (devices read a few megabytes of it; see ``TrustLimits``)."""
 _MAX_OUTPUT: Final = 1 << 20
+_STORE_POLL_S: Final = 0.2
+"""How often a running git command looks at ``cancelled`` (and a fetch's ``.git`` is
+measured against its cap)."""
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    """Kill git and the helpers it started (its own session), and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
 
 
 class SourceError(RegistryError):
@@ -87,6 +108,10 @@ class SourceError(RegistryError):
 
 class GitError(SourceError):
     """The repository could not be reached or read."""
+
+
+class GitStoreError(GitError):
+    """The checkout's object store grew over ``TrustLimits.git_store_max_bytes``."""
 
 
 class RemoteMetadataError(SourceError):
@@ -130,19 +155,44 @@ class Watcher(Protocol):
 class GitWatcher:
     """A sparse, shallow checkout of ``branch`` of ``url`` at ``checkout``."""
 
-    def __init__(self, url: str, branch: str, checkout: Path, *, timeout_s: float = 120.0) -> None:
-        """Follow ``branch`` of ``url`` (a path, file://, git://, http(s)://, ssh://)."""
+    def __init__(
+        self,
+        url: str,
+        branch: str,
+        checkout: Path,
+        *,
+        timeout_s: float = 120.0,
+        store_max_bytes: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        """Follow ``branch`` of ``url`` (a path, file://, git://, http(s)://, ssh://),
+        with at most ``store_max_bytes`` in ``.git`` (default: ``TrustLimits``'); a git
+        command is killed within :data:`_STORE_POLL_S` once ``cancelled`` says so."""
         self.url = url
         self.branch = branch
         self.checkout = checkout
         self.timeout_s = timeout_s
+        self.store_max_bytes = store_max_bytes or TrustLimits().git_store_max_bytes
+        self._cancelled = cancelled
 
     @property
     def metadata(self) -> Path:
         """The checkout's metadata folder."""
         return self.checkout / METADATA_DIR
 
-    def _git(self, *args: str, cwd: Path | None = None) -> str:
+    def _git(self, *args: str, cwd: Path | None = None, bounded: bool = False) -> str:
+        """Run git; its output (cut at :data:`_MAX_OUTPUT`).
+
+        Args:
+            args: git's arguments.
+            cwd: where git runs.
+            bounded: watch ``.git`` while it runs, and kill git once it holds more than
+                :attr:`store_max_bytes` (a fetch).
+
+        Raises:
+            GitError: git failed, is missing, or took longer than :attr:`timeout_s`.
+            GitStoreError: ``bounded`` and ``.git`` grew over its cap.
+        """
         env = {
             **os.environ,
             "GIT_TERMINAL_PROMPT": "0",
@@ -153,26 +203,54 @@ class GitWatcher:
         }
         argv = ["git", *(["-C", str(cwd)] if cwd else []), *args]
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 argv,
-                capture_output=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 text=True,
                 errors="replace",  # a git host's messages are untrusted bytes
                 env=env,
-                timeout=self.timeout_s,
-                check=False,
+                start_new_session=True,  # its helpers (index-pack, ssh) are killed with it
             )
         except FileNotFoundError:
             raise GitError("git is not installed or not on PATH") from None
-        except subprocess.TimeoutExpired:
-            raise GitError(
-                f"git {args[0]}: no answer from {self.url} in {self.timeout_s:g} s"
-            ) from None
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                out, err = proc.communicate(timeout=_STORE_POLL_S)
+                break
+            except subprocess.TimeoutExpired:
+                if self._cancelled is not None and self._cancelled():
+                    _kill(proc)
+                    raise GitError(f"git {args[0]}: stopped, the daemon is stopping") from None
+                held = self._store_bytes() if bounded else 0
+                if held > self.store_max_bytes:
+                    _kill(proc)
+                    raise GitStoreError(
+                        f"git {args[0]} {self.url}: the checkout's object store holds {held} "
+                        f"bytes, over the {self.store_max_bytes} a device keeps "
+                        "(TrustLimits.git_store_max_bytes): the host sends files beside "
+                        "trust/metadata"
+                    ) from None
+                if time.monotonic() >= deadline:
+                    _kill(proc)
+                    raise GitError(
+                        f"git {args[0]}: no answer from {self.url} in {self.timeout_s:g} s"
+                    ) from None
         if proc.returncode:
-            detail = (proc.stderr or proc.stdout).strip().splitlines()
+            detail = (err or out).strip().splitlines()
             reason = detail[-1] if detail else f"exit {proc.returncode}"
             raise GitError(f"git {args[0]} {self.url}: {reason[:300]}")
-        return proc.stdout[:_MAX_OUTPUT]
+        return out[:_MAX_OUTPUT]
+
+    def _store_bytes(self) -> int:
+        """Bytes of the files under the checkout's ``.git`` (links not followed)."""
+        total = 0
+        for folder, _, names in os.walk(self.checkout / ".git"):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(folder, name)).st_size  # noqa: PTH118 - os.walk's strings
+        return total
 
     def remote_head(self) -> str:
         """The commit the remote branch points to (one round trip).
@@ -210,6 +288,7 @@ class GitWatcher:
         self._git("init", "-q", str(self.checkout))
         for key, value in (
             ("core.symlinks", "false"),
+            ("core.logAllRefUpdates", "false"),  # no reflog keeps an old commit
             ("core.sparseCheckout", "true"),
             ("core.hooksPath", "/dev/null"),
             ("advice.detachedHead", "false"),
@@ -236,25 +315,103 @@ class GitWatcher:
             return Head(remote, changed=False)
         try:
             return self._move_to(remote)
+        except GitStoreError:
+            shutil.rmtree(self.checkout, ignore_errors=True)  # give the disk back
+            raise
         except GitError:
             if not (self.checkout / ".git").exists():
                 raise
             shutil.rmtree(self.checkout, ignore_errors=True)
-            return self._move_to(remote)
+            try:
+                return self._move_to(remote)
+            except GitStoreError:
+                shutil.rmtree(self.checkout, ignore_errors=True)
+                raise
 
     def _move_to(self, remote: str) -> Head:
         self._init()
         self._git(
             "fetch", "-q", "--depth=1", "--no-tags", "--filter=blob:none", "origin",
             f"+refs/heads/{self.branch}:refs/remotes/origin/{self.branch}",
-            cwd=self.checkout,
+            cwd=self.checkout, bounded=True,
         )  # fmt: skip
         fetched = self._git(
             "rev-parse", f"refs/remotes/origin/{self.branch}^{{commit}}", cwd=self.checkout
         ).strip()
         self._check_size(fetched)
-        self._git("checkout", "-q", "--force", "--detach", fetched, cwd=self.checkout)
+        # the blobs of trust/metadata arrive here when the filter was honoured
+        self._git("checkout", "-q", "--force", "--detach", fetched, cwd=self.checkout, bounded=True)
+        self._prune()
+        held = self._store_bytes()
+        if held > self.store_max_bytes:
+            raise GitStoreError(
+                f"{self.url}: one commit of the branch takes {held} bytes in the checkout's "
+                f"object store, over the {self.store_max_bytes} a device keeps "
+                "(TrustLimits.git_store_max_bytes): the host sends files beside trust/metadata"
+            )
         return Head(fetched, changed=True)
+
+    def _prune(self) -> None:
+        """Keep only the objects the checked-out commit reaches (its trees, and the
+        blobs the checkout holds), in one new pack; every other pack and loose object
+        (older commits, files a host sent beside the metadata) is deleted.
+
+        ``git gc`` would not do it: in a partial clone it keeps every object of the
+        promisor packs, reachable or not.  The new pack is marked a promisor pack
+        too, so that blobs left out by the filter are still allowed to be missing.
+
+        Raises:
+            GitError: git could not list or pack the objects.
+        """
+        git_dir = self.checkout / ".git"
+        pack_dir = git_dir / "objects" / "pack"
+        head = self._git("rev-parse", "HEAD", cwd=self.checkout).strip()
+        listed = self._git_raw("rev-list", "--objects", "--missing=allow-any", head)
+        names = b"\n".join(line.split(b" ", 1)[0] for line in listed.splitlines()) + b"\n"
+        packed = self._git_raw(
+            "pack-objects", "-q", "--missing=allow-any", str(pack_dir / "pack"), stdin=names
+        )
+        keep = f"pack-{packed.decode('ascii', 'replace').strip()}"
+        if not (pack_dir / f"{keep}.pack").is_file():
+            raise GitError(f"git pack-objects: no pack {keep} written in {pack_dir}")
+        (pack_dir / f"{keep}.promisor").touch()
+        for path in pack_dir.iterdir():
+            if not path.name.startswith(f"{keep}."):
+                path.unlink(missing_ok=True)
+        for folder in (git_dir / "objects").iterdir():
+            if len(folder.name) == 2 and folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder, ignore_errors=True)
+        shallow = git_dir / "shallow"
+        if shallow.is_file():  # the cut-off commits of history no longer held
+            kept = [c for c in shallow.read_text("ascii", "replace").split() if c == head]
+            shallow.write_text("".join(f"{c}\n" for c in kept))
+
+    def _git_raw(self, *args: str, stdin: bytes | None = None) -> bytes:
+        """git's whole output as bytes (an object listing may be megabytes), with the
+        same environment and time limit as :meth:`_git`, in the checkout; local only.
+
+        Raises:
+            GitError: git failed or took longer than :attr:`timeout_s`.
+        """
+        env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0",
+               "GIT_ALLOW_PROTOCOL": "", "LC_ALL": "C"}  # fmt: skip
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(self.checkout), *args],
+                input=stdin,
+                capture_output=True,
+                env=env,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise GitError("git is not installed or not on PATH") from None
+        except subprocess.TimeoutExpired:
+            raise GitError(f"git {args[0]}: not done in {self.timeout_s:g} s") from None
+        if proc.returncode:
+            detail = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise GitError(f"git {args[0]}: {(detail[-1] if detail else proc.returncode)!s:.300}")
+        return proc.stdout
 
     def _check_size(self, commit: str) -> None:
         """Refuse a metadata folder too large to be metadata, before it is written out
@@ -298,6 +455,16 @@ class _Seen(BaseModel):
         return Validators(self.etag, self.last_modified, self.stat)
 
 
+def _resolved(location: str) -> str:
+    """A local remote's folder with its links resolved (a URL as it is)."""
+    parsed = urlsplit(location)
+    if parsed.scheme == "file":
+        return Path(url2pathname(parsed.path)).resolve().as_uri()
+    if parsed.scheme:
+        return location.rstrip("/")
+    return str(Path(location).resolve())
+
+
 def _shown(url: str) -> str:
     """``url`` for a message: no query or fragment (tokens live there), no credentials."""
     return redact(urlsplit(url)._replace(query="", fragment="").geturl())
@@ -325,7 +492,9 @@ class RemoteMetadataWatcher:
         keeping what was read in ``state_dir`` (:data:`WATCH_FILE`)."""
         self.artifacts_url = artifacts_url
         self.url = f"{artifacts_url.rstrip('/')}/{MIRROR_DIR}"
-        self.timestamp_url = f"{self.url}/{TIMESTAMP_FILE}"
+        # The operator's path to a local remote is resolved here, once: the probe then
+        # follows no link below it (one planted on the remote would name any file).
+        self.timestamp_url = f"{_resolved(artifacts_url)}/{MIRROR_DIR}/{TIMESTAMP_FILE}"
         self.state_dir = state_dir
         self.limits = limits or TrustLimits()
         self._prober = prober or probe
@@ -408,7 +577,12 @@ class RemoteMetadataWatcher:
 
 
 def watcher_for(
-    config: EdgeConfig, state_dir: Path, checkout: Path, *, limits: TrustLimits | None = None
+    config: EdgeConfig,
+    state_dir: Path,
+    checkout: Path,
+    *,
+    limits: TrustLimits | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Watcher:
     """The watcher ``config`` asks for (``repository.source``).
 
@@ -417,9 +591,13 @@ def watcher_for(
         state_dir: the state dir (the remote watcher keeps its validators there).
         checkout: where the git watcher keeps its checkout.
         limits: caps and time limits on what the remote sends.
+        cancelled: asked while a poll waits (git, or the mirror's timestamp); True
+            ends the poll within a fraction of a second (a stopping daemon).
     """
     repo = config.repository
     if repo.source == "artifacts":
-        return RemoteMetadataWatcher(config.artifacts.url, state_dir, limits=limits)
+        prober = functools.partial(probe, cancelled=cancelled)
+        return RemoteMetadataWatcher(config.artifacts.url, state_dir, limits=limits, prober=prober)
     assert repo.url is not None  # noqa: S101 - the config requires it for git
-    return GitWatcher(repo.url, repo.branch, checkout)
+    cap = (limits or TrustLimits()).git_store_max_bytes
+    return GitWatcher(repo.url, repo.branch, checkout, store_max_bytes=cap, cancelled=cancelled)

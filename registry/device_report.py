@@ -9,7 +9,8 @@ a ``kind`` and ``format``.  One JSON object per device, stored as ``<device-id>.
      "labels": {"arch": "x86_64"}, "reported": "2025-01-01T12:00:00.000000Z",
      "daemon": {"running": true, "pid": 123, "listen": "127.0.0.1:8000",
                 "started": "...", "version": "0.1.0"},
-     "trust": {"timestamp_version": 7, "timestamp_expires": "...", "stale": false},
+     "trust": {"timestamp_version": 7, "timestamp_expires": "...", "stale": false,
+               "expired": []},
      "sync": {"last_checked": "...", "result": "current", "reason": null, "commit": "..."},
      "models": {"mlp": {"channel": "production", "serving": {...}, "previous": {...},
                         "last_known_good": {...}, "last_update": {...},
@@ -188,11 +189,15 @@ class DaemonReport(Strict):
 
 
 class TrustReport(Strict):
-    """The device's trusted timestamp role."""
+    """The device's trusted timestamp role; ``stale`` when any trusted role has expired
+    (``expired`` names them: a fresh timestamp over an expired snapshot is a freeze)."""
 
     timestamp_version: Annotated[int, Field(ge=1)] | None = None
     timestamp_expires: Stamp | None = None
     stale: bool | None = None
+    expired: Annotated[
+        list[Literal["root", "targets", "snapshot", "timestamp"]], Field(max_length=4)
+    ] = Field(default_factory=list)
 
 
 class SyncReport(Strict):

@@ -69,6 +69,10 @@ def edge_status(config_path: Path, as_json: bool) -> None:
     if sync.get("last_checked"):
         detail(f"last sync {sync['last_checked']}: {sync['result']}"
                + (f" ({sync['reason']})" if sync.get("reason") else ""))  # fmt: skip
+    trust = doc["trust"]
+    if trust.get("stale"):
+        detail(f"trust: stale, {', '.join(trust.get('expired') or [])} expired "
+               "(nothing new is accepted until the repository signs fresh metadata)")  # fmt: skip
     for name, model in doc["models"].items():
         serving = model["serving"]
         shown = f"{serving['version']} ({serving['sha256'][:12]})" if serving else "nothing"

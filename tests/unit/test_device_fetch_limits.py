@@ -123,6 +123,7 @@ def test_no_minimum_rate_leaves_the_read_timeout_and_the_deadline() -> None:
         {"min_bytes_per_s": -1},
         {"rate_grace_s": -0.5},
         {"chunk_size": 0},
+        {"git_store_max_bytes": 0},
     ],
 )
 def test_limits_that_cannot_work_are_refused(bad: dict[str, float]) -> None:
@@ -189,9 +190,99 @@ def test_errors_keep_their_status_and_other_schemes_are_not_followed(
         _download(server.url("missing"))
     assert e.value.status_code == 404  # the Updater stops its root lookup on 404
     server.redirects["/ftp"] = "ftp://127.0.0.1:1/secret"
-    with pytest.raises(tuf_errors.DownloadError, match="Failed to download") as d:
+    with pytest.raises(tuf_errors.DownloadError, match=r"to another origin, ftp://127\.0\.0\.1:1"):
         _download(server.url("ftp"))
-    assert "unknown url type: ftp" in str(d.value.__cause__)
+
+
+def test_redirects_stay_on_the_remote_s_origin(server: TrickleServer) -> None:
+    """A redirect to the same host and port is followed; to another port, host or
+    scheme it is refused with the two origins named (issue 23)."""
+    server.files["/real"] = b"metadata"
+    server.redirects["/moved"] = "/real"
+    assert _download(server.url("moved")) == b"metadata"
+    with TrickleServer() as other:
+        other.files["/real"] = b"metadata"
+        for location in (other.url("real"), "https://127.0.0.1/real", "http://localhost/real"):
+            server.redirects["/away"] = location
+            with pytest.raises(tuf_errors.DownloadError, match="another origin") as e:
+                _download(server.url("away"))
+            assert "/real" not in str(e.value)  # origins only, never a path or query
+        assert other.requests == []
+
+
+# --- S3 under the same limits (issue 23) ------------------------------------------------
+
+
+@pytest.fixture
+def s3_env(server: TrickleServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trickle server as an S3-compatible endpoint (path-style: ``/bucket/key``)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.url("").rstrip("/"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.mark.usefixtures("s3_env")
+@pytest.mark.parametrize(
+    ("trickle", "match"),
+    [
+        (Trickle(interval_s=5.0), r"slower than 1000 bytes/s \(\d+ bytes in 0\.3 s\)"),
+        (Trickle(interval_s=0.05, headers=True), "slower than 1000 bytes/s"),
+        (Trickle(interval_s=0.02, piece=500), r"not done after 1\.5 s"),
+    ],
+    ids=["body", "headers", "deadline"],
+)
+def test_an_s3_endpoint_that_trickles_is_cut_at_the_same_bound_as_http(
+    server: TrickleServer, trickle: Trickle, match: str
+) -> None:
+    """botocore times each read, not the transfer: an S3 body trickled one byte every
+    5 s held a sync for hours.  Now the same limits cut both transports alike."""
+    body = b"x" * (200_000 if trickle.piece > 1 else 100)
+    for path in ("/f", "/fleet/modelreg/f"):
+        server.files[path] = body
+        server.slow[path] = trickle
+    over_http = _timed_refusal(server.url("f"), match)
+    over_s3 = _timed_refusal("s3://fleet/modelreg/f", match)
+    assert abs(over_s3 - over_http) < 0.5, (over_http, over_s3)
+    # it did go to the endpoint (the handler may note it after the device gave up)
+    deadline = time.monotonic() + 10
+    while "/fleet/modelreg/f" not in server.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "/fleet/modelreg/f" in server.requests, server.requests
+
+
+@pytest.mark.usefixtures("s3_env")
+def test_s3_errors_keep_their_status_and_redirects_their_origin(server: TrickleServer) -> None:
+    server.files["/fleet/modelreg/f"] = b"metadata"
+    assert _download("s3://fleet/modelreg/f") == b"metadata"
+    with pytest.raises(tuf_errors.DownloadHTTPError, match="S3 NoSuchKey") as e:
+        _download("s3://fleet/modelreg/missing")
+    assert e.value.status_code == 404
+    server.redirects["/fleet/modelreg/away"] = "http://localhost:1/fleet/modelreg/f"
+    with pytest.raises(tuf_errors.DownloadError, match="another origin, http://localhost:1"):
+        _download("s3://fleet/modelreg/away")
+
+
+@pytest.mark.usefixtures("s3_env")
+@pytest.mark.parametrize("scheme", ["http", "s3"])
+def test_a_cancelled_download_stops_within_a_quarter_second_while_no_byte_comes(
+    server: TrickleServer, scheme: str
+) -> None:
+    """What the daemon's SIGTERM relies on: a read that waits for data looks at
+    ``cancelled`` at least every 0.25 s (before: up to the read timeout, 30 s)."""
+    for path in ("/f", "/fleet/modelreg/f"):
+        server.files[path] = b"x" * 1000
+        server.slow[path] = Trickle(interval_s=8.0, piece=500, give_up_s=20.0)
+    stop = threading.Event()
+    fetcher = LocalFetcher([], limits=TrustLimits(rate_grace_s=30), cancelled=stop.is_set)
+    url = server.url("f") if scheme == "http" else "s3://fleet/modelreg/f"
+    _, chunks = fetcher.fetch_from(url, 0)
+    threading.Timer(1.0, stop.set).start()
+    start = time.monotonic()
+    with pytest.raises(tuf_errors.DownloadError, match="the daemon is stopping"):
+        for _ in chunks:
+            pass
+    assert time.monotonic() - start < 1.0 + 0.5
 
 
 # --- local files ------------------------------------------------------------------------

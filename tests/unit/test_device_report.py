@@ -77,6 +77,8 @@ _DELETE = object()
         ("sync.commit", "sha256:" + "cd" * 20, "sync.commit: String should match"),
         ("sync.commit", "main", "sync.commit: String should match"),
         ("trust.stale", "no", "trust.stale: Input should be a valid boolean"),
+        ("trust.expired", ["keys"], "trust.expired.0: Input should be 'root',"),
+        ("trust.expired", ["root"] * 5, "trust.expired: List should have at most 4"),
     ],
 )
 def test_a_report_off_the_schema_is_refused_with_its_field(
@@ -88,6 +90,12 @@ def test_a_report_off_the_schema_is_refused_with_its_field(
     assert "\x1b" not in str(caught.value)
     assert "\u202e" not in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_report_names_the_expired_roles_of_a_stale_device() -> None:
+    doc = _with("trust.expired", ["snapshot"])
+    doc["trust"]["stale"] = True
+    assert parse_report(_bytes(doc)).trust.expired == ["snapshot"]
 
 
 def test_a_newer_format_says_so() -> None:

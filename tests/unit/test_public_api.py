@@ -81,6 +81,7 @@ PUBLIC: dict[str, set[str]] = {
         "TRUST_DIR",
         "TrustLimits",
         "expect_facts",
+        "expired_roles",
         "trusted_role",
     },
     "fleet.channels": {
