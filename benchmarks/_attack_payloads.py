@@ -49,7 +49,7 @@ def bytes_bomb(count: int = ((64 << 20) - 256) // 4) -> tuple[bytes, dict[str, s
                     "parameters": {"binary_data_size": 4 * count},
                 }
             ]
-        }  # fmt: skip
+        }
     ).encode()
     body = _gzip(header + bytes(4 * count))
     return body, {
@@ -74,7 +74,7 @@ def cnn_batch(batch: int = CNN_BATCH) -> tuple[bytes, dict[str, str]]:
                 }
             ],
             "parameters": {"binary_data_output": True},
-        }  # fmt: skip
+        }
     ).encode()
     body = gzip.compress(header + bytes(size), compresslevel=9)
     return body, {

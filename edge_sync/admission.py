@@ -27,8 +27,9 @@ __all__ = ["RETRY_AFTER_S", "Budget", "Slots", "Ticket"]
 RETRY_AFTER_S: Final = 1
 """What a 503 for a full server tells the client to wait (``Retry-After``)."""
 TRIM_AFTER_BYTES: Final = 16 << 20
-"""A request that held this much makes the server give freed heap back to the system
-(``malloc_trim``) once nothing is in flight: a burst of large requests is not kept."""
+"""Once requests held this much together since the last time, the server gives freed
+heap back to the system (``malloc_trim``) when nothing is in flight: a burst of large
+requests is not kept (glibc keeps freed heap for reuse otherwise)."""
 
 
 class Budget:
@@ -38,8 +39,8 @@ class Budget:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self.largest = 0
-        """The most one request held since the heap was last trimmed."""
+        self.since_trim = 0
+        """Bytes requests held since the heap was last trimmed."""
         self._lock = threading.Lock()
 
     def take(self, size: int) -> bool:
@@ -50,14 +51,14 @@ class Budget:
             self.used += size
             return True
 
-    def give(self, size: int, held: int) -> bool:
-        """Return ``size`` bytes of a request that held ``held``; whether it is time to
-        trim the heap (nothing in flight any more after a large request)."""
+    def give(self, size: int) -> bool:
+        """Return ``size`` bytes; whether it is time to trim the heap (nothing in flight
+        any more after a burst)."""
         with self._lock:
             self.used -= size
-            self.largest = max(self.largest, held)
-            if self.used == 0 and self.largest >= TRIM_AFTER_BYTES:
-                self.largest = 0
+            self.since_trim += size
+            if self.used == 0 and self.since_trim >= TRIM_AFTER_BYTES:
+                self.since_trim = 0
                 return True
             return False
 
@@ -97,7 +98,7 @@ class Ticket:
     def release(self) -> bool:
         """Give everything back; whether the heap should be trimmed now."""
         held, self.held = self.held, 0
-        return self.budget.give(held, held) if held else False
+        return self.budget.give(held) if held else False
 
 
 class Slots:

@@ -17,7 +17,10 @@ import zlib
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["HEADER_LENGTH", "Charge", "RefusedError", "depth", "inflate", "json_cost", "split"]
+__all__ = [
+    "HEADER_LENGTH", "TEXT_COST", "Charge", "RefusedError", "depth", "inflate", "json_cost",
+    "split",
+]  # fmt: skip
 
 HEADER_LENGTH: Final = "inference-header-content-length"
 """Where the JSON header of a binary-data request or response ends."""

@@ -35,7 +35,7 @@ from starlette.responses import Response
 
 from edge_sync.engine import DATATYPES, NUMPY_DTYPES
 from edge_sync.oip_answer import BYTES_ELEMENT_COST, answer, json_response
-from edge_sync.oip_body import HEADER_LENGTH, Charge, RefusedError, inflate, split
+from edge_sync.oip_body import HEADER_LENGTH, TEXT_COST, Charge, RefusedError, inflate, split
 
 if TYPE_CHECKING:
     from edge_sync.config import ModelLimits, ServeLimitsConfig
@@ -151,7 +151,10 @@ def read_request(
         RefusedError: see the module docstring.
     """
     charge = charge or _no_charge
-    data = inflate(body, headers.get("content-encoding", ""), limits.max_body_bytes, charge)
+    cap = limits.max_body_bytes
+    if HEADER_LENGTH not in headers:  # all JSON: what the request could not afford to parse
+        cap = min(cap, limits.max_request_bytes // TEXT_COST)
+    data = inflate(body, headers.get("content-encoding", ""), cap, charge)
     doc, binary = split(data, headers.get(HEADER_LENGTH), limits.max_json_depth, charge)
     caps = limits.caps(engine.model)
     return _parse_request(doc, engine, binary, _Reading(caps, charge))

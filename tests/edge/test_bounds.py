@@ -38,8 +38,7 @@ pytestmark = pytest.mark.integration
 
 
 def _rss() -> int:
-    with open("/proc/self/statm", encoding="ascii") as fh:
-        return int(fh.read().split()[1]) * 4096
+    return int(Path("/proc/self/statm").read_text(encoding="ascii").split()[1]) * 4096
 
 
 class _Peak:
@@ -245,11 +244,11 @@ class _Blocking:
     """An engine (the production interface) whose runs wait for ``go``."""
 
     model, version, sha256 = "slow", "1", "0" * 64
-    inputs = [("x", "tensor(float)", [1])]
-    outputs = [("y", "tensor(float)", [1])]
     run_s = 1.0
 
     def __init__(self) -> None:
+        self.inputs = [("x", "tensor(float)", [1])]
+        self.outputs = [("y", "tensor(float)", [1])]
         self.go = threading.Event()
         self.started = threading.Semaphore(0)
 
@@ -404,7 +403,7 @@ def test_onnx_runtime_gives_a_burst_back(host: InProcessHost) -> None:
         "ascii-then-wide",
         "wide",
         "big-ints",
-    ],  # fmt: skip
+    ],
 )
 def test_json_cost_bounds_what_parsing_allocates(text: bytes) -> None:
     tracemalloc.start()

@@ -58,8 +58,7 @@ def test_idle_connections_never_take_the_update_loops_descriptors(rig: EdgeRig) 
         host, port = base.removeprefix("http://").split(":")
         idle: list[socket.socket] = []
         try:
-            for _ in range(300):
-                idle.append(socket.create_connection((host, int(port)), timeout=30))
+            idle.extend(socket.create_connection((host, int(port)), timeout=30) for _ in range(300))
             time.sleep(0.5)  # all accepted (or refused) by now
             assert _infer(base).status_code == 200
             before = httpx.get(f"{base}/status", timeout=30).json()["sync"]
