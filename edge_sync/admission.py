@@ -26,6 +26,8 @@ __all__ = ["RETRY_AFTER_S", "Budget", "Slots", "Ticket"]
 
 RETRY_AFTER_S: Final = 1
 """What a 503 for a full server tells the client to wait (``Retry-After``)."""
+RESERVE_BYTES: Final = 64 << 10
+"""What a request's account takes from the shared budget at least, at a time."""
 TRIM_AFTER_BYTES: Final = 16 << 20
 """Once requests held this much together since the last time, the server gives freed
 heap back to the system (``malloc_trim``) when nothing is in flight: a burst of large
@@ -68,11 +70,15 @@ class Budget:
 
 
 class Ticket:
-    """One request's account against its cap and the shared :class:`Budget`."""
+    """One request's account against its cap and the shared :class:`Budget` (reserved
+    from it :data:`RESERVE_BYTES` at a time: a small request takes the lock twice)."""
 
     def __init__(self, budget: Budget, cap: int) -> None:
         self.budget, self.cap = budget, cap
         self.held = 0
+        """Bytes charged."""
+        self.reserved = 0
+        """Bytes taken from the budget (at least ``held``)."""
 
     def charge(self, size: int, what: str = "decoded") -> None:
         """Account for ``size`` more bytes, before they are allocated.
@@ -81,24 +87,28 @@ class Ticket:
             RefusedError: over the request's cap (413), or over what the server has
                 left in flight (503, with ``Retry-After``).
         """
-        if size <= 0:
+        held = self.held + size
+        if held <= self.reserved:
+            self.held = held
             return
-        if self.held + size > self.cap:
+        if held > self.cap:
             raise RefusedError(
                 413, f"the request needs over {self.cap} bytes {what} (serve.limits.max_request)"
             )
-        if not self.budget.take(size):
+        more = min(max(held - self.reserved, RESERVE_BYTES), self.cap - self.reserved)
+        if not self.budget.take(more):
             raise RefusedError(
                 503,
                 "the server holds as many requests as its memory allows; retry later",
                 retry_after=RETRY_AFTER_S,
             )
-        self.held += size
+        self.reserved += more
+        self.held = held
 
     def release(self) -> bool:
         """Give everything back; whether the heap should be trimmed now."""
-        held, self.held = self.held, 0
-        return self.budget.give(held) if held else False
+        reserved, self.reserved, self.held = self.reserved, 0, 0
+        return self.budget.give(reserved) if reserved else False
 
 
 class Slots:

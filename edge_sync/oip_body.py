@@ -28,6 +28,11 @@ INFLATE_CHUNK: Final = 1 << 20
 """Inflated bytes made (and charged) at a time."""
 TEXT_COST: Final = 9
 """What ``json.loads`` may allocate per byte of text at least counted (strings)."""
+MOST_PER_BYTE: Final = 72 + 48 + TEXT_COST
+"""The most :func:`json_cost` counts for one byte (an opening bracket)."""
+SMALL_HEADER: Final = 16 << 10
+"""A JSON header up to this size is charged ``MOST_PER_BYTE`` a byte (at most 2 MiB),
+cheaper than counting."""
 _SLICE: Final = 1 << 20
 
 Charge = Callable[[int], None]
@@ -99,14 +104,13 @@ def json_cost(text: bytes | bytearray) -> int:
     over-counting is safe (a request refused with 413 it could have had); a text that
     costs more than this would let a small body outgrow the budget.
     """
-    counts = dict.fromkeys(b'[{,:"', 0)
+    containers = values = quoted = 0
     for start in range(0, len(text), _SLICE):  # slices: other threads get the GIL between
-        piece = text[start : start + _SLICE]
-        for byte in counts:
-            counts[byte] += piece.count(byte)
-    containers = counts[ord("[")] + counts[ord("{")]
-    values = counts[ord(",")] + containers + 1
-    quoted = counts[ord(":")] + counts[ord('"')]
+        piece = text[start : start + _SLICE] if len(text) > _SLICE else text
+        containers += piece.count(b"[") + piece.count(b"{")
+        values += piece.count(b",")
+        quoted += piece.count(b":") + piece.count(b'"')
+    values += containers + 1
     return 72 * containers + 48 * values + 40 * quoted + TEXT_COST * len(text)
 
 
@@ -148,11 +152,14 @@ def split(
             )
         cut = int(value)
     header = bytes(body[:cut]) if cut < len(body) else body
-    least = TEXT_COST * len(header)
-    charge(least)  # a header too large for the request is refused before it is scanned
+    if len(header) <= SMALL_HEADER:  # charged the most a byte can cost, not counted
+        charge(MOST_PER_BYTE * len(header))
+    else:
+        least = TEXT_COST * len(header)
+        charge(least)  # a header too large for the request is refused before it is scanned
+        charge(json_cost(header) - least)
     if depth(header, max_depth) > max_depth:
         raise RefusedError(400, f"the request's JSON nests deeper than {max_depth} levels")
-    charge(json_cost(header) - least)
     try:
         doc = json.loads(header)
     except (ValueError, RecursionError):

@@ -295,15 +295,19 @@ def _fixed(dim: object) -> bool:
     return isinstance(dim, int) and dim >= 0
 
 
+_ITEM_BYTES: Final = {
+    "BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "UINT32": 4,
+    "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8,
+}  # fmt: skip
+
+
 def _array_cost(datatype: str, count: int, size: int) -> int:
     """What decoding ``count`` values of ``datatype`` from ``size`` bytes of data
     allocates: the array (with numpy's byte-order copy), or for BYTES every element's
     objects and up to four bytes a byte of text (a wide Python string)."""
-    import numpy as np
-
     if datatype == "BYTES":
         return count * BYTES_ELEMENT_COST + 4 * size
-    return 2 * count * np.dtype(NUMPY_DTYPES[datatype]).itemsize
+    return 2 * count * _ITEM_BYTES[datatype]
 
 
 def _check_outputs(
@@ -320,14 +324,21 @@ def _check_outputs(
     for name, _, shape in getattr(engine, "inputs", []):
         array = arrays.get(name)
         if array is not None and len(shape) == array.ndim:
-            named |= {d: n for d, n in zip(shape, array.shape, strict=True) if isinstance(d, str)}
+            named.update(
+                {d: n for d, n in zip(shape, array.shape, strict=True) if isinstance(d, str)}
+            )
     total = 0
     for name, _, shape in getattr(engine, "outputs", []):
-        if wanted is not None and name not in wanted:
+        if not shape or (wanted is not None and name not in wanted):
             continue
-        sizes = [d if _fixed(d) else named.get(d) for d in shape]
-        if shape and all(n is not None for n in sizes):
-            total += math.prod(n for n in sizes if n is not None)
+        count = 1
+        for dim in shape:
+            size = dim if _fixed(dim) else named.get(dim)
+            if size is None:
+                break  # not known before the run
+            count *= size
+        else:
+            total += count
     if total > cap:
         raise RefusedError(413, f"the outputs would hold {total} values, over this model's {cap}")
 

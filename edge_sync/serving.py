@@ -43,7 +43,7 @@ from starlette.routing import Route
 from edge_sync.admission import Budget, Slots, Ticket
 from edge_sync.engine import DATATYPES, trim_heap
 from edge_sync.metrics import CONTENT_TYPE, Metrics
-from edge_sync.oip_body import Charge
+from edge_sync.oip_body import HEADER_LENGTH, Charge
 from edge_sync.oip_codec import (
     MAX_BODY_BYTES,
     RefusedError,
@@ -66,6 +66,9 @@ INLINE_RUN_S: Final = 0.0005
 body of at most :data:`INLINE_BODY_BYTES`); a slower one in a worker thread, so the loop
 keeps answering while it computes."""
 INLINE_BODY_BYTES: Final = 64 << 10
+SETTLE_AFTER_BYTES: Final = 1 << 20
+"""A request that held more is given back only once its answer is sent (a background
+task); a smaller one at once (its answer is small)."""
 
 
 def create_app(
@@ -281,11 +284,12 @@ class _Api:
 
     async def _infer(self, request: Request) -> Response:
         ticket = self.budget.ticket(self.limits.max_request_bytes)
+        headers = _headers(request)
         try:
-            body = await _read_body(request, self.limits.max_body_bytes, ticket.charge)
+            body = await _read_body(request, self.limits.max_body_bytes, ticket.charge, headers)
             with self.engine_for(request) as engine:  # held until it answered
-                headers = request.headers
-                if len(body) <= INLINE_BODY_BYTES and _quick(engine) and _plain(headers):
+                plain = headers.get("content-encoding", "identity") in ("identity", "")
+                if len(body) <= INLINE_BODY_BYTES and plain and _quick(engine):
                     response = self._answer(body, headers, engine, ticket)
                 else:
                     await self.slots.acquire()
@@ -297,8 +301,10 @@ class _Api:
                         self.slots.release()
         except RefusedError as e:
             response = error_response(e.status, str(e), e.version, e.retry_after)
-        # what the request holds is given back once its answer is sent
-        response.background = BackgroundTask(_settle, ticket)
+        if ticket.held > SETTLE_AFTER_BYTES:  # given back once its answer is sent
+            response.background = BackgroundTask(_settle, ticket)
+        elif ticket.release():  # a small answer: as good as sent
+            await run_in_threadpool(trim_heap)
         return response
 
     def _answer(
@@ -365,10 +371,23 @@ async def _settle(ticket: Ticket) -> None:
         await run_in_threadpool(trim_heap)
 
 
-def _plain(headers: Mapping[str, str]) -> bool:
-    """Whether the body is sent as it is: an inflated one's size is not known until it
-    is inflated, which is never done on the event loop."""
-    return headers.get("content-encoding", "identity").strip().lower() in ("", "identity")
+_READ_HEADERS: Final = {
+    b"content-length": "content-length",
+    b"content-encoding": "content-encoding",
+    HEADER_LENGTH.encode(): HEADER_LENGTH,
+}
+
+
+def _headers(request: Request) -> dict[str, str]:
+    """The headers an inference request is read by, in one pass over the scope's (a
+    body with a content coding is never inflated on the event loop: its size is not
+    known until it is)."""
+    found = {}
+    for name, value in request.scope["headers"]:
+        key = _READ_HEADERS.get(name.lower())
+        if key is not None:
+            found[key] = value.decode("latin-1").strip().lower()
+    return found
 
 
 def _quick(engine: Any) -> bool:
@@ -387,14 +406,19 @@ def _specs(specs: list[Any]) -> list[dict[str, Any]]:
 # --- reading a request ---------------------------------------------------------------
 
 
-async def _read_body(request: Request, cap: int, charge: Charge | None = None) -> bytearray:
+async def _read_body(
+    request: Request,
+    cap: int,
+    charge: Charge | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> bytearray:
     """The request's body as sent, within ``cap`` bytes, charged to ``charge`` as it
     comes (its declared length at once).
 
     Raises:
         RefusedError: larger (413); and what ``charge`` raises.
     """
-    declared = request.headers.get("content-length", "")
+    declared = (headers if headers is not None else request.headers).get("content-length", "")
     counted = int(declared) if declared.isascii() and declared.isdigit() else 0
     if counted > cap:
         raise RefusedError(413, f"request body over {cap} bytes")
