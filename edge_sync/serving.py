@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge_sync.admission import Budget, Slots, Ticket
+from edge_sync.admission import Budget, Slots, Ticket, keep_heap_small
 from edge_sync.engine import DATATYPES, trim_heap
 from edge_sync.metrics import CONTENT_TYPE, Metrics
 from edge_sync.oip_body import HEADER_LENGTH, Charge
@@ -180,6 +180,7 @@ class _Api:
         self.limits = limits
         self.budget = Budget(limits.inflight_bytes)
         self.slots = Slots(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
+        keep_heap_small()  # what a burst allocated is given back, not kept
 
     @contextlib.contextmanager
     def engine_for(self, request: Request) -> Iterator[Any]:
