@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Final
 
 __all__ = [
-    "HEADER_LENGTH", "TEXT_COST", "Charge", "RefusedError", "depth", "inflate", "json_cost",
-    "split",
+    "HEADER_LENGTH", "TEXT_COST", "Charge", "Inflating", "RefusedError", "depth", "inflate",
+    "json_cost", "split",
 ]  # fmt: skip
 
 HEADER_LENGTH: Final = "inference-header-content-length"
@@ -61,37 +61,65 @@ def _no_charge(_: int) -> None:
 def inflate(
     body: bytes | bytearray, coding: str, cap: int, charge: Charge = _no_charge
 ) -> bytes | bytearray:
-    """The body with its content coding undone (gzip, deflate: what ``tritonclient``
-    sends), within ``cap`` bytes, each chunk charged before it is made.
+    """The body with its content coding undone (:class:`Inflating`, at once).
 
     Raises:
-        RefusedError: an unknown coding (415), too large inflated (413), or not a
-            whole stream of its coding (400); and what ``charge`` raises.
+        RefusedError: see :class:`Inflating`.
     """
-    coding = coding.strip().lower()
-    if coding in ("", "identity"):
-        return body
-    if coding not in ("gzip", "x-gzip", "deflate"):
-        raise RefusedError(415, f"content encoding {coding[:40]!r} is not supported")
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by their header
-    out = bytearray()
-    pending, step = body, 64 << 10  # small bodies are charged little
-    try:
-        while True:
-            room = min(step, cap + 1 - len(out))
-            step = min(step * 2, INFLATE_CHUNK)
-            charge(room)
-            out += inflater.decompress(pending, room)
-            pending = inflater.unconsumed_tail
-            if len(out) > cap:
-                raise RefusedError(413, f"request body over {cap} bytes inflated")
-            if inflater.eof or not pending:
-                break
-    except zlib.error:
-        raise RefusedError(400, f"the body is not {coding} data") from None
-    if not inflater.eof or inflater.unused_data:
-        raise RefusedError(400, f"the body is not one whole {coding} stream")
-    return out  # not copied to bytes: that would hold it twice
+    return Inflating(body, coding, cap, charge).finish()
+
+
+class Inflating:
+    """A body with its content coding undone (gzip, deflate: what ``tritonclient``
+    sends) as far as asked, within ``cap`` bytes, each chunk charged before it is made.
+
+    Raises:
+        RefusedError: from the constructor, an unknown coding (415); from
+            :meth:`until` and :meth:`finish`, too large inflated (413), or not a whole
+            stream of its coding (400); and what ``charge`` raises.
+    """
+
+    def __init__(
+        self, body: bytes | bytearray, coding: str, cap: int, charge: Charge = _no_charge
+    ) -> None:
+        coding = coding.strip().lower()
+        self.coding, self.cap, self.charge = coding, cap, charge
+        self.done = coding in ("", "identity")
+        """Nothing (more) to inflate."""
+        if not self.done and coding not in ("gzip", "x-gzip", "deflate"):
+            raise RefusedError(415, f"content encoding {coding[:40]!r} is not supported")
+        self.out: bytes | bytearray = body if self.done else bytearray()
+        self._pending = body
+        self._step = 64 << 10  # small bodies are charged little
+        self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by header
+
+    def until(self, size: int) -> bytes | bytearray:
+        """At least ``size`` bytes inflated (fewer at the stream's end): all so far."""
+        out = self.out
+        try:
+            while not self.done and len(out) < size:
+                assert isinstance(out, bytearray)  # noqa: S101 - set so when coded
+                room = min(self._step, self.cap + 1 - len(out))
+                self._step = min(self._step * 2, INFLATE_CHUNK)
+                self.charge(room)
+                out += self._inflater.decompress(self._pending, room)
+                self._pending = self._inflater.unconsumed_tail
+                if len(out) > self.cap:
+                    raise RefusedError(413, f"request body over {self.cap} bytes inflated")
+                if self._inflater.eof or not self._pending:
+                    self._finished()
+        except zlib.error:
+            raise RefusedError(400, f"the body is not {self.coding} data") from None
+        return out
+
+    def _finished(self) -> None:
+        self.done = True
+        if not self._inflater.eof or self._inflater.unused_data:
+            raise RefusedError(400, f"the body is not one whole {self.coding} stream")
+
+    def finish(self) -> bytes | bytearray:
+        """The whole body inflated (not copied to bytes: that would hold it twice)."""
+        return self.until(self.cap + 1)
 
 
 def json_cost(text: bytes | bytearray) -> int:

@@ -35,7 +35,14 @@ from starlette.responses import Response
 
 from edge_sync.engine import DATATYPES, NUMPY_DTYPES
 from edge_sync.oip_answer import BYTES_ELEMENT_COST, answer, json_response
-from edge_sync.oip_body import HEADER_LENGTH, TEXT_COST, Charge, RefusedError, inflate, split
+from edge_sync.oip_body import (
+    HEADER_LENGTH,
+    TEXT_COST,
+    Charge,
+    Inflating,
+    RefusedError,
+    split,
+)
 
 if TYPE_CHECKING:
     from edge_sync.config import ModelLimits, ServeLimitsConfig
@@ -151,13 +158,24 @@ def read_request(
         RefusedError: see the module docstring.
     """
     charge = charge or _no_charge
-    cap = limits.max_body_bytes
-    if HEADER_LENGTH not in headers:  # all JSON: what the request could not afford to parse
+    cap, length = limits.max_body_bytes, headers.get(HEADER_LENGTH)
+    if length is None:  # all JSON: what the request could not afford to parse
         cap = min(cap, limits.max_request_bytes // TEXT_COST)
-    data = inflate(body, headers.get("content-encoding", ""), cap, charge)
-    doc, binary = split(data, headers.get(HEADER_LENGTH), limits.max_json_depth, charge)
-    caps = limits.caps(engine.model)
-    return _parse_request(doc, engine, binary, _Reading(caps, charge))
+    stream = Inflating(body, headers.get("content-encoding", ""), cap, charge)
+    reading = _Reading(limits.caps(engine.model), charge)
+    if length is not None and length.isdigit() and not stream.done:
+        # the JSON header first: inputs over a cap are refused before the rest inflates
+        head, view = split(stream.until(int(length)), length, limits.max_json_depth, charge)
+        view.release()  # the inflated bytes grow on
+        precharge(head, engine, limits, charge)
+        data = stream.finish()
+        if len(data) < int(length):
+            raise RefusedError(400, f"{HEADER_LENGTH}: {length[:20]!r} is not a length in the body")
+        doc, binary = head, memoryview(data)[int(length) :]
+        reading = _Reading(reading.caps, charge, precharged=True)
+    else:
+        doc, binary = split(stream.finish(), length, limits.max_json_depth, charge)
+    return _parse_request(doc, engine, binary, reading)
 
 
 def _no_charge(_: int) -> None:
@@ -170,6 +188,8 @@ class _Reading:
 
     caps: ModelCaps
     charge: Charge
+    precharged: bool = False
+    """The inputs were charged already (:func:`precharge`)."""
 
 
 @dataclass
@@ -224,17 +244,15 @@ def _is_size(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _input(
-    item: Mapping[str, Any],
-    declared: Mapping[str, tuple[str, list[Any]]],
-    binary: memoryview | bytes,
-    offset: int,
-    reading: _Reading,
-) -> tuple[str, Any, int]:
-    """One input tensor: its name, its array, and where the next binary data starts.
+def _spec(
+    item: Mapping[str, Any], declared: Mapping[str, tuple[str, list[Any]]], caps: ModelCaps
+) -> tuple[str, list[int], int, str, int | None]:
+    """One input tensor's description, checked: its name, shape, values, datatype and
+    binary data size (None: its data is JSON).
 
     Raises:
-        RefusedError: unknown, a bad shape or datatype, or data that does not fit.
+        RefusedError: unknown, a bad shape or datatype, over a cap (413), or neither
+            or both of data and binary data.
     """
     name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
     if not isinstance(name, str) or name not in declared:
@@ -243,7 +261,7 @@ def _input(
         raise RefusedError(400, f"input {name!r}: shape must be a list of sizes")
     count = math.prod(shape)  # exact: numpy's product wraps around at 2**63
     expected, model_shape = declared[name]
-    _check_caps(name, shape, count, model_shape, reading.caps)
+    _check_caps(name, shape, count, model_shape, caps)
     if datatype != expected:
         raise RefusedError(
             400, f"input {name!r}: datatype {datatype!r}, the model takes {expected}"
@@ -259,14 +277,56 @@ def _input(
         raise RefusedError(400, f"input {name!r}: binary_data_size is not a size")
     if (size is None) == ("data" not in item):
         raise RefusedError(400, f"input {name!r}: give data or binary_data_size, one of them")
+    return name, shape, count, expected, size
+
+
+def _cost(count: int, datatype: str, size: int | None) -> int:
+    """What decoding an input allocates (JSON data: plus a nesting's copy)."""
+    return _array_cost(datatype, count, 0) + 8 * count if size is None else (
+        _array_cost(datatype, count, size)
+    )  # fmt: skip
+
+
+def precharge(doc: object, engine: Any, limits: ServeLimits, charge: Charge) -> None:
+    """Check the inputs a request's JSON header describes against the model's caps,
+    and charge what decoding them will allocate, before its binary data is inflated
+    (then :func:`read_request` charges them no more).
+
+    Raises:
+        RefusedError: see :func:`read_request`.
+    """
+    items = doc.get("inputs") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return  # refused when it is read
+    declared = {n: (DATATYPES.get(t, t), s) for n, t, s in getattr(engine, "inputs", [])}
+    caps = limits.caps(engine.model)
+    for item in items:
+        if isinstance(item, dict):
+            _, _, count, datatype, size = _spec(item, declared, caps)
+            charge(_cost(count, datatype, size))
+
+
+def _input(
+    item: Mapping[str, Any],
+    declared: Mapping[str, tuple[str, list[Any]]],
+    binary: memoryview | bytes,
+    offset: int,
+    reading: _Reading,
+) -> tuple[str, Any, int]:
+    """One input tensor: its name, its array, and where the next binary data starts.
+
+    Raises:
+        RefusedError: unknown, a bad shape or datatype, or data that does not fit.
+    """
+    name, shape, count, expected, size = _spec(item, declared, reading.caps)
     if size is not None and offset + size > len(binary):
         raise RefusedError(400, f"input {name!r}: binary data past the body's end")
+    if not reading.precharged:
+        reading.charge(_cost(count, expected, size))
     try:
         if size is None:
-            reading.charge(_array_cost(expected, count, 0) + 8 * count)  # + a nesting's copy
             data = _from_json(item["data"], expected, shape, count)
         else:
-            reading.charge(_array_cost(expected, count, size))
             data = _from_binary(binary[offset : offset + size], expected, count)
             offset += size
     except (TypeError, ValueError, OverflowError, ArithmeticError) as e:
