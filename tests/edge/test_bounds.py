@@ -162,7 +162,7 @@ def test_gzip_bombs_never_stall_the_health_check(base: str) -> None:
         stop.set()
         poller.join()
     assert codes == [413] * 4
-    assert worst[0] < 0.5, f"the health check waited {worst[0]:.2f} s"
+    assert worst[0] < 1.0, f"the health check waited {worst[0]:.2f} s"
     assert peak.grew < 400 << 20, f"+{peak.grew >> 20} MiB"
     for _ in range(2):  # again: what the first ones freed is reused, then given back
         assert (
@@ -237,15 +237,24 @@ def test_the_budget_in_flight_answers_503_with_retry_after(host: InProcessHost) 
     with bounded_server(app) as url, _open(url) as holder:
         holder.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
                        b"Content-Length: %d\r\n\r\n{" % (6 << 20))  # fmt: skip
-        time.sleep(0.3)  # the server has read the head and charged it
-        response = httpx.post(f"{url}/v2/models/mlp/infer", content=b" " * (4 << 20))
+        deadline = time.monotonic() + 30
+        while True:  # once the server has read the holder's head, and charged it
+            response = httpx.post(f"{url}/v2/models/mlp/infer", content=b" " * (4 << 20))
+            if response.status_code == 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert response.status_code == 503
         assert response.headers["retry-after"] == "1"
+        assert response.json()["error"].startswith("the server holds as many requests")
         assert httpx.get(f"{url}/v2/health/live").status_code == 200
         holder.close()
-        time.sleep(0.3)  # the holder's charge is given back when its request ends
         x = {"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
-        assert httpx.post(f"{url}/v2/models/mlp/infer", json={"inputs": [x]}).status_code == 200
+        while True:  # the holder's charge is given back when its request ends
+            code = httpx.post(f"{url}/v2/models/mlp/infer", json={"inputs": [x]}).status_code
+            if code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert code == 200
 
 
 class _Blocking:
@@ -300,7 +309,11 @@ def test_the_concurrency_limit_answers_503_while_health_answers() -> None:
         assert engine.started.acquire(timeout=30)  # running: the one slot is taken
         queued = threading.Thread(target=infer)
         queued.start()
-        time.sleep(0.3)  # waiting for the slot
+        slots = getattr(app.routes[0], "endpoint").__self__.slots  # noqa: B009 - the server's count
+        deadline = time.monotonic() + 30
+        while slots.waiting < 1:  # the second waits for the slot
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         third = httpx.post(f"{url}/v2/models/slow/infer", json=doc)
         assert third.status_code == 503
         assert third.headers["retry-after"] == "1"
