@@ -324,6 +324,13 @@ class EdgeConfig(Strict):
     report: ReportConfig | None = None
     """Send the device's report to a fleet sink (``modelreg fleet status`` reads them)."""
 
+    @model_validator(mode="after")
+    def _limits_name_models(self) -> EdgeConfig:
+        unknown = sorted(set(self.serve.limits.models) - {m.name for m in self.models})
+        if unknown:
+            raise ValueError(f"serve.limits.models names {unknown}, not subscribed in models")
+        return self
+
     @property
     def state_path(self) -> Path:
         """The state dir (absolute once loaded by :func:`load_edge_config`)."""

@@ -100,3 +100,34 @@ def test_management_listen_moves_status_and_metrics_off_the_inference_port(
             assert gone.status_code == 404
             assert gone.json() == {"error": "Not Found"}
         assert httpx.get(f"{management}/v2/health/live", timeout=30).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("serve", "said"),
+    [
+        ({"limits": {"inflight": "64MiB", "max_request": "128MiB"}},
+         "max_request must not exceed inflight"),
+        ({"limits": {"models": {"nope": {"max_batch": 8}}}},
+         "serve.limits.models names ['nope'], not subscribed"),
+        ({"limits": {"max_header": "12"}}, "serve.limits.max_header"),
+        ({"management_listen": "nowhere"}, "serve.management_listen: expected host:port"),
+    ],
+)  # fmt: skip
+def test_bad_serve_bounds_are_one_line_and_exit_1(rig: EdgeRig, serve: Any, said: str) -> None:
+    config = rig.config(serve={"listen": "127.0.0.1:0", **serve})
+    r = rig.cli("edge", "run", "--config", str(config), cwd=rig.tmp)
+    assert r.code == 1
+    (line,) = r.err.strip().splitlines()
+    assert line.startswith(f"{config}:")
+    assert said in line, line
+
+
+def test_serve_bounds_are_read_with_sizes_and_durations(rig: EdgeRig) -> None:
+    from edge_sync.config import load_edge_config
+
+    limits = {"inflight": "1GiB", "max_request": "300MiB", "header_timeout": "2s",
+              "model": {"max_batch": 16}, "models": {"mlp": {"max_batch": 4}}}  # fmt: skip
+    config = load_edge_config(rig.config(serve={"listen": "127.0.0.1:0", "limits": limits}))
+    bounds = config.serve.limits
+    assert (bounds.inflight, bounds.max_request, bounds.header_timeout) == (1 << 30, 300 << 20, 2.0)
+    assert (bounds.model.max_batch, bounds.models["mlp"].max_batch) == (16, 4)
