@@ -55,6 +55,7 @@ def main(folder: Path, port_file: Path) -> None:
         max_header_bytes=config.max_header,
         header_timeout_s=config.header_timeout,
         keepalive_timeout_s=config.keepalive_timeout,
+        body_timeout_s=config.body_timeout,
     )
     srv = server(app, "127.0.0.1", 0, limits)
 

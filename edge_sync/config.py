@@ -218,6 +218,7 @@ class ServeLimitsConfig(Strict):
         header_timeout: to send a request's line and headers (a connection that takes
             longer is closed).
         keepalive_timeout: an idle connection between requests is closed after it.
+        body_timeout: a request's body may pause this long between reads (408).
         max_connections: open connections (default: the descriptor limit less a
             reserve for the update loop, never more).
     """
@@ -231,6 +232,7 @@ class ServeLimitsConfig(Strict):
     max_header: Annotated[Size, Field(ge=1024, le=16 << 20)] = 64 << 10
     header_timeout: Annotated[Duration, Field(gt=0, le=3600)] = 10.0
     keepalive_timeout: Annotated[Duration, Field(gt=0, le=3600)] = 5.0
+    body_timeout: Annotated[Duration, Field(gt=0, le=3600)] = 30.0
     max_connections: Annotated[int, Field(ge=1)] | None = None
     model: ModelLimits = ModelLimits()
     """Every model's caps (unless ``models`` names it)."""

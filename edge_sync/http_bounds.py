@@ -1,6 +1,10 @@
 """uvicorn's httptools protocol with the bounds ``edge_sync.listeners`` describes: a
-header size cap (431), a header timeout (408), and a connection cap that evicts the
-longest idle connection first (503 when none is idle)."""
+header size cap (431), a header timeout and a body's idle timeout (408), and a
+connection cap that evicts the longest idle connection first (503 when none is idle).
+
+One timer per request watches it from its first byte to its last: until the headers
+end, against ``header_timeout`` from that byte; then against ``body_timeout`` from the
+last read (re-armed when it fires early, not at every read)."""
 
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._head_timer: Any = None
         self._refusing = False
         self._idle_since = time.monotonic()
+        self._last_read = 0.0
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -84,11 +89,20 @@ class BoundedHttpTools(HttpToolsProtocol):
 
     def _too_slow(self) -> None:
         self._head_timer = None
+        if self._head < 0:  # in the body: only a pause between reads counts
+            idle = self.loop.time() - self._last_read
+            if idle < self.limits.body_timeout_s:
+                self._head_timer = self.loop.call_later(
+                    self.limits.body_timeout_s - idle, self._too_slow
+                )
+                return
         if not self.transport.is_closing():
-            self.transport.write(_TOO_SLOW)
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(_TOO_SLOW)
             self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
         if self._head >= 0:
             self._head += len(data)
             if self._head_timer is None:
@@ -103,13 +117,17 @@ class BoundedHttpTools(HttpToolsProtocol):
             if size > self.limits.max_header_bytes:
                 self._refusing = True
                 raise _HeadTooLargeError
-        self._head = -1
-        self._disarm()
+        self._head = -1  # the timer goes on, for the body (until the message is complete)
+        timer, body_s = self._head_timer, self.limits.body_timeout_s
+        if timer is not None and timer.when() > self.loop.time() + body_s:
+            timer.cancel()  # it would fire later than a stalled body is allowed
+            self._head_timer = self.loop.call_later(body_s, self._too_slow)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._head = 0  # the next request's head, pipelined or after keep-alive
+        self._disarm()
 
     def on_response_complete(self) -> None:
         self._idle_since = time.monotonic()

@@ -12,7 +12,7 @@ made) adds, for each connection:
   connection is closed (the bytes are counted as they arrive, never parsed past it);
 * a header timeout: a request's line and headers must arrive within
   ``header_timeout`` of its first byte (of the connection, for a new one), else 408
-  and the connection is closed;
+  and the connection is closed; then its body may pause ``body_timeout`` at most;
 * a connection cap below the descriptor limit (:func:`connection_cap`): a connection
   over it takes the place of the longest idle one (no request in progress, no byte of
   a new one), or is answered 503 and closed when none is idle.
@@ -69,12 +69,15 @@ class ConnectionLimits:
         max_header_bytes: a request's line and headers (431 over it).
         header_timeout_s: to send them (408 after it).
         keepalive_timeout_s: idle between requests.
+        body_timeout_s: idle between two reads of a request's body (408 after it: a
+            trickled body holds its bytes of the budget in flight no longer).
     """
 
     max_connections: int
     max_header_bytes: int = 64 << 10
     header_timeout_s: float = 10.0
     keepalive_timeout_s: float = 5.0
+    body_timeout_s: float = 30.0
 
 
 def server(app: Any, host: str, port: int, limits: ConnectionLimits) -> Any:
@@ -145,6 +148,7 @@ class Listeners:
             max_header_bytes=bounds.max_header,
             header_timeout_s=bounds.header_timeout,
             keepalive_timeout_s=bounds.keepalive_timeout,
+            body_timeout_s=bounds.body_timeout,
         )
         address, _, port = serve.listen.rpartition(":")
         self.address = address.strip("[]")

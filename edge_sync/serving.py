@@ -36,7 +36,7 @@ from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -302,6 +302,12 @@ class _Api:
                         self.slots.release()
         except RefusedError as e:
             response = error_response(e.status, str(e), e.version, e.retry_after)
+        except ClientDisconnect:  # mid-body (or closed for a stalled body): no one reads it
+            response = error_response(400, "the client left before its request was read")
+        except BaseException:  # the client left, a bug, a cancellation: nothing is held
+            if ticket.release():
+                trim_heap()
+            raise
         if ticket.held > SETTLE_AFTER_BYTES:  # given back once its answer is sent
             response.background = BackgroundTask(_settle, ticket)
         elif ticket.release():  # a small answer: as good as sent
@@ -413,24 +419,21 @@ async def _read_body(
     charge: Charge | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> bytearray:
-    """The request's body as sent, within ``cap`` bytes, charged to ``charge`` as it
-    comes (its declared length at once).
+    """The request's body as sent, within ``cap`` bytes (a larger declared length is
+    refused unread), charged to ``charge`` as it comes: a client that declares much and
+    sends little holds only what it sent (and the listener closes a body that pauses).
 
     Raises:
         RefusedError: larger (413); and what ``charge`` raises.
     """
     declared = (headers if headers is not None else request.headers).get("content-length", "")
-    counted = int(declared) if declared.isascii() and declared.isdigit() else 0
-    if counted > cap:
+    if declared.isascii() and declared.isdigit() and int(declared) > cap:
         raise RefusedError(413, f"request body over {cap} bytes")
-    if charge is not None:
-        charge(counted)
     body = bytearray()
     async for chunk in request.stream():
+        if charge is not None:
+            charge(len(chunk))
         body += chunk
         if len(body) > cap:
             raise RefusedError(413, f"request body over {cap} bytes")
-        if charge is not None and len(body) > counted:
-            charge(len(body) - counted)
-            counted = len(body)
     return body

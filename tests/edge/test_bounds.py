@@ -231,12 +231,13 @@ def _reply(sock: socket.socket) -> bytes:
 
 
 def test_the_budget_in_flight_answers_503_with_retry_after(host: InProcessHost) -> None:
-    """A request's declared body is charged at once: while one holds 6 MiB of an 8 MiB
-    budget, another of 4 MiB is refused (and not read), and health answers."""
+    """A body is charged as it arrives: while one client holds 6 MiB of an 8 MiB
+    budget (it sent them and stalls), another request of 4 MiB is refused, health
+    answers, and what the first held is given back when it leaves."""
     app = _app(host, inflight_bytes=8 << 20, max_request_bytes=8 << 20)
     with bounded_server(app) as url, _open(url) as holder:
         holder.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
-                       b"Content-Length: %d\r\n\r\n{" % (6 << 20))  # fmt: skip
+                       b"Content-Length: %d\r\n\r\n" % (7 << 20) + b" " * (6 << 20))  # fmt: skip
         deadline = time.monotonic() + 30
         while True:  # once the server has read the holder's head, and charged it
             response = httpx.post(f"{url}/v2/models/mlp/infer", content=b" " * (4 << 20))
@@ -255,6 +256,26 @@ def test_the_budget_in_flight_answers_503_with_retry_after(host: InProcessHost) 
                 break
             time.sleep(0.05)
         assert code == 200
+        assert _api(app).budget.used == 0
+
+
+def _api(app: Any) -> Any:
+    """The server's own handlers (its budget and slots)."""
+    return getattr(app.routes[0], "endpoint").__self__  # noqa: B009 - a bound method's owner
+
+
+def test_a_body_that_stalls_is_closed_and_gives_its_bytes_back(host: InProcessHost) -> None:
+    app = _app(host)
+    with bounded_server(app, body_timeout_s=0.5) as url, _open(url) as sock:
+        sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (1 << 20) + b" " * (512 << 10))  # fmt: skip
+        start = time.perf_counter()
+        assert _reply(sock).startswith(b"HTTP/1.1 408 ")
+        assert time.perf_counter() - start < 10
+        deadline = time.monotonic() + 30
+        while _api(app).budget.used:  # the request's task ends after the connection
+            assert time.monotonic() < deadline, _api(app).budget.used
+            time.sleep(0.01)
 
 
 class _Blocking:
@@ -309,7 +330,7 @@ def test_the_concurrency_limit_answers_503_while_health_answers() -> None:
         assert engine.started.acquire(timeout=30)  # running: the one slot is taken
         queued = threading.Thread(target=infer)
         queued.start()
-        slots = getattr(app.routes[0], "endpoint").__self__.slots  # noqa: B009 - the server's count
+        slots = _api(app).slots
         deadline = time.monotonic() + 30
         while slots.waiting < 1:  # the second waits for the slot
             assert time.monotonic() < deadline
