@@ -91,7 +91,8 @@ class Inflating:
         self.out: bytes | bytearray = body if self.done else bytearray()
         self._pending = body
         self._step = 64 << 10  # small bodies are charged little
-        self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by header
+        if not self.done:  # (a decompressor costs microseconds to make: not for plain bodies)
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by header
 
     def until(self, size: int) -> bytes | bytearray:
         """At least ``size`` bytes inflated (fewer at the stream's end): all so far."""
