@@ -22,7 +22,8 @@ from typing import Any, Final
 from benchmarks._util import REPO_ROOT, BenchmarkError, fmt_seconds, machine_info
 
 BENCHMARKS: Final = (
-    "registry_scale", "hashing", "delta", "release", "edge_update", "serving", "large_model",
+    "registry_scale", "hashing", "delta", "release", "edge_update", "serving", "serving_attacks",
+    "large_model",
     "fleet_status", "fleet",
 )  # fmt: skip
 """Modules of this package run by default, in order; each has ``run(quick) -> dict``."""

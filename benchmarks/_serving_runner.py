@@ -3,7 +3,8 @@
 Each runs in a process of its own, ``python -m benchmarks._serving_runner COMMAND``:
 
 * ``serve``: ``edge_sync.serving.create_app`` over an ``InProcessHost`` (shared-weight
-  sessions, ``prepack="off"``) on uvicorn; SIGUSR1 starts swapping 1.0.0 <-> 1.1.0 every
+  sessions, ``prepack="off"``) on the daemon's uvicorn listener; SIGUSR1 starts swapping
+  1.0.0 <-> 1.1.0 every
   0.5 s (build beside the serving engine, self-test on the signed goldens, swap, retire),
   SIGUSR2 stops it and writes the timings;
 * ``ceiling``: ``session.run`` on the golden input in a loop;
@@ -111,9 +112,8 @@ class _Swapper:
 
 
 def _serve(models: Models, port: int, stats: Path) -> None:
-    import uvicorn
-
     from edge_sync.host import InProcessHost
+    from edge_sync.listeners import ConnectionLimits, connection_cap, server
     from edge_sync.serving import create_app
 
     host = InProcessHost(intra_op_threads=ORT_SETTINGS["intra_op_threads"], prepack="off")
@@ -124,9 +124,8 @@ def _serve(models: Models, port: int, stats: Path) -> None:
     signal.signal(signal.SIGUSR2, lambda *_: stop.set())
     threading.Thread(target=swapper.loop, args=(go, stop, stats), daemon=True).start()
     app = create_app(host, [MODEL], dict, "bench")
-    uvicorn.run(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
-    )
+    # the daemon's listener, with its bounds (the default serve.limits)
+    server(app, "127.0.0.1", port, ConnectionLimits(connection_cap(None))).run()
 
 
 def _ceiling(models: Models, seconds: float) -> dict[str, float]:

@@ -4,7 +4,8 @@ Two servers answer the Open Inference Protocol v2 (REST) for the MLP example, ea
 own process:
 
 * **ours**: ``edge_sync.serving.create_app`` over an ``InProcessHost`` (shared-weight
-  sessions, ``prepack="off"``) on uvicorn, run by ``benchmarks._serving_runner``
+  sessions, ``prepack="off"``) on the daemon's bounded uvicorn listener
+  (``edge_sync.listeners``), run by ``benchmarks._serving_runner``
   (``python -m benchmarks._serving_runner serve``); SIGUSR1 starts swapping 1.0.0 <-> 1.1.0
   every 0.5 s in the server process (build beside the serving engine, self-test on the
   signed goldens, swap, retire), SIGUSR2 stops it and writes the timings;

@@ -16,7 +16,7 @@ are plain paths, are relative to the config file's folder.  See SPEC section 7::
     artifacts: {url: file:///srv/models/modelreg}
     models: [{name: mlp, channel: production}]
     state_dir: /var/lib/modelreg
-    serve: {listen: 127.0.0.1:8000, memory_budget: 2GiB}
+    serve: {listen: 127.0.0.1:8000, memory_budget: 2GiB}  # limits: ServeLimitsConfig
     report: {url: s3://fleet-reports/fleet/, heartbeat: 5m}
 """
 
@@ -48,9 +48,11 @@ __all__ = [
     "ArtifactsConfig",
     "DeviceConfig",
     "EdgeConfig",
+    "ModelLimits",
     "ReportConfig",
     "RepositoryConfig",
     "ServeConfig",
+    "ServeLimitsConfig",
     "Subscription",
     "TrustConfig",
     "load_edge_config",
@@ -200,10 +202,68 @@ class HealthGateConfig(Strict):
     max_latency_ratio: Annotated[float, Field(ge=1)] = 2.0
 
 
+class ModelLimits(Strict):
+    """Caps on one request to a model, checked from the shapes before the engine runs
+    (413 over them).  ``max_batch`` bounds the first dimension of an input where the
+    model leaves it open (its batch); elements count the values of one input tensor,
+    and of all the outputs together where the shapes tell them in advance (and after
+    the run otherwise)."""
+
+    max_batch: Annotated[int, Field(ge=1)] = 64
+    max_input_elements: Annotated[int, Field(ge=1)] = 1 << 24
+    max_output_elements: Annotated[int, Field(ge=1)] = 1 << 24
+
+
+class ServeLimitsConfig(Strict):
+    """The server's bounds (``serve.limits``): what any client of the inference port
+    may make the device hold.  The defaults fit a device with 1 GiB of memory.
+
+    Attributes:
+        max_concurrent: inference requests decoded or run at once in worker threads;
+            others wait (at most ``max_queued`` of them, ``queue_timeout`` each).
+        inflight: decoded bytes of every request in flight together (bodies as read,
+            inflated, parsed and as arrays); over it a request is refused with 503.
+        max_request: decoded bytes of one request (413 over it).
+        max_body: one body, as sent and inflated (413 over it).
+        max_header: one request's line and headers (431 over it).
+        header_timeout: to send a request's line and headers (a connection that takes
+            longer is closed).
+        keepalive_timeout: an idle connection between requests is closed after it.
+        body_timeout: a request's body may pause this long between reads (408).
+        max_connections: open connections (default: the descriptor limit less a
+            reserve for the update loop, never more).
+    """
+
+    max_concurrent: Annotated[int, Field(ge=1, le=1024)] = 8
+    max_queued: Annotated[int, Field(ge=0, le=100_000)] = 256
+    queue_timeout: Annotated[Duration, Field(gt=0, le=300)] = 5.0
+    inflight: Size = 512 << 20
+    max_request: Size = 256 << 20
+    max_body: Size = 64 << 20
+    max_header: Annotated[Size, Field(ge=1024, le=16 << 20)] = 64 << 10
+    header_timeout: Annotated[Duration, Field(gt=0, le=3600)] = 10.0
+    keepalive_timeout: Annotated[Duration, Field(gt=0, le=3600)] = 5.0
+    body_timeout: Annotated[Duration, Field(gt=0, le=3600)] = 30.0
+    max_connections: Annotated[int, Field(ge=1)] | None = None
+    model: ModelLimits = ModelLimits()
+    """Every model's caps (unless ``models`` names it)."""
+    models: dict[Name, ModelLimits] = Field(default_factory=dict)
+    """Caps of the models named (the others take ``model``)."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> ServeLimitsConfig:
+        if self.max_request > self.inflight:
+            raise ValueError("max_request must not exceed inflight (one request alone)")
+        return self
+
+
 class ServeConfig(Strict):
     """The inference server (Open Inference Protocol v2)."""
 
     listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:8000"
+    management_listen: Annotated[str, AfterValidator(_listen)] | None = None
+    """Serve ``/status`` and ``/metrics`` here, and no longer on ``listen``."""
+    limits: ServeLimitsConfig = ServeLimitsConfig()
     memory_budget: Size | None = None
     threads: Annotated[int, Field(ge=1, le=256)] = 1
     """ONNX Runtime intra-op threads per session (1 is fastest for small models on
@@ -280,6 +340,13 @@ class EdgeConfig(Strict):
     serve: ServeConfig = ServeConfig()
     report: ReportConfig | None = None
     """Send the device's report to a fleet sink (``modelreg fleet status`` reads them)."""
+
+    @model_validator(mode="after")
+    def _limits_name_models(self) -> EdgeConfig:
+        unknown = sorted(set(self.serve.limits.models) - {m.name for m in self.models})
+        if unknown:
+            raise ValueError(f"serve.limits.models names {unknown}, not subscribed in models")
+        return self
 
     @property
     def state_path(self) -> Path:

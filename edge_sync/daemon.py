@@ -34,6 +34,7 @@ from edge_sync.engine import EngineError, EngineHost
 from edge_sync.health import GatePolicy, Recorder
 from edge_sync.host import InProcessHost
 from edge_sync.limits import TrustLimits
+from edge_sync.listeners import Listeners
 from edge_sync.report import LAST_REPORT_S, Reporter
 from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
 from edge_sync.trust import DeviceTrust, expired_roles, trusted_role
@@ -394,8 +395,8 @@ class Daemon:
             state.unlock()
 
 
-class _Server:
-    """uvicorn serving the OIP v2 app in a thread beside the update loop."""
+class _Server(Listeners):
+    """The daemon's listeners (``edge_sync.listeners``), serving its status."""
 
     def __init__(
         self,
@@ -405,52 +406,11 @@ class _Server:
         recorder: Recorder | None = None,
         live: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        import uvicorn
+        def status() -> dict[str, Any]:
+            return {**status_document(config), **(live() if live is not None else {})}
 
-        from edge_sync.metrics import Metrics
-        from edge_sync.serving import create_app
-
-        __version__ = daemon_version()
-        self.metrics = Metrics(host)
-        app = create_app(
-            host,
-            [m.name for m in config.models],
-            lambda: {**status_document(config), **(live() if live is not None else {})},
-            __version__,
-            metrics=self.metrics,
-            request_sync=request_sync,
-            recorder=recorder,
-            remote_sync=config.serve.remote_sync,
-        )
-        address, _, port = config.serve.listen.rpartition(":")
-        self.address = address.strip("[]")
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                app, host=self.address, port=int(port), log_level="warning",
-                lifespan="off", access_log=False,
-            )
-        )  # fmt: skip
-        self._thread = threading.Thread(target=self._server.run, name="oip-server", daemon=True)
-
-    def start(self, timeout_s: float = 30.0) -> str:
-        """Start serving; the address it listens on (a port 0 resolved).
-
-        Raises:
-            OSError: it could not listen (the port is taken).
-        """
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise OSError(f"cannot serve on {self.address}: the server did not start")
-            time.sleep(0.02)
-        port = self._server.servers[0].sockets[0].getsockname()[1]
-        return f"{self.address}:{port}"
-
-    def stop(self) -> None:
-        """Finish the requests in flight, then stop."""
-        self._server.should_exit = True
-        self._thread.join(timeout=30)
+        super().__init__(config.serve, config.models, host, status, daemon_version(),
+                         request_sync=request_sync, recorder=recorder)  # fmt: skip
 
 
 def _guarded(updater: Updater) -> SyncReport:

@@ -1,36 +1,52 @@
 """The Open Inference Protocol v2's request and answer encoding (``edge_sync.serving``
 serves it).
 
-An inference request is untrusted input, read in checked steps before any engine runs:
+An inference request is untrusted input, read in checked steps before any engine runs,
+each allocation charged first to the request's account (``edge_sync.admission``:
+413 over :attr:`ServeLimits.max_request_bytes`, 503 over the server's budget):
 
 1. the body, within :attr:`ServeLimits.max_body_bytes` (413), inflated from gzip or
-   deflate as ``tritonclient``'s request compression sends it, within the same cap;
+   deflate as ``tritonclient``'s request compression sends it, within the same cap
+   (``edge_sync.oip_body``);
 2. the JSON header (up to ``Inference-Header-Content-Length``; the rest is binary
-   tensor data), its nesting depth measured on the bytes before it is parsed (400);
+   tensor data), its nesting depth measured on the bytes and its worst-case cost
+   charged before it is parsed (400);
 3. each input: a known name, the model's datatype, a shape of the model's rank and
-   fixed sizes, at most :attr:`ServeLimits.max_elements` values (413), and data that
-   holds exactly that shape: JSON values of the datatype's kind (flat, or nested as
-   the shape is), or its binary data (little-endian; BOOL one byte 0 or 1; BYTES
-   4-byte length-prefixed elements);
-4. the outputs asked for, and which go back as binary data.
+   fixed sizes, within the model's caps (:class:`ModelCaps`: values, batch; 413), and
+   data that holds exactly that shape, decoded straight into an array: JSON values of
+   the datatype's kind (flat, or nested as the shape is), or its binary data
+   (little-endian; BOOL one byte 0 or 1; BYTES 4-byte length-prefixed elements,
+   charged their objects);
+4. the outputs asked for, and which go back as binary data; their values, where the
+   shapes tell them, within the model's cap (413 before the run; after it otherwise).
 
 Every refusal is a :class:`RefusedError` with the status it answers: 400 (the request's
-fault), 413 (over a cap) or 415 (an unknown content coding).
+fault), 413 (over a cap), 415 (an unknown content coding) or 503 (the server is full).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
-import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.responses import Response
 
-from edge_sync.engine import DATATYPES, NUMPY_DTYPES
+from edge_sync.engine import DATATYPES
+from edge_sync.oip_answer import answer, json_response
+from edge_sync.oip_body import (
+    HEADER_LENGTH,
+    TEXT_COST,
+    Charge,
+    Inflating,
+    RefusedError,
+    split,
+)
+from edge_sync.oip_tensors import array_cost, from_binary, from_json
+
+if TYPE_CHECKING:
+    from edge_sync.config import ModelLimits, ServeLimitsConfig
 
 __all__ = [
     "HEADER_LENGTH", "MAX_BODY_BYTES", "MAX_ELEMENTS", "MAX_JSON_DEPTH", "Parsed",
@@ -45,48 +61,80 @@ MAX_ELEMENTS: Final = 1 << 24
 MAX_JSON_DEPTH: Final = 40
 """Deepest JSON nesting accepted: a request is 3 levels deep before a tensor's nested
 data, and numpy arrays have at most 64 dimensions."""
-HEADER_LENGTH: Final = "inference-header-content-length"
-"""Where the JSON header of a binary-data request or response ends."""
-_JSON_MEDIA: Final = "application/json"
+
+
+@dataclass(frozen=True)
+class ModelCaps:
+    """Caps on one request to a model, from the shapes (413 over them).
+
+    Attributes:
+        max_batch: the first dimension of an input whose first dimension the model
+            leaves open.
+        max_input_elements: values in one input tensor.
+        max_output_elements: values of all the outputs of one run.
+    """
+
+    max_batch: int = 64
+    max_input_elements: int = MAX_ELEMENTS
+    max_output_elements: int = MAX_ELEMENTS
 
 
 @dataclass(frozen=True)
 class ServeLimits:
-    """Caps on one inference request (untrusted input).
+    """Caps on inference requests (untrusted input), one and all together.
 
     Attributes:
-        max_body_bytes: the body, after any content coding is undone (413 over it).
-        max_elements: values in one input tensor, as its shape declares (413 over it).
+        max_body_bytes: the body, as sent and after any content coding is undone.
         max_json_depth: nesting of the JSON header (400 over it).
+        max_request_bytes: what one request may cost decoded (413 over it).
+        inflight_bytes: what every request in flight may cost together (503 over it).
+        max_concurrent: requests decoded or run at once in worker threads.
+        max_queued: requests waiting for one of those (503 over it).
+        queue_timeout_s: how long one waits at most (503 after it).
+        model: each model's caps, unless ``models`` names it.
+        models: the caps of the models named.
     """
 
     max_body_bytes: int = MAX_BODY_BYTES
-    max_elements: int = MAX_ELEMENTS
     max_json_depth: int = MAX_JSON_DEPTH
+    max_request_bytes: int = 256 << 20
+    inflight_bytes: int = 512 << 20
+    max_concurrent: int = 8
+    max_queued: int = 256
+    queue_timeout_s: float = 5.0
+    model: ModelCaps = ModelCaps()
+    models: Mapping[str, ModelCaps] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: ServeLimitsConfig) -> ServeLimits:
+        """The limits ``serve.limits`` sets."""
+
+        def caps(m: ModelLimits) -> ModelCaps:
+            return ModelCaps(m.max_batch, m.max_input_elements, m.max_output_elements)
+
+        return cls(
+            max_body_bytes=config.max_body,
+            max_request_bytes=config.max_request,
+            inflight_bytes=config.inflight,
+            max_concurrent=config.max_concurrent,
+            max_queued=config.max_queued,
+            queue_timeout_s=config.queue_timeout,
+            model=caps(config.model),
+            models={name: caps(m) for name, m in config.models.items()},
+        )
+
+    def caps(self, model: str) -> ModelCaps:
+        """``model``'s caps."""
+        return self.models.get(model, self.model)
 
 
-class RefusedError(Exception):
-    """A request the server answers with ``{"error": ...}`` and ``status``."""
-
-    def __init__(self, status: int, message: str, version: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.version = version
-        """The version whose engine refused it ("" when none was reached)."""
-
-
-def json_response(
-    doc: object, status: int = 200, headers: Mapping[str, str] | None = None
+def error_response(
+    status: int, message: str, version: str = "", retry_after: int | None = None
 ) -> Response:
-    # NaN and infinities are written as NaN / Infinity, as Triton writes them (a model
-    # may compute them; JSON has no other way to say so and Starlette refuses them).
-    body = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
-    return Response(body, status_code=status, headers=headers, media_type=_JSON_MEDIA)
-
-
-def error_response(status: int, message: str, version: str = "") -> Response:
-    headers = {"x-model-version": version} if version else None
-    return json_response({"error": message}, status, headers)
+    headers = {"x-model-version": version} if version else {}
+    if retry_after is not None:
+        headers["retry-after"] = str(retry_after)
+    return json_response({"error": message}, status, headers or None)
 
 
 def dims(shape: list[Any]) -> list[int]:
@@ -98,85 +146,51 @@ def dims(shape: list[Any]) -> list[int]:
 
 
 def read_request(
-    body: bytes, headers: Mapping[str, str], engine: Any, limits: ServeLimits
+    body: bytes | bytearray,
+    headers: Mapping[str, str],
+    engine: Any,
+    limits: ServeLimits,
+    charge: Charge | None = None,
 ) -> Parsed:
-    """An inference request's body (as sent, with its headers), read for ``engine``.
+    """An inference request's body (as sent, with its headers), read for ``engine``,
+    each allocation charged to ``charge`` first (None: nothing is counted).
 
     Raises:
         RefusedError: see the module docstring.
     """
-    body = _inflate(body, headers.get("content-encoding", ""), limits.max_body_bytes)
-    doc, binary = _split(body, headers.get(HEADER_LENGTH), limits.max_json_depth)
-    return _parse_request(doc, engine, binary, limits)
+    charge = charge or _no_charge
+    cap, length = limits.max_body_bytes, headers.get(HEADER_LENGTH)
+    if length is None:  # all JSON: what the request could not afford to parse
+        cap = min(cap, limits.max_request_bytes // TEXT_COST)
+    stream = Inflating(body, headers.get("content-encoding", ""), cap, charge)
+    reading = _Reading(limits.caps(engine.model), charge)
+    if length is not None and length.isdigit() and not stream.done:
+        # the JSON header first: inputs over a cap are refused before the rest inflates
+        head, view = split(stream.until(int(length)), length, limits.max_json_depth, charge)
+        view.release()  # the inflated bytes grow on
+        precharge(head, engine, limits, charge)
+        data = stream.finish()
+        if len(data) < int(length):
+            raise RefusedError(400, f"{HEADER_LENGTH}: {length[:20]!r} is not a length in the body")
+        doc, binary = head, memoryview(data)[int(length) :]
+        reading = _Reading(reading.caps, charge, precharged=True)
+    else:
+        doc, binary = split(stream.finish(), length, limits.max_json_depth, charge)
+    return _parse_request(doc, engine, binary, reading)
 
 
-def _inflate(body: bytes, coding: str, cap: int) -> bytes:
-    """The body with its content coding undone (gzip, deflate: what ``tritonclient``
-    sends), within ``cap`` bytes: a small bomb never inflates past it.
-
-    Raises:
-        RefusedError: an unknown coding (415), too large inflated (413), or not a
-            whole stream of its coding (400).
-    """
-    coding = coding.strip().lower()
-    if coding in ("", "identity"):
-        return body
-    if coding not in ("gzip", "x-gzip", "deflate"):
-        raise RefusedError(415, f"content encoding {coding[:40]!r} is not supported")
-    inflater = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, by their header
-    try:
-        data = inflater.decompress(body, cap + 1)
-    except zlib.error:
-        raise RefusedError(400, f"the body is not {coding} data") from None
-    if len(data) > cap:
-        raise RefusedError(413, f"request body over {cap} bytes inflated")
-    if not inflater.eof or inflater.unused_data:
-        raise RefusedError(400, f"the body is not one whole {coding} stream")
-    return data
+def _no_charge(_: int) -> None:
+    return None
 
 
-_STRING: Final = re.compile(rb'"[^"\\]*(?:\\[\s\S][^"\\]*)*(?:"|\\?\Z)')
-"""A JSON string, or an unterminated one up to the end (so that every match attempt
-succeeds and a scan is linear)."""
-_NOT_BRACKETS: Final = bytes(set(range(256)) - set(b"[]{}"))
+@dataclass(frozen=True)
+class _Reading:
+    """What reading one request's tensors checks against and charges to."""
 
-
-def _depth(header: bytes, limit: int) -> int:
-    """How deep the JSON text ``header`` nests (exact for any prefix the JSON parser
-    accepts), without parsing it; 0 when it cannot exceed ``limit``."""
-    import numpy as np
-
-    if header.count(b"[") + header.count(b"{") <= limit:
-        return 0  # depth never exceeds the number of opened brackets
-    brackets = _STRING.sub(b"", header).translate(None, _NOT_BRACKETS)
-    # '[' and '{' have bit 1 set, ']' and '}' do not: +1 for an opening, -1 for a close
-    steps = (np.frombuffer(brackets, dtype=np.uint8) & 2).astype(np.int32) - 1
-    return int(np.cumsum(steps, dtype=np.int32).max()) if steps.size else 0
-
-
-def _split(body: bytes, header_length: str | None, max_depth: int) -> tuple[object, memoryview]:
-    """The JSON header and the binary tensor data after it.
-
-    Raises:
-        RefusedError: a bad ``Inference-Header-Content-Length``, a header that nests
-            too deep or is not JSON (400).
-    """
-    cut = len(body)
-    if header_length is not None:
-        value = header_length.strip()
-        if not (value.isascii() and value.isdigit()) or int(value) > len(body):
-            raise RefusedError(
-                400, f"{HEADER_LENGTH}: {header_length[:20]!r} is not a length in the body"
-            )
-        cut = int(value)
-    header = body[:cut]
-    if _depth(header, max_depth) > max_depth:
-        raise RefusedError(400, f"the request's JSON nests deeper than {max_depth} levels")
-    try:
-        doc = json.loads(header)
-    except (ValueError, RecursionError):
-        raise RefusedError(400, "the request's JSON header is not JSON") from None
-    return doc, memoryview(body)[cut:]
+    caps: ModelCaps
+    charge: Charge
+    precharged: bool = False
+    """The inputs were charged already (:func:`precharge`)."""
 
 
 @dataclass
@@ -188,10 +202,13 @@ class Parsed:
     wanted: list[str] | None
     binary_outputs: set[str]
     request_id: str | None
+    max_output_elements: int = MAX_ELEMENTS
+    charge: Charge = field(default=_no_charge, repr=False)
+    """The request's account: the answer is charged to it too."""
 
 
 def _parse_request(
-    doc: object, engine: Any, binary: memoryview | bytes, limits: ServeLimits
+    doc: object, engine: Any, binary: memoryview | bytes, reading: _Reading
 ) -> Parsed:
     """Read an inference request (JSON tensors, or binary ones after the header).
 
@@ -209,7 +226,7 @@ def _parse_request(
     for item in doc["inputs"]:
         if not isinstance(item, dict):
             raise RefusedError(400, "each input is an object with name, shape, datatype, data")
-        name, array, offset = _input(item, declared, binary, offset, limits)
+        name, array, offset = _input(item, declared, binary, offset, reading)
         if name in arrays:
             raise RefusedError(400, f"input {name!r} is given twice")
         arrays[name] = array
@@ -219,24 +236,24 @@ def _parse_request(
     if offset != len(binary):
         raise RefusedError(400, f"{len(binary) - offset} bytes of binary data no input names")
     wanted, binary_out = _outputs(doc, [n for n, _, _ in getattr(engine, "outputs", [])])
-    return Parsed(arrays, wanted, binary_out, request_id)
+    cap = reading.caps.max_output_elements
+    _check_outputs(engine, arrays, wanted, cap)
+    return Parsed(arrays, wanted, binary_out, request_id, cap, reading.charge)
 
 
 def _is_size(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _input(
-    item: Mapping[str, Any],
-    declared: Mapping[str, tuple[str, list[Any]]],
-    binary: memoryview | bytes,
-    offset: int,
-    limits: ServeLimits,
-) -> tuple[str, Any, int]:
-    """One input tensor: its name, its array, and where the next binary data starts.
+def _spec(
+    item: Mapping[str, Any], declared: Mapping[str, tuple[str, list[Any]]], caps: ModelCaps
+) -> tuple[str, list[int], int, str, int | None]:
+    """One input tensor's description, checked: its name, shape, values, datatype and
+    binary data size (None: its data is JSON).
 
     Raises:
-        RefusedError: unknown, a bad shape or datatype, or data that does not fit.
+        RefusedError: unknown, a bad shape or datatype, over a cap (413), or neither
+            or both of data and binary data.
     """
     name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
     if not isinstance(name, str) or name not in declared:
@@ -244,9 +261,8 @@ def _input(
     if not isinstance(shape, list) or not all(_is_size(d) for d in shape) or len(shape) > 32:
         raise RefusedError(400, f"input {name!r}: shape must be a list of sizes")
     count = math.prod(shape)  # exact: numpy's product wraps around at 2**63
-    if count > limits.max_elements:
-        raise RefusedError(413, f"input {name!r}: {count} values, over {limits.max_elements}")
     expected, model_shape = declared[name]
+    _check_caps(name, shape, count, model_shape, caps)
     if datatype != expected:
         raise RefusedError(
             400, f"input {name!r}: datatype {datatype!r}, the model takes {expected}"
@@ -262,17 +278,115 @@ def _input(
         raise RefusedError(400, f"input {name!r}: binary_data_size is not a size")
     if (size is None) == ("data" not in item):
         raise RefusedError(400, f"input {name!r}: give data or binary_data_size, one of them")
+    return name, shape, count, expected, size
+
+
+def _cost(count: int, datatype: str, size: int | None) -> int:
+    """What decoding an input allocates (JSON data: plus a nesting's copy)."""
+    return array_cost(datatype, count, 0) + 8 * count if size is None else (
+        array_cost(datatype, count, size)
+    )  # fmt: skip
+
+
+def precharge(doc: object, engine: Any, limits: ServeLimits, charge: Charge) -> None:
+    """Check the inputs a request's JSON header describes against the model's caps,
+    and charge what decoding them will allocate, before its binary data is inflated
+    (then :func:`read_request` charges them no more).
+
+    Raises:
+        RefusedError: see :func:`read_request`.
+    """
+    items = doc.get("inputs") if isinstance(doc, dict) else None
+    if not isinstance(items, list):
+        return  # refused when it is read
+    declared = {n: (DATATYPES.get(t, t), s) for n, t, s in getattr(engine, "inputs", [])}
+    caps = limits.caps(engine.model)
+    for item in items:
+        if isinstance(item, dict):
+            _, _, count, datatype, size = _spec(item, declared, caps)
+            charge(_cost(count, datatype, size))
+
+
+def _input(
+    item: Mapping[str, Any],
+    declared: Mapping[str, tuple[str, list[Any]]],
+    binary: memoryview | bytes,
+    offset: int,
+    reading: _Reading,
+) -> tuple[str, Any, int]:
+    """One input tensor: its name, its array, and where the next binary data starts.
+
+    Raises:
+        RefusedError: unknown, a bad shape or datatype, or data that does not fit.
+    """
+    name, shape, count, expected, size = _spec(item, declared, reading.caps)
     if size is not None and offset + size > len(binary):
         raise RefusedError(400, f"input {name!r}: binary data past the body's end")
+    if not reading.precharged:
+        reading.charge(_cost(count, expected, size))
     try:
         if size is None:
-            data = _from_json(item["data"], expected, shape, count)
+            data = from_json(item["data"], expected, shape, count)
         else:
-            data = _from_binary(binary[offset : offset + size], expected, count)
+            data = from_binary(binary[offset : offset + size], expected, count)
             offset += size
     except (TypeError, ValueError, OverflowError, ArithmeticError) as e:
         raise RefusedError(400, f"input {name!r}: data is not {expected} ({e})") from None
     return name, data.reshape(shape), offset
+
+
+def _check_caps(
+    name: str, shape: list[int], count: int, model_shape: list[Any], caps: ModelCaps
+) -> None:
+    """An input within the model's caps: its values, and its batch (the first
+    dimension, where the model leaves it open).
+
+    Raises:
+        RefusedError: over one (413).
+    """
+    if count > caps.max_input_elements:
+        raise RefusedError(413, f"input {name!r}: {count} values, over {caps.max_input_elements}")
+    if shape and model_shape and not _fixed(model_shape[0]) and shape[0] > caps.max_batch:
+        raise RefusedError(
+            413, f"input {name!r}: batch of {shape[0]}, over this model's {caps.max_batch}"
+        )
+
+
+def _fixed(dim: object) -> bool:
+    return isinstance(dim, int) and dim >= 0
+
+
+def _check_outputs(
+    engine: Any, arrays: Mapping[str, Any], wanted: list[str] | None, cap: int
+) -> None:
+    """Refuse a run whose outputs would hold over ``cap`` values, where the model's
+    output shapes tell it from the inputs' (fixed sizes, or dimensions named like an
+    input's); outputs of other shapes are counted after the run (:func:`answer`).
+
+    Raises:
+        RefusedError: over the cap (413).
+    """
+    named: dict[str, int] = {}
+    for name, _, shape in getattr(engine, "inputs", []):
+        array = arrays.get(name)
+        if array is not None and len(shape) == array.ndim:
+            named.update(
+                {d: n for d, n in zip(shape, array.shape, strict=True) if isinstance(d, str)}
+            )
+    total = 0
+    for name, _, shape in getattr(engine, "outputs", []):
+        if not shape or (wanted is not None and name not in wanted):
+            continue
+        count = 1
+        for dim in shape:
+            size = dim if _fixed(dim) else named.get(dim)
+            if size is None:
+                break  # not known before the run
+            count *= size
+        else:
+            total += count
+    if total > cap:
+        raise RefusedError(413, f"the outputs would hold {total} values, over this model's {cap}")
 
 
 def _check_shape(name: str, shape: list[int], model_shape: list[Any]) -> None:
@@ -291,97 +405,6 @@ def _check_shape(name: str, shape: list[int], model_shape: list[Any]) -> None:
         raise RefusedError(
             400, f"input {name!r}: shape {shape} does not fit the model's {dims(model_shape)}"
         )
-
-
-_JSON_KINDS: Final[dict[str, tuple[set[type], str]]] = {
-    "BOOL": ({bool}, "true or false"),
-    "BYTES": ({str}, "strings"),
-    **{t: ({int}, "integers") for t in ("UINT8", "UINT16", "UINT32", "UINT64",
-                                         "INT8", "INT16", "INT32", "INT64")},
-    **{t: ({int, float}, "numbers") for t in ("FP16", "FP32", "FP64")},
-}  # fmt: skip
-"""The JSON values each datatype takes (Python's type after ``json.loads``)."""
-
-
-def _from_json(data: object, datatype: str, shape: list[int], count: int) -> Any:
-    """One tensor's values from JSON: a flat list of ``count`` values, or nested lists
-    of exactly ``shape`` (a bare value for a scalar).
-
-    Raises:
-        ValueError: the data does not hold ``shape`` values of ``datatype``.
-        OverflowError: a value out of the datatype's range.
-    """
-    import numpy as np
-
-    if isinstance(data, list) and not any(isinstance(v, list) for v in data[:1]):
-        flat: Any = data  # the common case: a flat list, checked without a copy
-        if len(data) != count:
-            raise ValueError(f"{len(data)} values for shape {shape}")
-    else:
-        try:
-            flat = np.array(data, dtype=object)
-        except ValueError:  # numpy 2 refuses some ragged nestings, keeps others as lists
-            flat = None
-        if flat is None or any(isinstance(v, list) for v in flat.flat):
-            raise ValueError("nested lists of uneven lengths")
-        if list(flat.shape) != shape and not (flat.ndim == 1 and flat.size == count):
-            raise ValueError(f"nested data of shape {list(flat.shape)} for shape {shape}")
-        flat = flat.reshape(-1)
-    kinds, said = _JSON_KINDS[datatype]
-    found = set(map(type, flat))
-    if not found <= kinds:
-        odd = sorted(t.__name__.replace("NoneType", "null") for t in found - kinds)
-        raise ValueError(f"{datatype} data holds {', '.join(odd)} values, not only {said}")
-    if datatype == "BYTES":
-        # JSON can spell a lone surrogate ("\ud800"), which ONNX Runtime cannot encode:
-        # refused here, it is the request's fault (there, it would be a 500)
-        try:
-            "".join(flat).encode()
-        except UnicodeEncodeError:
-            raise ValueError("a BYTES element is not UTF-8 text") from None
-        return np.array(flat, dtype=object)
-    with np.errstate(over="raise", invalid="raise"):
-        try:
-            return np.array(flat, dtype=NUMPY_DTYPES[datatype])
-        except FloatingPointError:
-            raise OverflowError(f"a value out of the range of {datatype}") from None
-
-
-def _from_binary(raw: memoryview | bytes, datatype: str, count: int) -> Any:
-    """One tensor's values from its binary data (little-endian; BOOL one byte 0 or 1;
-    BYTES as 4-byte length-prefixed elements, UTF-8 text: ONNX Runtime's strings).
-
-    Raises:
-        ValueError: the bytes do not hold ``count`` values of ``datatype``.
-    """
-    import numpy as np
-
-    if datatype == "BYTES":
-        items: list[str] = []
-        pos, end = 0, len(raw)
-        while pos < end and len(items) < count:
-            if pos + 4 > end:
-                raise ValueError("a BYTES element's length is cut")
-            n = int.from_bytes(raw[pos : pos + 4], "little")
-            if pos + 4 + n > end:
-                raise ValueError("a BYTES element runs past its data")
-            try:
-                items.append(str(raw[pos + 4 : pos + 4 + n], "utf-8"))
-            except UnicodeDecodeError:
-                raise ValueError("a BYTES element is not UTF-8 text") from None
-            pos += 4 + n
-        if pos != end or len(items) != count:
-            raise ValueError(f"{len(raw)} bytes of BYTES data for {count} elements")
-        return np.array(items, dtype=object).reshape(-1)
-    if datatype == "BOOL":
-        flags = np.frombuffer(raw, dtype=np.uint8)
-        if flags.size != count or (flags > 1).any():
-            raise ValueError(f"BOOL data must be {count} bytes of 0 or 1")
-        return flags.astype(bool)
-    dtype = np.dtype(NUMPY_DTYPES[datatype]).newbyteorder("<")
-    if len(raw) != count * dtype.itemsize:
-        raise ValueError(f"{len(raw)} bytes for {count} values of {datatype}")
-    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="))
 
 
 def _outputs(doc: Mapping[str, Any], known: list[str]) -> tuple[list[str] | None, set[str]]:
@@ -423,64 +446,3 @@ def _outputs(doc: Mapping[str, Any], known: list[str]) -> tuple[list[str] | None
             raise RefusedError(400, f"output {o['name']!r}: binary_data must be true or false")
         (binary_out.add if flag else binary_out.discard)(o["name"])
     return wanted, binary_out
-
-
-# --- writing the answer --------------------------------------------------------------
-
-
-def answer(engine: Any, parsed: Parsed, results: Mapping[str, Any]) -> Response:
-    """The inference response: JSON, with the binary outputs' data after it."""
-    tail = bytearray()
-    answer: dict[str, Any] = {
-        "model_name": engine.model,
-        "model_version": engine.version,
-        "outputs": [
-            _tensor_json(name, value, tail if name in parsed.binary_outputs else None)
-            for name, value in results.items()
-        ],
-    }
-    if parsed.request_id is not None:
-        answer["id"] = parsed.request_id
-    headers = {"x-model-version": engine.version}
-    if not tail:
-        return json_response(answer, headers=headers)
-    header = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
-    headers[HEADER_LENGTH] = str(len(header))
-    return Response(header + bytes(tail), media_type="application/octet-stream",
-                    headers=headers)  # fmt: skip
-
-
-_DATATYPE_OF: Final = {v: k for k, v in NUMPY_DTYPES.items() if k != "BYTES"}
-
-
-def _tensor_json(name: str, value: Any, binary: bytearray | None = None) -> dict[str, Any]:
-    """One output as the protocol writes it; with ``binary``, its data is appended there
-    and the JSON gives only its size.
-
-    Raises:
-        TypeError: an array of a type the protocol has no name for (a server bug).
-    """
-    import numpy as np
-
-    array = np.asarray(value)
-    if array.dtype.kind in "OUS":
-        datatype = "BYTES"
-        items = [v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)]
-    else:
-        datatype = _DATATYPE_OF.get(array.dtype.name, "")
-        if not datatype:
-            raise TypeError(f"output {name!r}: no protocol datatype for {array.dtype}")
-    tensor: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
-    if binary is not None:
-        start = len(binary)
-        if datatype == "BYTES":
-            for data in items:
-                binary += len(data).to_bytes(4, "little") + data
-        else:
-            binary += np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-        tensor["parameters"] = {"binary_data_size": len(binary) - start}
-    elif datatype == "BYTES":
-        tensor["data"] = [v.decode("utf-8", "replace") for v in items]
-    else:
-        tensor["data"] = array.reshape(-1).tolist()
-    return tensor

@@ -13,10 +13,15 @@ fault), 404 (no such model or loaded version), 413 (over a cap), 415 (an unknown
 coding) or 503 (not loaded yet); an engine that fails on a valid request is 500 (ONNX
 Runtime's InvalidArgument is the request's fault: 400).
 
-Runs on Starlette (ASGI) under uvicorn (with uvloop and httptools). A request to a
-model whose runs are short (:data:`INLINE_RUN_S`) with a small body is answered on the
-event loop; others are decoded, run and encoded in one worker thread, so the loop keeps
-answering while a large request is read or a model computes.
+Runs on Starlette (ASGI) under uvicorn (with uvloop and httptools; the connection
+bounds are ``edge_sync.listeners``). A request to a model whose runs are short
+(:data:`INLINE_RUN_S`) with a small body sent as it is (no content coding) is answered
+on the event loop; others are decoded, run and encoded in a worker thread, within
+``edge_sync.admission``'s concurrency limit and budget of decoded bytes in flight (503
+with ``Retry-After`` over them), so the loop keeps answering health and metadata while
+large requests are read or a model computes.  With ``management=False`` (the daemon's
+``serve.management_listen``), ``/status`` and ``/metrics`` are left to
+:func:`create_management_app`.
 """
 
 from __future__ import annotations
@@ -28,14 +33,17 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge_sync.engine import DATATYPES
+from edge_sync.admission import Budget, Slots, Ticket, keep_heap_small
+from edge_sync.engine import DATATYPES, trim_heap
 from edge_sync.metrics import CONTENT_TYPE, Metrics
+from edge_sync.oip_body import HEADER_LENGTH, Charge
 from edge_sync.oip_codec import (
     MAX_BODY_BYTES,
     RefusedError,
@@ -51,13 +59,16 @@ if TYPE_CHECKING:
     from edge_sync.engine import EngineHost
     from edge_sync.health import Recorder
 
-__all__ = ["MAX_BODY_BYTES", "ServeLimits", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "ServeLimits", "create_app", "create_management_app"]
 
 INLINE_RUN_S: Final = 0.0005
 """An engine whose typical run takes at most this long runs on the event loop (with a
 body of at most :data:`INLINE_BODY_BYTES`); a slower one in a worker thread, so the loop
 keeps answering while it computes."""
 INLINE_BODY_BYTES: Final = 64 << 10
+SETTLE_AFTER_BYTES: Final = 1 << 20
+"""A request that held more is given back only once its answer is sent (a background
+task); a smaller one at once (its answer is small)."""
 
 
 def create_app(
@@ -70,6 +81,8 @@ def create_app(
     request_sync: Callable[[], None] | None = None,
     recorder: Recorder | None = None,
     remote_sync: bool = False,
+    limits: ServeLimits | None = None,
+    management: bool = True,
 ) -> Starlette:
     """The OIP v2 application serving ``models`` from ``host``.
 
@@ -84,10 +97,15 @@ def create_app(
         recorder: where each answer's outcome and latency go for the health gate.
         remote_sync: accept ``POST /v2/repository/sync`` from any client, not only
             from this machine.
+        limits: the caps on inference requests, one and all together.
+        management: serve ``/status`` and ``/metrics`` too (False: they are on a
+            listener of their own, :func:`create_management_app`).
     """
     api = _Api(host, models, status, version, metrics or Metrics(), request_sync)
     api.recorder = recorder
     api.remote_sync = remote_sync
+    if limits is not None:
+        api.bound(limits)
     routes = [  # inference first: routes are matched in order, on every request
         Route("/v2/models/{model}/infer", api.infer, methods=["POST"]),
         Route("/v2/models/{model}/versions/{version}/infer", api.infer, methods=["POST"]),
@@ -102,11 +120,28 @@ def create_app(
         Route("/v2/models/{model}/versions/{version}/config", api.model_config),
         Route("/v2/repository/index", api.repository_index, methods=["POST"]),
         Route("/v2/repository/sync", api.repository_sync, methods=["POST"]),
-        Route("/status", api.status_route),
-        Route("/metrics", api.metrics_route),
     ]
+    if management:
+        routes += _management_routes(api.status, api.metrics)
     handlers = {HTTPException: _http_error, Exception: _server_error}
     return Starlette(routes=routes, exception_handlers=handlers)
+
+
+def create_management_app(status: Callable[[], Mapping[str, Any]], metrics: Metrics) -> Starlette:
+    """``/status`` and ``/metrics`` alone, for a listener of their own (as Triton keeps
+    its metrics on a port apart from inference)."""
+    handlers = {HTTPException: _http_error, Exception: _server_error}
+    return Starlette(routes=_management_routes(status, metrics), exception_handlers=handlers)
+
+
+def _management_routes(status: Callable[[], Mapping[str, Any]], metrics: Metrics) -> list[Route]:
+    async def status_route(_: Request) -> Response:
+        return json_response(await run_in_threadpool(status))
+
+    async def metrics_route(_: Request) -> Response:
+        return Response(metrics.text(), media_type=CONTENT_TYPE)
+
+    return [Route("/status", status_route), Route("/metrics", metrics_route)]
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
@@ -138,7 +173,14 @@ class _Api:
         self.metrics, self.request_sync = metrics, request_sync
         self.recorder: Recorder | None = None
         self.remote_sync = False
-        self.limits = ServeLimits()
+        self.bound(ServeLimits())
+
+    def bound(self, limits: ServeLimits) -> None:
+        """Serve within ``limits`` (before the first request)."""
+        self.limits = limits
+        self.budget = Budget(limits.inflight_bytes)
+        self.slots = Slots(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
+        keep_heap_small()  # what a burst allocated is given back, not kept
 
     @contextlib.contextmanager
     def engine_for(self, request: Request) -> Iterator[Any]:
@@ -242,19 +284,43 @@ class _Api:
         return response
 
     async def _infer(self, request: Request) -> Response:
+        ticket = self.budget.ticket(self.limits.max_request_bytes)
+        headers = _headers(request)
         try:
-            body = await _read_body(request, self.limits.max_body_bytes)
+            body = await _read_body(request, self.limits.max_body_bytes, ticket.charge, headers)
             with self.engine_for(request) as engine:  # held until it answered
-                if len(body) <= INLINE_BODY_BYTES and _quick(engine):
-                    return self._answer(body, request.headers, engine)
-                return await run_in_threadpool(self._answer, body, request.headers, engine)
+                plain = headers.get("content-encoding", "identity") in ("identity", "")
+                if len(body) <= INLINE_BODY_BYTES and plain and _quick(engine):
+                    response = self._answer(body, headers, engine, ticket)
+                else:
+                    await self.slots.acquire()
+                    try:
+                        response = await run_in_threadpool(
+                            self._answer, body, headers, engine, ticket
+                        )
+                    finally:
+                        self.slots.release()
         except RefusedError as e:
-            return error_response(e.status, str(e), e.version)
+            response = error_response(e.status, str(e), e.version, e.retry_after)
+        except ClientDisconnect:  # mid-body (or closed for a stalled body): no one reads it
+            response = error_response(400, "the client left before its request was read")
+        except BaseException:  # the client left, a bug, a cancellation: nothing is held
+            if ticket.release():
+                trim_heap()
+            raise
+        if ticket.held > SETTLE_AFTER_BYTES:  # given back once its answer is sent
+            response.background = BackgroundTask(_settle, ticket)
+        elif ticket.release():  # a small answer: as good as sent
+            await run_in_threadpool(trim_heap)
+        return response
 
-    def _answer(self, body: bytes, headers: Mapping[str, str], engine: Any) -> Response:
+    def _answer(
+        self, body: bytes | bytearray, headers: Mapping[str, str], engine: Any, ticket: Ticket
+    ) -> Response:
         """Read the request, run it on ``engine``, write the answer (or the refusal)."""
         try:
-            parsed = read_request(body, headers, engine, self.limits)
+            parsed = read_request(body, headers, engine, self.limits, ticket.charge)
+            del body  # the arrays are what the run needs
             try:
                 results = engine.run(parsed.inputs, parsed.wanted)
             except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
@@ -262,9 +328,10 @@ class _Api:
                 # ONNX Runtime's InvalidArgument: the input's fault; else the engine's
                 code = 400 if type(e).__name__ == "InvalidArgument" else 500
                 raise RefusedError(code, f"inference failed: {first}", engine.version) from None
+            parsed.inputs.clear()
             return answer(engine, parsed, results)
         except RefusedError as e:
-            return error_response(e.status, str(e), e.version)
+            return error_response(e.status, str(e), e.version, e.retry_after)
 
     async def repository_index(self, request: Request) -> Response:
         """Every subscribed model's loaded versions and whether it is served (Triton's
@@ -303,11 +370,31 @@ class _Api:
         self.request_sync()
         return json_response({"sync": "requested"})
 
-    async def status_route(self, _: Request) -> Response:
-        return json_response(await run_in_threadpool(self.status))
 
-    async def metrics_route(self, _: Request) -> Response:
-        return Response(self.metrics.text(), media_type=CONTENT_TYPE)
+async def _settle(ticket: Ticket) -> None:
+    """Give back what a request held; after a burst of large ones, the freed heap too
+    (in a worker thread: trimming takes milliseconds)."""
+    if ticket.release():
+        await run_in_threadpool(trim_heap)
+
+
+_READ_HEADERS: Final = {
+    b"content-length": "content-length",
+    b"content-encoding": "content-encoding",
+    HEADER_LENGTH.encode(): HEADER_LENGTH,
+}
+
+
+def _headers(request: Request) -> dict[str, str]:
+    """The headers an inference request is read by, in one pass over the scope's (a
+    body with a content coding is never inflated on the event loop: its size is not
+    known until it is)."""
+    found = {}
+    for name, value in request.scope["headers"]:
+        key = _READ_HEADERS.get(name.lower())
+        if key is not None:
+            found[key] = value.decode("latin-1").strip().lower()
+    return found
 
 
 def _quick(engine: Any) -> bool:
@@ -326,18 +413,27 @@ def _specs(specs: list[Any]) -> list[dict[str, Any]]:
 # --- reading a request ---------------------------------------------------------------
 
 
-async def _read_body(request: Request, cap: int) -> bytes:
-    """The request's body as sent, within ``cap`` bytes.
+async def _read_body(
+    request: Request,
+    cap: int,
+    charge: Charge | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> bytearray:
+    """The request's body as sent, within ``cap`` bytes (a larger declared length is
+    refused unread), charged to ``charge`` as it comes: a client that declares much and
+    sends little holds only what it sent (and the listener closes a body that pauses).
 
     Raises:
-        RefusedError: larger (413).
+        RefusedError: larger (413); and what ``charge`` raises.
     """
-    declared = request.headers.get("content-length", "")
+    declared = (headers if headers is not None else request.headers).get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > cap:
         raise RefusedError(413, f"request body over {cap} bytes")
     body = bytearray()
     async for chunk in request.stream():
+        if charge is not None:
+            charge(len(chunk))
         body += chunk
         if len(body) > cap:
             raise RefusedError(413, f"request body over {cap} bytes")
-    return bytes(body)
+    return body

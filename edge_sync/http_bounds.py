@@ -1,0 +1,149 @@
+"""uvicorn's httptools protocol with the bounds ``edge_sync.listeners`` describes: a
+header size cap (431), a header timeout and a body's idle timeout (408), and a
+connection cap that evicts the longest idle connection first (503 when none is idle).
+
+One timer per request watches it from its first byte to its last: until the headers
+end, against ``header_timeout`` from that byte; then against ``body_timeout`` from the
+last read (re-armed when it fires early, not at every read)."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, Final
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+if TYPE_CHECKING:
+    from edge_sync.listeners import ConnectionLimits
+
+__all__ = ["BoundedHttpTools"]
+
+
+class _HeadTooLargeError(Exception):
+    """Raised from a parser callback: the request's head is over the cap."""
+
+
+def _reply(status: bytes, reason: str) -> bytes:
+    body = ('{"error":"' + reason + '"}').encode()
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+        b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n"
+        + (b"retry-after: 1\r\n" if status.startswith(b"503") else b"")
+        + b"\r\n" + body
+    )  # fmt: skip
+
+
+_TOO_LARGE: Final = _reply(b"431 Request Header Fields Too Large", "request headers too large")
+_TOO_SLOW: Final = _reply(b"408 Request Timeout", "request headers not sent in time")
+_FULL: Final = _reply(b"503 Service Unavailable", "too many connections; retry later")
+
+
+class BoundedHttpTools(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the bounds of the module docstring (a
+    subclass per listener sets :attr:`limits`)."""
+
+    limits: ClassVar[ConnectionLimits]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head = 0
+        """Bytes of the current request's line and headers read so far (-1: in its
+        body or answering it)."""
+        self._head_timer: Any = None
+        self._refusing = False
+        self._idle_since = time.monotonic()
+        self._last_read = 0.0
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections and not self._evict_idle():
+            self.connections.discard(self)
+            transport.write(_FULL)
+            transport.close()
+            return
+        self._arm()
+
+    def _evict_idle(self) -> bool:
+        """Close the longest idle other connection; whether there was one."""
+        idle = [
+            c for c in self.connections
+            if isinstance(c, BoundedHttpTools) and c is not self and c._idle()
+        ]  # fmt: skip
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c._idle_since)
+        self.connections.discard(victim)
+        victim.transport.close()
+        return True
+
+    def _idle(self) -> bool:
+        return self._head == 0 and (self.cycle is None or self.cycle.response_complete)
+
+    def _arm(self) -> None:
+        self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _too_slow(self) -> None:
+        self._head_timer = None
+        if self._head < 0:  # in the body: only a pause between reads counts
+            idle = self.loop.time() - self._last_read
+            if idle < self.limits.body_timeout_s:
+                self._head_timer = self.loop.call_later(
+                    self.limits.body_timeout_s - idle, self._too_slow
+                )
+                return
+        if not self.transport.is_closing():
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(_TOO_SLOW)
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        if self._head >= 0:
+            self._head += len(data)
+            if self._head_timer is None:
+                self._arm()  # a new request's first bytes
+        super().data_received(data)
+        if self._head > self.limits.max_header_bytes and not self.transport.is_closing():
+            self._refuse_head()  # the head is still coming: not parsed any further
+
+    def on_headers_complete(self) -> None:
+        if self._head > self.limits.max_header_bytes:  # a head in one large read
+            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+            if size > self.limits.max_header_bytes:
+                self._refusing = True
+                raise _HeadTooLargeError
+        self._head = -1  # the timer goes on, for the body (until the message is complete)
+        timer, body_s = self._head_timer, self.limits.body_timeout_s
+        if timer is not None and timer.when() > self.loop.time() + body_s:
+            timer.cancel()  # it would fire later than a stalled body is allowed
+            self._head_timer = self.loop.call_later(body_s, self._too_slow)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head = 0  # the next request's head, pipelined or after keep-alive
+        self._disarm()
+
+    def on_response_complete(self) -> None:
+        self._idle_since = time.monotonic()
+        super().on_response_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refusing:  # the parser stopped on _HeadTooLargeError
+            self._refuse_head()
+        else:
+            super().send_400_response(msg)
+
+    def _refuse_head(self) -> None:
+        self._disarm()
+        self.transport.write(_TOO_LARGE)
+        self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
