@@ -65,7 +65,7 @@ from registry.cohort import in_cohort
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
 from signing.target_names import artifact_path, delta_path, golden_path, version_path
-from signing.tuf_facts import ChannelsDoc, TargetKind, check_channels_successor
+from signing.tuf_facts import ChannelEntry, ChannelsDoc, TargetKind, check_channels_successor
 from signing.version_doc import VersionDoc
 
 if TYPE_CHECKING:
@@ -428,6 +428,7 @@ class Updater:
             model = state.models.get(sub.name) or ModelState(channel=sub.channel)
             if model.channel != sub.channel:
                 model = model.model_copy(update={"channel": sub.channel})
+            model = _attempting(model, channels.models.get(sub.name, {}).get(sub.channel))
 
             def commit(installed: ModelState, name: str = sub.name) -> None:
                 nonlocal state
@@ -1124,3 +1125,11 @@ def _rejected(model: ModelState, version: str, sha256: str, signed: str, reason:
     rejected = [*model.rejected, Rejected(version=version, sha256=sha256, signed=signed,
                 reason=reason, at=now_iso())][-32:]  # fmt: skip
     return model.model_copy(update={"rejected": rejected, "last_update": record})
+
+
+def _attempting(model: ModelState, entry: ChannelEntry | None) -> ModelState:
+    """``model`` without an attempt at a version its channel no longer assigns (its
+    count of unclean stops is about that version only)."""
+    if model.attempt is None or (entry is not None and model.attempt.version == entry.version):
+        return model
+    return model.model_copy(update={"attempt": None})

@@ -84,7 +84,10 @@ def _life(config_path: Path, log: Path, crash: str | None = None) -> None:
 
         host.build = dying_build  # type: ignore[method-assign]
     recorder = Recorder()
-    gate = GatePolicy(window_s=GATE_WINDOW_S, min_requests=5)
+    # The latency verdict is not what these runs test (test_health and test_hot_swap
+    # do): a 0.3 s window on a busy shared machine is noise, and a good version failing
+    # its gate on noise would read as a crash blaming it.  Errors still fail it.
+    gate = GatePolicy(window_s=GATE_WINDOW_S, min_requests=5, max_latency_ratio=50.0)
     updater = Updater(config, state, host, gate=gate, recorder=recorder)
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
 
@@ -192,7 +195,7 @@ def _consistency(state_root: Path) -> str | None:
 
 def _check(state_root: Path) -> tuple[str | None, list[str]]:
     """Why the state dir is inconsistent after a whole life (None when it is not), and
-    the versions it rejected."""
+    the versions it rejected (with why)."""
     from edge_sync.state import StateDir
 
     problem = _consistency(state_root)
@@ -202,7 +205,7 @@ def _check(state_root: Path) -> tuple[str | None, list[str]]:
     model = state_dir.load().models.get("mlp")
     if model is None:
         return "no state for mlp", []
-    rejected = [r.version for r in model.rejected]
+    rejected = [f"{r.version}: {r.reason}" for r in model.rejected]
     serving = model.serving.version if model.serving else None
     good = model.last_known_good.version if model.last_known_good else None
     if (serving, good, model.gate, model.attempt) != ("1.1.0", "1.1.0", None, None):

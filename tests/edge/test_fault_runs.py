@@ -36,6 +36,7 @@ def test_random_kills_blame_no_version_and_crashing_versions_are_rejected(rig: E
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=540, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    print(proc.stdout)  # the figures (pytest -s)
     report = json.loads(out.read_text())
     runs = report["runs"]
     assert len(runs) == RUNS
