@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -88,7 +89,12 @@ def _life(config_path: Path, log: Path, crash: str | None = None) -> None:
     # do): a 0.3 s window on a busy shared machine is noise, and a good version failing
     # its gate on noise would read as a crash blaming it.  Errors still fail it.
     gate = GatePolicy(window_s=GATE_WINDOW_S, min_requests=5, max_latency_ratio=50.0)
-    updater = Updater(config, state, host, gate=gate, recorder=recorder)
+
+    def observer(stage: str, event: str) -> None:
+        if event == "start":
+            mark(f"install {stage}")  # where in the sync a kill lands
+
+    updater = Updater(config, state, host, gate=gate, recorder=recorder, observer=observer)
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
 
     def answer(n: int) -> None:
@@ -137,8 +143,9 @@ def _fork(work: Any) -> int:
 
 
 def _killed_at(config_path: Path, log: Path, phase: str, after_s: float) -> tuple[bool, str]:
-    """A life SIGKILLed ``after_s`` after it entered ``phase``; (killed, the phase it was
-    really in when it died, as it wrote)."""
+    """A life SIGKILLed ``after_s`` after it entered ``phase`` (a phase, or a stage of
+    the install: ``install build``); (killed, where it really was when it died, as it
+    wrote)."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         code = 0
@@ -154,7 +161,7 @@ def _killed_at(config_path: Path, log: Path, phase: str, after_s: float) -> tupl
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done:
             return False, "stopped"
-        if entered is None and any(p.split()[0] == phase for _, p in _marks(log)):
+        if entered is None and any(phase in (p, p.split()[0]) for _, p in _marks(log)):
             entered = time.monotonic()
         time.sleep(0.001)
     with contextlib.suppress(ProcessLookupError):
@@ -162,7 +169,7 @@ def _killed_at(config_path: Path, log: Path, phase: str, after_s: float) -> tupl
     _, status = os.waitpid(pid, 0)
     killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
     marks = _marks(log)
-    return killed, (marks[-1][1].split()[0] if marks else "start")
+    return killed, (marks[-1][1] if marks else "start")
 
 
 def _marks(log: Path) -> list[tuple[float, str]]:
@@ -233,27 +240,39 @@ def random_runs(
         dry = work / f"dry-{attempt}.log"
         if _fork(lambda dry=dry: _life(config_path, dry)) != 0:
             raise SystemExit("a dry run failed")
-    marks = {phase.split()[0]: at for at, phase in _marks(dry)}
-    spans = {"install": (marks["install"], marks["gate"]), "gate": (marks["gate"], marks["idle"]),
-             "idle": (marks["idle"], marks["served"])}  # fmt: skip
+    timeline = _marks(dry)
+    starts: dict[str, float] = {}
+    for at, phase in timeline:
+        starts.setdefault(phase.split()[0], at)
+    spans = {"install": (starts["install"], starts["gate"]),
+             "gate": (starts["gate"], starts["idle"]), "idle": (starts["idle"], starts["served"])}  # fmt: skip
+    # the install is drawn stage by stage (its last stages, where a version is loaded,
+    # swapped and committed, take a few ms of its time)
+    stages = [(phase, ends[0] - at) for (at, phase), ends in itertools.pairwise(timeline)
+              if phase.startswith("install ")]  # fmt: skip
     rng = random.Random(seed)
     results = []
     for run in range(runs):
         planned = PHASES[run % len(PHASES)]
-        low, high = spans[planned]
-        # into the phase, within most of its length in the dry run (a phase runs a
-        # little shorter or longer each time: the phase it died in is read back)
-        after = rng.uniform(0, 0.6 * (high - low))
+        if planned == "install":
+            enter, length = rng.choice(stages)
+        else:
+            enter, length = planned, spans[planned][1] - spans[planned][0]
+            # within most of the phase's length in the dry run (a phase runs a little
+            # shorter or longer each time: the phase it died in is read back)
+            length *= 0.6
+        after = rng.uniform(0, length)
         shutil.rmtree(state_root, ignore_errors=True)
         shutil.copytree(snapshot, state_root, symlinks=True)
         log = work / f"run-{run}.log"
-        killed, phase = _killed_at(config_path, log, planned, after)
+        killed, phase = _killed_at(config_path, log, enter, after)
         restart = work / f"run-{run}.restart.log"
         status = _fork(lambda restart=restart: _life(config_path, restart))
         problem, rejected = _check(state_root)
         if status != 0:
             problem = f"the restart exited with {status}" + (f"; {problem}" if problem else "")
-        results.append({"run": run, "planned": planned, "after_s": round(after, 4), "phase": phase,
+        results.append({"run": run, "planned": enter, "after_s": round(after, 4),
+                        "phase": phase.split()[0], "at": phase,
                         "killed": killed, "rejected": rejected, "problem": problem})  # fmt: skip
     return {"spans": spans, "runs": results}
 
@@ -302,10 +321,13 @@ def main(argv: list[str]) -> None:
     out.write_text(json.dumps(report, indent=1))
     done = report["runs"]
     kills = Counter(r["phase"] for r in done if r["killed"])
+    stages = Counter(
+        ([*r["at"].split(), "-"])[1] for r in done if r["killed"] and r["phase"] == "install"
+    )
     print(
         f"{len(done)} runs in {report['seconds']} s; SIGKILLs by phase: {dict(kills)}; "
         f"versions rejected: {sum(len(r['rejected']) for r in done)}; inconsistent states: "
-        f"{sum(1 for r in done if r['problem'])}"
+        f"{sum(1 for r in done if r['problem'])}; install kills by stage: {dict(stages)}"
     )
     for c in report["crashing"]:
         print(f"1.1.0 crashing at {c['crash']}: {c['restarts']} restarts, serving "

@@ -226,6 +226,26 @@ def test_a_healthy_version_becomes_last_known_good_and_the_old_engine_goes(rig: 
         assert (model.serving.version, model.last_known_good.version) == ("1.1.0", "1.1.0")
 
 
+def test_a_gate_with_no_traffic_ends_unjudged_and_blames_nothing(rig: Any) -> None:
+    """No request in four windows (the window, extended three times): the version
+    stands, known good, with "not judged" as the reason (README, "Health gate")."""
+    recorder = _gated(rig, window_s=0.1)
+    with rig.updater() as up:
+        up.sync()
+        _answers(recorder, "1.0.0", 50, 0.002)
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        time.sleep(0.25)
+        assert up.check_gates() == {}  # extended: no traffic yet
+        time.sleep(0.2)
+        closed = up.check_gates()["mlp"]
+        assert (closed.result, closed.version) == ("installed", "1.1.0")
+        assert "health gate not judged: 0 requests" in (closed.reason or "")
+        model = rig.state().models["mlp"]
+        assert (model.serving.version, model.last_known_good.version) == ("1.1.0", "1.1.0")
+        assert (model.gate, model.rejected) == (None, [])
+
+
 def test_a_newer_version_during_a_gate_replaces_it_unjudged_keeping_the_fallback(
     rig: Any,
 ) -> None:
