@@ -5,6 +5,7 @@ and the version rejected on failure; made last known good on success)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -473,3 +474,75 @@ def test_the_watcher_swaps_a_failing_version_back_at_once_and_the_loop_commits_i
         model = rig.state().models["mlp"]
         assert (model.serving.version, model.gate) == ("1.0.0", None)
         assert [r.version for r in model.rejected] == ["1.1.0"]
+
+
+def test_the_server_records_decoded_elements_and_the_engine_run_whatever_the_encoding(
+    tmp_path: Path,
+) -> None:
+    """The same tensor as JSON, as JSON with spaces, gzip'd, as binary data and
+    trickled over a second: one size (its decoded elements) and the engine's run, never
+    the upload (a client cannot make a version look slow by sending slowly, nor big by
+    the way it encodes a request)."""
+    import gzip
+    import hashlib
+    import http.client
+    import json
+    import threading
+
+    import uvicorn
+
+    from edge_sync.engine import LoadRequest
+    from edge_sync.host import InProcessHost
+    from edge_sync.serving import create_app
+    from tests.edge import models
+
+    host, recorder = InProcessHost(prepack="off"), Recorder()
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    host.swap("mlp", host.build(LoadRequest("mlp", "1.0.0", path, digest)))
+    app = create_app(host, ["mlp"], dict, "test", recorder=recorder)
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                       lifespan="off", access_log=False))  # fmt: skip
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    port = uv.servers[0].sockets[0].getsockname()[1]
+    x = models.sample(batch=8)
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32"}
+    plain = json.dumps({"inputs": [{**tensor, "data": x.reshape(-1).tolist()}]}).encode()
+    header = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": x.nbytes}}]})
+    bodies = [
+        (plain, {}),
+        (json.dumps(json.loads(plain), indent=8).encode(), {}),  # padded with spaces
+        (gzip.compress(plain), {"Content-Encoding": "gzip"}),
+        (header.encode() + x.tobytes(),
+         {"Inference-Header-Content-Length": str(len(header.encode()))}),
+    ]  # fmt: skip
+    try:
+        for body, headers in bodies:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/v2/models/mlp/infer", body, headers)
+            assert conn.getresponse().status == 200
+            conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.putrequest("POST", "/v2/models/mlp/infer")
+        conn.putheader("Content-Length", str(len(plain)))
+        conn.endheaders()
+        started = time.monotonic()
+        for i in range(0, len(plain), len(plain) // 4 + 1):  # trickled
+            conn.send(plain[i : i + len(plain) // 4 + 1])
+            time.sleep(0.3)
+        assert conn.getresponse().status == 200
+        trickled = time.monotonic() - started
+        conn.close()
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+    window = recorder.window("mlp", "1.0.0", 0, time.monotonic() + 1)
+    assert window.requests == 5
+    assert {units for units, _ in window.latencies} == {x.size}
+    assert trickled > 0.9
+    assert max(seconds for _, seconds in window.latencies) < trickled / 3
