@@ -296,6 +296,7 @@ class Daemon:
         state = StateDir(self.config.state_path)
         state.lock()
         wakeup = self._wakeup = _Wakeup()
+        clean = False
         try:
             if install_signals:
                 self._signals(wakeup)
@@ -351,6 +352,7 @@ class Daemon:
             _notify("STOPPING=1")
             if server is not None:
                 server.stop()
+            clean = True
             return 0
         finally:
             if self._reporter is not None:
@@ -361,7 +363,10 @@ class Daemon:
                     signal.set_wakeup_fd(-1)
             self._wakeup = None
             wakeup.close()
-            state.unlock()
+            # a daemon that dies of an error leaves its announcement, as a killed one
+            # does: the next start counts it against a version on trial
+            # (edge_sync.restarts), and an earlier unclean stop's stays counted
+            state.unlock(forget=clean)
 
 
 class _Server:

@@ -362,12 +362,14 @@ class StateDir:
         for folder in (self.blobs.folder, self.blobs.tmp):
             folder.mkdir(parents=True, exist_ok=True)
 
-    def unlock(self) -> None:
-        """Release the lock (and forget the daemon announcement)."""
+    def unlock(self, *, forget: bool = True) -> None:
+        """Release the lock, and with ``forget`` the daemon announcement (a daemon that
+        did not stop cleanly leaves it: the next start tells an unclean stop by it)."""
         if self._lock_fd is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / DAEMON_FILE).unlink()
+        if forget:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / DAEMON_FILE).unlink()
         os.close(self._lock_fd)
         self._lock_fd = None
 

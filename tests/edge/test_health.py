@@ -546,3 +546,28 @@ def test_the_server_records_decoded_elements_and_the_engine_run_whatever_the_enc
     assert {units for units, _ in window.latencies} == {x.size}
     assert trickled > 0.9
     assert max(seconds for _, seconds in window.latencies) < trickled / 3
+
+
+def test_a_daemon_that_dies_of_an_error_leaves_its_unclean_mark(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception out of the daemon is an unclean stop too (its announcement stays:
+    the next start counts it against a version on trial); a clean stop removes it."""
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import Daemon
+    from edge_sync.state import StateDir
+    from edge_sync.updater import Updater
+
+    config = load_edge_config(rig.config())
+
+    def boom(self: Any, *, unclean: bool = False) -> dict[str, str]:
+        raise RuntimeError("a bug, or memory")
+
+    clean = Daemon(config, serving=False)
+    clean.stop()  # stopped before it ran: one clean pass
+    assert clean.run(install_signals=False) == 0
+    assert StateDir(config.state_path).daemon_info() is None
+    monkeypatch.setattr(Updater, "resume", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        Daemon(config, serving=False).run(install_signals=False)
+    assert StateDir(config.state_path).daemon_info() is not None
