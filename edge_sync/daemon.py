@@ -218,11 +218,11 @@ class Daemon:
                 for model in updater.watch_gates():
                     print(f"modelreg edge: {model}: failed its health gate: swapped back",
                           file=sys.stderr)  # fmt: skip
+                    if self._wakeup is not None:
+                        self._wakeup.poke()  # the loop commits it now
                 for model, reason in updater.take_retries():
                     print(f"modelreg edge: {model}: {reason}; watched one more window",
                           file=sys.stderr)  # fmt: skip
-                    if self._wakeup is not None:
-                        self._wakeup.poke()  # the loop commits it now
             except Exception as e:  # noqa: BLE001 - a watcher bug must not stop serving
                 print(f"modelreg edge: health gate watcher: {type(e).__name__}: {e}",
                       file=sys.stderr)  # fmt: skip

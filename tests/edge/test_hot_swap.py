@@ -194,9 +194,13 @@ def _slower(base: Path, out: Path, extra_s: float) -> tuple[Path, float]:
 def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
     rig: EdgeRig, tmp_path: Path
 ) -> None:
+    # one poll in 10 minutes: the sync is asked for, and the rollback is committed
+    # while the gate is watched, not at the next poll
     config = rig.config(
         serve={"listen": "127.0.0.1:0", "prepack": "off",
                "health_gate": {"window": "3s", "min_requests": 20, "max_latency_ratio": 2}},
+        repository={"url": str(rig.root), "branch": "main", "poll_interval": "10m",
+                    "jitter": 0.1, "max_backoff": "10m"},
     )  # fmt: skip
     import onnx
 
@@ -225,6 +229,10 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         load.start()
         time.sleep(2)  # the baseline: 1.0.0 under this load
         rig.release_version("1.1.0", "1.0.0", artifact=slow_path)
+        base = url.rsplit("/v2/", 1)[0]
+        asked = urllib.request.Request(f"{base}/v2/repository/sync", b"", method="POST")  # noqa: S310
+        with urllib.request.urlopen(asked, timeout=30) as response:  # noqa: S310
+            assert response.status == 200
         try:
             status = _wait(config, "the rollback", lambda s: s["models"]["mlp"]["rejected"])
         except AssertionError:
@@ -248,7 +256,6 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         served = [r.version_counts() for r in results]
         assert any("1.1.0" in v for v in served)  # it served, then went
         assert set(served[-1]) == {"1.0.0"}
-        base = url.rsplit("/v2/", 1)[0]
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
             metrics = response.read().decode()
         assert 'modelreg_rollbacks_total{model="mlp"} 1.0' in metrics
