@@ -31,12 +31,12 @@ error rate over the bound, with         ``fail`` at once (errors need no window)
 :data:`MIN_ERRORS` errors at its end)
 window not over, or too few requests    ``wait`` (a window is extended up to
 and under :data:`MAX_EXTENSION` windows  :data:`MAX_EXTENSION` times its length)
-too few comparable answers, the         ``wait`` (same extension)
-baseline has enough
-median latency ratio over the bound     ``retry`` the first time (a new window: one
-                                        busy window is no verdict), then ``fail``
 too few requests after the extension    ``pass``, "not judged" (no traffic blames
                                         nothing: the version stands)
+too few comparable answers, the         ``wait`` (same extension), then ``pass`` with
+baseline has enough                     "latency not compared"
+median latency ratio over the bound     ``retry`` the first time (a new window: one
+                                        busy window is no verdict), then ``fail``
 otherwise                               ``pass``
 ======================================  =================================================
 """

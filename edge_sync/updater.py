@@ -707,7 +707,8 @@ class Updater:
         """Swap back, at once, every gated version that fails its gate (thread-safe: the
         daemon's watcher thread calls it, so that a sync with a long download does not
         keep a failing version serving); the state is committed by :meth:`check_gates`
-        on the daemon's thread.
+        on the daemon's thread.  A gate failing on latency alone for the first time opens
+        a second window instead (:meth:`take_retries` says which).
 
         Returns:
             The models swapped back.
