@@ -571,3 +571,21 @@ def test_a_daemon_that_dies_of_an_error_leaves_its_unclean_mark(
     with pytest.raises(RuntimeError, match="a bug"):
         Daemon(config, serving=False).run(install_signals=False)
     assert StateDir(config.state_path).daemon_info() is not None
+
+
+def test_a_cpu_run_on_one_thread_is_timed_by_its_cpu_time(tmp_path: Path) -> None:
+    """ONNX Runtime on the CPU with one intra-op thread (the default) computes on the
+    request's thread: its CPU time is what the gate compares, which other requests
+    competing for the CPU cannot stretch; a pool of threads is timed by the wall clock."""
+    import hashlib
+
+    from edge_sync.engine import LoadRequest
+    from edge_sync.host import InProcessHost
+    from edge_sync.serving import _run_clock
+    from tests.edge import models
+
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    request = LoadRequest("mlp", "1", path, hashlib.sha256(path.read_bytes()).hexdigest())
+    assert _run_clock(InProcessHost(prepack="off").build(request)) is time.thread_time
+    pooled = InProcessHost(prepack="off", intra_op_threads=2).build(request)
+    assert _run_clock(pooled) is time.perf_counter
