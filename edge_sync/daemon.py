@@ -242,6 +242,9 @@ class Daemon:
                           file=sys.stderr)  # fmt: skip
                     if self._wakeup is not None:
                         self._wakeup.poke()  # the loop commits it now
+                for model, reason in updater.take_retries():
+                    print(f"modelreg edge: {model}: {reason}; watched one more window",
+                          file=sys.stderr)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - a watcher bug must not stop serving
                 print(f"modelreg edge: health gate watcher: {type(e).__name__}: {e}",
                       file=sys.stderr)  # fmt: skip
@@ -319,23 +322,14 @@ class Daemon:
         state.lock()
         wakeup = self._wakeup = _Wakeup()
         self._watchdog = Watchdog()
+        clean = False
         try:
             if install_signals:
                 self._signals(wakeup)
             provision(self.config, state)
             serve = self.config.serve
             if self.host is None:
-                from edge_sync.ortlog import ort_severity, route_onnxruntime_log
-
-                route_onnxruntime_log(serve.onnxruntime_log)  # before any session logs
-                self.host = InProcessHost(
-                    intra_op_threads=serve.threads,
-                    prepack=serve.prepack,
-                    memory_budget=serve.memory_budget,
-                    decisions=state.root / TUNING_FILE,
-                    engine_cache=state.root / ENGINE_CACHE_DIR,
-                    log_severity=ort_severity(serve.onnxruntime_log),
-                )
+                self.host = _make_host(self.config, state)
             recorder = Recorder()
             server = (
                 _Server(self.config, self.host, self.request_sync, recorder, self._live)
@@ -382,6 +376,7 @@ class Daemon:
             if reporter is not None:
                 # the fleet sees a stopped device as stopped, not running until stale
                 reporter.stop(LAST_REPORT_S, last=True)
+            clean = True
             return 0
         finally:
             if self._reporter is not None:
@@ -392,7 +387,27 @@ class Daemon:
                     signal.set_wakeup_fd(-1)
             self._wakeup = None
             wakeup.close()
-            state.unlock()
+            # a daemon that dies of an error leaves its announcement, as a killed one
+            # does: the next start counts it against a version on trial
+            # (edge_sync.restarts), and an earlier unclean stop's stays counted
+            state.unlock(forget=clean)
+
+
+def _make_host(config: EdgeConfig, state: StateDir) -> InProcessHost:
+    """The engine host the config describes, with ONNX Runtime's own log routed through
+    the daemon's (before any session logs)."""
+    from edge_sync.ortlog import ort_severity, route_onnxruntime_log
+
+    serve = config.serve
+    route_onnxruntime_log(serve.onnxruntime_log)
+    return InProcessHost(
+        intra_op_threads=serve.threads,
+        prepack=serve.prepack,
+        memory_budget=serve.memory_budget,
+        decisions=state.root / TUNING_FILE,
+        engine_cache=state.root / ENGINE_CACHE_DIR,
+        log_severity=ort_severity(serve.onnxruntime_log),
+    )
 
 
 class _Server(Listeners):

@@ -50,6 +50,7 @@ from registry.redact import redact
 __all__ = [
     "BLOBS_DIR",
     "STATE_FILE",
+    "Attempt",
     "BlobStore",
     "DaemonInfo",
     "DeviceState",
@@ -176,6 +177,20 @@ class GateRecord(_Model):
     restore_serving: Installed | None = None
     restore_previous: Installed | None = None
     restore_last_known_good: Installed | None = None
+    unclean_stops: int = 0
+    """Unclean stops of the daemon while this gate was open (``edge_sync.restarts``)."""
+
+
+class Attempt(_Model):
+    """A version being loaded and swapped in: written (fsynced) before its engine is
+    built, gone once it is committed or refused, so that a version that kills the
+    daemon while it loads is counted (``edge_sync.restarts``)."""
+
+    version: str
+    signed: str
+    sha256: str = ""
+    started: str
+    unclean_stops: int = 0
 
 
 class ModelState(_Model):
@@ -189,6 +204,8 @@ class ModelState(_Model):
     rejected: list[Rejected] = Field(default_factory=list)
     gate: GateRecord | None = None
     """A health gate open on ``serving`` (it is not known good yet)."""
+    attempt: Attempt | None = None
+    """A version being loaded (see :class:`Attempt`)."""
 
     def held(self) -> tuple[Installed, ...]:
         """Every installed version this state names (its blobs are kept)."""
@@ -401,12 +418,14 @@ class StateDir:
         if stat.S_ISDIR(info.st_mode) and info.st_mode & 0o077 and info.st_uid == os.getuid():
             self.root.chmod(stat.S_IMODE(info.st_mode) & ~0o077)
 
-    def unlock(self) -> None:
-        """Release the lock (and forget the daemon announcement)."""
+    def unlock(self, *, forget: bool = True) -> None:
+        """Release the lock, and with ``forget`` the daemon announcement (a daemon that
+        did not stop cleanly leaves it: the next start tells an unclean stop by it)."""
         if self._lock_fd is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            (self.root / DAEMON_FILE).unlink()
+        if forget:
+            with contextlib.suppress(FileNotFoundError):
+                (self.root / DAEMON_FILE).unlink()
         os.close(self._lock_fd)
         self._lock_fd = None
 

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
@@ -46,7 +46,9 @@ from edge_sync.engine import (
 )
 from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, Verdict, judge
 from edge_sync.limits import TrustLimits
+from edge_sync.restarts import after_stop, rejection_reason
 from edge_sync.state import (
+    Attempt,
     DeviceState,
     GateRecord,
     Installed,
@@ -70,7 +72,7 @@ from registry.cohort import in_cohort
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
 from signing.target_names import artifact_path, delta_path, golden_path, version_path
-from signing.tuf_facts import ChannelsDoc, TargetKind, check_channels_successor
+from signing.tuf_facts import ChannelEntry, ChannelsDoc, TargetKind, check_channels_successor
 from signing.version_doc import VersionDoc
 
 if TYPE_CHECKING:
@@ -139,6 +141,11 @@ class _OpenGate:
     installed: Installed
     signed: str
     swapped: float
+    """When its current window opened (the swap, or a retry)."""
+    baseline_until: float = 0.0
+    """When the swap happened: the previous version's answers before it are the baseline."""
+    retried: bool = False
+    """Its first window failed on latency alone: this is its second (``health.judge``)."""
 
 
 class _RejectedError(Exception):
@@ -208,6 +215,7 @@ class Updater:
         """The gates the last :meth:`sync` closed before it began (see :meth:`check_gates`)."""
         self.gates: dict[str, _OpenGate] = {}
         self._failed: dict[str, tuple[_OpenGate, str, float]] = {}
+        self._retries: list[tuple[str, str]] = []
         self._gate_lock = threading.RLock()
         """Per model, the health gate watching its newest install (see :meth:`check_gates`)."""
 
@@ -217,19 +225,24 @@ class Updater:
         """Serve what the state file names, with no network: each model's current
         version, else its previous or last known good one whose blob still verifies.
 
-        A version whose health gate was open when the daemon stopped is not trusted:
-        after an unclean stop (``unclean``: killed, crashed, out of memory: perhaps
-        because of it) it is rejected and what it replaced is served again; after a
-        clean stop its gate opens again, with what it replaced loaded to fall back to.
+        A version whose health gate was open, or that was being loaded, when the daemon
+        stopped is decided by :func:`edge_sync.restarts.after_stop`: its gate opens
+        again (what it replaced loaded to fall back to) and an unclean stop (``unclean``:
+        killed, crashed, out of memory, a power cut) is counted; the second unclean stop
+        during the same version's gate or load rejects it, and what it replaced is
+        served.  The count is committed before any engine is loaded, so a version that
+        kills the daemon while it loads at start-up is counted too.
 
         Returns:
             What could not be resumed, by model (a corrupt blob, an engine that fails).
         """
         loaded = self.state.load_or_recover()
         state = self._ungated(self._rebuilt(loaded), unclean=unclean)
+        if state != loaded:
+            self.state.commit(state)  # counted before anything loads (see above)
         self.state.blobs.clear_tmp()
         problems: dict[str, str] = {}
-        changed = state != loaded
+        changed = False
         for name, held in state.models.items():
             model = held
             for installed in (held.serving, held.previous, held.last_known_good):
@@ -260,29 +273,39 @@ class Updater:
         return problems
 
     def _ungated(self, state: DeviceState, *, unclean: bool) -> DeviceState:
-        """``state`` with each open gate settled for a start-up (see :meth:`resume`)."""
-        for name, model in state.models.items():
-            gate = model.gate
-            if gate is None:
-                continue
-            if not unclean and self.gate is not None:
-                continue  # opened again once engines are loaded
-            if not unclean:  # no gate configured any more: the version stands
-                state = state.with_model(name, model.model_copy(
-                    update={"gate": None, "last_known_good": model.serving}))  # fmt: skip
-                continue
-            reason = (
-                "the daemon stopped unexpectedly while the health gate watched this "
-                "version (killed, crashed or out of memory)"
-            )
-            record = UpdateRecord(result="rejected", version=gate.version, reason=reason,
-                                  finished=now_iso())  # fmt: skip
-            rejected = [*model.rejected, Rejected(version=gate.version, sha256=gate.sha256,
-                        signed=gate.signed, reason=reason, at=now_iso())][-32:]  # fmt: skip
-            state = state.with_model(name, model.model_copy(update={
-                "serving": gate.restore_serving, "previous": gate.restore_previous,
-                "last_known_good": gate.restore_last_known_good, "gate": None,
-                "last_update": record, "rejected": rejected}))  # fmt: skip
+        """``state`` with each open gate and attempt settled for a start-up (see
+        :meth:`resume` and :mod:`edge_sync.restarts`)."""
+        for name, held in state.models.items():
+            model, attempt, gate = held, held.attempt, held.gate
+            if attempt is not None:
+                decision, stops = after_stop("attempt", attempt.unclean_stops, unclean=unclean)
+                if decision == "reject":
+                    reason = rejection_reason("attempt", stops)
+                    model = _rejected(model, attempt.version, attempt.sha256, attempt.signed,
+                                      reason).model_copy(update={"attempt": None})  # fmt: skip
+                else:
+                    model = model.model_copy(
+                        update={"attempt": attempt.model_copy(update={"unclean_stops": stops})}
+                    )
+            if gate is not None:
+                decision, stops = after_stop(
+                    "gate", gate.unclean_stops, unclean=unclean, gated=self.gate is not None
+                )
+                if decision == "stand":  # no gate configured any more: the version stands
+                    model = model.model_copy(
+                        update={"gate": None, "last_known_good": model.serving}
+                    )
+                elif decision == "reopen":  # opened again once engines are loaded
+                    model = model.model_copy(
+                        update={"gate": gate.model_copy(update={"unclean_stops": stops})}
+                    )
+                else:
+                    reason = rejection_reason("gate", stops)
+                    model = _rejected(model, gate.version, gate.sha256, gate.signed, reason)
+                    model = model.model_copy(update={
+                        "serving": gate.restore_serving, "previous": gate.restore_previous,
+                        "last_known_good": gate.restore_last_known_good, "gate": None})  # fmt: skip
+            state = state.with_model(name, model)
         return state
 
     def _reopen_gates(self, state: DeviceState) -> None:
@@ -304,8 +327,9 @@ class Updater:
             before = model.model_copy(update={
                 "serving": gate.restore_serving, "previous": gate.restore_previous,
                 "last_known_good": gate.restore_last_known_good, "gate": None})  # fmt: skip
+            now = time.monotonic()  # no baseline: the recorder starts empty
             self.gates[name] = _OpenGate(name, gate.version, serving, old, before,
-                                         model.serving, gate.signed, time.monotonic())  # fmt: skip
+                                         model.serving, gate.signed, now, now)  # fmt: skip
 
     def _rebuilt(self, state: DeviceState) -> DeviceState:
         """``state`` with what each subscribed model served filled in from the device's
@@ -413,6 +437,7 @@ class Updater:
             model = state.models.get(sub.name) or ModelState(channel=sub.channel)
             if model.channel != sub.channel:
                 model = model.model_copy(update={"channel": sub.channel})
+            model = _attempting(model, channels.models.get(sub.name, {}).get(sub.channel))
 
             def commit(installed: ModelState, name: str = sub.name) -> None:
                 nonlocal state
@@ -563,8 +588,10 @@ class Updater:
                 external=external,
             )
             self._keep_description(name, version, doc)
-            request = LoadRequest(name, version, path, plan.sha256, plan.kind, target)
-            engine = self._build_and_test(trust, request, doc, stages)
+            model, attempt = self._attempt(model, installed, signed_key, commit)
+            engine = self._build_and_test(
+                trust, LoadRequest(name, version, path, plan.sha256, plan.kind, target), doc, stages
+            )
             with stages("swap"):
                 old, carried = self._swap_in(name, engine)
 
@@ -579,11 +606,12 @@ class Updater:
                 before = carried.before if carried is not None else model
                 model = self._commit_install(
                     model, installed, installed_record(), (old, engine), commit,
-                    before=before, signed=signed_key,
+                    before=before, signed=signed_key, stops=attempt.unclean_stops,
                 )  # fmt: skip
             if old is not None:
+                now = time.monotonic()
                 self._watch_or_retire(_OpenGate(
-                    name, version, engine, old, before, installed, signed_key, time.monotonic()
+                    name, version, engine, old, before, installed, signed_key, now, now
                 ))  # fmt: skip
             record = installed_record()
         except (_RejectedError, EngineError, ValueError) as e:
@@ -608,6 +636,26 @@ class Updater:
         finally:
             shutil.rmtree(self._work(name), ignore_errors=True)
         return record, model.model_copy(update={"last_update": record})
+
+    def _attempt(
+        self,
+        model: ModelState,
+        installed: Installed,
+        signed: str,
+        commit: Callable[[ModelState], None],
+    ) -> tuple[ModelState, Attempt]:
+        """Record, fsynced, that ``installed`` is about to be loaded (a version that kills
+        the daemon now is counted at the next start: :mod:`edge_sync.restarts`); the
+        model without the record (what a refusal or failure commits) and the record."""
+        prior = model.attempt
+        same = prior is not None and (prior.version, prior.signed) == (installed.version, signed)
+        attempt = Attempt(
+            version=installed.version, signed=signed, sha256=installed.sha256,
+            started=now_iso(), unclean_stops=prior.unclean_stops if prior and same else 0,
+        )  # fmt: skip
+        model = model.model_copy(update={"attempt": None})
+        commit(model.model_copy(update={"attempt": attempt}))
+        return model, attempt
 
     def _refuse_deprecated(
         self, model: ModelState, version: str, why: str
@@ -685,7 +733,8 @@ class Updater:
         """Swap back, at once, every gated version that fails its gate (thread-safe: the
         daemon's watcher thread calls it, so that a sync with a long download does not
         keep a failing version serving); the state is committed by :meth:`check_gates`
-        on the daemon's thread.
+        on the daemon's thread.  A gate failing on latency alone for the first time opens
+        a second window instead (:meth:`take_retries` says which).
 
         Returns:
             The models swapped back.
@@ -696,6 +745,11 @@ class Updater:
         with self._gate_lock:
             for name, gate in list(self.gates.items()):
                 verdict = self._judge(gate)
+                if verdict.decision == "retry":
+                    # a latency-only failure: one more window before it is a verdict
+                    self.gates[name] = replace(gate, swapped=time.monotonic(), retried=True)
+                    self._retries.append((name, verdict.reason))
+                    continue
                 if verdict.decision != "fail":
                     continue
                 del self.gates[name]
@@ -707,15 +761,23 @@ class Updater:
                 swapped.append(name)
         return swapped
 
+    def take_retries(self) -> list[tuple[str, str]]:
+        """(model, reason) of each gate given a second window since the last call (a
+        latency-only failure: ``edge_sync.health.judge``), for the daemon's log."""
+        with self._gate_lock:
+            retries, self._retries = self._retries, []
+        return retries
+
     def _judge(self, gate: _OpenGate) -> Verdict:
         assert self.gate is not None  # noqa: S101 - callers check
         assert self.recorder is not None  # noqa: S101
         now = time.monotonic()
         new = self.recorder.window(gate.model, gate.version, gate.swapped, now + 1)
         # the baseline: the previous version's answers in the windows before the swap
-        since = gate.swapped - self.gate.window_s * BASELINE_WINDOWS
-        before = self.recorder.window(gate.model, gate.old.version, since, gate.swapped)
-        return judge(self.gate, new, before, now - gate.swapped)
+        until = gate.baseline_until or gate.swapped
+        since = until - self.gate.window_s * BASELINE_WINDOWS
+        before = self.recorder.window(gate.model, gate.old.version, since, until)
+        return judge(self.gate, new, before, now - gate.swapped, retried=gate.retried)
 
     def _swap_in(self, name: str, engine: Engine) -> tuple[Engine | None, _OpenGate | None]:
         """Serve ``engine``; the engine to fall back to, and the gate it carries over.
@@ -742,6 +804,7 @@ class Updater:
         *,
         before: ModelState,
         signed: str,
+        stops: int = 0,
     ) -> ModelState:
         """Commit ``installed`` as the version served (``engines``: the old and the new
         one, already swapped: swapped back when the commit fails); with a health gate,
@@ -754,7 +817,7 @@ class Updater:
                 version=installed.version, sha256=installed.sha256, signed=signed,
                 opened=now_iso(), restore_serving=before.serving,
                 restore_previous=before.previous,
-                restore_last_known_good=before.last_known_good,
+                restore_last_known_good=before.last_known_good, unclean_stops=stops,
             )  # fmt: skip
         committed = model.model_copy(
             update={
@@ -764,6 +827,7 @@ class Updater:
                 "last_known_good": model.last_known_good if gate else installed,
                 "last_update": record,
                 "gate": gate,
+                "attempt": None,
             }
         )
         try:
@@ -1082,3 +1146,20 @@ def _said(method: str) -> Literal["delta", "full", "cached"]:
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return reason_text(text[0] if text else type(error).__name__)
+
+
+def _rejected(model: ModelState, version: str, sha256: str, signed: str, reason: str) -> ModelState:
+    """``model`` with ``version`` rejected for ``reason`` (its last update says so)."""
+    reason = reason_text(reason)
+    record = UpdateRecord(result="rejected", version=version, reason=reason, finished=now_iso())
+    rejected = [*model.rejected, Rejected(version=version, sha256=sha256, signed=signed,
+                reason=reason, at=now_iso())][-32:]  # fmt: skip
+    return model.model_copy(update={"rejected": rejected, "last_update": record})
+
+
+def _attempting(model: ModelState, entry: ChannelEntry | None) -> ModelState:
+    """``model`` without an attempt at a version its channel no longer assigns (its
+    count of unclean stops is about that version only)."""
+    if model.attempt is None or (entry is not None and model.attempt.version == entry.version):
+        return model
+    return model.model_copy(update={"attempt": None})

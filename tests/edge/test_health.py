@@ -5,57 +5,139 @@ and the version rejected on failure; made last known good on success)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from edge_sync.health import GatePolicy, Recorder, Window, judge
+from edge_sync.health import GatePolicy, Recorder, Window, compare_latency, judge
+from edge_sync.restarts import after_stop, rejection_reason
 
 POLICY = GatePolicy(window_s=10, min_requests=20, max_error_rate=0.05, max_latency_ratio=2.0)
-STEADY = Window(requests=500, errors=0, p99_s=0.010)
+
+
+def win(requests: int, errors: int = 0, seconds: float = 0.010, units: int = 32) -> Window:
+    """A window of ``requests`` answers of ``units`` input elements, each ``seconds``."""
+    return Window(requests, errors, ((units, seconds),) * (requests - errors))
+
+
+def mixed(*parts: Window) -> Window:
+    return Window(sum(p.requests for p in parts), sum(p.errors for p in parts),
+                  tuple(x for p in parts for x in p.latencies))  # fmt: skip
+
+
+STEADY = win(500)
+"""The previous version: 500 answers of 32 elements, 10 ms each."""
+TWO_SIZES = mixed(win(200), win(200, seconds=1.0, units=32_000))
+
+
+F, R = False, True  # a first window, a second one (after a latency failure)
 
 
 @pytest.mark.parametrize(
-    ("new", "elapsed", "decision", "says"),
+    ("new", "before", "when", "verdict"),
     [
-        (Window(40, 0, 0.011), 3, "wait", ""),
-        (Window(40, 0, 0.011), 10, "pass", "40 requests, 0 failed, p99 11.0 ms"),
-        (Window(40, 3, 0.011), 3, "fail", "3 of 40 requests failed"),  # errors: at once
-        (Window(10, 3, 0.011), 3, "wait", ""),  # too few to judge errors yet
-        (Window(40, 2, 0.011), 10, "pass", ""),  # 5 %: within
-        (Window(40, 0, 0.025), 3, "wait", ""),  # latency waits for the window
-        (Window(40, 0, 0.025), 10, "fail", "2.5x the previous version's"),
-        (Window(5, 0, 0.900), 10, "wait", ""),  # too few: the window is extended
-        (Window(5, 0, 0.900), 40, "pass", "not judged: 5 requests in 40 s"),  # 4x: no more
-        (Window(0, 0, None), 40, "pass", "not judged: 0 requests"),
-        (Window(19, 19, 0.01), 10, "fail", "19 of 19 requests failed"),  # few, all failed
-        (Window(2, 2, 0.01), 10, "wait", ""),  # two errors: not yet evidence
+        (win(40, 0, 0.011), STEADY, (3, F), ("wait", "")),
+        (win(40, 0, 0.011), STEADY, (10, F), ("pass", "40 requests, 0 failed, median latency 1.10x")),
+        (win(40, 3, 0.011), STEADY, (3, F), ("fail", "3 of 40 requests failed")),  # at once
+        (win(40, 10, 0.011), STEADY, (3, F), ("fail", "10 of 40")),  # errors: never retried
+        (win(10, 3, 0.011), STEADY, (3, F), ("wait", "")),  # too few to judge errors yet
+        (win(40, 2, 0.011), STEADY, (10, F), ("pass", "")),  # 5 %: within
+        (win(40, 0, 0.025), STEADY, (3, F), ("wait", "")),  # latency waits for the window
+        # a latency-only failure: one more window, then the verdict
+        (win(40, 0, 0.025), STEADY, (10, F), ("retry", "median latency 2.50x the previous")),
+        (win(40, 0, 0.025), STEADY, (10, R), ("fail", "2.50x the previous version's, size for")),
+        (win(40, 0, 0.050), STEADY, (10, R), ("fail", "40 answers, median 50.00 ms, against 500")),
+        (win(5, 0, 0.900), STEADY, (10, F), ("wait", "")),  # too few: the window is extended
+        (win(5, 0, 0.900), STEADY, (40, F), ("pass", "not judged: 5 requests in 40 s")),
+        (win(0), STEADY, (40, F), ("pass", "not judged: 0 requests")),  # no traffic: no blame
+        (win(19, 19), STEADY, (10, F), ("fail", "19 of 19 requests failed")),  # few, all failed
+        (win(2, 2), STEADY, (10, F), ("wait", "")),  # two errors: not yet evidence
+        # the attack: large requests right after the swap, none of that size before
+        (win(40, 0, 0.5, units=32_000), STEADY, (10, F), ("wait", "")),
+        (win(40, 0, 0.5, units=32_000), STEADY, (40, F),
+         ("pass", "latency not compared: 0 of 40 answers in a size class")),
+        (mixed(win(25, 0, 0.5, units=32_000), win(30, 0, 0.011)), STEADY, (10, F),
+         ("pass", "median latency 1.10x")),  # the large ones are left out
+        # sizes seen before are compared with their own kind
+        (win(40, 0, 1.1, units=32_000), TWO_SIZES, (10, F), ("pass", "1.10x")),
+        (win(40, 0, 5.0, units=30_000), TWO_SIZES, (10, F), ("retry", "5.00x")),
+        (mixed(win(20, 0, 0.05), win(20, 0, 5.0, units=32_000)), TWO_SIZES, (10, R),
+         ("fail", "5.00x the previous version's, size for size (40 answers")),
     ],
-)
-def test_judge(new: Window, elapsed: float, decision: str, says: str) -> None:
-    verdict = judge(POLICY, new, STEADY, elapsed)
-    assert verdict.decision == decision
-    assert says in verdict.reason
+)  # fmt: skip
+def test_judge(
+    new: Window, before: Window, when: tuple[float, bool], verdict: tuple[str, str]
+) -> None:
+    elapsed, retried = when
+    decided = judge(POLICY, new, before, elapsed, retried=retried)
+    assert decided.decision == verdict[0]
+    assert verdict[1] in decided.reason
 
 
 def test_latency_is_not_judged_without_a_baseline() -> None:
-    before = Window(requests=3, errors=0, p99_s=0.001)
-    verdict = judge(POLICY, Window(100, 0, 1.0), before, 11)
+    verdict = judge(POLICY, win(100, 0, 1.0), win(3, 0, 0.001), 11)
     assert verdict.decision == "pass"
-    assert "not compared: the previous version answered 3" in verdict.reason
+    assert "latency not compared: 0 of 100 answers" in verdict.reason
+
+
+def test_latency_evidence_names_samples_statistics_and_sizes() -> None:
+    new = mixed(win(30, 0, 0.030, units=40), win(5, 0, 0.030, units=64))  # 64: no baseline
+    before = mixed(win(40, 0, 0.010, units=32), win(3, 0, 0.010, units=64))  # 3 < 5 per class
+    latency = compare_latency(new, before, 20)
+    assert (latency.new, latency.before, latency.seen) == (30, 40, 35)
+    assert latency.ratio == pytest.approx(3.0)
+    assert latency.sizes == (40, 40)  # 32 and 40 are one size class (within sqrt 2)
+    assert "3.00x" in latency.text()
+    assert "40 to 40 input elements" in latency.text()
+    few = compare_latency(win(19, 0, 0.030), before, 20)
+    assert few.ratio is None  # fewer than the minimum compared on the new side
+    thin = compare_latency(win(30), win(19), 20)
+    assert thin.ratio is None  # nor on the baseline's
+
+
+@pytest.mark.parametrize(
+    ("given", "decided"),
+    [  # (record, unclean stops before, this stop unclean, gate configured)
+        (("gate", 0, False, True), ("reopen", 0)),  # a clean stop: watch it again
+        (("gate", 0, True, True), ("reopen", 1)),  # one power cut is no verdict
+        (("gate", 1, False, True), ("reopen", 1)),
+        (("gate", 1, True, True), ("reject", 2)),  # the second: it is the cause
+        (("gate", 0, False, False), ("stand", 0)),  # gates turned off: the version stands
+        (("gate", 0, True, False), ("stand", 1)),
+        (("gate", 1, True, False), ("reject", 2)),
+        (("attempt", 0, False, True), ("keep", 0)),
+        (("attempt", 0, True, True), ("keep", 1)),
+        (("attempt", 1, True, True), ("reject", 2)),
+    ],
+)
+def test_after_stop(given: tuple[Any, int, bool, bool], decided: tuple[str, int]) -> None:
+    record, before, unclean, gated = given
+    assert after_stop(record, before, unclean=unclean, gated=gated) == decided
+
+
+def test_rejection_reasons() -> None:
+    assert "stopped unexpectedly twice during its health gate" in rejection_reason("gate", 2)
+    assert "twice while it was being loaded" in rejection_reason("attempt", 2)
 
 
 def test_the_recorder_windows_by_time_and_version() -> None:
-    recorder = Recorder(keep=100)
+    recorder = Recorder(keep=101)
     t0 = time.monotonic()
+    recorder.record("m", "1", error=True, seconds=9.0, units=1)  # dropped: 101 kept
     for i in range(100):
-        recorder.record("m", "1", error=i % 10 == 0, seconds=i / 1000)
-    recorder.record("m", "2", error=False, seconds=5.0)
+        recorder.record("m", "1", error=i % 10 == 0, seconds=i / 1000, units=i)
+    recorder.record("m", "1", error=False, seconds=9.0, units=None)
+    recorder.record("m", "2", error=False, seconds=5.0, units=8)
+    recorder.record("m", "2", error=False, seconds=5.0)  # no size: errors only
     window = recorder.window("m", "1", t0, time.monotonic() + 1)
-    assert (window.requests, window.errors) == (100, 10)
-    assert window.p99_s == pytest.approx(0.099)  # errors carry no latency
+    assert (window.requests, window.errors) == (101, 10)
+    assert len(window.latencies) == 90  # errors carry no latency, nor an unknown size
+    assert (50, 0.05) not in window.latencies  # an error
+    assert (51, 0.051) in window.latencies
     assert recorder.window("m", "1", time.monotonic() + 1, time.monotonic() + 2).requests == 0
-    assert recorder.window("m", "2", t0, time.monotonic() + 1).p99_s == 5.0
+    two = recorder.window("m", "2", t0, time.monotonic() + 1)
+    assert (two.requests, two.latencies) == (2, ((8, 5.0),))
     recorder.forget("m", "1")
     assert recorder.window("m", "1", t0, time.monotonic() + 1).requests == 0
 
@@ -71,7 +153,7 @@ def _gated(rig: Any, window_s: float = 0.3) -> Recorder:
 
 def _answers(recorder: Recorder, version: str, n: int, seconds: float, error: bool = False) -> None:
     for _ in range(n):
-        recorder.record("mlp", version, error=error, seconds=seconds)
+        recorder.record("mlp", version, error=error, seconds=seconds, units=32)
 
 
 def test_a_slow_version_is_swapped_back_and_rejected(rig: Any) -> None:
@@ -88,9 +170,19 @@ def test_a_slow_version_is_swapped_back_and_rejected(rig: Any) -> None:
         _answers(recorder, "1.1.0", 50, 0.020)
         assert up.check_gates() == {}  # the window has not passed
         time.sleep(0.35)
+        assert up.check_gates() == {}  # latency alone: a second window first
+        ((model_name, said),) = up.take_retries()
+        assert model_name == "mlp"
+        assert "median latency 10.00x" in said
+        assert up.gates["mlp"].retried
+        assert host.current("mlp").version == "1.1.0"
+        _answers(recorder, "1.1.0", 50, 0.020)
+        time.sleep(0.35)
         rolled = up.check_gates()
         assert rolled["mlp"].result == "rejected"
-        assert "p99 latency" in (rolled["mlp"].reason or "")
+        assert "median latency 10.00x the previous version's, size for size (50 answers" in (
+            rolled["mlp"].reason or "")  # fmt: skip
+        assert "in two windows in a row" in (rolled["mlp"].reason or "")
         assert host.current("mlp").version == "1.0.0"
         assert host.versions("mlp") == ["1.0.0"]  # the rejected engine released
         model = rig.state().models["mlp"]
@@ -135,6 +227,26 @@ def test_a_healthy_version_becomes_last_known_good_and_the_old_engine_goes(rig: 
         assert (model.serving.version, model.last_known_good.version) == ("1.1.0", "1.1.0")
 
 
+def test_a_gate_with_no_traffic_ends_unjudged_and_blames_nothing(rig: Any) -> None:
+    """No request in four windows (the window, extended three times): the version
+    stands, known good, with "not judged" as the reason (README, "Health gate")."""
+    recorder = _gated(rig, window_s=0.1)
+    with rig.updater() as up:
+        up.sync()
+        _answers(recorder, "1.0.0", 50, 0.002)
+        rig.release_version("1.1.0", "1.0.0")
+        up.sync()
+        time.sleep(0.25)
+        assert up.check_gates() == {}  # extended: no traffic yet
+        time.sleep(0.2)
+        closed = up.check_gates()["mlp"]
+        assert (closed.result, closed.version) == ("installed", "1.1.0")
+        assert "health gate not judged: 0 requests" in (closed.reason or "")
+        model = rig.state().models["mlp"]
+        assert (model.serving.version, model.last_known_good.version) == ("1.1.0", "1.1.0")
+        assert (model.gate, model.rejected) == (None, [])
+
+
 def test_a_newer_version_during_a_gate_replaces_it_unjudged_keeping_the_fallback(
     rig: Any,
 ) -> None:
@@ -154,6 +266,9 @@ def test_a_newer_version_during_a_gate_replaces_it_unjudged_keeping_the_fallback
         assert (gate.version, gate.old.version) == ("2.0.0", "1.0.0")
         assert up.host.versions("mlp") == ["2.0.0", "1.0.0"]  # 1.1.0 released
         assert rig.state().models["mlp"].last_known_good.version == "1.0.0"
+        _answers(recorder, "2.0.0", 50, 0.050)
+        time.sleep(0.35)
+        assert up.check_gates() == {}  # a second window
         _answers(recorder, "2.0.0", 50, 0.050)
         time.sleep(0.35)
         assert up.check_gates()["mlp"].result == "rejected"
@@ -183,7 +298,12 @@ def test_a_failed_commit_after_a_swap_releases_the_new_engine_once_drained(
                 held.append((lease, lease.__enter__()))
             return old
 
-        def full_disk(_state: Any) -> None:
+        real_commit = up.state.commit
+
+        def full_disk(state: Any) -> None:
+            if state.models["mlp"].serving.version != "1.1.0":  # the attempt before it
+                real_commit(state)
+                return
             raise OSError(28, "No space left on device")
 
         monkeypatch.setattr(host, "swap", swap_and_hold)
@@ -209,9 +329,11 @@ def _gate_open_on_1_1_0(rig: Any) -> None:
     assert (gate.version, gate.restore_serving.version) == ("1.1.0", "1.0.0")
 
 
-def test_a_version_watched_when_the_daemon_died_is_rejected_at_restart(rig: Any) -> None:
-    """A version that crashes the daemon (a native fault, memory) must not be served
-    again and again by a restart loop: its gate never closed, so it is not trusted."""
+def test_one_unclean_stop_reopens_the_gate_and_a_second_rejects_the_version(rig: Any) -> None:
+    """A power cut while a gate watches is no verdict: the gate opens again on the same
+    version, counted in the state; a second unclean stop during that version's gate
+    takes it for the cause (a version that crashes the daemon must not hold it in a
+    restart loop)."""
     from edge_sync.host import InProcessHost
 
     _gated(rig, window_s=60)
@@ -219,13 +341,95 @@ def test_a_version_watched_when_the_daemon_died_is_rejected_at_restart(rig: Any)
     rig.hosts["device"] = InProcessHost()  # a new process
     with rig.updater() as up:
         assert up.resume(unclean=True) == {}
+        assert up.host.current("mlp").version == "1.1.0"
+        assert up.gates["mlp"].old.version == "1.0.0"  # watched again, with its fallback
+        model = rig.state().models["mlp"]
+        assert (model.serving.version, model.gate.version) == ("1.1.0", "1.1.0")
+        assert model.gate.unclean_stops == 1
+        assert model.rejected == []
+    rig.hosts["device"] = InProcessHost()  # killed again, before its gate closed
+    with rig.updater() as up:
+        assert up.resume(unclean=True) == {}
         assert up.host.current("mlp").version == "1.0.0"
         model = rig.state().models["mlp"]
         assert (model.serving.version, model.gate) == ("1.0.0", None)
         assert model.last_update.result == "rejected"
-        assert "stopped unexpectedly while the health gate watched" in model.rejected[0].reason
+        assert "stopped unexpectedly twice during its health gate" in model.rejected[0].reason
         assert "mlp" not in up.sync().updates  # not tried again
         assert up.host.current("mlp").version == "1.0.0"
+
+
+class _Died(BaseException):
+    """The process died here (nothing catches it: the state stays as it was)."""
+
+
+def test_a_version_that_kills_the_daemon_while_it_loads_is_rejected_after_two_restarts(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge_sync.host import InProcessHost
+
+    _gated(rig, window_s=60)
+    with rig.updater() as up:
+        up.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    for restart in (1, 2):
+        host = rig.hosts["device"] = InProcessHost()
+        real_build = host.build
+
+        def build(request: Any, real_build: Any = real_build) -> Any:
+            if request.version == "1.1.0":
+                raise _Died
+            return real_build(request)
+
+        monkeypatch.setattr(host, "build", build)
+        with rig.updater() as up:
+            assert up.resume(unclean=restart > 1) == {}
+            assert up.host.current("mlp").version == "1.0.0"
+            with pytest.raises(_Died):
+                up.sync()
+        attempt = rig.state().models["mlp"].attempt  # written before the load
+        assert (attempt.version, attempt.unclean_stops) == ("1.1.0", restart - 1)
+    rig.hosts["device"] = InProcessHost()
+    with rig.updater() as up:
+        assert up.resume(unclean=True) == {}
+        model = rig.state().models["mlp"]
+        assert model.attempt is None
+        assert "twice while it was being loaded" in model.rejected[0].reason
+        assert (model.serving.version, model.last_known_good.version) == ("1.0.0", "1.0.0")
+        assert "mlp" not in up.sync().updates  # not tried again
+        assert up.host.current("mlp").version == "1.0.0"
+
+
+def test_a_clean_stop_while_a_version_loads_counts_nothing(rig: Any) -> None:
+    """A stopping daemon ends its sync at a stage boundary: the attempt it recorded is
+    taken back (a later power cut, while idle, blames no version), and the version is
+    tried again at the next start."""
+    from edge_sync.host import InProcessHost
+
+    _gated(rig, window_s=60)
+    with rig.updater() as up:
+        up.sync()
+    rig.release_version("1.1.0", "1.0.0")
+    seen: list[Any] = []
+
+    def observer(stage: str, phase: str) -> None:
+        if (stage, phase) == ("build", "start"):
+            seen.append(rig.state().models["mlp"].attempt)
+
+    rig.updater_options |= {"observer": observer, "should_stop": lambda: bool(seen)}
+    with rig.updater() as up:
+        assert "stopped before self_test" in (up.sync().updates["mlp"].reason or "")
+    assert seen[0].version == "1.1.0"  # recorded before the load
+    assert rig.state().models["mlp"].attempt is None
+    rig.updater_options = {k: v for k, v in rig.updater_options.items()
+                           if k not in {"observer", "should_stop"}}  # fmt: skip
+    rig.hosts["device"] = InProcessHost()
+    with rig.updater() as up:
+        up.resume(unclean=True)  # a power cut later, while idle
+        assert rig.state().models["mlp"].rejected == []
+        assert up.sync().updates["mlp"].result == "installed"
+    model = rig.state().models["mlp"]
+    assert (model.serving.version, model.attempt, model.gate.unclean_stops) == ("1.1.0", None, 0)
 
 
 def test_a_clean_restart_watches_the_version_again(rig: Any) -> None:
@@ -270,3 +474,118 @@ def test_the_watcher_swaps_a_failing_version_back_at_once_and_the_loop_commits_i
         model = rig.state().models["mlp"]
         assert (model.serving.version, model.gate) == ("1.0.0", None)
         assert [r.version for r in model.rejected] == ["1.1.0"]
+
+
+def test_the_server_records_decoded_elements_and_the_engine_run_whatever_the_encoding(
+    tmp_path: Path,
+) -> None:
+    """The same tensor as JSON, as JSON with spaces, gzip'd, as binary data and
+    trickled over a second: one size (its decoded elements) and the engine's run, never
+    the upload (a client cannot make a version look slow by sending slowly, nor big by
+    the way it encodes a request)."""
+    import gzip
+    import hashlib
+    import http.client
+    import json
+    import threading
+
+    import uvicorn
+
+    from edge_sync.engine import LoadRequest
+    from edge_sync.host import InProcessHost
+    from edge_sync.serving import create_app
+    from tests.edge import models
+
+    host, recorder = InProcessHost(prepack="off"), Recorder()
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    host.swap("mlp", host.build(LoadRequest("mlp", "1.0.0", path, digest)))
+    app = create_app(host, ["mlp"], dict, "test", recorder=recorder)
+    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                       lifespan="off", access_log=False))  # fmt: skip
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    port = uv.servers[0].sockets[0].getsockname()[1]
+    x = models.sample(batch=8)
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32"}
+    plain = json.dumps({"inputs": [{**tensor, "data": x.reshape(-1).tolist()}]}).encode()
+    header = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": x.nbytes}}]})
+    bodies = [
+        (plain, {}),
+        (json.dumps(json.loads(plain), indent=8).encode(), {}),  # padded with spaces
+        (gzip.compress(plain), {"Content-Encoding": "gzip"}),
+        (header.encode() + x.tobytes(),
+         {"Inference-Header-Content-Length": str(len(header.encode()))}),
+    ]  # fmt: skip
+    try:
+        for body, headers in bodies:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("POST", "/v2/models/mlp/infer", body, headers)
+            assert conn.getresponse().status == 200
+            conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.putrequest("POST", "/v2/models/mlp/infer")
+        conn.putheader("Content-Length", str(len(plain)))
+        conn.endheaders()
+        started = time.monotonic()
+        for i in range(0, len(plain), len(plain) // 4 + 1):  # trickled
+            conn.send(plain[i : i + len(plain) // 4 + 1])
+            time.sleep(0.3)
+        assert conn.getresponse().status == 200
+        trickled = time.monotonic() - started
+        conn.close()
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=30)
+    window = recorder.window("mlp", "1.0.0", 0, time.monotonic() + 1)
+    assert window.requests == 5
+    assert {units for units, _ in window.latencies} == {x.size}
+    assert trickled > 0.9
+    assert max(seconds for _, seconds in window.latencies) < trickled / 3
+
+
+def test_a_daemon_that_dies_of_an_error_leaves_its_unclean_mark(
+    rig: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception out of the daemon is an unclean stop too (its announcement stays:
+    the next start counts it against a version on trial); a clean stop removes it."""
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import Daemon
+    from edge_sync.state import StateDir
+    from edge_sync.updater import Updater
+
+    config = load_edge_config(rig.config())
+
+    def boom(self: Any, *, unclean: bool = False) -> dict[str, str]:
+        raise RuntimeError("a bug, or memory")
+
+    clean = Daemon(config, serving=False)
+    clean.stop()  # stopped before it ran: one clean pass
+    assert clean.run(install_signals=False) == 0
+    assert StateDir(config.state_path).daemon_info() is None
+    monkeypatch.setattr(Updater, "resume", boom)
+    with pytest.raises(RuntimeError, match="a bug"):
+        Daemon(config, serving=False).run(install_signals=False)
+    assert StateDir(config.state_path).daemon_info() is not None
+
+
+def test_a_cpu_run_on_one_thread_is_timed_by_its_cpu_time(tmp_path: Path) -> None:
+    """ONNX Runtime on the CPU with one intra-op thread (the default) computes on the
+    request's thread: its CPU time is what the gate compares, which other requests
+    competing for the CPU cannot stretch; a pool of threads is timed by the wall clock."""
+    import hashlib
+
+    from edge_sync.engine import LoadRequest
+    from edge_sync.host import InProcessHost
+    from edge_sync.serving import _run_clock
+    from tests.edge import models
+
+    path = models.save(models.mlp(), tmp_path / "m.onnx")
+    request = LoadRequest("mlp", "1", path, hashlib.sha256(path.read_bytes()).hexdigest())
+    assert _run_clock(InProcessHost(prepack="off").build(request)) is time.thread_time
+    pooled = InProcessHost(prepack="off", intra_op_threads=2).build(request)
+    assert _run_clock(pooled) is time.perf_counter

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -155,15 +156,54 @@ def _wait(config: Path, what: str, test: Any, timeout: float = 90) -> dict[str, 
         time.sleep(0.2)
 
 
+def _run_s(path: Path, x: np.ndarray) -> float:
+    """The median run of the model at ``path`` on ``x``, as the daemon builds it."""
+    host = InProcessHost(prepack="off")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    engine = host.build(LoadRequest("timing", path.parent.name, path, digest))
+    try:
+        runs = []
+        for i in range(600):
+            start = time.perf_counter()
+            engine.run({"input": x})
+            if i >= 100:  # warmed up
+                runs.append(time.perf_counter() - start)
+        return float(np.median(runs))
+    finally:
+        engine.close()
+
+
+def _slower(base: Path, out: Path, extra_s: float) -> tuple[Path, float]:
+    """``base`` made about ``extra_s`` slower a run at batch 2 (same answers: extra
+    64 x 64 products added times zero), and the extra time measured here."""
+    import onnx
+
+    model = onnx.load(str(base))
+    x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
+    fast = _run_s(base, x)
+    matmuls, extra, path = 16, 0.0, base
+    for attempt in range(6):  # a few secant steps on the number of products
+        path = models.save(models.slowed(model, matmuls, width=64), out / f"{attempt}/m.onnx")
+        extra = _run_s(path, x) - fast
+        if abs(extra - extra_s) < extra_s * 0.15:
+            break
+        matmuls = max(1, round(matmuls * extra_s / max(extra, 1e-6)))
+    return path, extra
+
+
 def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
     rig: EdgeRig, tmp_path: Path
 ) -> None:
-    import onnx
-
+    # one poll in 10 minutes: the sync is asked for, and the rollback is committed
+    # while the gate is watched, not at the next poll
     config = rig.config(
         serve={"listen": "127.0.0.1:0", "prepack": "off",
                "health_gate": {"window": "3s", "min_requests": 20, "max_latency_ratio": 2}},
+        repository={"url": str(rig.root), "branch": "main", "poll_interval": "10m",
+                    "jitter": 0.1, "max_backoff": "10m"},
     )  # fmt: skip
+    import onnx
+
     slow = models.slowed(onnx.load(str(rig.models / "mlp/1.1.0.onnx")), matmuls=96)
     slow_path = models.save(slow, tmp_path / "slow" / "1.1.0.onnx")
     log = (tmp_path / "daemon.log").open("w")
@@ -189,6 +229,10 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         load.start()
         time.sleep(2)  # the baseline: 1.0.0 under this load
         rig.release_version("1.1.0", "1.0.0", artifact=slow_path)
+        base = url.rsplit("/v2/", 1)[0]
+        asked = urllib.request.Request(f"{base}/v2/repository/sync", b"", method="POST")  # noqa: S310
+        with urllib.request.urlopen(asked, timeout=30) as response:  # noqa: S310
+            assert response.status == 200
         try:
             status = _wait(config, "the rollback", lambda s: s["models"]["mlp"]["rejected"])
         except AssertionError:
@@ -197,7 +241,9 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         model = status["models"]["mlp"]
         assert model["serving"]["version"] == "1.0.0"
         assert model["rejected"][0]["version"] == "1.1.0"
-        assert "health gate: p99 latency" in model["rejected"][0]["reason"]
+        reason = model["rejected"][0]["reason"]
+        assert "health gate: median latency" in reason
+        assert "in two windows in a row" in reason  # a latency failure is retried once
         assert model["last_update"]["result"] == "rejected"
         bursts_then = len(results)
         deadline = time.monotonic() + 60
@@ -210,7 +256,6 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         served = [r.version_counts() for r in results]
         assert any("1.1.0" in v for v in served)  # it served, then went
         assert set(served[-1]) == {"1.0.0"}
-        base = url.rsplit("/v2/", 1)[0]
         with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:  # noqa: S310
             metrics = response.read().decode()
         assert 'modelreg_rollbacks_total{model="mlp"} 1.0' in metrics
@@ -230,9 +275,12 @@ def test_a_slow_version_is_rolled_back_under_load_without_a_failed_request(
         log.close()
 
 
-def test_a_daemon_killed_while_a_gate_watches_rejects_the_version_at_restart(
+def test_one_kill_during_a_gate_reopens_it_and_a_second_rejects_the_version(
     rig: EdgeRig, tmp_path: Path
 ) -> None:
+    """SIGKILL (a power cut, the OOM killer) while 1.1.0's gate watches: the restart
+    watches 1.1.0 again, counted; a second SIGKILL during that gate rejects it and the
+    device serves 1.0.0."""
     config = rig.config(serve={"listen": "127.0.0.1:0", "health_gate": {"window": "10m"}})
     argv = [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)]
     log = (tmp_path / "daemon.log").open("w")
@@ -244,16 +292,142 @@ def test_a_daemon_killed_while_a_gate_watches_rejects_the_version_at_restart(
         status = _wait(config, "1.1.0", lambda s: (s["models"]["mlp"]["serving"] or {}).get(
             "version") == "1.1.0")  # fmt: skip
         assert status["models"]["mlp"]["gate"]["version"] == "1.1.0"
-        proc.kill()  # as a native crash or the OOM killer would
+        proc.kill()  # as a power cut would
+        proc.wait(timeout=60)
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        status = _wait(config, "the restart", lambda s: s["daemon"].get("pid") == proc.pid)
+        base = f"http://{status['daemon']['listen']}"
+        live = _wait_live(base, lambda doc: "mlp" in doc["gates"])
+        assert live["gates"]["mlp"]["version"] == "1.1.0"  # watched again, 1.0.0 loaded
+        model = live["models"]["mlp"]
+        assert model["serving"]["version"] == "1.1.0"
+        assert model["rejected"] == []
+        gate = rig.state().models["mlp"].gate  # counted in the state
+        assert (gate.version, gate.unclean_stops) == ("1.1.0", 1)
+        proc.kill()  # as a crash on its first requests would, again
         proc.wait(timeout=60)
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         status = _wait(config, "the rejection", lambda s: s["models"]["mlp"]["rejected"])
         model = status["models"]["mlp"]
         assert model["serving"]["version"] == "1.0.0"
         assert model["rejected"][0]["version"] == "1.1.0"
-        assert "stopped unexpectedly" in model["rejected"][0]["reason"]
+        assert "stopped unexpectedly twice during its health gate" in model["rejected"][0]["reason"]
         assert model["gate"] is None
     finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def _wait_live(base: str, test: Any, timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/status", timeout=30) as response:  # noqa: S310
+                doc: dict[str, Any] = json.loads(response.read())
+        except OSError:
+            doc = {}
+        if doc and test(doc):
+            return doc
+        assert time.monotonic() < deadline, f"waited for {base}/status: {doc}"
+        time.sleep(0.2)
+
+
+def _post(url: str, batch: int) -> tuple[int, str]:
+    """An inference request of ``batch`` rows; (status, the version that answered)."""
+    x = np.linspace(-1, 1, batch * 16, dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [batch, 16], "datatype": "FP32",
+                                   "data": x.tolist()}]}).encode()  # fmt: skip
+    request = urllib.request.Request(  # noqa: S310 - a loopback URL the test made
+        url, body, {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            return response.status, response.headers.get("x-model-version", "")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("x-model-version", "")
+
+
+def test_large_requests_after_the_swap_eject_no_good_version_and_a_slow_one_still_goes(
+    rig: EdgeRig, tmp_path: Path
+) -> None:
+    """The attack of issue 23: a client sees the swap in ``x-model-version`` and sends
+    25 valid, large requests; the gate compares latency size for size, so the good
+    version passes (before, its p99 was theirs, against the small requests' before).
+    Then a version about 5x slower (more layers, same answers) is rejected, through the
+    same server and clients."""
+    config = rig.config(
+        serve={"listen": "127.0.0.1:0", "prepack": "off",
+               "health_gate": {"window": "3s", "min_requests": 20, "max_latency_ratio": 2}},
+    )  # fmt: skip
+    log = (tmp_path / "daemon.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    stop = threading.Event()
+    answered: list[tuple[int, str]] = []
+
+    def users(url: str) -> None:  # the other clients: small requests, all along
+        while not stop.is_set():
+            answered.append(_post(url, 2))
+            time.sleep(0.02)
+
+    try:
+        status = _wait(config, "1.0.0", lambda s: (s["models"]["mlp"]["serving"] or {}).get(
+            "version") == "1.0.0" and s["daemon"]["listen"])  # fmt: skip
+        url = f"http://{status['daemon']['listen']}/v2/models/mlp/infer"
+        background = threading.Thread(target=users, args=(url,))
+        background.start()
+        while sum(1 for _, v in answered if v == "1.0.0") < 60:  # the baseline
+            time.sleep(0.1)
+        rig.release_version("1.1.0", "1.0.0")
+        deadline = time.monotonic() + 120
+        while _post(url, 2)[1] != "1.1.0":  # the attacker watches for the swap
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        attack = [_post(url, 2000) for _ in range(25)]
+        assert {code for code, _ in attack} == {200}
+        assert {v for _, v in attack} == {"1.1.0"}
+        try:
+            status = _wait(config, "the gate's verdict", lambda s: (
+                s["models"]["mlp"]["last_known_good"] or {}).get("version") == "1.1.0"
+                or s["models"]["mlp"]["rejected"])  # fmt: skip
+        except AssertionError:
+            log.flush()
+            raise AssertionError((tmp_path / "daemon.log").read_text()[-3000:]) from None
+        model = status["models"]["mlp"]
+        assert model["rejected"] == [], model["rejected"]
+        assert (model["serving"]["version"], model["last_known_good"]["version"]) == (
+            "1.1.0", "1.1.0")  # fmt: skip
+        log.flush()
+        said = (tmp_path / "daemon.log").read_text()
+        assert "1.1.0 kept: health gate passed" in said
+        assert "median latency" in said  # the small requests compared, the large left out
+        # and a version that really is about 5x slower, as this server runs 1.1.0, is
+        # still rejected
+        served_s = float(said.split("1.1.0 kept:")[1].split("answers, median ")[1].split()[0])
+        served_s /= 1000
+        slow_path, extra = _slower(rig.models / "mlp/1.1.0.onnx", tmp_path / "slow", 4 * served_s)
+        ratio = (served_s + extra) / served_s
+        assert 4 < ratio < 6.5, (served_s, extra)
+        rig.release_version("1.2.0", "1.1.0", artifact=slow_path)
+        try:
+            status = _wait(config, "1.2.0's verdict", lambda s: s["models"]["mlp"]["rejected"],
+                           timeout=180)  # fmt: skip
+        except AssertionError:
+            log.flush()
+            raise AssertionError((tmp_path / "daemon.log").read_text()[-3000:]) from None
+        model = status["models"]["mlp"]
+        assert (model["serving"]["version"], model["rejected"][0]["version"]) == (
+            "1.1.0", "1.2.0")  # fmt: skip
+        reason = model["rejected"][0]["reason"]
+        assert "in two windows in a row" in reason
+        seen = float(reason.split("median latency ")[1].split("x")[0])
+        print(f"1.2.0: {ratio:.2f}x slower here, {seen:.2f}x by the daemon's gate")
+        assert {code for code, _ in answered} == {200}  # no request failed meanwhile
+    finally:
+        stop.set()
         proc.terminate()
         proc.wait(timeout=60)
         log.close()

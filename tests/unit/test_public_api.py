@@ -58,6 +58,7 @@ PUBLIC: dict[str, set[str]] = {
         "TrustLimits",
     },
     "edge_sync.state": {
+        "Attempt",
         "BLOBS_DIR",
         "BlobStore",
         "DaemonInfo",
