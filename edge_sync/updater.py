@@ -502,14 +502,18 @@ class Updater:
         except VerificationError:
             return True  # unreadable: verify
 
-    def _stop_if_stopping(self, error: Exception) -> None:
+    def _stop_if_stopping(self, error: Exception, then: Callable[[], None] | None = None) -> None:
         """A poll or a metadata download cut by a stopping daemon is no failure of the
-        source: end the sync as at a stage boundary, recording nothing.
+        source: end the sync as at a stage boundary, recording nothing but what ``then``
+        commits first (kept as it was if that write fails: a restart counts it as clean).
 
         Raises:
             StoppedError: the daemon is stopping.
         """
         if self.should_stop is not None and self.should_stop():
+            if then is not None:
+                with contextlib.suppress(OSError):
+                    then()
             raise StoppedError(f"stopped during the sync ({error})") from error
 
     def _device_failure(
@@ -627,7 +631,9 @@ class Updater:
                 finished=now_iso(), stages_ms=stages.ms,
             )  # fmt: skip
         except (RegistryError, OSError) as e:
-            self._stop_if_stopping(e)  # a download cut by the stop is resumed, not failed
+            # a download cut by the stop is resumed, not failed; the attempt is taken
+            # back (a clean stop blames no version)
+            self._stop_if_stopping(e, then=lambda: commit(model))
             record = UpdateRecord(
                 result="failed", version=version, method=_said(plan.method) if plan else None,
                 bytes_fetched=trust.bytes_downloaded - fetched_before, reason=_one_line(e),

@@ -358,7 +358,9 @@ def test_large_requests_after_the_swap_eject_no_good_version_and_a_slow_one_stil
     same server and clients."""
     config = rig.config(
         serve={"listen": "127.0.0.1:0", "prepack": "off",
-               "health_gate": {"window": "3s", "min_requests": 20, "max_latency_ratio": 2}},
+               "health_gate": {"window": "3s", "min_requests": 20, "max_latency_ratio": 2},
+               # batches of 2000 are valid for this device: the attack is within its caps
+               "limits": {"model": {"max_batch": 4096}}},
     )  # fmt: skip
     log = (tmp_path / "daemon.log").open("w")
     proc = subprocess.Popen(
