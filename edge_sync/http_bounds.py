@@ -4,7 +4,9 @@ connection cap that evicts the longest idle connection first (503 when none is i
 
 One timer per request watches it from its first byte to its last: until the headers
 end, against ``header_timeout`` from that byte; then against ``body_timeout`` from the
-last read (re-armed when it fires early, not at every read)."""
+last read (re-armed when it fires early, not at every read).  An answer the client
+stops taking (the connection's write buffer full) may wait ``body_timeout`` for it,
+then the connection is cut (not closed: a close waits for the buffer to drain)."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._refusing = False
         self._idle_since = time.monotonic()
         self._last_read = 0.0
+        self._write_timer: Any = None
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -144,6 +147,23 @@ class BoundedHttpTools(HttpToolsProtocol):
         self.transport.write(_TOO_LARGE)
         self.transport.close()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self.limits.body_timeout_s, self.transport.abort
+            )
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_timer()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_write_timer()
         super().connection_lost(exc)

@@ -69,6 +69,10 @@ INLINE_BODY_BYTES: Final = 64 << 10
 SETTLE_AFTER_BYTES: Final = 1 << 20
 """A request that held more is given back only once its answer is sent (a background
 task); a smaller one at once (its answer is small)."""
+SEND_CHUNK: Final = 256 << 10
+"""A large answer is handed to the connection this much at a time, each piece once
+the client took the one before (written whole, a client that reads nothing kept it
+all in the connection's buffer, outside the budget)."""
 
 
 def create_app(
@@ -309,7 +313,7 @@ class _Api:
                 trim_heap()
             raise
         if ticket.held > SETTLE_AFTER_BYTES:  # given back once its answer is sent
-            response.background = BackgroundTask(_settle, ticket)
+            response = _Paced(response, BackgroundTask(_settle, ticket))
         elif ticket.release():  # a small answer: as good as sent
             await run_in_threadpool(trim_heap)
         return response
@@ -369,6 +373,29 @@ class _Api:
             return error_response(503, "this server runs no update loop")
         self.request_sync()
         return json_response({"sync": "requested"})
+
+
+class _Paced(Response):
+    """``sent``'s answer handed to the connection :data:`SEND_CHUNK` bytes at a time:
+    uvicorn waits for a client's reads before it takes the next piece, so the request
+    stays charged until its answer is (nearly) all sent, and a client that reads
+    nothing is cut by the listener's write timeout (``edge_sync.http_bounds``)."""
+
+    def __init__(self, sent: Response, background: BackgroundTask) -> None:
+        super().__init__(sent.body, sent.status_code, background=background)
+        self.raw_headers = sent.raw_headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})  # fmt: skip
+        body = memoryview(self.body)
+        for at in range(0, len(body), SEND_CHUNK):
+            piece = bytes(body[at : at + SEND_CHUNK])
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        body.release()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self.background is not None:
+            await self.background()
 
 
 async def _settle(ticket: Ticket) -> None:

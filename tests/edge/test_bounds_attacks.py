@@ -1,0 +1,70 @@
+"""Attacks on the bounded inference port found in review (issue 23, point 5), each
+replayed against a real uvicorn server on 127.0.0.1 (the daemon's bounded protocol)
+over real ONNX Runtime sessions; ``test_bounds.py`` holds the review's first ones."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from edge_sync.host import InProcessHost
+from tests.edge.test_bounds import _api, _app, bounded_server, host
+
+__all__ = ["host"]  # the fixture, shared with test_bounds
+
+pytestmark = pytest.mark.integration
+
+
+def _stalled_reader(url: str) -> socket.socket:
+    """A connection whose client reads (almost) nothing: a small receive buffer."""
+    address, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(30)
+    sock.connect((address, int(port)))
+    return sock
+
+
+def test_an_answer_the_client_does_not_read_stays_charged_and_is_cut(
+    host: InProcessHost,
+) -> None:
+    """A 40 KiB gzip request whose answer is 16 MB, from a client that never reads it:
+    the answer was written to the connection's buffer whole and its charge given back
+    at once, so that each such connection held 16 MB outside the budget, for as long as
+    the client stayed (keep-alive's close waits for the buffer to drain).  Now the
+    answer is sent in pieces, charged until the last is taken, and a connection that
+    takes nothing for ``body_timeout`` is cut (what it held is freed)."""
+    app = _app(host)
+    values = np.zeros((16, 250_000), np.float32)
+    head = json.dumps({
+        "inputs": [{"name": "x", "shape": [16, 250_000], "datatype": "FP32",
+                    "parameters": {"binary_data_size": values.nbytes}}],
+        "parameters": {"binary_data_output": True},
+    }).encode()  # fmt: skip
+    body = gzip.compress(head + values.tobytes(), 6)
+    assert len(body) < 64 << 10
+    with bounded_server(app, body_timeout_s=2.0) as url, _stalled_reader(url) as sock:
+        sock.sendall(
+            b"POST /v2/models/id_fp32/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+            b"Inference-Header-Content-Length: %d\r\nContent-Length: %d\r\n\r\n"
+            % (len(head), len(body))
+            + body
+        )
+        start = sock.recv(12)  # the answer has begun
+        assert start == b"HTTP/1.1 200", start
+        assert _api(app).budget.used > 0  # held while the answer is not taken
+        deadline = time.monotonic() + 30
+        while _api(app).budget.used:  # given back once the stalled client is cut
+            assert time.monotonic() < deadline, _api(app).budget.used
+            time.sleep(0.05)
+        received = len(start)
+        with contextlib.suppress(ConnectionError):
+            while chunk := sock.recv(1 << 20):
+                received += len(chunk)
+    assert received < values.nbytes  # cut: the rest was not kept for it
