@@ -1,6 +1,7 @@
 """uvicorn's httptools protocol with the bounds ``edge_sync.listeners`` describes: a
 header size cap (431), a header timeout and a body's idle timeout (408), and a
-connection cap that evicts the longest idle connection first (503 when none is idle).
+connection cap that evicts the longest idle connection first, else the request stalled
+longest (503 when none is idle or stalled).
 
 One timer per request watches it from its first byte to its last: until the headers
 end, against ``header_timeout`` from that byte; then against ``body_timeout`` from the
@@ -37,6 +38,9 @@ def _reply(status: bytes, reason: str) -> bytes:
 
 _TOO_LARGE: Final = _reply(b"431 Request Header Fields Too Large", "request headers too large")
 _TOO_SLOW: Final = _reply(b"408 Request Timeout", "request headers not sent in time")
+STALLED_S: Final = 1.0
+"""A request whose head or body has sent nothing for this long gives way to a new
+connection at the cap (when none is idle)."""
 _FULL: Final = _reply(b"503 Service Unavailable", "too many connections; retry later")
 
 
@@ -67,16 +71,27 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._arm()
 
     def _evict_idle(self) -> bool:
-        """Close the longest idle other connection; whether there was one."""
-        idle = [
-            c for c in self.connections
-            if isinstance(c, BoundedHttpTools) and c is not self and c._idle()
-        ]  # fmt: skip
-        if not idle:
+        """Close the longest idle other connection, else the one whose request's head or
+        body stalled longest (over :data:`STALLED_S`); whether there was one.
+
+        Without the second, connections that each trickle a byte of their body within
+        ``body_timeout`` held the cap for good: every new client was refused."""
+        others = [c for c in self.connections if isinstance(c, BoundedHttpTools) and c is not self]
+        idle = [c for c in others if c._idle()]
+        if idle:
+            victim = min(idle, key=lambda c: c._idle_since)
+            self.connections.discard(victim)
+            victim.transport.close()
+            return True
+        reading = [c for c in others if c._head != 0 and not c.transport.is_closing()]
+        stalled = min(reading, key=lambda c: c._last_read, default=None)
+        if stalled is None or self.loop.time() - stalled._last_read < STALLED_S:
             return False
-        victim = min(idle, key=lambda c: c._idle_since)
-        self.connections.discard(victim)
-        victim.transport.close()
+        self.connections.discard(stalled)
+        stalled._disarm()
+        if stalled.cycle is None or not stalled.cycle.response_started:
+            stalled.transport.write(_TOO_SLOW)
+        stalled.transport.close()
         return True
 
     def _idle(self) -> bool:

@@ -68,3 +68,36 @@ def test_an_answer_the_client_does_not_read_stays_charged_and_is_cut(
             while chunk := sock.recv(1 << 20):
                 received += len(chunk)
     assert received < values.nbytes  # cut: the rest was not kept for it
+
+
+def test_bodies_trickled_at_the_connection_cap_give_way(host: InProcessHost) -> None:
+    """Connections at the cap that each sent a head and a little of their body, then a
+    byte now and then (within ``body_timeout``): nothing was idle, so every new client
+    was answered 503 for as long as the trickle went on (4096 such sockets held a
+    daemon's inference port).  Now a new connection takes the place of the one whose
+    request stalled longest, when it stalled over a second."""
+    app = _app(host)
+    with bounded_server(app, max_connections=4, body_timeout_s=60.0) as url:
+        address, port = url.removeprefix("http://").split(":")
+        tricklers = [socket.create_connection((address, int(port)), timeout=30) for _ in range(4)]
+        try:
+            for sock in tricklers:
+                sock.sendall(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 1000\r\n\r\n" + b" " * 10)  # fmt: skip
+            deadline = time.monotonic() + 30
+            while _api(app).budget.used == 0:  # the server reads their bodies
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            time.sleep(1.5)  # they stall past the second a request may stall and give way
+            with socket.create_connection((address, int(port)), timeout=30) as client:
+                client.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert client.recv(12) == b"HTTP/1.1 200"
+            cut = 0
+            for sock in tricklers:
+                sock.settimeout(1)  # the cut one answers at once
+                with contextlib.suppress(TimeoutError, ConnectionError):
+                    cut += sock.recv(12) == b"HTTP/1.1 408"
+            assert cut == 1
+        finally:
+            for sock in tricklers:
+                sock.close()
