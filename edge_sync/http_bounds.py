@@ -26,6 +26,10 @@ class _HeadTooLargeError(Exception):
     """Raised from a parser callback: the request's head is over the cap."""
 
 
+class _PipelineTooDeepError(Exception):
+    """Raised from a parser callback: too many requests wait behind the one answered."""
+
+
 def _reply(status: bytes, reason: str) -> bytes:
     body = ('{"error":"' + reason + '"}').encode()
     return (
@@ -38,6 +42,10 @@ def _reply(status: bytes, reason: str) -> bytes:
 
 _TOO_LARGE: Final = _reply(b"431 Request Header Fields Too Large", "request headers too large")
 _TOO_SLOW: Final = _reply(b"408 Request Timeout", "request headers not sent in time")
+MAX_PIPELINED: Final = 8
+"""Requests a connection may pipeline behind the one being answered: every request of
+a read is parsed and queued at once (256 KiB of 31-byte requests held 14 MiB), so a
+connection that sends more is cut (answers cannot go out of order)."""
 STALLED_S: Final = 1.0
 """A request whose head or body has sent nothing for this long gives way to a new
 connection at the cap (when none is idle)."""
@@ -56,10 +64,14 @@ class BoundedHttpTools(HttpToolsProtocol):
         """Bytes of the current request's line and headers read so far (-1: in its
         body or answering it)."""
         self._head_timer: Any = None
-        self._refusing = False
+        self._refusing: bool | None = False
+        """Why the parser was stopped: True, a head too large; None, too many requests
+        pipelined."""
         self._idle_since = time.monotonic()
         self._last_read = 0.0
         self._write_timer: Any = None
+        self._answering: Any = None
+        """The request being answered (pipelined ones wait behind it)."""
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -130,6 +142,9 @@ class BoundedHttpTools(HttpToolsProtocol):
             self._refuse_head()  # the head is still coming: not parsed any further
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._refusing = None
+            raise _PipelineTooDeepError
         if self._head > self.limits.max_header_bytes:  # a head in one large read
             size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
             if size > self.limits.max_header_bytes:
@@ -152,7 +167,9 @@ class BoundedHttpTools(HttpToolsProtocol):
         super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
-        if self._refusing:  # the parser stopped on _HeadTooLargeError
+        if self._refusing is None:  # the parser stopped on _PipelineTooDeepError
+            self._cut()
+        elif self._refusing:  # the parser stopped on _HeadTooLargeError
             self._refuse_head()
         else:
             super().send_400_response(msg)
@@ -165,9 +182,7 @@ class BoundedHttpTools(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(
-                self.limits.body_timeout_s, self.transport.abort
-            )
+            self._write_timer = self.loop.call_later(self.limits.body_timeout_s, self._cut)
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -178,7 +193,28 @@ class BoundedHttpTools(HttpToolsProtocol):
             self._write_timer.cancel()
             self._write_timer = None
 
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._answering = cycle  # uvicorn's own self.cycle is the last request parsed
+        super()._start_asgi_task(cycle, app)
+
+    def _cut(self) -> None:
+        """Drop the connection and whatever it holds at once, its requests told the
+        client left (uvicorn tells only the last one parsed: the one being answered
+        would write to the dropped transport)."""
+        self._disarm()
+        self._stop_write_timer()
+        for cycle in (self._answering, self.cycle, *(c for c, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self.pipeline.clear()
+        self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._stop_write_timer()
+        answering = self._answering
+        if answering is not None and not answering.response_complete:
+            answering.disconnected = True  # not only self.cycle, a pipelined one
+            answering.message_event.set()
         super().connection_lost(exc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
+import logging
 import socket
 import time
 
@@ -101,3 +102,54 @@ def test_bodies_trickled_at_the_connection_cap_give_way(host: InProcessHost) -> 
         finally:
             for sock in tricklers:
                 sock.close()
+
+
+def test_pipelined_requests_in_one_read_are_bounded(host: InProcessHost) -> None:
+    """256 KiB of pipelined 31-byte requests on each of 20 connections whose clients do
+    not read: every request of a read was parsed and queued at once (+276 MiB for 5 MiB
+    sent, 55 times what was sent, outside every cap).  Now a connection that pipelines
+    more than ``MAX_PIPELINED`` requests behind the one being answered is cut; a few
+    pipelined requests are still answered in order."""
+    from tests.edge.test_bounds import _Peak
+
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+    errors = _Errors()
+    logging.getLogger("uvicorn.error").addHandler(errors)
+    with contextlib.ExitStack() as stack, bounded_server(_app(host)) as url:
+        stack.callback(logging.getLogger("uvicorn.error").removeHandler, errors)
+        address, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((address, int(port)), timeout=30) as sock:
+            sock.sendall(request * 3)
+            replies = b""
+            while replies.count(b"HTTP/1.1 200") < 3:
+                chunk = sock.recv(65536)
+                assert chunk, replies
+                replies += chunk
+        socks = []
+        try:
+            with _Peak() as peak:
+                for _ in range(20):
+                    sock = _stalled_reader(url)
+                    socks.append(sock)
+                    with contextlib.suppress(ConnectionError):
+                        sock.sendall(request * ((256 << 10) // len(request)))
+                for sock in socks:  # each is cut (what it sent was not all queued)
+                    with contextlib.suppress(ConnectionError):
+                        while sock.recv(65536):
+                            pass
+        finally:
+            for sock in socks:
+                sock.close()
+    assert peak.grew < 64 << 20, f"+{peak.grew >> 20} MiB"
+    assert errors.seen == []  # the request being answered was told its client left
+
+
+class _Errors(logging.Handler):
+    """The server's error records (uvicorn's loggers do not reach pytest's)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
