@@ -330,9 +330,12 @@ def _input(
         else:
             data = from_binary(binary[offset : offset + size], expected, count)
             offset += size
+        # in the try: zero values in a shape numpy cannot make (every cap passed) are
+        # the request's fault, not a 500 with a traceback in the log
+        data = data.reshape(shape)
     except (TypeError, ValueError, OverflowError, ArithmeticError) as e:
         raise RefusedError(400, f"input {name!r}: data is not {expected} ({e})") from None
-    return name, data.reshape(shape), offset
+    return name, data, offset
 
 
 def _check_caps(

@@ -153,3 +153,25 @@ class _Errors(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.seen.append(record.getMessage())
+
+
+@pytest.mark.parametrize("shape", [[0, 2**62], [0, 10**30]])
+def test_an_empty_tensor_of_impossible_shape_is_the_requests_fault(
+    host: InProcessHost, shape: list[int]
+) -> None:
+    """Zero values in a shape numpy cannot make (every cap counts the values: zero):
+    answered 500 with a traceback in the log for each request, a log any client could
+    fill.  Now 400, as any other data that does not fit its shape."""
+    import httpx
+
+    errors = _Errors()
+    logging.getLogger("uvicorn.error").addHandler(errors)
+    try:
+        with bounded_server(_app(host)) as url:
+            doc = {"inputs": [{"name": "x", "shape": shape, "datatype": "FP32", "data": []}]}
+            response = httpx.post(f"{url}/v2/models/id_fp32/infer", json=doc, timeout=60)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"].startswith("input 'x': data is not FP32")
+    assert errors.seen == []
