@@ -164,7 +164,7 @@ def read_request(
         cap = min(cap, limits.max_request_bytes // TEXT_COST)
     stream = Inflating(body, headers.get("content-encoding", ""), cap, charge)
     reading = _Reading(limits.caps(engine.model), charge)
-    if length is not None and length.isdigit() and not stream.done:
+    if length is not None and length.isascii() and length.isdigit() and not stream.done:
         # the JSON header first: inputs over a cap are refused before the rest inflates
         head, view = split(stream.until(int(length)), length, limits.max_json_depth, charge)
         view.release()  # the inflated bytes grow on

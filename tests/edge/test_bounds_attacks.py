@@ -175,3 +175,24 @@ def test_an_empty_tensor_of_impossible_shape_is_the_requests_fault(
     assert response.status_code == 400, response.text
     assert response.json()["error"].startswith("input 'x': data is not FP32")
     assert errors.seen == []
+
+
+def test_a_header_length_in_other_digits_is_the_requests_fault(host: InProcessHost) -> None:
+    """``Inference-Header-Content-Length: ²`` (a digit to ``str.isdigit``, not to
+    ``int``) on a gzip body: a 500 with a traceback in the log; now 400."""
+    errors = _Errors()
+    logging.getLogger("uvicorn.error").addHandler(errors)
+    try:
+        with bounded_server(_app(host)) as url, _stalled_reader(url) as sock:
+            body = gzip.compress(b'{"inputs": []}')
+            sock.sendall(
+                b"POST /v2/models/id_fp32/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+                b"Inference-Header-Content-Length: \xb2\r\nContent-Length: %d\r\n\r\n"
+                % len(body)
+                + body
+            )
+            reply = sock.recv(65536)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(errors)
+    assert reply.startswith(b"HTTP/1.1 400 "), reply
+    assert errors.seen == []
