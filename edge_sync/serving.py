@@ -11,7 +11,8 @@ An inference request is untrusted input, read and checked by ``edge_sync.oip_cod
 before any engine runs; every refusal is ``{"error": "..."}`` with 400 (the request's
 fault), 404 (no such model or loaded version), 413 (over a cap), 415 (an unknown content
 coding) or 503 (not loaded yet); an engine that fails on a valid request is 500 (ONNX
-Runtime's InvalidArgument is the request's fault: 400).
+Runtime's InvalidArgument is the request's fault: 400, as is a failure every other
+loaded version makes too: the health gate does not count it against a new version).
 
 Runs on Starlette (ASGI) under uvicorn (with uvloop and httptools; the connection
 bounds are ``edge_sync.listeners``). A request to a model whose runs are short
@@ -329,13 +330,43 @@ class _Api:
                 results = engine.run(parsed.inputs, parsed.wanted)
             except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
                 first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-                # ONNX Runtime's InvalidArgument: the input's fault; else the engine's
-                code = 400 if type(e).__name__ == "InvalidArgument" else 500
-                raise RefusedError(code, f"inference failed: {first}", engine.version) from None
+                # ONNX Runtime's InvalidArgument: the input's fault; else the engine's,
+                # unless every other loaded version fails on it too
+                theirs = type(e).__name__ == "InvalidArgument" or self._fails_everywhere(
+                    engine, parsed.inputs, parsed.wanted
+                )
+                raise RefusedError(
+                    400 if theirs else 500, f"inference failed: {first}", engine.version
+                ) from None
             parsed.inputs.clear()
             return answer(engine, parsed, results)
         except RefusedError as e:
             return error_response(e.status, str(e), e.version, e.retry_after)
+
+    def _fails_everywhere(self, engine: Any, inputs: Any, wanted: list[str] | None) -> bool:
+        """Whether every other loaded version of ``engine``'s model fails on the request
+        too (False when none is loaded).
+
+        A run can fail on valid-looking inputs (symbolic sizes that do not broadcast:
+        ONNX Runtime's ``Fail``); counted as the version's server error, any client
+        told of a swap by ``x-model-version`` could fail its health gate.  During the
+        gate the previous version is still loaded: a request it fails on as well says
+        nothing about the new one.  A request that fails costs a run per version.
+        """
+        compared = 0
+        for version in self.host.versions(engine.model):
+            if version == engine.version:
+                continue
+            try:
+                with self.host.lease(engine.model, version) as other:
+                    compared += 1
+                    other.run(inputs, wanted)
+            except LookupError:
+                continue  # released meanwhile: nothing compared
+            except Exception:  # noqa: BLE001, S112 - any failure: it fails there too
+                continue
+            return False  # another version answers it: this one's fault
+        return compared > 0
 
     async def repository_index(self, request: Request) -> Response:
         """Every subscribed model's loaded versions and whether it is served (Triton's

@@ -10,6 +10,7 @@ import json
 import logging
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -196,3 +197,56 @@ def test_a_header_length_in_other_digits_is_the_requests_fault(host: InProcessHo
         logging.getLogger("uvicorn.error").removeHandler(errors)
     assert reply.startswith(b"HTTP/1.1 400 "), reply
     assert errors.seen == []
+
+
+def _pair_model(node: str) -> bytes:
+    """``a`` [n] and ``b`` [m] -> ``c``: ``Add`` (fails when n and m do not broadcast)
+    or ``Identity`` of ``a`` (never fails)."""
+    from onnx import TensorProto, helper
+
+    from tests.edge.test_conformance import _model
+
+    inputs = ["a", "b"] if node == "Add" else ["a"]
+    return _model(
+        [helper.make_node(node, inputs, ["c"])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n"]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, ["m"])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, ["k"])],
+    )  # fmt: skip
+
+
+def test_a_request_every_version_fails_on_is_not_held_against_the_new_one(
+    tmp_path: Path,
+) -> None:
+    """Inputs of symbolic sizes that do not broadcast make ONNX Runtime fail (``Fail``,
+    not ``InvalidArgument``): answered 500 and counted as the new version's server
+    error by its health gate, so that any client, told of the swap by
+    ``x-model-version``, could fail the gate (more than 5% errors) and get a good
+    version rejected for good.  Now a failure the previous version (still loaded
+    during the gate) makes too is the request's (400, not counted); one only the new
+    version makes is still its error."""
+    import httpx
+
+    from edge_sync.health import Recorder
+    from edge_sync.serving import create_app
+    from tests.edge.test_conformance import serve_file
+
+    host = InProcessHost(prepack="off")
+    for version, node in (("1", "Add"), ("2", "Add"), ("3", "Identity"), ("4", "Add")):
+        (tmp_path / f"{version}.onnx").write_bytes(_pair_model(node))
+    serve_file(host, "pair", "1", tmp_path / "1.onnx")
+    serve_file(host, "pair", "2", tmp_path / "2.onnx")  # 1 still loaded: the gate's time
+    recorder = Recorder()
+    app = create_app(host, ["pair"], dict, "t", recorder=recorder)
+    doc = {"inputs": [{"name": "a", "shape": [2], "datatype": "FP32", "data": [1, 2]},
+                      {"name": "b", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]}  # fmt: skip
+    with bounded_server(app) as url:
+        response = httpx.post(f"{url}/v2/models/pair/infer", json=doc, timeout=60)
+        assert response.status_code == 400, response.text
+        assert response.headers["x-model-version"] == "2"
+        assert recorder.window("pair", "2", 0, time.monotonic() + 1).errors == 0
+        serve_file(host, "pair", "3", tmp_path / "3.onnx")  # answers it
+        serve_file(host, "pair", "4", tmp_path / "4.onnx")  # fails where 3 answered
+        response = httpx.post(f"{url}/v2/models/pair/infer", json=doc, timeout=60)
+        assert response.status_code == 500, response.text
+        assert recorder.window("pair", "4", 0, time.monotonic() + 1).errors == 1
