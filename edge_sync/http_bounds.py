@@ -120,6 +120,8 @@ class BoundedHttpTools(HttpToolsProtocol):
     def _too_slow(self) -> None:
         self._head_timer = None
         if self._head < 0:  # in the body: only a pause between reads counts
+            if self.flow.read_paused:  # the server's pause (pipelining, a full buffer)
+                self._last_read = self.loop.time()
             idle = self.loop.time() - self._last_read
             if idle < self.limits.body_timeout_s:
                 self._head_timer = self.loop.call_later(
@@ -152,8 +154,12 @@ class BoundedHttpTools(HttpToolsProtocol):
                 raise _HeadTooLargeError
         self._head = -1  # the timer goes on, for the body (until the message is complete)
         timer, body_s = self._head_timer, self.limits.body_timeout_s
-        if timer is not None and timer.when() > self.loop.time() + body_s:
-            timer.cancel()  # it would fire later than a stalled body is allowed
+        if timer is None or timer.when() > self.loop.time() + body_s:
+            # none: a request pipelined in the read that ended the one before (whose
+            # end disarmed the timer); else it would fire later than a body may stall
+            if timer is not None:
+                timer.cancel()
+            self._last_read = self.loop.time()
             self._head_timer = self.loop.call_later(body_s, self._too_slow)
         super().on_headers_complete()
 

@@ -250,3 +250,28 @@ def test_a_request_every_version_fails_on_is_not_held_against_the_new_one(
         response = httpx.post(f"{url}/v2/models/pair/infer", json=doc, timeout=60)
         assert response.status_code == 500, response.text
         assert recorder.window("pair", "4", 0, time.monotonic() + 1).errors == 1
+
+
+def test_a_pipelined_body_that_stalls_is_closed_too(host: InProcessHost) -> None:
+    """A request pipelined in the same packet as the one before it had no timer: its
+    head ended after the first request's timer was disarmed, so its body could stop
+    for good and hold what it sent of the budget.  Now it is timed out as any body."""
+    app = _app(host)
+    with bounded_server(app, body_timeout_s=0.5) as url:
+        address, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((address, int(port)), timeout=30) as sock:
+            sock.sendall(
+                b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n"
+                b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+                b"Content-Length: %d\r\n\r\n" % (1 << 20) + b" " * (256 << 10)
+            )
+            reply = b""
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                while chunk := sock.recv(65536):
+                    reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 "), reply[:80]
+        assert b"HTTP/1.1 408 " in reply, reply
+        deadline = time.monotonic() + 30
+        while _api(app).budget.used:
+            assert time.monotonic() < deadline, _api(app).budget.used
+            time.sleep(0.01)
