@@ -1,10 +1,13 @@
 """uvicorn's httptools protocol with the bounds ``edge_sync.listeners`` describes: a
 header size cap (431), a header timeout and a body's idle timeout (408), and a
-connection cap that evicts the longest idle connection first (503 when none is idle).
+connection cap that evicts the longest idle connection first, else the request stalled
+longest (503 when none is idle or stalled).
 
 One timer per request watches it from its first byte to its last: until the headers
 end, against ``header_timeout`` from that byte; then against ``body_timeout`` from the
-last read (re-armed when it fires early, not at every read)."""
+last read (re-armed when it fires early, not at every read).  An answer the client
+stops taking (the connection's write buffer full) may wait ``body_timeout`` for it,
+then the connection is cut (not closed: a close waits for the buffer to drain)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ class _HeadTooLargeError(Exception):
     """Raised from a parser callback: the request's head is over the cap."""
 
 
+class _PipelineTooDeepError(Exception):
+    """Raised from a parser callback: too many requests wait behind the one answered."""
+
+
 def _reply(status: bytes, reason: str) -> bytes:
     body = ('{"error":"' + reason + '"}').encode()
     return (
@@ -35,6 +42,13 @@ def _reply(status: bytes, reason: str) -> bytes:
 
 _TOO_LARGE: Final = _reply(b"431 Request Header Fields Too Large", "request headers too large")
 _TOO_SLOW: Final = _reply(b"408 Request Timeout", "request headers not sent in time")
+MAX_PIPELINED: Final = 8
+"""Requests a connection may pipeline behind the one being answered: every request of
+a read is parsed and queued at once (256 KiB of 31-byte requests held 14 MiB), so a
+connection that sends more is cut (answers cannot go out of order)."""
+STALLED_S: Final = 1.0
+"""A request whose head or body has sent nothing for this long gives way to a new
+connection at the cap (when none is idle)."""
 _FULL: Final = _reply(b"503 Service Unavailable", "too many connections; retry later")
 
 
@@ -50,9 +64,14 @@ class BoundedHttpTools(HttpToolsProtocol):
         """Bytes of the current request's line and headers read so far (-1: in its
         body or answering it)."""
         self._head_timer: Any = None
-        self._refusing = False
+        self._refusing: bool | None = False
+        """Why the parser was stopped: True, a head too large; None, too many requests
+        pipelined."""
         self._idle_since = time.monotonic()
         self._last_read = 0.0
+        self._write_timer: Any = None
+        self._answering: Any = None
+        """The request being answered (pipelined ones wait behind it)."""
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -64,16 +83,27 @@ class BoundedHttpTools(HttpToolsProtocol):
         self._arm()
 
     def _evict_idle(self) -> bool:
-        """Close the longest idle other connection; whether there was one."""
-        idle = [
-            c for c in self.connections
-            if isinstance(c, BoundedHttpTools) and c is not self and c._idle()
-        ]  # fmt: skip
-        if not idle:
+        """Close the longest idle other connection, else the one whose request's head or
+        body stalled longest (over :data:`STALLED_S`); whether there was one.
+
+        Without the second, connections that each trickle a byte of their body within
+        ``body_timeout`` held the cap for good: every new client was refused."""
+        others = [c for c in self.connections if isinstance(c, BoundedHttpTools) and c is not self]
+        idle = [c for c in others if c._idle()]
+        if idle:
+            victim = min(idle, key=lambda c: c._idle_since)
+            self.connections.discard(victim)
+            victim.transport.close()
+            return True
+        reading = [c for c in others if c._head != 0 and not c.transport.is_closing()]
+        stalled = min(reading, key=lambda c: c._last_read, default=None)
+        if stalled is None or self.loop.time() - stalled._last_read < STALLED_S:
             return False
-        victim = min(idle, key=lambda c: c._idle_since)
-        self.connections.discard(victim)
-        victim.transport.close()
+        self.connections.discard(stalled)
+        stalled._disarm()
+        if stalled.cycle is None or not stalled.cycle.response_started:
+            stalled.transport.write(_TOO_SLOW)
+        stalled.transport.close()
         return True
 
     def _idle(self) -> bool:
@@ -90,6 +120,8 @@ class BoundedHttpTools(HttpToolsProtocol):
     def _too_slow(self) -> None:
         self._head_timer = None
         if self._head < 0:  # in the body: only a pause between reads counts
+            if self.flow.read_paused:  # the server's pause (pipelining, a full buffer)
+                self._last_read = self.loop.time()
             idle = self.loop.time() - self._last_read
             if idle < self.limits.body_timeout_s:
                 self._head_timer = self.loop.call_later(
@@ -112,6 +144,9 @@ class BoundedHttpTools(HttpToolsProtocol):
             self._refuse_head()  # the head is still coming: not parsed any further
 
     def on_headers_complete(self) -> None:
+        if len(self.pipeline) >= MAX_PIPELINED:
+            self._refusing = None
+            raise _PipelineTooDeepError
         if self._head > self.limits.max_header_bytes:  # a head in one large read
             size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
             if size > self.limits.max_header_bytes:
@@ -119,8 +154,12 @@ class BoundedHttpTools(HttpToolsProtocol):
                 raise _HeadTooLargeError
         self._head = -1  # the timer goes on, for the body (until the message is complete)
         timer, body_s = self._head_timer, self.limits.body_timeout_s
-        if timer is not None and timer.when() > self.loop.time() + body_s:
-            timer.cancel()  # it would fire later than a stalled body is allowed
+        if timer is None or timer.when() > self.loop.time() + body_s:
+            # none: a request pipelined in the read that ended the one before (whose
+            # end disarmed the timer); else it would fire later than a body may stall
+            if timer is not None:
+                timer.cancel()
+            self._last_read = self.loop.time()
             self._head_timer = self.loop.call_later(body_s, self._too_slow)
         super().on_headers_complete()
 
@@ -134,7 +173,9 @@ class BoundedHttpTools(HttpToolsProtocol):
         super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
-        if self._refusing:  # the parser stopped on _HeadTooLargeError
+        if self._refusing is None:  # the parser stopped on _PipelineTooDeepError
+            self._cut()
+        elif self._refusing:  # the parser stopped on _HeadTooLargeError
             self._refuse_head()
         else:
             super().send_400_response(msg)
@@ -144,6 +185,42 @@ class BoundedHttpTools(HttpToolsProtocol):
         self.transport.write(_TOO_LARGE)
         self.transport.close()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(self.limits.body_timeout_s, self._cut)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._stop_write_timer()
+
+    def _stop_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._answering = cycle  # uvicorn's own self.cycle is the last request parsed
+        super()._start_asgi_task(cycle, app)
+
+    def _cut(self) -> None:
+        """Drop the connection and whatever it holds at once, its requests told the
+        client left (uvicorn tells only the last one parsed: the one being answered
+        would write to the dropped transport)."""
+        self._disarm()
+        self._stop_write_timer()
+        for cycle in (self._answering, self.cycle, *(c for c, _ in self.pipeline)):
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+        self.pipeline.clear()
+        self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._stop_write_timer()
+        answering = self._answering
+        if answering is not None and not answering.response_complete:
+            answering.disconnected = True  # not only self.cycle, a pipelined one
+            answering.message_event.set()
         super().connection_lost(exc)

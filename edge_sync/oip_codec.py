@@ -164,7 +164,7 @@ def read_request(
         cap = min(cap, limits.max_request_bytes // TEXT_COST)
     stream = Inflating(body, headers.get("content-encoding", ""), cap, charge)
     reading = _Reading(limits.caps(engine.model), charge)
-    if length is not None and length.isdigit() and not stream.done:
+    if length is not None and length.isascii() and length.isdigit() and not stream.done:
         # the JSON header first: inputs over a cap are refused before the rest inflates
         head, view = split(stream.until(int(length)), length, limits.max_json_depth, charge)
         view.release()  # the inflated bytes grow on
@@ -330,9 +330,12 @@ def _input(
         else:
             data = from_binary(binary[offset : offset + size], expected, count)
             offset += size
+        # in the try: zero values in a shape numpy cannot make (every cap passed) are
+        # the request's fault, not a 500 with a traceback in the log
+        data = data.reshape(shape)
     except (TypeError, ValueError, OverflowError, ArithmeticError) as e:
         raise RefusedError(400, f"input {name!r}: data is not {expected} ({e})") from None
-    return name, data.reshape(shape), offset
+    return name, data, offset
 
 
 def _check_caps(

@@ -11,7 +11,8 @@ An inference request is untrusted input, read and checked by ``edge_sync.oip_cod
 before any engine runs; every refusal is ``{"error": "..."}`` with 400 (the request's
 fault), 404 (no such model or loaded version), 413 (over a cap), 415 (an unknown content
 coding) or 503 (not loaded yet); an engine that fails on a valid request is 500 (ONNX
-Runtime's InvalidArgument is the request's fault: 400).
+Runtime's InvalidArgument is the request's fault: 400, as is a failure every other
+loaded version makes too: the health gate does not count it against a new version).
 
 Runs on Starlette (ASGI) under uvicorn (with uvloop and httptools; the connection
 bounds are ``edge_sync.listeners``). A request to a model whose runs are short
@@ -70,6 +71,10 @@ INLINE_BODY_BYTES: Final = 64 << 10
 SETTLE_AFTER_BYTES: Final = 1 << 20
 """A request that held more is given back only once its answer is sent (a background
 task); a smaller one at once (its answer is small)."""
+SEND_CHUNK: Final = 256 << 10
+"""A large answer is handed to the connection this much at a time, each piece once
+the client took the one before (written whole, a client that reads nothing kept it
+all in the connection's buffer, outside the budget)."""
 
 
 def create_app(
@@ -315,7 +320,7 @@ class _Api:
                 trim_heap()
             raise
         if ticket.held > SETTLE_AFTER_BYTES:  # given back once its answer is sent
-            response.background = BackgroundTask(_settle, ticket)
+            response = _Paced(response, BackgroundTask(_settle, ticket))
         elif ticket.release():  # a small answer: as good as sent
             await run_in_threadpool(trim_heap)
         return response
@@ -339,14 +344,44 @@ class _Api:
                 results = engine.run(parsed.inputs, parsed.wanted)
             except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
                 first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-                # ONNX Runtime's InvalidArgument: the input's fault; else the engine's
-                code = 400 if type(e).__name__ == "InvalidArgument" else 500
-                raise RefusedError(code, f"inference failed: {first}", engine.version) from None
+                # ONNX Runtime's InvalidArgument: the input's fault; else the engine's,
+                # unless every other loaded version fails on it too
+                theirs = type(e).__name__ == "InvalidArgument" or self._fails_everywhere(
+                    engine, parsed.inputs, parsed.wanted
+                )
+                raise RefusedError(
+                    400 if theirs else 500, f"inference failed: {first}", engine.version
+                ) from None
             work.run_s = clock() - ran
             parsed.inputs.clear()
             return answer(engine, parsed, results)
         except RefusedError as e:
             return error_response(e.status, str(e), e.version, e.retry_after)
+
+    def _fails_everywhere(self, engine: Any, inputs: Any, wanted: list[str] | None) -> bool:
+        """Whether every other loaded version of ``engine``'s model fails on the request
+        too (False when none is loaded).
+
+        A run can fail on valid-looking inputs (symbolic sizes that do not broadcast:
+        ONNX Runtime's ``Fail``); counted as the version's server error, any client
+        told of a swap by ``x-model-version`` could fail its health gate.  During the
+        gate the previous version is still loaded: a request it fails on as well says
+        nothing about the new one.  A request that fails costs a run per version.
+        """
+        compared = 0
+        for version in self.host.versions(engine.model):
+            if version == engine.version:
+                continue
+            try:
+                with self.host.lease(engine.model, version) as other:
+                    compared += 1
+                    other.run(inputs, wanted)
+            except LookupError:
+                continue  # released meanwhile: nothing compared
+            except Exception:  # noqa: BLE001, S112 - any failure: it fails there too
+                continue
+            return False  # another version answers it: this one's fault
+        return compared > 0
 
     async def repository_index(self, request: Request) -> Response:
         """Every subscribed model's loaded versions and whether it is served (Triton's
@@ -384,6 +419,29 @@ class _Api:
             return error_response(503, "this server runs no update loop")
         self.request_sync()
         return json_response({"sync": "requested"})
+
+
+class _Paced(Response):
+    """``sent``'s answer handed to the connection :data:`SEND_CHUNK` bytes at a time:
+    uvicorn waits for a client's reads before it takes the next piece, so the request
+    stays charged until its answer is (nearly) all sent, and a client that reads
+    nothing is cut by the listener's write timeout (``edge_sync.http_bounds``)."""
+
+    def __init__(self, sent: Response, background: BackgroundTask) -> None:
+        super().__init__(sent.body, sent.status_code, background=background)
+        self.raw_headers = sent.raw_headers
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})  # fmt: skip
+        body = memoryview(self.body)
+        for at in range(0, len(body), SEND_CHUNK):
+            piece = bytes(body[at : at + SEND_CHUNK])
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        body.release()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        if self.background is not None:
+            await self.background()
 
 
 async def _settle(ticket: Ticket) -> None:
