@@ -175,8 +175,11 @@ class _GuardedReader(io.RawIOBase):
     def _readable(self, timeout: float) -> bool:
         if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
             return True  # decrypted bytes already wait in the TLS layer
-        ready, _, _ = select.select([self._sock], [], [], timeout)
-        return bool(ready)
+        # poll(), not select(): select() refuses descriptors past 1024, which a daemon
+        # serving many connections (or a fleet simulation's process) has
+        poller = select.poll()
+        poller.register(self._sock, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(max(0.0, timeout) * 1000))
 
     def close(self) -> None:
         if not self.closed:

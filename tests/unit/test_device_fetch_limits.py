@@ -152,6 +152,27 @@ def test_a_normal_download_over_http(server: TrickleServer) -> None:
     assert _download(server.url("f")) == body
 
 
+def test_a_download_works_in_a_process_with_descriptors_past_1024(server: TrickleServer) -> None:
+    """A daemon holding many connections (or a fleet simulation's process) has
+    descriptors past 1024, which select() refuses: the wait for data must not use it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200 <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held: list[int] = []
+    try:
+        while not held or held[-1] < 1030:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        body = os.urandom(100_000)
+        server.files["/f"] = body
+        assert _download(server.url("f")) == body
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 def test_a_body_trickled_one_byte_every_5_s_ends_after_the_grace_period(
     server: TrickleServer,
 ) -> None:
