@@ -412,7 +412,8 @@ def test_large_requests_after_the_swap_eject_no_good_version_and_a_slow_one_stil
         served_s /= 1000
         slow_path, extra = _slower(rig.models / "mlp/1.1.0.onnx", tmp_path / "slow", 4 * served_s)
         ratio = (served_s + extra) / served_s
-        assert 4 < ratio < 6.5, (served_s, extra)
+        # calibrated on a shared machine: anywhere well past the 2x threshold will do
+        assert 3 < ratio < 12, (served_s, extra)
         rig.release_version("1.2.0", "1.1.0", artifact=slow_path)
         try:
             status = _wait(config, "1.2.0's verdict", lambda s: s["models"]["mlp"]["rejected"],
