@@ -247,10 +247,8 @@ def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
     decision = host.tune("mlp")
     assert decision is not None
     assert decision["prepack"] is wins
-    assert isinstance(decision["shared_ms"], float)
-    assert decision["shared_ms"] > 0
-    assert isinstance(decision["prepacked_ms"], float)
-    assert decision["prepacked_ms"] > 0
+    assert float(decision["shared_ms"]) > 0
+    assert float(decision["prepacked_ms"]) > 0
     serving = host.current("mlp")
     assert isinstance(serving, OrtEngine)
     assert serving.version == "1.1.0"
