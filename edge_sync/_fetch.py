@@ -260,7 +260,14 @@ class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
     the device (and any credentials in the URL or proxy) to a host nobody configured,
     or from ``https`` down to ``http``.  Verification would catch wrong bytes, but not
     the request itself, nor a slow host's hold on the sync.
+
+    Attributes:
+        count: redirects followed or refused (each is one more request).
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
 
     def redirect_request(  # noqa: PLR0917 - urllib's signature
         self,
@@ -276,6 +283,7 @@ class SameOriginRedirects(urllib.request.HTTPRedirectHandler):
         Raises:
             DownloadError: ``newurl`` is on another scheme, host or port.
         """
+        self.count += 1
         target = urllib.parse.urljoin(req.full_url, newurl)
         if _origin(target) != _origin(req.full_url):
             fp.close()  # the redirect's own response, not read any further

@@ -35,7 +35,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from email.message import Message
 from pathlib import Path
 from typing import Final
 from urllib.parse import urlparse
@@ -139,32 +138,11 @@ def _too_long(limits: TrustLimits) -> tuf_errors.DownloadLengthMismatchError:
     )
 
 
-class _CountedRedirects(SameOriginRedirects):
-    """Follows redirects as the fetchers do (same origin only), counting them: each is a
-    request."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def redirect_request(  # noqa: PLR0917 - urllib's signature
-        self,
-        req: urllib.request.Request,
-        fp: object,
-        code: int,
-        msg: str,
-        headers: Message,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        self.count += 1
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
 def _probe_http(
     url: str, known: Validators, limits: TrustLimits, cancelled: Callable[[], bool] | None = None
 ) -> Probe:
     budget = _TransferBudget(limits, cancelled=cancelled)
-    redirects = _CountedRedirects()
+    redirects = SameOriginRedirects()  # counts them: each is a request
     opener = guarded_opener(budget, redirects)
     # identity: a compressed body would be the hash of other bytes than were signed
     request = urllib.request.Request(url, headers={"Accept-Encoding": "identity"})  # noqa: S310 - the scheme is checked above

@@ -116,7 +116,6 @@ class _S3Redirects(SameOriginRedirects):
     def __init__(self, region: str | None) -> None:
         super().__init__()
         self._region = region
-        self.count = 0
 
     def redirect_request(  # noqa: PLR0917 - urllib's signature
         self,
@@ -127,7 +126,6 @@ class _S3Redirects(SameOriginRedirects):
         headers: Any,
         newurl: str,
     ) -> urllib.request.Request | None:
-        self.count += 1
         region = headers.get(_REGION_HEADER) if headers is not None else None
         if region and region != self._region:
             fp.close()
