@@ -17,14 +17,12 @@ never the event loop, which keeps answering health and metadata.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import threading
 from typing import Final
 
 from edge_sync.oip_body import RefusedError
 
-__all__ = ["RETRY_AFTER_S", "Budget", "Slots", "Ticket", "keep_heap_small"]
+__all__ = ["RETRY_AFTER_S", "Budget", "Slots", "Ticket"]
 
 RETRY_AFTER_S: Final = 1
 """What a 503 for a full server tells the client to wait (``Retry-After``)."""
@@ -150,31 +148,3 @@ class Slots:
         """Give a slot back."""
         assert self._free is not None  # noqa: S101 - only after acquire
         self._free.release()
-
-
-MMAP_THRESHOLD: Final = 4 << 20
-"""Blocks this large are mapped on their own, and unmapped when freed."""
-_M_TRIM_THRESHOLD: Final = -1
-_M_MMAP_THRESHOLD: Final = -3
-
-
-def keep_heap_small() -> bool:
-    """Make glibc give large freed blocks back at once; whether it could be told.
-
-    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB),
-    so the next blocks that large come from a worker thread's heap, whose free top
-    ``malloc_trim`` never returns: four gzip bombs left +130 MiB held for good.  A
-    fixed threshold (which turns the raising off) keeps them mapped; large runs pay
-    page faults, small requests nothing.
-    """
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return False
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:  # not glibc
-        return False
-    return bool(
-        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        and mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
-    )

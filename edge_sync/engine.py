@@ -473,6 +473,30 @@ def trim_heap() -> None:
         trim(0)
 
 
+MMAP_THRESHOLD: Final = 4 << 20
+"""Blocks this large are mapped on their own, and unmapped when freed."""
+_M_TRIM_THRESHOLD: Final = -1
+_M_MMAP_THRESHOLD: Final = -3
+
+
+def keep_heap_small() -> bool:
+    """Make glibc give large freed blocks back at once; whether it could be told.
+
+    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB),
+    so the next blocks that large come from a worker thread's heap, whose free top
+    ``malloc_trim`` never returns: four gzip bombs left +130 MiB held for good.  A
+    fixed threshold (which turns the raising off) keeps them mapped; large runs pay
+    page faults, small requests nothing.
+    """
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is None:  # not glibc
+        return False
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+        and mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
+    )
+
+
 def check_goldens(engine: Engine, cases: Sequence[GoldenCase], setup: str | None = None) -> None:
     """Every golden case of ``cases`` on ``engine``, within its tolerances.
 

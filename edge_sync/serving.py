@@ -42,8 +42,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge_sync.admission import Budget, Slots, Ticket, keep_heap_small
-from edge_sync.engine import DATATYPES, trim_heap
+from edge_sync.admission import Budget, Slots, Ticket
+from edge_sync.engine import DATATYPES, keep_heap_small, trim_heap
 from edge_sync.metrics import CONTENT_TYPE, Metrics
 from edge_sync.oip_body import HEADER_LENGTH, Charge
 from edge_sync.oip_codec import (
