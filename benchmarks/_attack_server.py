@@ -1,5 +1,5 @@
 """The server process ``benchmarks.serving_attacks`` attacks: the daemon's OIP app and
-bounded listener (``edge_sync.listeners``, the default ``serve.limits``) over real ONNX
+bounded listener (``edge_sync.serve.listeners``, the default ``serve.limits``) over real ONNX
 Runtime sessions of the example MLP and CNN and a BYTES identity graph.
 
 ``python -m benchmarks._attack_server MODELS_DIR PORT_FILE``: serves on a free port of
@@ -36,11 +36,11 @@ def identity_bytes(path: Path) -> None:
 def main(folder: Path, port_file: Path) -> None:
     """Serve the models in ``folder`` until stopped."""
     from edge_sync.config import ServeLimitsConfig
-    from edge_sync.engine import LoadRequest
-    from edge_sync.host import InProcessHost
-    from edge_sync.listeners import ConnectionLimits, connection_cap, server
-    from edge_sync.oip_codec import ServeLimits
-    from edge_sync.serving import create_app
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.engine.ort import LoadRequest
+    from edge_sync.serve.app import create_app
+    from edge_sync.serve.codec import ServeLimits
+    from edge_sync.serve.listeners import ConnectionLimits, connection_cap, server
 
     host = InProcessHost()
     files = {"mlp": folder / "mlp/1.0.0.onnx", "cnn": folder / "cnn/1.0.0.onnx",

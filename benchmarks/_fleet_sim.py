@@ -211,9 +211,9 @@ def _template(folder: Path, params: RunParams, servers: _Servers, root: Path) ->
     """
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import provision
-    from edge_sync.host import InProcessHost
-    from edge_sync.state import StateDir
-    from edge_sync.updater import Updater
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.updater import Updater
 
     config = load_edge_config(_config(folder, "template", params, servers, root))
     state = StateDir(config.state_path)
@@ -232,7 +232,7 @@ def _device_dirs(
 ) -> list[Path]:  # fmt: skip
     """Each device's folder: a copy of the template's state dir with its own id in it,
     and its own ``edge.yaml``; their config paths."""
-    from edge_sync.state import StateDir
+    from edge_sync.state.store import StateDir
 
     configs = []
     for device in devices:

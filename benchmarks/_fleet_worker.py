@@ -5,12 +5,12 @@
 where to write what each device serves at the end) and runs, per device, a thread with
 the real :class:`edge_sync.daemon.Daemon` (``serving=False``: no inference server,
 no signals): its loop, its poll and jitter waits (``next_delay``), its backoff, and its
-:class:`~edge_sync.updater.Updater` with the real watcher, trust, fetch, verification,
-state dir and an :class:`~edge_sync.host.InProcessHost` holding a real ONNX Runtime
+:class:`~edge_sync.sync.updater.Updater` with the real watcher, trust, fetch, verification,
+state dir and an :class:`~edge_sync.engine.host.InProcessHost` holding a real ONNX Runtime
 session per device.
 
 One setting is the simulator's, not the daemon's: the default TLS context is made once
-per worker process.  ``edge_sync._fetch.guarded_opener`` makes one for every request
+per worker process.  ``edge_sync.sync.fetch.guarded_opener`` makes one for every request
 (``ssl.create_default_context`` loads the system's CA certificates: about 22 ms of CPU
 here, 80 % of a gitless idle poll on the device), also for ``http://`` URLs that never
 use it; a thousand devices sharing two cores would otherwise be paced by that, not by
@@ -37,8 +37,8 @@ from typing import Any, TextIO
 
 from edge_sync.config import EdgeConfig, load_edge_config
 from edge_sync.daemon import Daemon
-from edge_sync.host import InProcessHost
-from edge_sync.updater import SyncReport
+from edge_sync.engine.host import InProcessHost
+from edge_sync.sync.updater import SyncReport
 
 
 class _Events:

@@ -2,7 +2,7 @@
 
 Each runs in a process of its own, ``python -m benchmarks._serving_runner COMMAND``:
 
-* ``serve``: ``edge_sync.serving.create_app`` over an ``InProcessHost`` (shared-weight
+* ``serve``: ``edge_sync.serve.app.create_app`` over an ``InProcessHost`` (shared-weight
   sessions, ``prepack="off"``) on the daemon's uvicorn listener; SIGUSR1 starts swapping
   1.0.0 <-> 1.1.0 every
   0.5 s (build beside the serving engine, self-test on the signed goldens, swap, retire),
@@ -67,7 +67,7 @@ class _Swapper:
             self.requests[version] = (self.models.request(version), self.models.cases(version))
 
     def swap_to(self, version: str) -> dict[str, float]:
-        from edge_sync.engine import self_test
+        from edge_sync.engine.ort import self_test
 
         request, cases = self.requests[version]
         start = time.perf_counter()
@@ -112,9 +112,9 @@ class _Swapper:
 
 
 def _serve(models: Models, port: int, stats: Path) -> None:
-    from edge_sync.host import InProcessHost
-    from edge_sync.listeners import ConnectionLimits, connection_cap, server
-    from edge_sync.serving import create_app
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.serve.app import create_app
+    from edge_sync.serve.listeners import ConnectionLimits, connection_cap, server
 
     host = InProcessHost(intra_op_threads=ORT_SETTINGS["intra_op_threads"], prepack="off")
     swapper = _Swapper(host, models)
@@ -170,7 +170,7 @@ def _status_bytes(key: str) -> int:
 def _memory(models: Models, prepack: str, swaps: int, settle_s: float) -> dict[str, Any]:
     """RSS before and at its peak across one swap 1.0.0 -> 1.1.0 while requests run,
     then the timings of ``swaps`` swaps back and forth (Linux: ``/proc/self``)."""
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     host = InProcessHost(intra_op_threads=ORT_SETTINGS["intra_op_threads"], prepack=prepack)
     swapper = _Swapper(host, models)

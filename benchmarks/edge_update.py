@@ -3,7 +3,7 @@
 A fleet repository (``modelreg init``) releases the large MLP example 1.0.0, then its
 1.1.0 fine-tune (17 % of the weights changed, parent 1.0.0, so a delta is published),
 through the real ``modelreg ci release``.  A device then runs the real
-:class:`~edge_sync.updater.Updater` in this process:
+:class:`~edge_sync.sync.updater.Updater` in this process:
 
 * **full**: a fresh device installs 1.1.0 (fetch, verify, build, self-test, swap, commit);
 * **delta**: a device that serves 1.0.0 installs 1.1.0 (fetch the delta, apply, verify,
@@ -160,9 +160,9 @@ def _update(config_path: Path, state_from: Path | None, prepack: str = "off") ->
     seen" to "committed"."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import provision
-    from edge_sync.host import InProcessHost
-    from edge_sync.state import StateDir
-    from edge_sync.updater import Updater
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.updater import Updater
 
     config = load_edge_config(config_path)
     shutil.rmtree(config.state_path, ignore_errors=True)
@@ -301,7 +301,7 @@ def run(quick: bool) -> dict[str, Any]:
 
 def _idle_poll(work: Path, repo: Path) -> dict[str, int]:
     """Connections and bytes of one idle poll (the checkout already current)."""
-    from edge_sync.watcher import GitWatcher
+    from edge_sync.sync.watcher import GitWatcher
 
     served = work / "served"
     shutil.rmtree(served, ignore_errors=True)

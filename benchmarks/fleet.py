@@ -5,11 +5,11 @@ the metadata in git and then gitless (mirrored to the artifact remote).
 **Devices.** Each simulated device is the real :class:`edge_sync.daemon.Daemon` loop
 (``serving=False``: no inference server) with its own ``edge.yaml``, device id and state
 dir, in threads spread over a few worker processes (``benchmarks._fleet_worker``):
-the real watcher (git, or the metadata mirror), :class:`~edge_sync.trust.DeviceTrust`,
+the real watcher (git, or the metadata mirror), :class:`~edge_sync.sync.trust.DeviceTrust`,
 downloads, verification, delta, state commits, and the daemon's own waits
 (``next_delay``: ``poll_interval * (1 +- jitter)`` after each sync, so the jitter is
 the product's, not a copy).  Each device holds a real ONNX Runtime session of the small
-example MLP (30 KB) in an :class:`~edge_sync.host.InProcessHost`, built and self-tested
+example MLP (30 KB) in an :class:`~edge_sync.engine.host.InProcessHost`, built and self-tested
 on its signed goldens at every install: measured at about 0.6 MB of memory per device,
 a thousand fit easily, so no stand-in engine host is needed.  Devices start from a copy
 of one template device's state dir (one real install of 1.0.0; each copy gets its own
@@ -108,7 +108,7 @@ def gitless_available() -> bool:
 
 def expected_cohort(devices: Sequence[str]) -> set[str]:
     """The devices the canary release should reach (the daemon's own cohort test)."""
-    from edge_sync.updater import in_cohort
+    from edge_sync.sync.updater import in_cohort
 
     return {d for d in devices if in_cohort(d, MODEL, NEW, CANARY_PERCENT)}
 
@@ -207,7 +207,7 @@ def herd_model(
     between polls exactly as the daemon does (:func:`edge_sync.daemon.next_delay`), with
     syncs that take no time, each downloading for ``download_s`` from its first poll
     after ``release_s``.  What the simulation would show without sharing its CPUs."""
-    from edge_sync.daemon import next_delay
+    from edge_sync.decide.schedule import next_delay
 
     rng = random.Random(14)  # a model: a fixed seed, the same figure every run
     starts = []
@@ -337,7 +337,7 @@ def goals(runs: dict[str, dict[str, Any]], *, indicative: bool) -> list[dict[str
 
 def plan(size: Size, fleet: FleetRepo, modes: Sequence[Mode]) -> list[RunParams]:
     """The runs of one benchmark: every mode at jitter 0.2, then at jitter 0."""
-    from edge_sync.limits import TrustLimits
+    from edge_sync.sync.limits import TrustLimits
 
     slowest = 4 * TrustLimits().min_bytes_per_s
     rate = max(math.ceil(fleet.delta_bytes / (DOWNLOAD_SHARE * size.poll_s)), slowest)

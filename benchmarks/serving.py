@@ -3,9 +3,9 @@
 Two servers answer the Open Inference Protocol v2 (REST) for the MLP example, each in its
 own process:
 
-* **ours**: ``edge_sync.serving.create_app`` over an ``InProcessHost`` (shared-weight
+* **ours**: ``edge_sync.serve.app.create_app`` over an ``InProcessHost`` (shared-weight
   sessions, ``prepack="off"``) on the daemon's bounded uvicorn listener
-  (``edge_sync.listeners``), run by ``benchmarks._serving_runner``
+  (``edge_sync.serve.listeners``), run by ``benchmarks._serving_runner``
   (``python -m benchmarks._serving_runner serve``); SIGUSR1 starts swapping 1.0.0 <-> 1.1.0
   every 0.5 s in the server process (build beside the serving engine, self-test on the
   signed goldens, swap, retire), SIGUSR2 stops it and writes the timings;

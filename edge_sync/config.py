@@ -193,7 +193,7 @@ class Subscription(Strict):
 
 
 class HealthGateConfig(Strict):
-    """The watch after each swap (``edge_sync.health``): a version that fails it is
+    """The watch after each swap (``edge_sync.decide.health``): a version that fails it is
     swapped back and rejected.  ``window: 0s`` turns the gate off."""
 
     window: Annotated[Duration, Field(ge=0)] = 30.0
@@ -274,14 +274,14 @@ class ServeConfig(Strict):
     unquoted ``on``/``off`` (a YAML boolean) means the same as the quoted word."""
     onnxruntime_log: OnnxRuntimeLog = "warning"
     """The least severe of ONNX Runtime's own messages written to the daemon's log
-    (``edge_sync.ortlog``: through Python's ``logging``, one line each)."""
+    (``edge_sync.engine.ortlog``: through Python's ``logging``, one line each)."""
     health_gate: HealthGateConfig = HealthGateConfig()
     remote_sync: bool = False
     """Accept ``POST /v2/repository/sync`` from any client (default: this machine only)."""
 
 
 class ReportConfig(Strict):
-    """Where the device sends its report (``edge_sync.report``): on every change and at
+    """Where the device sends its report (``edge_sync.sync.report``): on every change and at
     each heartbeat, as ``<device-id>.json`` under ``url``.
 
     ``url`` is a folder (a path or ``file://``, NFS included), ``s3://bucket/prefix/``,

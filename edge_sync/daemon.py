@@ -22,60 +22,41 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
 from typing import Any, Final
 
+from edge_sync import clock
 from edge_sync._systemd import Watchdog, systemd_unit
 from edge_sync._systemd import notify as _notify
+from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
-from edge_sync.engine import EngineError, EngineHost
-from edge_sync.health import GatePolicy, Recorder
-from edge_sync.host import InProcessHost
-from edge_sync.limits import TrustLimits
-from edge_sync.listeners import Listeners
-from edge_sync.report import LAST_REPORT_S, Reporter
-from edge_sync.state import DaemonInfo, StateDir, UpdateRecord, now_iso, reason_text
-from edge_sync.trust import DeviceTrust, expired_roles, trusted_role
-from edge_sync.updater import GATE_CHECK_S, StoppedError, SyncReport, Updater
+from edge_sync.decide.health import GatePolicy
+from edge_sync.decide.schedule import backoff_delay, next_delay
+from edge_sync.engine.host import InProcessHost
+from edge_sync.engine.ort import EngineHost
+from edge_sync.errors import EngineError, StoppedError
+from edge_sync.serve.listeners import Listeners
+from edge_sync.serve.recorder import Recorder
+from edge_sync.state.models import DaemonInfo, UpdateRecord, reason_text
+from edge_sync.state.store import StateDir
+from edge_sync.sync.limits import TrustLimits
+from edge_sync.sync.report import LAST_REPORT_S, Reporter
+from edge_sync.sync.trust import DeviceTrust, Freshness, freshness
+from edge_sync.sync.updater import GATE_CHECK_S, SyncReport, Updater
+from registry.about import modelreg_version
 from signing.errors import VerificationError
 
 __all__ = [
     "Daemon",
-    "backoff_delay",
-    "daemon_version",
-    "next_delay",
     "provision",
     "status_document",
     "systemd_unit",
 ]
 
 ENGINE_CACHE_DIR: Final = "engines"
-"""In the state dir: TensorRT engines built on this device (``edge_sync.tensorrt``)."""
+"""In the state dir: TensorRT engines built on this device (``edge_sync.engine.tensorrt``)."""
 TUNING_FILE: Final = "tuning.json"
 """In the state dir: per model, whether prepacking paid when measured (``serve.prepack``)."""
-FIRST_RETRY_S: Final = 5.0
-
-
-def daemon_version() -> str:
-    """The version of modelreg this daemon runs (``dev`` in a source tree not installed)."""
-    try:
-        return version("modelreg")
-    except PackageNotFoundError:  # pragma: no cover - a source tree not installed
-        return "dev"
-
-
-def next_delay(poll_s: float, jitter: float, rng: random.Random) -> float:
-    """The wait before the next regular poll: ``poll_s * (1 +- jitter)``."""
-    return float(poll_s * (1 + rng.uniform(-jitter, jitter)))
-
-
-def backoff_delay(failures: int, poll_s: float, max_backoff_s: float) -> float:
-    """The wait after ``failures`` failed syncs in a row (``failures >= 1``)."""
-    first = min(poll_s, FIRST_RETRY_S)
-    doubled = first * 2.0 ** min(failures - 1, 60)  # days offline must not overflow it
-    return float(min(doubled, max(max_backoff_s, first)))
 
 
 class _Wakeup:
@@ -121,7 +102,7 @@ class Daemon:
     limits: TrustLimits | None = None
     on_sync: Callable[[SyncReport], None] | None = None
     serving: bool = True
-    """Answer the Open Inference Protocol on ``serve.listen`` (``edge_sync.serving``)."""
+    """Answer the Open Inference Protocol on ``serve.listen`` (``edge_sync.serve.app``)."""
     _sync_now: bool = False
     _stopping: bool = False
     _updater: Updater | None = None
@@ -364,7 +345,7 @@ class Daemon:
             if self.config.report is not None:
                 # its own thread: a slow sink never holds up a sync or a request
                 self._reporter = Reporter(
-                    self.config, lambda: status_document(self.config), daemon_version()
+                    self.config, lambda: status_document(self.config), modelreg_version()
                 )
                 self._reporter.start()
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
@@ -389,14 +370,14 @@ class Daemon:
             wakeup.close()
             # a daemon that dies of an error leaves its announcement, as a killed one
             # does: the next start counts it against a version on trial
-            # (edge_sync.restarts), and an earlier unclean stop's stays counted
+            # (edge_sync.decide.restarts), and an earlier unclean stop's stays counted
             state.unlock(forget=clean)
 
 
 def _make_host(config: EdgeConfig, state: StateDir) -> InProcessHost:
     """The engine host the config describes, with ONNX Runtime's own log routed through
     the daemon's (before any session logs)."""
-    from edge_sync.ortlog import ort_severity, route_onnxruntime_log
+    from edge_sync.engine.ortlog import ort_severity, route_onnxruntime_log
 
     serve = config.serve
     route_onnxruntime_log(serve.onnxruntime_log)
@@ -411,7 +392,7 @@ def _make_host(config: EdgeConfig, state: StateDir) -> InProcessHost:
 
 
 class _Server(Listeners):
-    """The daemon's listeners (``edge_sync.listeners``), serving its status."""
+    """The daemon's listeners (``edge_sync.serve.listeners``), serving its status."""
 
     def __init__(
         self,
@@ -424,7 +405,7 @@ class _Server(Listeners):
         def status() -> dict[str, Any]:
             return {**status_document(config), **(live() if live is not None else {})}
 
-        super().__init__(config.serve, config.models, host, status, daemon_version(),
+        super().__init__(config.serve, config.models, host, status, modelreg_version(),
                          request_sync=request_sync, recorder=recorder)  # fmt: skip
 
 
@@ -472,15 +453,12 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
     info = state_dir.daemon_info() if running else None
     state = state_dir.load()
     try:
-        timestamp = trusted_role(state_dir.root, "timestamp")
-        expired = expired_roles(state_dir.root, _now())
+        fresh = freshness(state_dir.root, clock.now())
     except VerificationError:
-        timestamp, expired = None, []
+        fresh = Freshness(None, ())
+    timestamp = fresh.timestamp
     version = timestamp.version if timestamp else None
     expires = timestamp.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if timestamp else None
-    # stale when any role has expired: a fresh timestamp over an expired snapshot is
-    # a freeze too (``expired`` says which)
-    stale = bool(expired) if timestamp else None
     models: dict[str, Any] = {}
     for sub in config.models:
         model = state.models.get(sub.name)
@@ -519,15 +497,10 @@ def status_document(config: EdgeConfig) -> dict[str, Any]:
         "trust": {
             "timestamp_version": version,
             "timestamp_expires": expires,
-            "stale": stale,
-            "expired": expired,
+            "stale": fresh.stale,
+            "expired": list(fresh.expired),
         },
         # the record's number orders records on the device only
         "sync": state_dir.last_sync(state).model_dump(mode="json", exclude={"seq"}),
         "models": models,
     }
-
-
-def _now() -> datetime:
-    """The device's clock (one place, so tests can move it)."""
-    return datetime.now(UTC)

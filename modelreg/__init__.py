@@ -5,11 +5,8 @@ The domain lives in the top-level packages ``registry``, ``signing``, ``pipeline
 ``edge_sync``.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from registry.about import modelreg_version
 
-try:
-    __version__ = version("modelreg")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+__version__ = modelreg_version()
 
 __all__ = ["__version__"]

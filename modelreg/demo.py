@@ -61,7 +61,7 @@ class Demo:
 
     def device(self) -> None:
         """What a device verifies (the edge daemon builds on this)."""
-        from edge_sync.trust import DeviceTrust
+        from edge_sync.sync.trust import DeviceTrust
         from signing.errors import VerificationError
         from signing.target_names import artifact_path
 

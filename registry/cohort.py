@@ -1,7 +1,7 @@
 """Rollout cohorts: which devices take a channel's version under ``rollout.percent``
 (stable API).
 
-Shared by the device, which decides for itself (``edge_sync.updater``), and by
+Shared by the device, which decides for itself (``edge_sync.sync.updater``), and by
 ``modelreg fleet status``, which counts the devices of a cohort from their reports: the
 two must draw the same line, so there is one function.  Pure, no I/O.
 """

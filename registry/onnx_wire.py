@@ -1,7 +1,7 @@
 """Walk the protobuf wire format of a serialized ONNX model: the one walker of the project.
 
 :func:`fields` lists a message's fields with where each one starts and ends (the device
-rebuilds a model's graph from them: ``edge_sync.weights``); :func:`initializers` finds
+rebuilds a model's graph from them: ``edge_sync.engine.weights``); :func:`initializers` finds
 the initializer tensors for the delta codec (:mod:`registry.delta`), reading only:
 ``ModelProto.graph`` (7) -> ``GraphProto.initializer`` (5) -> ``TensorProto`` ``dims`` (1),
 ``data_type`` (2), ``name`` (8) and ``raw_data`` (9).  Everything else is skipped by its

@@ -521,13 +521,9 @@ def no_gc() -> Iterator[None]:
 
 def cache_key() -> str:
     """What parsed data depends on besides the files: modelreg's version, the limits."""
-    from importlib.metadata import version
+    from registry.about import modelreg_version
 
-    try:
-        ours = version("modelreg")
-    except ImportError:  # pragma: no cover - running from a source tree
-        ours = "dev"
-    return f"modelreg {ours}; pyyaml {yaml.__version__}; {DEFAULT_LIMITS}"
+    return f"modelreg {modelreg_version()}; pyyaml {yaml.__version__}; {DEFAULT_LIMITS}"
 
 
 def _named_by_version(result: _Result) -> _Result:

@@ -1,6 +1,6 @@
 """The ONNX Runtime session setups a version may run in on a device (stable API).
 
-One owner for a fact that the device (``edge_sync.engine``, ``edge_sync.host``) and
+One owner for a fact that the device (``edge_sync.engine.ort``, ``edge_sync.engine.host``) and
 CI's build (``pipelines.build``) must agree on.  It imports ONNX Runtime only when a
 setup configures a session (a device's updater imports this module up front).
 
@@ -11,7 +11,7 @@ it serves the version:
 setup       graph optimizations    prepacking  why a device runs it
 ==========  =====================  ==========  =========================================
 shared      off                    off         weights shared with the version it
-                                               replaces (``edge_sync.weights``)
+                                               replaces (``edge_sync.engine.weights``)
 prepacked   the target's level     on          faster for some models; a private copy
                                                of every weight
 ==========  =====================  ==========  =========================================

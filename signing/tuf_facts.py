@@ -2,7 +2,7 @@
 
 Stable API.  These schemas are the contract between CI (which signs them, see
 ``signing.tuf_repo``) and devices (which read them after verification, see
-``edge_sync.trust``): every target carries :class:`TargetFacts` as TUF custom data,
+``edge_sync.sync.trust``): every target carries :class:`TargetFacts` as TUF custom data,
 ``{"modelreg": {...}}``, and channel assignments travel as the signed target
 ``channels.json`` (:class:`ChannelsDoc`), whose sequence numbers only grow.
 

@@ -129,7 +129,7 @@ def _utc(now: datetime | None) -> datetime:
 
 MAX_METADATA_BYTES: Final = 64 << 20
 """Largest metadata file read (a targets file of tens of thousands of versions is
-megabytes; devices cap what they fetch lower, see ``edge_sync.limits``)."""
+megabytes; devices cap what they fetch lower, see ``edge_sync.sync.limits``)."""
 
 
 def _read(path: Path, max_bytes: int = MAX_METADATA_BYTES) -> bytes:

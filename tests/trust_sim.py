@@ -33,7 +33,7 @@ from tuf.api.metadata import (
 from tuf.api.serialization.json import JSONSerializer
 from tuf.ngclient.fetcher import FetcherInterface
 
-from edge_sync.trust import DeviceTrust, LocalFetcher, TrustLimits
+from edge_sync.sync.trust import DeviceTrust, LocalFetcher, TrustLimits
 from signing.keys import generate, public_key_of
 from signing.tuf_facts import ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo

@@ -56,7 +56,7 @@ def edge_status(config_path: Path, as_json: bool) -> None:
     """What the device serves, what it last did and why (works while the daemon runs)."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import status_document
-    from edge_sync.updater import STAGES
+    from edge_sync.sync.updater import STAGES
 
     doc = status_document(load_edge_config(config_path))
     if as_json:

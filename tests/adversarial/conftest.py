@@ -110,7 +110,7 @@ class Fleet:
 
     def device(self, name: str = "device") -> Any:
         """A device provisioned with root v1 (the fleet's anchor), refreshed."""
-        from edge_sync.trust import DeviceTrust
+        from edge_sync.sync.trust import DeviceTrust
 
         state = self.tmp / name
         if not state.exists():

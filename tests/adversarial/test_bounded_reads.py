@@ -2,7 +2,7 @@
 
 * A remote that trickles a file one byte every 5 s held a device forever.  The
   device now refreshes and fetches over real HTTP on 127.0.0.1 under small
-  :class:`~edge_sync.trust.TrustLimits`, and a trickled target or metadata file is a
+  :class:`~edge_sync.sync.trust.TrustLimits`, and a trickled target or metadata file is a
   ``TrustFetchError`` within about a second; nothing is installed or left behind.
 * A 64 MiB bundle of ``{}`` made ``modelreg verify`` use 1.8 GB and 20 s.  It is now
   refused from its size before a byte is read, and a bundle under the size cap but
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from edge_sync.trust import DeviceTrust, LocalFetcher, TrustLimits
+from edge_sync.sync.trust import DeviceTrust, LocalFetcher, TrustLimits
 from signing.errors import TrustFetchError
 from signing.tuf_roles import METADATA_DIR
 from tests.adversarial.conftest import ARTIFACT, Fleet

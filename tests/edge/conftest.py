@@ -3,7 +3,7 @@
 The repository is released by ``modelreg ci release`` (mlp 1.0.0 on canary, with
 goldens and an ONNX Runtime target); each test copies it and releases more as it goes.
 A device is an ``edge.yaml`` with its own state dir; :meth:`EdgeRig.sync` runs one sync
-of the real :class:`~edge_sync.updater.Updater` in-process (the daemon's loop and
+of the real :class:`~edge_sync.sync.updater.Updater` in-process (the daemon's loop and
 signals are tested through ``modelreg edge run`` in a subprocess).
 
 Devices follow the git repository, or with ``rig.source = "artifacts"`` the metadata
@@ -144,9 +144,9 @@ class EdgeRig:
         """A locked state dir and an Updater for device ``name`` (its host kept)."""
         from edge_sync.config import load_edge_config
         from edge_sync.daemon import provision
-        from edge_sync.host import InProcessHost
-        from edge_sync.state import StateDir
-        from edge_sync.updater import Updater
+        from edge_sync.engine.host import InProcessHost
+        from edge_sync.state.store import StateDir
+        from edge_sync.sync.updater import Updater
 
         config = load_edge_config(self.config(name, **overrides))
         state = StateDir(config.state_path)
@@ -162,7 +162,7 @@ class EdgeRig:
 
     def state(self, name: str = "device") -> Any:
         """Device ``name``'s committed state."""
-        from edge_sync.state import StateDir
+        from edge_sync.state.store import StateDir
 
         return StateDir(self.tmp / name / "state").load()
 

@@ -36,9 +36,9 @@ from typing import Any
 def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> None:
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import provision
-    from edge_sync.host import InProcessHost
-    from edge_sync.state import StateDir
-    from edge_sync.updater import Updater
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.updater import Updater
 
     config = load_edge_config(config_path)
     state = StateDir(config.state_path)
@@ -59,9 +59,10 @@ def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> N
 def _check(config_path: Path, expected: str) -> str | None:
     """Why the state dir is inconsistent (None when it is not)."""
     from edge_sync.config import load_edge_config
-    from edge_sync.host import InProcessHost
-    from edge_sync.state import StateDir, StateError
-    from edge_sync.updater import Updater
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.errors import StateError
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.updater import Updater
 
     config = load_edge_config(config_path)
     state_dir = StateDir(config.state_path)

@@ -55,12 +55,15 @@ def _life(config_path: Path, log: Path, crash: str | None = None) -> None:
     """One run of the device, as the daemon's start, loop and clean stop (see above)."""
     import numpy as np
 
+    from edge_sync.clock import now_iso
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import provision
-    from edge_sync.health import GatePolicy, Recorder
-    from edge_sync.host import InProcessHost
-    from edge_sync.state import DaemonInfo, StateDir, now_iso
-    from edge_sync.updater import Updater
+    from edge_sync.decide.health import GatePolicy
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.serve.recorder import Recorder
+    from edge_sync.state.models import DaemonInfo
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.updater import Updater
 
     out = log.open("a", buffering=1)
     start = time.monotonic()
@@ -183,7 +186,8 @@ def _marks(log: Path) -> list[tuple[float, str]]:
 
 def _consistency(state_root: Path) -> str | None:
     """Why the state dir is inconsistent (None when it is not)."""
-    from edge_sync.state import StateDir, StateError
+    from edge_sync.errors import StateError
+    from edge_sync.state.store import StateDir
 
     state_dir = StateDir(state_root)
     try:
@@ -203,7 +207,7 @@ def _consistency(state_root: Path) -> str | None:
 def _check(state_root: Path) -> tuple[str | None, list[str]]:
     """Why the state dir is inconsistent after a whole life (None when it is not), and
     the versions it rejected (with why)."""
-    from edge_sync.state import StateDir
+    from edge_sync.state.store import StateDir
 
     problem = _consistency(state_root)
     if problem is not None:
@@ -280,7 +284,7 @@ def random_runs(
 def crashing_version(config_path: Path, snapshot: Path, crash: str, work: Path) -> dict[str, Any]:
     """Lives with a 1.1.0 that kills the process (``crash``) until one stops cleanly."""
     from edge_sync.config import load_edge_config
-    from edge_sync.state import StateDir
+    from edge_sync.state.store import StateDir
 
     state_root = load_edge_config(config_path).state_path
     shutil.rmtree(state_root, ignore_errors=True)

@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 WIDTH = 256
-"""Layer width: a 256 x 256 float32 layer is 256 KiB, over edge_sync.weights.MAP_AT_LEAST."""
+"""Layer width: a 256 x 256 float32 layer is 256 KiB, over edge_sync.engine.weights.MAP_AT_LEAST."""
 LAYERS = 4
 
 

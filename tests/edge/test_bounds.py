@@ -1,6 +1,6 @@
 """Serving with bounds (issue 23, point 5): the review's attacks on the inference port
 replayed against a real uvicorn server on 127.0.0.1 (the daemon's bounded protocol,
-``edge_sync.listeners``) over real ONNX Runtime sessions.
+``edge_sync.serve.listeners``) over real ONNX Runtime sessions.
 
 Each test fails without its bound: a gzip bomb inflated on the event loop stalls the
 health check; requests are charged before they allocate (413 over one's cap, 503 with
@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 
 from benchmarks._attack_payloads import bytes_bomb, cnn_batch, header_line, json_bomb
-from edge_sync.host import InProcessHost
-from edge_sync.listeners import ConnectionLimits, server
-from edge_sync.oip_body import json_cost
-from edge_sync.oip_codec import ModelCaps, ServeLimits
-from edge_sync.serving import create_app
+from edge_sync.engine.host import InProcessHost
+from edge_sync.serve.app import create_app
+from edge_sync.serve.body import json_cost
+from edge_sync.serve.codec import ModelCaps, ServeLimits
+from edge_sync.serve.listeners import ConnectionLimits, server
 from tests.edge.test_conformance import identity_model, serve_file
 
 pytestmark = pytest.mark.integration

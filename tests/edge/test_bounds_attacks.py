@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_sync.host import InProcessHost
+from edge_sync.engine.host import InProcessHost
 from tests.edge.test_bounds import _api, _app, bounded_server, host
 
 __all__ = ["host"]  # the fixture, shared with test_bounds
@@ -227,8 +227,8 @@ def test_a_request_every_version_fails_on_is_not_held_against_the_new_one(
     version makes is still its error."""
     import httpx
 
-    from edge_sync.health import Recorder
-    from edge_sync.serving import create_app
+    from edge_sync.serve.app import create_app
+    from edge_sync.serve.recorder import Recorder
     from tests.edge.test_conformance import serve_file
 
     host = InProcessHost(prepack="off")

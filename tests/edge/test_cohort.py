@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from edge_sync.updater import in_cohort
+from edge_sync.sync.updater import in_cohort
 from tests.edge.conftest import EdgeRig
 
 IDS = [f"cam-{n:04d}" for n in range(1000)]
@@ -35,7 +35,7 @@ def test_the_answer_is_the_same_in_another_process() -> None:
     """No per-process salt (Python's str hash is salted): restarts give the same answer."""
     here = [in_cohort(i, "mlp", "1.1.0", 30) for i in IDS[:200]]
     code = (
-        "from edge_sync.updater import in_cohort; "
+        "from edge_sync.sync.updater import in_cohort; "
         "print(''.join('1' if in_cohort(f'cam-{n:04d}', 'mlp', '1.1.0', 30) else '0' "
         "for n in range(200)))"
     )

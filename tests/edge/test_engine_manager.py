@@ -1,4 +1,4 @@
-"""The engine manager (``edge_sync.engine.InProcessHost``): requests hold the engine
+"""The engine manager (``edge_sync.engine.ort.InProcessHost``): requests hold the engine
 they started on across a swap, an old engine is released only when drained, loaded
 versions answer by name, a candidate never serves before its swap, the memory budget
 evicts the least valuable idle engine and loads it again on demand, and the process's
@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_sync.engine import LoadRequest, OrtEngine
-from edge_sync.host import InProcessHost
+from edge_sync.engine.host import InProcessHost
+from edge_sync.engine.ort import LoadRequest, OrtEngine
 from tests.edge import models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,8 +181,8 @@ _CREEP = """
 import hashlib, json, sys, threading
 from pathlib import Path
 from tests.edge import models
-from edge_sync.engine import LoadRequest, self_test
-from edge_sync.host import InProcessHost
+from edge_sync.engine.ort import LoadRequest, self_test
+from edge_sync.engine.host import InProcessHost
 tmp = Path(sys.argv[1]); mode = sys.argv[2]
 paths = [models.save(models.mlp(width=1024), tmp / "a.onnx"),
          models.save(models.mlp(changed=(2,), width=1024), tmp / "b.onnx")]
@@ -228,7 +228,7 @@ def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
     monkeypatch: pytest.MonkeyPatch,
     wins: bool,
 ) -> None:
-    import edge_sync.host as host_module
+    import edge_sync.engine.host as host_module
 
     # how much faster prepacking must be: 0 (it always wins) or never
     monkeypatch.setattr(host_module, "PREPACK_GAIN", 0.0 if wins else 1e9)
@@ -267,7 +267,7 @@ def test_auto_shares_first_then_measures_prepacking_once_and_keeps_the_decision(
 def test_a_faster_private_engine_that_answers_otherwise_is_not_used(
     versions: tuple[LoadRequest, LoadRequest], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import edge_sync.host as host_module
+    import edge_sync.engine.host as host_module
 
     monkeypatch.setattr(host_module, "PREPACK_GAIN", 0.0)  # prepacking always faster
     real = OrtEngine.run

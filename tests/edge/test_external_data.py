@@ -95,7 +95,7 @@ def test_a_tampered_data_file_on_the_remote_is_refused_and_nothing_is_served(
 def test_a_restarted_device_serves_its_external_data_model_without_the_network(
     rig: EdgeRig,
 ) -> None:
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     assert rig.sync().updates["mlp"].result == "installed"
     rig.hosts["device"] = InProcessHost()  # a new process: nothing loaded

@@ -104,7 +104,7 @@ def test_a_corrupted_blob_is_never_served_and_is_fetched_again(rig: EdgeRig) -> 
     data = bytearray(blob.read_bytes())
     data[100] ^= 0x01
     blob.write_bytes(bytes(data))
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     rig.hosts["device"] = InProcessHost()  # a restart: nothing in memory
     with rig.updater() as updater:
@@ -151,7 +151,7 @@ def test_a_full_disk_fails_the_update_and_keeps_serving(rig: EdgeRig) -> None:
         # wherever the disk ran out (the git fetch, a download, the state file): said
         said = report.updates["mlp"].reason if "mlp" in report.updates else report.reason
         assert said, report
-        from edge_sync.state import StateDir
+        from edge_sync.state.store import StateDir
 
         kept = StateDir(state).load().models["mlp"].serving
         assert kept is not None

@@ -168,7 +168,7 @@ def test_a_frozen_mirror_answering_not_modified_is_refused_once_metadata_expires
     expires it verifies again, and says so."""
     import tuf.ngclient._internal.trusted_metadata_set as tms
 
-    from edge_sync import updater
+    from edge_sync import clock
 
     with StaticServer(rig.remote) as server:
         over_http = {"repository": GITLESS, "artifacts": {"url": server.url()}}
@@ -181,7 +181,7 @@ def test_a_frozen_mirror_answering_not_modified_is_refused_once_metadata_expires
 
         monkeypatch.setattr(tms, "datetime", types.SimpleNamespace(
             datetime=Later, timezone=_dt.timezone, timedelta=_dt.timedelta))  # fmt: skip
-        monkeypatch.setattr(updater, "_now", lambda: Later.now(_dt.UTC))
+        monkeypatch.setattr(clock, "now", lambda: Later.now(_dt.UTC))
         server.clear()
         report = rig.sync(**over_http)
         assert report.result == "failed"

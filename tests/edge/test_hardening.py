@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from edge_sync.engine import EngineError, LoadRequest
-from edge_sync.host import InProcessHost
+from edge_sync.engine.host import InProcessHost
+from edge_sync.engine.ort import LoadRequest
+from edge_sync.errors import EngineError
 from tests.conftest import git
 from tests.edge.conftest import SOURCES, EdgeRig
 
@@ -44,7 +45,7 @@ def test_git_host_sending_non_utf8_is_a_failed_sync_not_a_crash(rig: EdgeRig) ->
 
 
 def test_backoff_survives_a_long_outage() -> None:
-    from edge_sync.daemon import backoff_delay
+    from edge_sync.decide.schedule import backoff_delay
 
     # ~1025 failures in a row = ~10.7 days offline at max_backoff 15m
     assert backoff_delay(1025, 60.0, 900.0) == 900.0
@@ -149,7 +150,7 @@ def test_a_rotten_blob_is_never_served_from_the_cache(rig: EdgeRig) -> None:
     update = rig.sync().updates["mlp"]
     assert (update.result, update.version, update.method) == ("installed", "1.1.0", "full")
     serving = rig.state().models["mlp"].serving
-    from edge_sync.state import StateDir
+    from edge_sync.state.store import StateDir
 
     assert StateDir(rig.tmp / "device/state").blobs.verify(serving.sha256)
 
@@ -175,9 +176,9 @@ def test_an_idle_poll_notices_expired_metadata(
         "datetime",
         types.SimpleNamespace(datetime=Later, timezone=_dt.timezone, timedelta=_dt.timedelta),
     )
-    from edge_sync import updater
+    from edge_sync import clock
 
-    monkeypatch.setattr(updater, "_now", lambda: Later.now(_dt.UTC))
+    monkeypatch.setattr(clock, "now", lambda: Later.now(_dt.UTC))
     # the git host freezes the branch (or the remote its mirror: "not modified" for
     # ever); every signed role has long expired
     report = rig.sync()
@@ -335,7 +336,7 @@ _STORM_CHILD = """
 import sys, tempfile, threading, time, os
 import edge_sync.daemon as d
 from edge_sync.config import EdgeConfig
-from edge_sync.updater import SyncReport
+from edge_sync.sync.updater import SyncReport
 turns = [0]
 class Quick:
     settled = {}

@@ -1,4 +1,4 @@
-"""The health gate: the pure decision (``edge_sync.health.judge``), the recorder, and
+"""The health gate: the pure decision (``edge_sync.decide.health.judge``), the recorder, and
 the updater's gate after a real install (the previous engine kept loaded, swapped back
 and the version rejected on failure; made last known good on success)."""
 
@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from edge_sync.health import GatePolicy, Recorder, Window, compare_latency, judge
-from edge_sync.restarts import after_stop, rejection_reason
-from edge_sync.updater import StoppedError
+from edge_sync.decide.health import GatePolicy, Window, compare_latency, judge
+from edge_sync.decide.restarts import after_stop, rejection_reason
+from edge_sync.errors import StoppedError
+from edge_sync.serve.recorder import Recorder
 
 POLICY = GatePolicy(window_s=10, min_requests=20, max_error_rate=0.05, max_latency_ratio=2.0)
 
@@ -335,7 +336,7 @@ def test_one_unclean_stop_reopens_the_gate_and_a_second_rejects_the_version(rig:
     version, counted in the state; a second unclean stop during that version's gate
     takes it for the cause (a version that crashes the daemon must not hold it in a
     restart loop)."""
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     _gated(rig, window_s=60)
     _gate_open_on_1_1_0(rig)
@@ -367,7 +368,7 @@ class _Died(BaseException):
 def test_a_version_that_kills_the_daemon_while_it_loads_is_rejected_after_two_restarts(
     rig: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     _gated(rig, window_s=60)
     with rig.updater() as up:
@@ -405,7 +406,7 @@ def test_a_clean_stop_while_a_version_loads_counts_nothing(rig: Any) -> None:
     """A stopping daemon ends its sync at a stage boundary: the attempt it recorded is
     taken back (a later power cut, while idle, blames no version), and the version is
     tried again at the next start."""
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     _gated(rig, window_s=60)
     with rig.updater() as up:
@@ -434,7 +435,7 @@ def test_a_clean_stop_while_a_version_loads_counts_nothing(rig: Any) -> None:
 
 
 def test_a_clean_restart_watches_the_version_again(rig: Any) -> None:
-    from edge_sync.host import InProcessHost
+    from edge_sync.engine.host import InProcessHost
 
     recorder = _gated(rig, window_s=0.3)
     _gate_open_on_1_1_0(rig)
@@ -492,9 +493,9 @@ def test_the_server_records_decoded_elements_and_the_engine_run_whatever_the_enc
 
     import uvicorn
 
-    from edge_sync.engine import LoadRequest
-    from edge_sync.host import InProcessHost
-    from edge_sync.serving import create_app
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.engine.ort import LoadRequest
+    from edge_sync.serve.app import create_app
     from tests.edge import models
 
     host, recorder = InProcessHost(prepack="off"), Recorder()
@@ -556,8 +557,8 @@ def test_a_daemon_that_dies_of_an_error_leaves_its_unclean_mark(
     the next start counts it against a version on trial); a clean stop removes it."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import Daemon
-    from edge_sync.state import StateDir
-    from edge_sync.updater import Updater
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.updater import Updater
 
     config = load_edge_config(rig.config())
 
@@ -580,9 +581,9 @@ def test_a_cpu_run_on_one_thread_is_timed_by_its_cpu_time(tmp_path: Path) -> Non
     competing for the CPU cannot stretch; a pool of threads is timed by the wall clock."""
     import hashlib
 
-    from edge_sync.engine import LoadRequest
-    from edge_sync.host import InProcessHost
-    from edge_sync.serving import _run_clock
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.engine.ort import LoadRequest
+    from edge_sync.serve.app import _run_clock
     from tests.edge import models
 
     path = models.save(models.mlp(), tmp_path / "m.onnx")

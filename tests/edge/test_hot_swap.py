@@ -27,10 +27,10 @@ import numpy as np
 import pytest
 
 from benchmarks.loadgen import LoadResult, run_load_subprocess
-from edge_sync.engine import GoldenCase, LoadRequest, self_test
-from edge_sync.health import Recorder
-from edge_sync.host import InProcessHost
-from edge_sync.serving import create_app
+from edge_sync.engine.host import InProcessHost
+from edge_sync.engine.ort import GoldenCase, LoadRequest, self_test
+from edge_sync.serve.app import create_app
+from edge_sync.serve.recorder import Recorder
 from tests.edge import models
 from tests.edge.conftest import EdgeRig
 
@@ -126,7 +126,7 @@ def test_two_hundred_requests_in_flight_across_twenty_four_swaps(
     assert set(counts) == {"1.0.0", "1.1.0"}
     assert result.requests > 2000
     assert len(host.loaded()) == 1  # every replaced engine drained and released
-    from edge_sync.metrics import Metrics
+    from edge_sync.serve.metrics import Metrics
 
     text = Metrics(host).text().decode()
     shared = models.WIDTH**2 * 4 * (models.LAYERS - 1)  # one layer changed

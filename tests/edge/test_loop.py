@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync.daemon import backoff_delay, next_delay
+from edge_sync.decide.schedule import backoff_delay, next_delay
 from tests.edge.conftest import SOURCES, EdgeRig
 
 
@@ -37,7 +37,7 @@ def test_a_channels_document_that_goes_back_is_refused(rig: EdgeRig) -> None:
     """The device keeps the last accepted channels document: a validly signed one whose
     sequence is lower (replayed, or signed by a stolen key) is a rollback."""
     assert rig.sync().updates["mlp"].version == "1.0.0"
-    from edge_sync.state import StateDir
+    from edge_sync.state.store import StateDir
 
     state_dir = StateDir(rig.tmp / "device/state")
     state = state_dir.load()

@@ -17,8 +17,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from edge_sync.engine import LoadRequest, OrtEngine
-from edge_sync.host import InProcessHost
+from edge_sync.engine.host import InProcessHost
+from edge_sync.engine.ort import LoadRequest, OrtEngine
 from tests.edge.real_models import real_model_path
 
 

@@ -4,7 +4,7 @@ direction classifier and text detector (from ``rapidocr-onnxruntime``) and Siler
 state), each answer compared with a direct ONNX Runtime session of the same file.
 
 Both ways a device builds engines are served: shared weights (``prepack="off"``:
-sessions over memory-mapped tensors, ``edge_sync.weights``) and private prepacked
+sessions over memory-mapped tensors, ``edge_sync.engine.weights``) and private prepacked
 sessions (``prepack="on"``).
 """
 
@@ -21,8 +21,8 @@ import pytest
 import tritonclient.http as triton  # type: ignore[import-untyped]
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
-from edge_sync.host import InProcessHost
-from edge_sync.serving import create_app
+from edge_sync.engine.host import InProcessHost
+from edge_sync.serve.app import create_app
 from tests.edge.real_models import REAL_MODELS, real_model_path
 from tests.edge.test_conformance import loopback_server, serve_file
 

@@ -270,7 +270,7 @@ class _SlowSink(BaseHTTPRequestHandler):
 
 
 def test_a_slow_report_sink_does_not_hold_up_the_stop(rig: EdgeRig) -> None:
-    from edge_sync.report import LAST_REPORT_S
+    from edge_sync.sync.report import LAST_REPORT_S
 
     _SlowSink.bodies, _SlowSink.release = [], threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _SlowSink)

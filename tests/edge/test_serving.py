@@ -179,8 +179,8 @@ def test_a_sync_is_asked_for_from_this_machine_unless_configured(remote_sync: bo
 
     import httpx
 
-    from edge_sync.host import InProcessHost
-    from edge_sync.serving import create_app
+    from edge_sync.engine.host import InProcessHost
+    from edge_sync.serve.app import create_app
 
     asked: list[bool] = []
     app = create_app(InProcessHost(), [], dict, "t", request_sync=lambda: asked.append(True),

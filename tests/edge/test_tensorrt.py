@@ -1,4 +1,4 @@
-"""TensorRT targets (``edge_sync.tensorrt``): the engine cache's key, the reasons a
+"""TensorRT targets (``edge_sync.engine.tensorrt``): the engine cache's key, the reasons a
 device cannot run one, and, on a machine with a GPU and ONNX Runtime's TensorRT
 provider, an engine built once, cached, and answering like the CPU."""
 
@@ -12,8 +12,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from edge_sync import tensorrt
-from edge_sync.engine import EngineError, LoadRequest, OrtEngine
+from edge_sync.engine import tensorrt
+from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.errors import EngineError
 from registry.schema import TensorRTTarget
 from tests.edge import models
 

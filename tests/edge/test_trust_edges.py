@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from tuf.api.metadata import Metadata, Timestamp
 
-from edge_sync.limits import TrustLimits
+from edge_sync.sync.limits import TrustLimits
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import build_timestamp, meta_file, to_bytes
 from tests.conftest import git
@@ -52,7 +52,7 @@ def _later(monkeypatch: pytest.MonkeyPatch, days: float) -> None:
     """Move every clock the device reads (python-tuf's, the updater's, the status's)."""
     import tuf.ngclient._internal.trusted_metadata_set as tms
 
-    from edge_sync import daemon, updater
+    from edge_sync import clock
 
     class Later(_dt.datetime):
         @classmethod
@@ -61,8 +61,7 @@ def _later(monkeypatch: pytest.MonkeyPatch, days: float) -> None:
 
     monkeypatch.setattr(tms, "datetime", types.SimpleNamespace(
         datetime=Later, timezone=_dt.timezone, timedelta=_dt.timedelta))  # fmt: skip
-    monkeypatch.setattr(updater, "_now", lambda: Later.now(_dt.UTC))
-    monkeypatch.setattr(daemon, "_now", lambda: Later.now(_dt.UTC))
+    monkeypatch.setattr(clock, "now", lambda: Later.now(_dt.UTC))
 
 
 # --- 1. every role's expiry --------------------------------------------------------------
@@ -336,11 +335,11 @@ def test_a_clock_that_ran_ahead_does_not_hide_later_failures(
     """An idle poll noted while the clock said 2031; the clock is set right, and the
     next sync fails.  Compared as text, the 2031 "current" won: the failure was hidden
     from ``edge status`` and the fleet."""
-    from edge_sync import updater
+    from edge_sync import clock
 
     assert rig.sync().updates["mlp"].version == "1.0.0"
     with monkeypatch.context() as ahead:
-        ahead.setattr(updater, "now_iso", lambda: "2031-01-01T00:00:00.000000Z")
+        ahead.setattr(clock, "now", lambda: _dt.datetime(2031, 1, 1, tzinfo=_dt.UTC))
         assert rig.sync().result == "current"  # idle: noted in sync.json
     assert _status(rig)["sync"]["last_checked"].startswith("2031")
     report = rig.sync(repository={"url": str(rig.tmp / "gone"), "branch": "main"})

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from edge_sync.engine import Engine, LoadRequest
-from edge_sync.host import InProcessHost
+from edge_sync.engine.host import InProcessHost
+from edge_sync.engine.ort import Engine, LoadRequest
 from registry.config import load_config
 from tests.conftest import git
 from tests.edge.conftest import EdgeRig
@@ -84,7 +84,7 @@ def test_going_back_to_a_held_version_fetches_nothing(rig: EdgeRig) -> None:
 def test_without_a_usable_delta_chain_the_full_file_is_fetched(
     rig: EdgeRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge_sync import updater
+    from edge_sync.sync import updater
 
     rig.sync()
     rig.release_version("1.1.0", "1.0.0")
@@ -139,7 +139,7 @@ def test_a_tensorrt_target_is_built_on_the_device_or_rejected_with_why(rig: Edge
     the version with the reason, and never runs it on the CPU in its place."""
     import onnxruntime as ort
 
-    from edge_sync.tensorrt import TRT_PROVIDER
+    from edge_sync.engine.tensorrt import TRT_PROVIDER
 
     rig.sync()
     rig.run("version", "add", "mlp", "1.1.0", "--artifact", str(rig.models / "mlp/1.1.0.onnx"),

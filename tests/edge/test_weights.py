@@ -1,4 +1,4 @@
-"""Shared-weight sessions (``edge_sync.weights``): the split graph loads and computes
+"""Shared-weight sessions (``edge_sync.engine.weights``): the split graph loads and computes
 what the whole file computes, unchanged tensors are shared with the version replaced,
 and a file that is not a model is refused with a typed error."""
 
@@ -13,8 +13,9 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from edge_sync.engine import EngineError, LoadRequest, OrtEngine
-from edge_sync.weights import MAP_AT_LEAST, WeightError, split_model
+from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.weights import MAP_AT_LEAST, split_model
+from edge_sync.errors import EngineError, WeightError
 from registry.onnx_wire import encode_varint
 from tests.edge import models
 
@@ -201,7 +202,7 @@ def test_a_run_in_progress_keeps_its_weights_when_the_engine_is_unloaded(
     script = f"""
 import gc, hashlib, threading, numpy as np
 from pathlib import Path
-from edge_sync.engine import LoadRequest, OrtEngine
+from edge_sync.engine.ort import LoadRequest, OrtEngine
 path = Path({str(slow)!r})
 engine = OrtEngine(LoadRequest("m", "1", path, hashlib.sha256(path.read_bytes()).hexdigest()),
                    share=True)

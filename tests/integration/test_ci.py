@@ -145,7 +145,7 @@ def test_release_publishes_commits_and_is_idempotent(
     assert "models/mlp/1.0.0.onnx" in report["published"]
     # the engine the runner built (and checked) is released too, signed for its target
     assert "engines/mlp/1.0.0/cpu.ort.onnx" in report["published"]
-    from edge_sync.trust import DeviceTrust
+    from edge_sync.sync.trust import DeviceTrust
 
     DeviceTrust.provision(tmp_path / "dev", (repo / "trust/metadata/1.root.json").read_bytes())
     device = DeviceTrust(tmp_path / "dev", repo, repo / ".modelreg/remote/modelreg")

@@ -1,6 +1,6 @@
 """Trust commands end to end: init's trust root, rotation, revocation, refresh, sign/verify.
 
-A device (``edge_sync.trust.DeviceTrust``) provisioned with the first root follows
+A device (``edge_sync.sync.trust.DeviceTrust``) provisioned with the first root follows
 every change the commands make, reading metadata from the repository checkout.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from tests.conftest import git
 
 pytestmark = pytest.mark.integration

@@ -158,7 +158,7 @@ def released(repo: Path, cli: Any) -> Path:
 
 
 def _device(root: Path, tmp_path: Path) -> Any:
-    from edge_sync.trust import DeviceTrust
+    from edge_sync.sync.trust import DeviceTrust
 
     state = tmp_path / "device"
     DeviceTrust.provision(state, (root / "trust/metadata/1.root.json").read_bytes())

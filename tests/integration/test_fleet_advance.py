@@ -394,7 +394,7 @@ def test_a_wave_advance_is_released_and_signed_like_any_promotion(
 ) -> None:
     """On the promotion branch the release signs the new percent (devices read only that);
     the same change from another branch would not be released."""
-    from edge_sync.trust import DeviceTrust
+    from edge_sync.sync.trust import DeviceTrust
 
     root = fleet
     model_file = root / "manifests/mlp/model.yaml"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from tests.conftest import git
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from registry.delta import decode
 from signing.errors import TargetMismatchError
 from signing.oms import verify_model

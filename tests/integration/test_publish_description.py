@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from registry.goldens import read_npz
 from signing.errors import TargetMismatchError
 from signing.version_doc import GoldenCaseDoc, VersionDoc

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from tests.conftest import CREDENTIALS, REPO_ROOT, git, run_modelreg
 
 pytestmark = pytest.mark.integration

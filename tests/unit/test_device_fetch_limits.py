@@ -1,6 +1,6 @@
 """Slow retrieval: the time limits of every device download (issue 8, point 7).
 
-The decisions (:class:`edge_sync._fetch._TransferBudget`) are checked with a fake clock;
+The decisions (:class:`edge_sync.sync.fetch._TransferBudget`) are checked with a fake clock;
 the fetcher is checked against a real HTTP server on 127.0.0.1 that trickles, stalls
 or redirects (:class:`TrickleServer`, shared with ``tests/adversarial``).  The device
 end to end (``DeviceTrust.refresh`` / ``fetch``) is in
@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync._fetch import _TransferBudget
-from edge_sync.trust import LocalFetcher, TrustLimits
+from edge_sync.sync.fetch import _TransferBudget
+from edge_sync.sync.trust import LocalFetcher, TrustLimits
 from tests.http_sim import Trickle, TrickleServer
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from edge_sync._fetch import _tls_context, guarded_opener
 from edge_sync.daemon import _Wakeup
+from edge_sync.sync.fetch import _tls_context, guarded_opener
 
 
 def test_the_daemon_sleeps_and_wakes_on_a_descriptor_past_1024() -> None:

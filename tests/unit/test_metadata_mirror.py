@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from pipelines.publish._mirror import (
     TIMESTAMP,
     LocalMirror,

@@ -14,16 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_sync._probe import _etag
-from edge_sync.limits import TrustLimits
-from edge_sync.watcher import (
-    WATCH_FILE,
-    Probe,
-    RemoteMetadataError,
-    RemoteMetadataWatcher,
-    SourceError,
-    Validators,
-)
+from edge_sync.errors import RemoteMetadataError, SourceError
+from edge_sync.sync.limits import TrustLimits
+from edge_sync.sync.probe import _etag
+from edge_sync.sync.watcher import WATCH_FILE, Probe, RemoteMetadataWatcher, Validators
 from tests.http_sim import StaticServer
 
 TIMESTAMP = b'{"signed": {"_type": "timestamp", "version": 1}}'

@@ -36,13 +36,13 @@ REGISTRY_SIDE = {"mlflow", "dvc", "onnx", "pipelines", "git"}
     ("modules", "forbidden"),
     [
         # The CLI and the trust verifier load without MLflow, DVC, ONNX or pipelines.
-        ("modelreg.cli.main, edge_sync.trust, signing.oms, registry.checks", REGISTRY_SIDE),
+        ("modelreg.cli.main, edge_sync.sync.trust, signing.oms, registry.checks", REGISTRY_SIDE),
         # The daemon and its command: no registry-side tool either.
         (
             (
-                "modelreg.cli.edge_cmds, edge_sync.daemon, edge_sync.updater, edge_sync.engine, "
-                "edge_sync.report, "
-                "edge_sync.watcher, edge_sync.state, edge_sync.config"
+                "modelreg.cli.edge_cmds, edge_sync.daemon, edge_sync.sync.updater, edge_sync.engine.ort, "
+                "edge_sync.sync.report, "
+                "edge_sync.sync.watcher, edge_sync.state.store, edge_sync.config"
             ),
             REGISTRY_SIDE | {"onnxruntime"},
         ),

@@ -38,46 +38,61 @@ PUBLIC: dict[str, set[str]] = {
         "parse_duration",
         "parse_size",
     },
-    "edge_sync.engine": {
+    "edge_sync.engine.ort": {
         "DATATYPES",
         "Engine",
-        "EngineClosedError",
-        "EngineError",
         "EngineHost",
         "GoldenCase",
         "LoadRequest",
         "NUMPY_DTYPES",
         "OrtEngine",
-        "SelfTestError",
         "SetupHost",
         "check_goldens",
         "self_test",
         "trim_heap",
     },
-    "edge_sync.limits": {
+    "edge_sync.sync.limits": {
         "TrustLimits",
     },
-    "edge_sync.state": {
+    "edge_sync.errors": {
+        "EngineClosedError",
+        "EngineError",
+        "GitError",
+        "GitStoreError",
+        "LockedError",
+        "RefusedError",
+        "RemoteMetadataError",
+        "SelfTestError",
+        "SendError",
+        "SourceError",
+        "StateError",
+        "StoppedError",
+        "WeightError",
+    },
+    "edge_sync.state.models": {
         "Attempt",
-        "BLOBS_DIR",
-        "BlobStore",
         "DaemonInfo",
         "DeviceState",
+        "FORMAT",
         "GateRecord",
         "Installed",
-        "LockedError",
+        "MAX_REJECTED",
         "ModelState",
         "Rejected",
-        "STATE_FILE",
-        "StateDir",
-        "StateError",
         "SyncInfo",
         "UpdateRecord",
-        "now_iso",
+        "reason_text",
     },
-    "edge_sync.trust": {
+    "edge_sync.state.store": {
+        "BLOBS_DIR",
+        "BlobStore",
+        "STATE_FILE",
+        "StateDir",
+    },
+    "edge_sync.sync.trust": {
         "ANCHOR_FILE",
         "DeviceTrust",
+        "Freshness",
         "LocalFetcher",
         "RoleState",
         "SignedTarget",
@@ -85,7 +100,10 @@ PUBLIC: dict[str, set[str]] = {
         "TrustLimits",
         "expect_facts",
         "expired_roles",
+        "freshness",
+        "last_channels",
         "trusted_role",
+        "trusted_targets",
     },
     "fleet.channels": {
         "declared_channels",
@@ -559,4 +577,4 @@ def test_the_private_reach_rule_itself() -> None:
     assert not reach("pipelines.build._stage", "from pipelines.build import _checks")
     assert not reach("modelreg.cli.build_cmd", "from pipelines.build import build")
     assert reach("pipelines.ci._pr", "from pipelines.build import _checks")
-    assert not reach("edge_sync.host", "from edge_sync.daemon import _x")
+    assert not reach("edge_sync.engine.host", "from edge_sync.daemon import _x")

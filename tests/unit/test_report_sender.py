@@ -1,4 +1,4 @@
-"""The device's report sender (``edge_sync.report``) and its ``edge.yaml`` section: it
+"""The device's report sender (``edge_sync.sync.report``) and its ``edge.yaml`` section: it
 sends on change and at each heartbeat, logs a failing sink once, tries again later, and
 never raises; the HTTP sink PUTs with the device's token on real HTTP on loopback."""
 
@@ -13,15 +13,8 @@ from typing import Any
 import pytest
 
 from edge_sync.config import EdgeConfig, load_edge_config
-from edge_sync.report import (
-    TOKEN_ENV,
-    FolderSink,
-    HttpSink,
-    Reporter,
-    S3Sink,
-    SendError,
-    sink_for,
-)
+from edge_sync.errors import SendError
+from edge_sync.sync.report import TOKEN_ENV, FolderSink, HttpSink, Reporter, S3Sink, sink_for
 from fleet.reports import load_reports
 from registry.device_report import parse_report
 from registry.errors import ManifestError

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from tuf.api.metadata import Metadata
 
-from edge_sync.trust import DeviceTrust
+from edge_sync.sync.trust import DeviceTrust
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import METADATA_DIR
 from tests.conftest import REGEN_ENV

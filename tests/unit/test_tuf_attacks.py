@@ -22,7 +22,7 @@ import pytest
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Key, Metadata, Root
 
-from edge_sync.trust import DeviceTrust, TrustLimits
+from edge_sync.sync.trust import DeviceTrust, TrustLimits
 from signing.errors import (
     DigestMismatchError,
     ExpiredError,
@@ -589,7 +589,7 @@ def test_remote_urls(sim: RepoSim, tmp_path: Path) -> None:
 
 def test_edge_trust_imports_no_ci_tooling() -> None:
     code = (
-        "import sys, edge_sync.trust; "
+        "import sys, edge_sync.sync.trust; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'mlflow', 'dvc', 'pipelines'}))"
     )
     out = subprocess.run(

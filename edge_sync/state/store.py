@@ -10,7 +10,7 @@ Layout (SPEC section 7)::
       blobs/sha256/<hex>    verified files by SHA-256 (artifacts, engines, goldens)
       tmp/                  downloads and delta outputs in progress (never used as is)
       checkout/             the sparse git checkout (untrusted: only metadata is read)
-      trust/                the TUF client's trusted metadata (``edge_sync.trust``)
+      trust/                the TUF client's trusted metadata (``edge_sync.sync.trust``)
 
 Crash safety rests on two rules: a blob appears under its digest only once its bytes
 verified (written in ``tmp/``, fsynced, renamed), and ``state.json`` names only blobs
@@ -36,34 +36,22 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
+from edge_sync.errors import LockedError, StateError
+from edge_sync.state.models import FORMAT, DaemonInfo, DeviceState, SyncInfo
 from registry.atomic import fsync_dir, replace_file, write_atomic
-from registry.errors import RegistryError, one_line, printable
-from registry.redact import redact
 
 __all__ = [
     "BLOBS_DIR",
     "STATE_FILE",
-    "Attempt",
     "BlobStore",
-    "DaemonInfo",
-    "DeviceState",
-    "GateRecord",
-    "Installed",
-    "LockedError",
-    "ModelState",
-    "Rejected",
     "StateDir",
-    "StateError",
-    "SyncInfo",
-    "UpdateRecord",
-    "now_iso",
 ]
 
 STATE_FILE: Final = "state.json"
@@ -74,196 +62,13 @@ BLOBS_DIR: Final = "blobs/sha256"
 TMP_DIR: Final = "tmp"
 CHECKOUT_DIR: Final = "checkout"
 PARTIAL_DIR: Final = "partial"
-FORMAT: Final = 1
 MAX_STATE_BYTES: Final = 16 << 20
-MAX_REJECTED: Final = 32
-"""Rejected digests kept per model (the oldest are forgotten first)."""
 _HASH_CHUNK: Final = 1 << 20
 DIR_MODE: Final = 0o700
 FILE_MODE: Final = 0o600
 BLOB_MODE: Final = 0o400
 _LOCK_WAIT_S: Final = 2.0
 """How long :meth:`StateDir.lock` waits out a brief holder (``edge status`` looking)."""
-
-
-class StateError(RegistryError):
-    """The state dir cannot be used: a corrupt state file, a foreign format."""
-
-
-class LockedError(RegistryError):
-    """Another daemon holds the state dir."""
-
-
-REASON_LIMIT: Final = 500
-"""Characters of a recorded reason (a remote's message is cut there)."""
-
-
-def reason_text(text: str) -> str:
-    """A reason as the device records and shows it: one line of printable text, at
-    most :data:`REASON_LIMIT` characters, secrets redacted.
-
-    Reasons quote what remotes said (a git host's error line, an S3 error code) and the
-    URLs the device was given, which may carry credentials; ``/status`` serves them over
-    HTTP and ``edge status`` prints them on a terminal, where an escape sequence from a
-    remote would act.
-    """
-    return printable(one_line(redact(text), REASON_LIMIT))
-
-
-def now_iso() -> str:
-    """The current UTC time, ISO 8601 with seconds and ``Z``."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class Installed(_Model):
-    """One installed version: the verified file served, and how it came.
-
-    Attributes:
-        version: the model version.
-        sha256: digest of the file the engine loads (the artifact, or a prebuilt engine).
-        artifact_sha256: digest of the version's artifact when the device holds it (the
-            base of a later delta), else None.
-        target: the device target whose settings run it.
-        kind: ``artifact`` (an ONNX file run by ONNX Runtime) or ``engine`` (a
-            prebuilt engine file).
-        external: for an artifact stored with ONNX external data, each data file's blob
-            digest by the name its graph uses (empty for a self-contained model).
-    """
-
-    version: str
-    sha256: str
-    artifact_sha256: str | None = None
-    target: str | None = None
-    kind: Literal["artifact", "engine"] = "artifact"
-    external: dict[str, str] = Field(default_factory=dict)
-
-
-class Rejected(_Model):
-    """A version that verified but failed its self-test (or could not be installed for
-    a reason that another try would not change); not tried again while ``signed`` (the
-    digest of its signed description and artifact) is the same."""
-
-    version: str
-    sha256: str
-    signed: str
-    reason: str
-    at: str
-
-
-class UpdateRecord(_Model):
-    """The last sync that installed, failed or rejected something for one model."""
-
-    result: Literal["installed", "failed", "rejected"]
-    version: str | None = None
-    method: Literal["delta", "full", "cached"] | None = None
-    bytes_fetched: int = 0
-    reason: str | None = None
-    finished: str
-    stages_ms: dict[str, float] = Field(default_factory=dict)
-
-
-class GateRecord(_Model):
-    """A health gate open on the version served: what it watches, and what to serve
-    again if the version fails it (or the daemon dies while it watches)."""
-
-    version: str
-    sha256: str
-    signed: str
-    opened: str
-    restore_serving: Installed | None = None
-    restore_previous: Installed | None = None
-    restore_last_known_good: Installed | None = None
-    unclean_stops: int = 0
-    """Unclean stops of the daemon while this gate was open (``edge_sync.restarts``)."""
-
-
-class Attempt(_Model):
-    """A version being loaded and swapped in: written (fsynced) before its engine is
-    built, gone once it is committed or refused, so that a version that kills the
-    daemon while it loads is counted (``edge_sync.restarts``)."""
-
-    version: str
-    signed: str
-    sha256: str = ""
-    started: str
-    unclean_stops: int = 0
-
-
-class ModelState(_Model):
-    """What one subscribed model runs, ran, and refused."""
-
-    channel: str
-    serving: Installed | None = None
-    previous: Installed | None = None
-    last_known_good: Installed | None = None
-    last_update: UpdateRecord | None = None
-    rejected: list[Rejected] = Field(default_factory=list)
-    gate: GateRecord | None = None
-    """A health gate open on ``serving`` (it is not known good yet)."""
-    attempt: Attempt | None = None
-    """A version being loaded (see :class:`Attempt`)."""
-
-    def held(self) -> tuple[Installed, ...]:
-        """Every installed version this state names (its blobs are kept)."""
-        found = [self.serving, self.previous, self.last_known_good]
-        if self.gate is not None:
-            found += [self.gate.restore_serving, self.gate.restore_previous,
-                      self.gate.restore_last_known_good]  # fmt: skip
-        return tuple(i for i in found if i is not None)
-
-
-class SyncInfo(_Model):
-    """The last sync as a whole (device-wide failures land here).
-
-    Attributes:
-        seq: the record's number, given when it is first written (:meth:`StateDir.commit`,
-            :meth:`StateDir.note_sync`): the newest record has the highest, whatever
-            the clock said (0: not written yet, or written before records had one).
-    """
-
-    last_checked: str | None = None
-    result: Literal["current", "failed"] | None = None
-    reason: str | None = None
-    commit: str | None = None
-    seq: Annotated[int, Field(ge=0)] = 0
-
-
-class DeviceState(_Model):
-    """``state.json``."""
-
-    format: Annotated[int, Field(ge=1)] = FORMAT
-    device: str = ""
-    channels: dict[str, Any] | None = None
-    """The last accepted signed channels document (its sequences are high-water marks)."""
-    models: dict[str, ModelState] = Field(default_factory=dict)
-    sync: SyncInfo = SyncInfo()
-
-    def with_model(self, name: str, model: ModelState) -> DeviceState:
-        """A copy with ``name``'s state replaced."""
-        return self.model_copy(update={"models": {**self.models, name: model}})
-
-    def referenced_blobs(self) -> set[str]:
-        """Every blob digest the state names (serving, previous, last known good)."""
-        found: set[str] = set()
-        for model in self.models.values():
-            for installed in model.held():
-                found.add(installed.sha256)
-                if installed.artifact_sha256:
-                    found.add(installed.artifact_sha256)
-                found.update(installed.external.values())
-        return found
-
-
-class DaemonInfo(_Model):
-    """``daemon.json``: written by the running daemon for ``edge status``."""
-
-    pid: int
-    listen: str | None = None
-    started: str
 
 
 class BlobStore:
@@ -479,10 +284,14 @@ class StateDir:
         self._seq = max(self._seq or 0, state.sync.seq)
         return state
 
-    def load_or_recover(self) -> DeviceState:
+    def load_or_recover(
+        self, last_channels: Callable[[], dict[str, Any] | None] = lambda: None
+    ) -> DeviceState:
         """The committed state; a corrupt state file is moved aside (``state.json.
         corrupt``) and a fresh state begins, which says so in ``sync.reason`` (the
-        blobs stay: what is reinstalled from them is verified again).
+        blobs stay: what is reinstalled from them is verified again).  ``last_channels``
+        gives the fresh state the channels document last verified (the trust layer keeps
+        it), whose sequences stay the high-water marks.
 
         Raises:
             StateError: the state file is of a newer format (not ours to replace).
@@ -496,22 +305,11 @@ class StateDir:
             with contextlib.suppress(FileNotFoundError):
                 path.replace(self.root / f"{STATE_FILE}.corrupt")
             fresh = DeviceState(
-                channels=self._last_channels(),
+                channels=last_channels(),
                 sync=SyncInfo(result="failed", reason=f"{e}; started afresh"),
             )
             self.commit(fresh)
             return fresh
-
-    def _last_channels(self) -> dict[str, Any] | None:
-        """The channels document the trust layer last verified (``trust/channels.json``):
-        its sequences stay the high-water marks when the state file is lost."""
-        from signing.tuf_facts import ChannelsDoc
-
-        try:
-            data = (self.root / "trust" / "channels.json").read_bytes()
-            return ChannelsDoc.from_bytes(data).model_dump(mode="json")
-        except (OSError, ValueError):
-            return None
 
     def commit(self, state: DeviceState) -> None:
         """Replace the state file atomically and durably (0600); a sync record not

@@ -2,7 +2,7 @@
 artifact remote (``edge.yaml``: ``repository.source``).
 
 The device needs only the signed metadata; either source is an untrusted transport
-(``edge_sync.trust`` verifies every file it reads).  A watcher's :meth:`sync` answers
+(``edge_sync.sync.trust`` verifies every file it reads).  A watcher's :meth:`sync` answers
 "did anything change?" as cheaply as its source allows, and says where the TUF client
 reads the metadata (:attr:`metadata`):
 
@@ -19,7 +19,7 @@ reads the metadata (:attr:`metadata`):
 - :class:`RemoteMetadataWatcher` (``source: artifacts``): ``publish`` mirrors the
   metadata to ``<artifacts url>/metadata/``; an idle poll is one conditional read of
   ``timestamp.json`` there (HTTP ``If-None-Match``/``If-Modified-Since`` answered
-  ``304``, S3 ``IfNoneMatch``, a file's ``stat``; see ``edge_sync._probe``).  Its
+  ``304``, S3 ``IfNoneMatch``, a file's ``stat``; see ``edge_sync.sync.probe``).  Its
   version stamp is the SHA-256 of the ``timestamp.json`` it read, so a server that
   changes an ETag without changing the bytes costs no refresh, and the validators it
   asks with are kept in ``<state_dir>/metadata-watch.json`` (a hint: losing it costs
@@ -56,10 +56,10 @@ from urllib.request import url2pathname
 from pydantic import BaseModel, ConfigDict, ValidationError
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync._probe import Probe, Prober, Validators, probe
-from edge_sync.limits import TrustLimits
+from edge_sync.errors import GitError, GitStoreError, RemoteMetadataError
+from edge_sync.sync.limits import TrustLimits
+from edge_sync.sync.probe import Probe, Prober, Validators, probe
 from registry.atomic import write_atomic
-from registry.errors import RegistryError
 from registry.redact import redact
 from signing.tuf_roles import METADATA_DIR, MIRROR_DIR
 
@@ -68,15 +68,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "WATCH_FILE",
-    "GitError",
-    "GitStoreError",
     "GitWatcher",
     "Head",
     "Probe",
     "Prober",
-    "RemoteMetadataError",
     "RemoteMetadataWatcher",
-    "SourceError",
     "Validators",
     "Watcher",
     "probe",
@@ -99,23 +95,6 @@ def _kill(proc: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
-
-
-class SourceError(RegistryError):
-    """The signed metadata's source (git, or the artifact remote's mirror) could not be
-    reached or read: a device-wide failure of the sync."""
-
-
-class GitError(SourceError):
-    """The repository could not be reached or read."""
-
-
-class GitStoreError(GitError):
-    """The checkout's object store grew over ``TrustLimits.git_store_max_bytes``."""
-
-
-class RemoteMetadataError(SourceError):
-    """The metadata mirrored to the artifact remote could not be reached or read."""
 
 
 @dataclass(frozen=True)
@@ -476,7 +455,7 @@ class RemoteMetadataWatcher:
     Each :meth:`sync` is one conditional read of ``<artifacts>/metadata/timestamp.json``
     (see the module doc); :attr:`requests` and :attr:`bytes_received` count what the
     polls cost, :attr:`last` is the last one's answer.  For a fleet simulation, pass a
-    ``prober`` (the real one is :func:`edge_sync._probe.probe`) to count or fake the
+    ``prober`` (the real one is :func:`edge_sync.sync.probe.probe`) to count or fake the
     transport.
     """
 

@@ -1,13 +1,13 @@
 """``s3://bucket/prefix`` artifact remotes, read with boto3 (``modelreg[edge-s3]``).
 
-Private to ``edge_sync._fetch`` and ``edge_sync._probe``.  Credentials, region and
+Private to ``edge_sync.sync.fetch`` and ``edge_sync.sync.probe``.  Credentials, region and
 endpoint come from the standard AWS configuration (environment, ``~/.aws``, instance
 roles; ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server);
 with no credentials at all, requests go unsigned (a public bucket, as behind a CDN).
 
 botocore only signs: each ``GetObject`` is a presigned URL, read by the same guarded
-HTTP client as an ``http(s)://`` remote (``edge_sync._fetch``).  So an S3 transfer runs
-under exactly the time limits of :class:`~edge_sync.limits.TrustLimits` (one deadline
+HTTP client as an ``http(s)://`` remote (``edge_sync.sync.fetch``).  So an S3 transfer runs
+under exactly the time limits of :class:`~edge_sync.sync.limits.TrustLimits` (one deadline
 and a minimum rate for the whole file, status line and headers included), stops within
 a fraction of a second when the daemon stops, and follows no redirect off the
 endpoint.  botocore's own reads time only each ``recv``: an endpoint trickling a byte
@@ -29,8 +29,8 @@ from urllib.parse import urlparse
 
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync._fetch import SameOriginRedirects, _http_chunks, _TransferBudget, guarded_opener
-from edge_sync.limits import TrustLimits
+from edge_sync.sync.fetch import SameOriginRedirects, _http_chunks, _TransferBudget, guarded_opener
+from edge_sync.sync.limits import TrustLimits
 
 _CLIENTS: dict[tuple[object, ...], Any] = {}
 _SETTINGS = (

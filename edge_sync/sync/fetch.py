@@ -1,15 +1,15 @@
 """How a device downloads: fetchers for python-tuf's ``Updater`` under a time budget.
 
-Private: ``edge_sync.trust`` re-exports :class:`LocalFetcher`.  Every download
+Private: ``edge_sync.sync.trust`` re-exports :class:`LocalFetcher`.  Every download
 (metadata and targets, over HTTP or from a folder) runs under a :class:`_TransferBudget`
-built from :class:`~edge_sync.limits.TrustLimits`: an overall deadline per file, a
+built from :class:`~edge_sync.sync.limits.TrustLimits`: an overall deadline per file, a
 minimum average rate after a grace period, and a longest wait for any one read.  Over
 HTTP the budget sets the socket timeout before each read of the connection (status
 line and headers included), so a server that trickles one byte every few seconds is
 cut off when a limit is passed, not when it stops.  The HTTP side is the standard
 library's client with its connection classes bound to the budget: urllib3, which
 python-tuf's own fetcher uses, times single reads but not a whole transfer (S3 goes
-through the same client: ``edge_sync._s3`` presigns, this reads).  A read waits for
+through the same client: ``edge_sync.sync.s3`` presigns, this reads).  A read waits for
 data in steps of at most :data:`CANCEL_POLL_S` when the download can be cancelled (a
 stopping daemon), and redirects are followed only to the request's own scheme, host
 and port (:class:`SameOriginRedirects`).
@@ -39,7 +39,7 @@ from urllib.request import url2pathname
 from tuf.api import exceptions as tuf_errors
 from tuf.ngclient.fetcher import FetcherInterface
 
-from edge_sync.limits import TrustLimits
+from edge_sync.sync.limits import TrustLimits
 
 if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
@@ -410,7 +410,7 @@ class LocalFetcher(FetcherInterface):
         """
         parsed = urlparse(url)
         if parsed.scheme == "s3":
-            from edge_sync._s3 import fetch_s3
+            from edge_sync.sync.s3 import fetch_s3
 
             return fetch_s3(url, offset, self._limits, self._chunk_size, self._budget)
         if parsed.scheme in {"http", "https"}:

@@ -2,7 +2,7 @@
 self-test, swap, commit (SPEC section 7, "Loop").
 
 :class:`Updater` is what the daemon calls once per poll.  Every file it acts on is a
-TUF target verified by :class:`~edge_sync.trust.DeviceTrust`; the watcher's source (the
+TUF target verified by :class:`~edge_sync.sync.trust.DeviceTrust`; the watcher's source (the
 git checkout, or the metadata mirrored to the artifact remote) carries only the
 metadata.  A failure at any stage keeps what the device serves and is recorded
 (``state.json``: ``sync`` for device-wide failures, the model's ``last_update``
@@ -22,52 +22,46 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
-from edge_sync._external import collect_views, model_view, obtain_data
+from edge_sync import clock
+from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
-from edge_sync.engine import (
-    Engine,
-    EngineError,
-    EngineHost,
-    GoldenCase,
-    LoadRequest,
-    SetupHost,
-    self_test,
-)
-from edge_sync.health import BASELINE_WINDOWS, GatePolicy, Recorder, Verdict, judge
-from edge_sync.limits import TrustLimits
-from edge_sync.restarts import after_stop, rejection_reason
-from edge_sync.state import (
+from edge_sync.decide.health import BASELINE_WINDOWS, GatePolicy, Verdict, judge
+from edge_sync.decide.restarts import after_stop, rejection_reason
+from edge_sync.engine.ort import Engine, EngineHost, GoldenCase, LoadRequest, SetupHost, self_test
+from edge_sync.errors import EngineError, SourceError, StoppedError
+from edge_sync.serve.recorder import Recorder
+from edge_sync.state.models import (
     Attempt,
     DeviceState,
     GateRecord,
     Installed,
     ModelState,
     Rejected,
-    StateDir,
     SyncInfo,
     UpdateRecord,
-    now_iso,
     reason_text,
 )
-from edge_sync.trust import (
+from edge_sync.state.store import StateDir
+from edge_sync.sync.external import collect_views, model_view, obtain_data
+from edge_sync.sync.limits import TrustLimits
+from edge_sync.sync.trust import (
     DeviceTrust,
     SignedTarget,
     expect_facts,
-    expired_roles,
-    trusted_role,
+    freshness,
+    last_channels,
+    trusted_targets,
 )
-from edge_sync.watcher import SourceError, Watcher, watcher_for
+from edge_sync.sync.watcher import Watcher, watcher_for
 from registry.cohort import in_cohort
 from registry.errors import RegistryError
 from signing.errors import FileSetError, SigningError, VerificationError
@@ -94,11 +88,6 @@ MAX_DELTA_CHAIN: Final = 16
 
 Observer = Callable[[str, str], None]
 """Called with (stage, "start" | "end") around every stage (metrics, crash tests)."""
-
-
-class StoppedError(RegistryError):
-    """The daemon is stopping: the sync ends at a stage boundary (what was committed
-    stays; a download in progress is kept and resumed at the next start)."""
 
 
 class _Stages:
@@ -219,6 +208,10 @@ class Updater:
         self._gate_lock = threading.RLock()
         """Per model, the health gate watching its newest install (see :meth:`check_gates`)."""
 
+    def _load(self) -> DeviceState:
+        """The committed state (a corrupt one recovered: see ``StateDir.load_or_recover``)."""
+        return self.state.load_or_recover(lambda: last_channels(self.state.root))
+
     # --- start-up ------------------------------------------------------------------------
 
     def resume(self, *, unclean: bool = False) -> dict[str, str]:
@@ -226,7 +219,7 @@ class Updater:
         version, else its previous or last known good one whose blob still verifies.
 
         A version whose health gate was open, or that was being loaded, when the daemon
-        stopped is decided by :func:`edge_sync.restarts.after_stop`: its gate opens
+        stopped is decided by :func:`edge_sync.decide.restarts.after_stop`: its gate opens
         again (what it replaced loaded to fall back to) and an unclean stop (``unclean``:
         killed, crashed, out of memory, a power cut) is counted; the second unclean stop
         during the same version's gate or load rejects it, and what it replaced is
@@ -236,7 +229,7 @@ class Updater:
         Returns:
             What could not be resumed, by model (a corrupt blob, an engine that fails).
         """
-        loaded = self.state.load_or_recover()
+        loaded = self._load()
         state = self._ungated(self._rebuilt(loaded), unclean=unclean)
         if state != loaded:
             self.state.commit(state)  # counted before anything loads (see above)
@@ -274,7 +267,7 @@ class Updater:
 
     def _ungated(self, state: DeviceState, *, unclean: bool) -> DeviceState:
         """``state`` with each open gate and attempt settled for a start-up (see
-        :meth:`resume` and :mod:`edge_sync.restarts`)."""
+        :meth:`resume` and :mod:`edge_sync.decide.restarts`)."""
         for name, held in state.models.items():
             model, attempt, gate = held, held.attempt, held.gate
             if attempt is not None:
@@ -343,7 +336,7 @@ class Updater:
             channels = ChannelsDoc.model_validate(state.channels)
         except ValueError:
             return state
-        found = _trusted_targets(self.state.root)
+        found = trusted_targets(self.state.root)
         for sub in self.config.models:
             model = state.models.get(sub.name)
             if model is not None and model.serving is not None:
@@ -382,7 +375,7 @@ class Updater:
         new version replaces a judged one where it can.
         """
         self.settled = self.check_gates()
-        state = self.state.load_or_recover()
+        state = self._load()
         stages = _Stages(observer=self.observer, should_stop=self.should_stop)
         try:
             with stages("detect"):
@@ -478,7 +471,7 @@ class Updater:
         """Remove what nothing needs: blobs the committed state does not name and no
         loaded engine maps, descriptions of versions it does not name, temporary files,
         and partial downloads (unless a failed sync may resume them)."""
-        committed = self.state.load_or_recover()
+        committed = self._load()
         mapped = getattr(self.host, "mapped_blobs", None)
         pinned = mapped() if callable(mapped) else set()
         self.state.blobs.collect(committed.referenced_blobs() | pinned)
@@ -496,9 +489,7 @@ class Updater:
         snapshot or targets past their own bound (see ``trust.expired_roles``).
         """
         try:
-            if trusted_role(self.state.root, "timestamp") is None:
-                return True
-            return bool(expired_roles(self.state.root, _now()))
+            return freshness(self.state.root, clock.now()).stale is not False
         except VerificationError:
             return True  # unreadable: verify
 
@@ -651,7 +642,7 @@ class Updater:
         commit: Callable[[ModelState], None],
     ) -> tuple[ModelState, Attempt]:
         """Record, fsynced, that ``installed`` is about to be loaded (a version that kills
-        the daemon now is counted at the next start: :mod:`edge_sync.restarts`); the
+        the daemon now is counted at the next start: :mod:`edge_sync.decide.restarts`); the
         model without the record (what a refusal or failure commits) and the record."""
         prior = model.attempt
         same = prior is not None and (prior.version, prior.signed) == (installed.version, signed)
@@ -686,7 +677,7 @@ class Updater:
         stages: _Stages,
     ) -> tuple[Path, Literal["cached", "delta", "full", "engine"], dict[str, str]]:
         """The version's ONNX external data files in the blob store, verified, and the
-        file to load: the ``.onnx`` in a view beside them (``edge_sync._external``)."""
+        file to load: the ``.onnx`` in a view beside them (``edge_sync.sync.external``)."""
         path, method, plan = obtained
         if plan.kind != "artifact":  # a prebuilt engine is one self-contained file
             return path, method, {}
@@ -709,7 +700,7 @@ class Updater:
         return GATE_CHECK_S
 
     def check_gates(self) -> dict[str, UpdateRecord]:
-        """Judge every open gate (:func:`edge_sync.health.judge`): a passed one retires
+        """Judge every open gate (:func:`edge_sync.decide.health.judge`): a passed one retires
         the previous engine and makes the version last known good; a failed one swaps
         the previous engine back (one reference assignment: no request fails), rejects
         the version with the gate's reason, and commits the state.
@@ -769,7 +760,7 @@ class Updater:
 
     def take_retries(self) -> list[tuple[str, str]]:
         """(model, reason) of each gate given a second window since the last call (a
-        latency-only failure: ``edge_sync.health.judge``), for the daemon's log."""
+        latency-only failure: ``edge_sync.decide.health.judge``), for the daemon's log."""
         with self._gate_lock:
             retries, self._retries = self._retries, []
         return retries
@@ -862,7 +853,7 @@ class Updater:
         if self.recorder is not None:
             self.recorder.forget(name, gate.old.version)
         if passed:
-            state = self.state.load_or_recover()
+            state = self._load()
             model = state.models.get(name)
             if model is not None and model.serving == gate.installed:
                 held = model.model_copy(update={"last_known_good": gate.installed, "gate": None})
@@ -878,7 +869,7 @@ class Updater:
             result="rejected", version=gate.version, reason=reason_text(reason),
             finished=now_iso(), stages_ms={"swap": swap_ms},
         )  # fmt: skip
-        state = self.state.load_or_recover()
+        state = self._load()
         model = state.models.get(name, gate.before)
         rejected = [*model.rejected, Rejected(
             version=gate.version, sha256=gate.installed.sha256, signed=gate.signed,
@@ -959,7 +950,7 @@ class Updater:
         blobs = self.state.blobs
         apath = artifact_path(name, version)
         # A TensorRT target builds its engine on the device from the ONNX artifact
-        # (engines are specific to the GPU and TensorRT version: edge_sync.tensorrt).
+        # (engines are specific to the GPU and TensorRT version: edge_sync.engine.tensorrt).
         if self._held(art.sha256):
             return _Plan("cached", "artifact", art.sha256, apath)
         held = {
@@ -1115,22 +1106,6 @@ class Updater:
                 GoldenCase(case.name, arrays["inputs"], arrays["outputs"], case.rtol, case.atol)
             )
         return cases
-
-
-def _trusted_targets(state_root: Path) -> dict[str, str]:
-    """Target path -> SHA-256 from the targets metadata the TUF client last verified
-    (its local copy is written only after verification)."""
-    path = state_root / "trust" / "metadata" / "targets.json"
-    try:
-        signed = json.loads(path.read_bytes())["signed"]["targets"]
-        return {p: str(t["hashes"]["sha256"]) for p, t in signed.items()}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
-def _now() -> datetime:
-    """The device's clock (one place, so tests can move it)."""
-    return datetime.now(UTC)
 
 
 def _worst(

@@ -1,4 +1,4 @@
-"""uvicorn's httptools protocol with the bounds ``edge_sync.listeners`` describes: a
+"""uvicorn's httptools protocol with the bounds ``edge_sync.serve.listeners`` describes: a
 header size cap (431), a header timeout and a body's idle timeout (408), and a
 connection cap that evicts the longest idle connection first, else the request stalled
 longest (503 when none is idle or stalled).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 if TYPE_CHECKING:
-    from edge_sync.listeners import ConnectionLimits
+    from edge_sync.serve.listeners import ConnectionLimits
 
 __all__ = ["BoundedHttpTools"]
 

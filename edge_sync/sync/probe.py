@@ -1,6 +1,6 @@
 """Conditional reads of one small file: "has it changed since these validators?".
 
-Private: ``edge_sync.watcher`` re-exports what the remote metadata watcher needs.  A
+Private: ``edge_sync.sync.watcher`` re-exports what the remote metadata watcher needs.  A
 device that follows the metadata mirrored to its artifact remote asks for
 ``timestamp.json`` once per poll, with what identified the copy it last read:
 
@@ -17,9 +17,9 @@ A changed file comes back whole (bounded by ``TrustLimits.timestamp_max_length``
 the TUF client does not download it a second time.  A server that ignores the
 validators answers ``200`` every time: still correct, only dearer.  Nothing here is
 trusted: validators are hints for the transport, and what a changed file says is
-verified by ``edge_sync.trust`` like everything else.
+verified by ``edge_sync.sync.trust`` like everything else.
 
-Every read runs under the time limits of :class:`~edge_sync.limits.TrustLimits`, and
+Every read runs under the time limits of :class:`~edge_sync.sync.limits.TrustLimits`, and
 each :class:`Probe` counts its requests and the bytes received (over HTTP: status
 lines and headers included, as read from the socket).  Errors are python-tuf's
 transport errors, as the fetchers raise them.
@@ -42,8 +42,8 @@ from urllib.request import url2pathname
 
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync._fetch import SameOriginRedirects, _TransferBudget, guarded_opener
-from edge_sync.limits import TrustLimits
+from edge_sync.sync.fetch import SameOriginRedirects, _TransferBudget, guarded_opener
+from edge_sync.sync.limits import TrustLimits
 
 _ETAG: Final = re.compile(r'^(W/)?"[\x21\x23-\x7e]{0,200}"$')
 """An entity tag as RFC 9110 writes it (ASCII, no quote inside); anything else is not
@@ -116,7 +116,7 @@ def probe(
     if scheme in {"http", "https"}:
         return _probe_http(url, known, limits, cancelled)
     if scheme == "s3":
-        from edge_sync._s3 import probe_s3
+        from edge_sync.sync.s3 import probe_s3
 
         body, etag, requests, received = probe_s3(url, known.etag, limits, cancelled)
         validators = known if body is None else Validators(etag=_etag(etag))

@@ -21,7 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from edge_sync.state import UpdateRecord
+    from edge_sync.state.models import UpdateRecord
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -35,7 +35,7 @@ class Metrics:
 
     def __init__(self, host: Any = None) -> None:
         """A fresh registry with the process collector (and ``host``'s engines, when
-        it is an :class:`~edge_sync.engine.InProcessHost`)."""
+        it is an :class:`~edge_sync.engine.ort.InProcessHost`)."""
         self.registry = CollectorRegistry()
         ProcessCollector(namespace="modelreg", registry=self.registry)
         if host is not None and hasattr(host, "loaded") and hasattr(host, "cache"):

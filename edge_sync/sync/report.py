@@ -29,11 +29,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig, ReportConfig
-from edge_sync.state import now_iso, reason_text
+from edge_sync.errors import SendError
+from edge_sync.state.models import reason_text
 from registry.atomic import write_atomic
 from registry.device_report import KIND, REPORT_FORMAT, ReportError, encode_report
-from registry.errors import RegistryError, UsageError
+from registry.errors import UsageError
 from registry.redact import redact
 
 __all__ = [
@@ -43,7 +45,6 @@ __all__ = [
     "HttpSink",
     "Reporter",
     "S3Sink",
-    "SendError",
     "Sink",
     "report_document",
     "sink_for",
@@ -57,10 +58,6 @@ _MAX_CREDENTIALS_BYTES: Final = 64 * 1024
 LAST_REPORT_S: Final = 5.0
 """How long a stopping daemon waits for its last report (and a send in progress before
 it): a slow sink must not hold up the stop."""
-
-
-class SendError(RegistryError):
-    """A report that did not reach its sink (refused, unreachable, too slow)."""
 
 
 class Sink(Protocol):

@@ -1,13 +1,13 @@
-"""The Open Inference Protocol v2's request and answer encoding (``edge_sync.serving``
+"""The Open Inference Protocol v2's request and answer encoding (``edge_sync.serve.app``
 serves it).
 
 An inference request is untrusted input, read in checked steps before any engine runs,
-each allocation charged first to the request's account (``edge_sync.admission``:
+each allocation charged first to the request's account (``edge_sync.serve.admission``:
 413 over :attr:`ServeLimits.max_request_bytes`, 503 over the server's budget):
 
 1. the body, within :attr:`ServeLimits.max_body_bytes` (413), inflated from gzip or
    deflate as ``tritonclient``'s request compression sends it, within the same cap
-   (``edge_sync.oip_body``);
+   (``edge_sync.serve.body``);
 2. the JSON header (up to ``Inference-Header-Content-Length``; the rest is binary
    tensor data), its nesting depth measured on the bytes and its worst-case cost
    charged before it is parsed (400);
@@ -33,17 +33,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from starlette.responses import Response
 
-from edge_sync.engine import DATATYPES
-from edge_sync.oip_answer import answer, json_response
-from edge_sync.oip_body import (
-    HEADER_LENGTH,
-    TEXT_COST,
-    Charge,
-    Inflating,
-    RefusedError,
-    split,
-)
-from edge_sync.oip_tensors import array_cost, from_binary, from_json
+from edge_sync.engine.ort import DATATYPES
+from edge_sync.errors import RefusedError
+from edge_sync.serve.answer import answer, json_response
+from edge_sync.serve.body import HEADER_LENGTH, TEXT_COST, Charge, Inflating, split
+from edge_sync.serve.tensors import array_cost, from_binary, from_json
 
 if TYPE_CHECKING:
     from edge_sync.config import ModelLimits, ServeLimitsConfig

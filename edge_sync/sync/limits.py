@@ -1,6 +1,6 @@
 """Caps on what a device accepts from its untrusted transports (stable API).
 
-Re-exported by ``edge_sync.trust``; a frozen value object, so a daemon can pass one
+Re-exported by ``edge_sync.sync.trust``; a frozen value object, so a daemon can pass one
 around and tests can shrink every cap at once.
 """
 

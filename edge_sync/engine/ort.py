@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from edge_sync import tensorrt
-from edge_sync.weights import WeightError, Weights, external_tensors, split_model
-from registry.errors import RegistryError
+from edge_sync.engine import tensorrt
+from edge_sync.engine.weights import Weights, external_tensors, split_model
+from edge_sync.errors import EngineClosedError, EngineError, SelfTestError, WeightError
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
 
 if TYPE_CHECKING:
@@ -39,13 +39,10 @@ __all__ = [
     "DATATYPES",
     "NUMPY_DTYPES",
     "Engine",
-    "EngineClosedError",
-    "EngineError",
     "EngineHost",
     "GoldenCase",
     "LoadRequest",
     "OrtEngine",
-    "SelfTestError",
     "SetupHost",
     "check_goldens",
     "self_test",
@@ -67,15 +64,6 @@ NUMPY_DTYPES: Final = {
     "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
 }  # fmt: skip
 """The numpy dtype of each protocol datatype."""
-
-
-class EngineError(RegistryError):
-    """An engine could not be built from a verified file (and another try would not
-    change that: the version is rejected)."""
-
-
-class SelfTestError(EngineError):
-    """An engine built, but failed its self-test."""
 
 
 @dataclass(frozen=True)
@@ -193,7 +181,7 @@ class OrtEngine:
 
     * **shared weights** (``share=True``, CPU only): the graph without its large
       tensors, which come from memory maps of the verified file, or from ``base`` (the
-      version this one replaces) where their bytes are equal (``edge_sync.weights``).
+      version this one replaces) where their bytes are equal (``edge_sync.engine.weights``).
       Graph optimizations and prepacking are off: both would make private copies.
     * **prepacked** (private): the file as ONNX Runtime loads it, optimized at the
       target's level (a prebuilt engine as it is), with prepacking.
@@ -217,9 +205,9 @@ class OrtEngine:
             share: build a shared-weight session (CPU only; see the class doc).
             base: the engine to share unchanged weights with.
             engine_cache: where TensorRT engines built here are cached
-                (``edge_sync.tensorrt``; None: a ``trt-cache`` folder beside the blob).
+                (``edge_sync.engine.tensorrt``; None: a ``trt-cache`` folder beside the blob).
             log_severity: the least severe of ONNX Runtime's messages this session
-                logs (0 verbose ... 4 fatal; ``edge_sync.ortlog`` routes them).
+                logs (0 verbose ... 4 fatal; ``edge_sync.engine.ortlog`` routes them).
 
         Raises:
             EngineError: not an ONNX model ONNX Runtime can load, or a provider (or
@@ -449,11 +437,6 @@ class _Live:
 
     session: Any
     weights: Weights | None
-
-
-class EngineClosedError(EngineError):
-    """A run on an engine that was already released (a host bug: engines are released
-    only when no request holds them)."""
 
 
 @functools.cache

@@ -1,12 +1,12 @@
-"""One tensor's values decoded straight into an array (``edge_sync.oip_codec`` reads
+"""One tensor's values decoded straight into an array (``edge_sync.serve.codec`` reads
 the request around them), and what decoding them allocates (charged before)."""
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from edge_sync.engine import NUMPY_DTYPES
-from edge_sync.oip_answer import BYTES_ELEMENT_COST
+from edge_sync.engine.ort import NUMPY_DTYPES
+from edge_sync.serve.answer import BYTES_ELEMENT_COST
 
 __all__ = ["array_cost", "from_binary", "from_json"]
 

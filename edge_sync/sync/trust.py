@@ -23,7 +23,7 @@ other ``RepositoryError`` (malformed, missing)     ``VerificationError``
 
 Every download runs under the time limits of :class:`TrustLimits` (an overall
 deadline per file, a minimum average rate, a longest wait for any one read), enforced
-by the fetchers in ``edge_sync._fetch``.  Nothing is written where the device looks
+by the fetchers in ``edge_sync.sync.fetch``.  Nothing is written where the device looks
 until a whole file has verified.
 
 State, under the device's state dir::
@@ -49,12 +49,12 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from tuf.api import exceptions as tuf_errors
-from tuf.api.metadata import Metadata, Root, TargetFile
+from tuf.api.metadata import Metadata, Root, TargetFile, Targets
 from tuf.ngclient.fetcher import FetcherInterface
 from tuf.ngclient.updater import Updater
 
-from edge_sync._fetch import LocalFetcher
-from edge_sync.limits import TrustLimits
+from edge_sync.sync.fetch import LocalFetcher
+from edge_sync.sync.limits import TrustLimits
 from registry.atomic import replace_file, write_atomic
 from registry.errors import UsageError
 from signing.errors import (
@@ -76,6 +76,8 @@ if TYPE_CHECKING:
     pass
 
 TRUST_DIR: Final = "trust"
+_METADATA: Final = "metadata"
+"""Under :data:`TRUST_DIR`: the metadata the TUF client verified (written only after)."""
 ANCHOR_FILE: Final = "anchor.root.json"
 
 _DEPRECATION_MAX_BYTES: Final = 4096
@@ -223,7 +225,7 @@ class DeviceTrust:
             fetcher: transport to use instead of :class:`LocalFetcher` (tests wrap it).
             cancelled: asked between the chunks of a target download, and while any
                 network download waits for data (at least every
-                ``edge_sync._fetch.CANCEL_POLL_S``); when it answers True the download
+                ``edge_sync.sync.fetch.CANCEL_POLL_S``); when it answers True the download
                 stops (a target's is kept, with a partial folder, for resuming).
 
         Raises:
@@ -289,7 +291,7 @@ class DeviceTrust:
                     f"{anchor}: the device trusts another root; pass replace=True to reset trust"
                 )
             # A new anchor starts a new chain: nothing trusted under the old one stays.
-            shutil.rmtree(trust_dir / "metadata", ignore_errors=True)
+            shutil.rmtree(trust_dir / _METADATA, ignore_errors=True)
             (trust_dir / "channels.json").unlink(missing_ok=True)
         trust_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(anchor, root_json)
@@ -304,7 +306,7 @@ class DeviceTrust:
                 of :class:`TrustLimits`) or the state not written.
         """
         self._updater = None
-        metadata_dir = self._dir / "metadata"
+        metadata_dir = self._dir / _METADATA
         with _translated("trust metadata"):
             metadata_dir.mkdir(parents=True, exist_ok=True)
             # The anchor, not the newest cached root, is the bootstrap: cached roots are
@@ -527,7 +529,7 @@ def trusted_role(state_dir: Path, role: str) -> RoleState | None:
     Raises:
         VerificationError: the file there is unreadable.
     """
-    path = state_dir / TRUST_DIR / "metadata" / f"{role}.json"
+    path = state_dir / TRUST_DIR / _METADATA / f"{role}.json"
     if not path.is_file():
         return None
     with _translated(str(path)):
@@ -552,6 +554,56 @@ def expired_roles(state_dir: Path, now: datetime) -> list[str]:
         if state is not None and state.expires <= now:
             expired.append(role)
     return expired
+
+
+@dataclass(frozen=True)
+class Freshness:
+    """How fresh the device's trusted metadata is (``edge status``, the idle poll).
+
+    Attributes:
+        timestamp: the trusted timestamp role (None before the first refresh).
+        expired: the trusted roles whose expiry has passed (:func:`expired_roles`).
+    """
+
+    timestamp: RoleState | None
+    expired: tuple[str, ...]
+
+    @property
+    def stale(self) -> bool | None:
+        """Whether any trusted role has expired (None before the first refresh): a fresh
+        timestamp over an expired snapshot is a freeze too."""
+        return None if self.timestamp is None else bool(self.expired)
+
+
+def freshness(state_dir: Path, now: datetime) -> Freshness:
+    """The trusted timestamp and the roles expired at ``now``.
+
+    Raises:
+        VerificationError: the state dir holds unreadable metadata.
+    """
+    return Freshness(trusted_role(state_dir, "timestamp"), tuple(expired_roles(state_dir, now)))
+
+
+def trusted_targets(state_dir: Path) -> dict[str, str]:
+    """Target path -> SHA-256 from the targets metadata the TUF client last verified (its
+    local copy is written only after verification); empty when there is none."""
+    path = state_dir / TRUST_DIR / _METADATA / "targets.json"
+    try:
+        signed = Metadata[Targets].from_bytes(path.read_bytes()).signed
+    except (OSError, ValueError, tuf_errors.RepositoryError):
+        return {}
+    return {name: str(info.hashes[HASH_ALGORITHM]) for name, info in signed.targets.items()
+            if HASH_ALGORITHM in info.hashes}  # fmt: skip
+
+
+def last_channels(state_dir: Path) -> dict[str, object] | None:
+    """The channels document the trust layer last verified, as JSON data (its sequences
+    stay the high-water marks when the state file is lost); None when there is none."""
+    try:
+        data = (state_dir / TRUST_DIR / "channels.json").read_bytes()
+        return ChannelsDoc.from_bytes(data).model_dump(mode="json")
+    except (OSError, ValueError):
+        return None
 
 
 def expect_facts(
@@ -583,11 +635,15 @@ __all__ = [
     "ANCHOR_FILE",
     "TRUST_DIR",
     "DeviceTrust",
+    "Freshness",
     "LocalFetcher",
     "RoleState",
     "SignedTarget",
     "TrustLimits",
     "expect_facts",
     "expired_roles",
+    "freshness",
+    "last_channels",
     "trusted_role",
+    "trusted_targets",
 ]

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol v2's answer to an inference request (``edge_sync.oip_codec``
+"""The Open Inference Protocol v2's answer to an inference request (``edge_sync.serve.codec``
 reads the request): JSON, with the binary outputs' data after it, charged to the
 request's account before it is encoded."""
 
@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from starlette.responses import Response
 
-from edge_sync.engine import NUMPY_DTYPES
-from edge_sync.oip_body import HEADER_LENGTH, RefusedError
+from edge_sync.engine.ort import NUMPY_DTYPES
+from edge_sync.errors import RefusedError
+from edge_sync.serve.body import HEADER_LENGTH
 
 if TYPE_CHECKING:
-    from edge_sync.oip_codec import Parsed
+    from edge_sync.serve.codec import Parsed
 
 __all__ = ["BYTES_ELEMENT_COST", "answer", "json_response"]
 

@@ -1,6 +1,6 @@
 """ONNX external data on the device: fetch, verify and lay out a model's data files.
 
-Private to :mod:`edge_sync.updater`.  A version stored with external data (every model
+Private to :mod:`edge_sync.sync.updater`.  A version stored with external data (every model
 over 2 GB) is its ``.onnx`` plus data files named by its graph; the signed description
 (``VersionDoc.external_data``) lists them, each a signed target of kind
 ``external_data``.  Every file is verified against its signed SHA-256 before anything
@@ -33,8 +33,8 @@ from signing.errors import FileSetError, VerificationError
 from signing.target_names import external_data_delta_path
 
 if TYPE_CHECKING:
-    from edge_sync.state import BlobStore
-    from edge_sync.trust import DeviceTrust
+    from edge_sync.state.store import BlobStore
+    from edge_sync.sync.trust import DeviceTrust
     from signing.version_doc import VersionDoc
 
 VIEWS_DIR: Final = "views"
@@ -68,7 +68,7 @@ def obtain_data(  # noqa: PLR0917 - one private call site, all needed
         FetchError: a file cannot be fetched.
         OSError: a file cannot be stored.
     """
-    from edge_sync.trust import expect_facts
+    from edge_sync.sync.trust import expect_facts
 
     if doc is None or not doc.external_data:
         return {}, None
@@ -121,7 +121,7 @@ def _by_delta(
 ) -> bool:
     """Rebuild one data file from a held base and its signed delta; False (nothing
     kept) when there is no such delta, its base is not held, or it fails."""
-    from edge_sync.trust import expect_facts
+    from edge_sync.sync.trust import expect_facts
     from registry.delta import decode
 
     name, version, parent, file = which

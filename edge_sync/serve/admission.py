@@ -1,5 +1,5 @@
 """What the inference server lets in: a concurrency limit and a budget of decoded bytes
-in flight, across requests (``serve.limits``; ``edge_sync.serving`` uses them).
+in flight, across requests (``serve.limits``; ``edge_sync.serve.app`` uses them).
 
 A request is charged as it is read, inflated and decoded, *before* each step allocates:
 the body as it arrives (its declared length at once), each inflated chunk, the JSON
@@ -20,7 +20,7 @@ import asyncio
 import threading
 from typing import Final
 
-from edge_sync.oip_body import RefusedError
+from edge_sync.errors import RefusedError
 
 __all__ = ["RETRY_AFTER_S", "Budget", "Slots", "Ticket"]
 

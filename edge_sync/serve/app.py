@@ -5,9 +5,9 @@ and ``/status`` (SPEC section 7).
 Requests are answered from the engine each model serves now (:meth:`EngineHost.current`);
 a request holds the engine it started on, so a swap never breaks one in flight; every
 response names the version that computed it.  Requests are counted at ``/metrics``
-(``edge_sync.metrics``).
+(``edge_sync.serve.metrics``).
 
-An inference request is untrusted input, read and checked by ``edge_sync.oip_codec``
+An inference request is untrusted input, read and checked by ``edge_sync.serve.codec``
 before any engine runs; every refusal is ``{"error": "..."}`` with 400 (the request's
 fault), 404 (no such model or loaded version), 413 (over a cap), 415 (an unknown content
 coding) or 503 (not loaded yet); an engine that fails on a valid request is 500 (ONNX
@@ -15,10 +15,10 @@ Runtime's InvalidArgument is the request's fault: 400, as is a failure every oth
 loaded version makes too: the health gate does not count it against a new version).
 
 Runs on Starlette (ASGI) under uvicorn (with uvloop and httptools; the connection
-bounds are ``edge_sync.listeners``). A request to a model whose runs are short
+bounds are ``edge_sync.serve.listeners``). A request to a model whose runs are short
 (:data:`INLINE_RUN_S`) with a small body sent as it is (no content coding) is answered
 on the event loop; others are decoded, run and encoded in a worker thread, within
-``edge_sync.admission``'s concurrency limit and budget of decoded bytes in flight (503
+``edge_sync.serve.admission``'s concurrency limit and budget of decoded bytes in flight (503
 with ``Retry-After`` over them), so the loop keeps answering health and metadata while
 large requests are read or a model computes.  With ``management=False`` (the daemon's
 ``serve.management_listen``), ``/status`` and ``/metrics`` are left to
@@ -42,11 +42,10 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge_sync.admission import Budget, Slots, Ticket
-from edge_sync.engine import DATATYPES, keep_heap_small, trim_heap
-from edge_sync.metrics import CONTENT_TYPE, Metrics
-from edge_sync.oip_body import HEADER_LENGTH, Charge
-from edge_sync.oip_codec import (
+from edge_sync.engine.ort import DATATYPES, keep_heap_small, trim_heap
+from edge_sync.serve.admission import Budget, Slots, Ticket
+from edge_sync.serve.body import HEADER_LENGTH, Charge
+from edge_sync.serve.codec import (
     MAX_BODY_BYTES,
     RefusedError,
     ServeLimits,
@@ -56,10 +55,11 @@ from edge_sync.oip_codec import (
     json_response,
     read_request,
 )
+from edge_sync.serve.metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
-    from edge_sync.engine import EngineHost
-    from edge_sync.health import Recorder
+    from edge_sync.engine.ort import EngineHost
+    from edge_sync.serve.recorder import Recorder
 
 __all__ = ["MAX_BODY_BYTES", "ServeLimits", "create_app", "create_management_app"]
 
@@ -288,7 +288,7 @@ class _Api:
             code = response.status_code
             if self.recorder is not None and version and (code == 200 or code >= 500):
                 # the gate compares the engine's run by request size, never the time a
-                # client took to send its body (edge_sync.health)
+                # client took to send its body (edge_sync.decide.health)
                 self.recorder.record(name, version, error=code >= 500,
                                      seconds=work.run_s if work.run_s is not None else seconds,
                                      units=work.units)  # fmt: skip
@@ -425,7 +425,7 @@ class _Paced(Response):
     """``sent``'s answer handed to the connection :data:`SEND_CHUNK` bytes at a time:
     uvicorn waits for a client's reads before it takes the next piece, so the request
     stays charged until its answer is (nearly) all sent, and a client that reads
-    nothing is cut by the listener's write timeout (``edge_sync.http_bounds``)."""
+    nothing is cut by the listener's write timeout (``edge_sync.serve.http_bounds``)."""
 
     def __init__(self, sent: Response, background: BackgroundTask) -> None:
         super().__init__(sent.body, sent.status_code, background=background)

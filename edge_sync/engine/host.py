@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from edge_sync.engine import Engine, EngineError, LoadRequest, OrtEngine, trim_heap
+from edge_sync.engine.ort import Engine, LoadRequest, OrtEngine, trim_heap
+from edge_sync.errors import EngineError
 from registry.atomic import write_atomic
 from registry.errors import one_line
 from registry.sessions import SessionSetup

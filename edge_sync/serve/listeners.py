@@ -5,7 +5,7 @@ uvicorn has a keep-alive timeout and a cap on h11's incomplete events, but with
 httptools (the fast parser) no limit on a request's line and headers, and no time limit
 to send them: a 64 MiB header line was read whole, and 300 idle connections took every
 descriptor of a daemon limited to 256, so that its next sync failed with ``EMFILE``.
-``edge_sync.http_bounds.BoundedHttpTools`` (imported with uvicorn, when a server is
+``edge_sync.serve.http_bounds.BoundedHttpTools`` (imported with uvicorn, when a server is
 made) adds, for each connection:
 
 * a header size cap: over ``max_header`` bytes before the headers end, 431 and the
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from edge_sync.config import ServeConfig, Subscription
-    from edge_sync.engine import EngineHost
-    from edge_sync.health import Recorder
+    from edge_sync.engine.ort import EngineHost
+    from edge_sync.serve.recorder import Recorder
 
 __all__ = [
     "FD_RESERVE", "MANAGEMENT_CONNECTIONS", "ConnectionLimits", "Listeners", "connection_cap",
@@ -85,7 +85,7 @@ def server(app: Any, host: str, port: int, limits: ConnectionLimits) -> Any:
     (``uvicorn.Server``; started by its ``run``)."""
     import uvicorn
 
-    from edge_sync.http_bounds import BoundedHttpTools
+    from edge_sync.serve.http_bounds import BoundedHttpTools
 
     protocol = type("Bounded", (BoundedHttpTools,), {"limits": limits})
     return uvicorn.Server(
@@ -124,9 +124,9 @@ class Listeners:
             request_sync: asks the daemon to sync now.
             recorder: where answers go for the health gate.
         """
-        from edge_sync.metrics import Metrics
-        from edge_sync.oip_codec import ServeLimits
-        from edge_sync.serving import create_app, create_management_app
+        from edge_sync.serve.app import create_app, create_management_app
+        from edge_sync.serve.codec import ServeLimits
+        from edge_sync.serve.metrics import Metrics
 
         self.metrics = Metrics(host)
         app = create_app(

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from edge_sync.errors import WeightError
 from registry.onnx_wire import (
     WireFormatError,
     encode_varint,
@@ -50,7 +51,6 @@ __all__ = [
     "Graph",
     "Held",
     "Tensor",
-    "WeightError",
     "Weights",
     "external_tensors",
     "split_model",
@@ -75,11 +75,6 @@ _T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
 _T_TYPED = frozenset({4, 5, 6, 7, 10, 11})  # float_data ... uint64_data: left as they are
 _SIGN = 1 << 63
 _LEN, _VARINT = 2, 0
-
-
-class WeightError(ValueError):
-    """The file is not an ONNX model whose weights can be split out (truncated or not
-    protobuf); the caller loads it whole instead."""
 
 
 @dataclass(frozen=True, slots=True)

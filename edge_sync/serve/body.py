@@ -1,6 +1,6 @@
 """An inference request's body, undone to its JSON header and binary data, with every
-byte it costs charged before it is allocated (``edge_sync.oip_codec`` reads the
-tensors; ``edge_sync.admission`` keeps the accounts).
+byte it costs charged before it is allocated (``edge_sync.serve.codec`` reads the
+tensors; ``edge_sync.serve.admission`` keeps the accounts).
 
 * A content coding (gzip, deflate) is inflated by a streaming decompressor whose output
   is bounded chunk by chunk: a bomb costs at most the cap, never its inflated size.
@@ -16,6 +16,8 @@ import re
 import zlib
 from collections.abc import Callable
 from typing import Final
+
+from edge_sync.errors import RefusedError
 
 __all__ = [
     "HEADER_LENGTH", "TEXT_COST", "Charge", "Inflating", "RefusedError", "depth", "inflate",
@@ -38,20 +40,6 @@ _SLICE: Final = 1 << 20
 Charge = Callable[[int], None]
 """Accounts for bytes about to be allocated for a request (raises RefusedError over
 its cap or the server's budget)."""
-
-
-class RefusedError(Exception):
-    """A request the server answers with ``{"error": ...}`` and ``status``."""
-
-    def __init__(
-        self, status: int, message: str, version: str = "", *, retry_after: int | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.version = version
-        """The version whose engine refused it ("" when none was reached)."""
-        self.retry_after = retry_after
-        """Seconds the client should wait before it retries (a full server's 503)."""
 
 
 def _no_charge(_: int) -> None:
