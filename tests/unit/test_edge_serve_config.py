@@ -72,8 +72,8 @@ def test_onnxruntime_log_levels(tmp_path: Path) -> None:
         assert getattr(serve, "onnxruntime_log") == level  # noqa: B009
 
 
-def test_the_readme_config_loads_with_prepack_written_either_way(tmp_path: Path) -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
+def test_the_device_guide_config_loads_with_prepack_written_either_way(tmp_path: Path) -> None:
+    readme = (REPO_ROOT / "docs/guide/device.md").read_text()
     start = readme.index("   ```yaml\n   apiVersion: modelreg/v1\n   kind: EdgeConfig\n")
     block = readme[start:].split("\n", 1)[1].split("   ```\n", 1)[0]
     text = textwrap.dedent(block)
