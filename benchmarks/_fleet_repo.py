@@ -3,7 +3,7 @@
 
 The model ``mlp`` (the small example, 30 KB, with golden cases) has one channel,
 ``production``, which every simulated device follows; its canary is a rollout share
-(SPEC section 7), not a channel of its own.  The simulation plays three releases:
+(docs/reference/repository.md), not a channel of its own.  The simulation plays three releases:
 
 * ``start``: 1.0.0 on ``production``; 1.1.0 (parent 1.0.0, so a delta is signed)
   released but on no channel yet;

@@ -37,7 +37,7 @@ GtoLayout = Literal["compact", "per-model"]
 three-file tree).  ``per-model``: ``models/<name>.onnx.dvc`` per model, so the tree
 grows to one file per model.  gto builds an in-memory tree of each version's commit,
 so its cost grows with the tree: ``compact`` is gto's best case and the default, and
-reproduces the SPEC's reference figure.
+reproduces the reference figure (docs/guide/benchmarks.md).
 """
 
 _EPOCH: Final = 1_700_000_000

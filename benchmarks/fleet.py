@@ -17,7 +17,7 @@ id) instead of a thousand identical first installs; their daemons then all start
 once.
 
 **Scenario** (``benchmarks._fleet_repo``).  All devices follow ``production`` at mlp
-1.0.0.  The canary is a rollout share, as the product defines it (SPEC section 7: a
+1.0.0.  The canary is a rollout share, as the product defines it (docs/reference/repository.md: a
 device is in the cohort when hash(device id, model, version) falls under
 ``rollout.percent``): ``production`` gets 1.1.0 at 10 %, then at 100 %.  A ``canary``
 channel of its own would reach only the devices configured to follow it, a share fixed

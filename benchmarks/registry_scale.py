@@ -82,7 +82,7 @@ GROWTH: Final = ((100, 10), (5000, 10))
 """Further sizes timed in a full run (1,000 and 50,000 versions), to show how cost grows."""
 GOAL_VERSIONS: Final = 10_000
 SPEC_GTO_SHOW_10K_S: Final = 28.1
-"""``gto show`` on 10,000 versions per SPEC section 9 (a reference, not a measurement)."""
+"""``gto show`` on 10,000 versions (docs/guide/benchmarks.md: a reference, not a measurement)."""
 
 VALIDATE_COLD: Final = "modelreg validate --no-cache (cold)"
 VALIDATE_COLD_JOBS1: Final = "modelreg validate --no-cache --jobs 1 (cold)"

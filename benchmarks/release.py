@@ -16,7 +16,7 @@ release``'s own ``timings_ms``; the total is the subprocess wall time.  It runs 
 The team setup needs PostgreSQL (``apt-get install postgresql``); where it cannot start,
 or with ``MODELREG_BENCH_SERVICES=0``, that half is skipped and the note says why.
 
-Reference (SPEC section 9): MLflow ``log_model`` + registration of a 100 MB model
+Reference (docs/guide/benchmarks.md): MLflow ``log_model`` + registration of a 100 MB model
 against a local ``mlflow server``: 4.0 s.
 """
 

@@ -4,7 +4,7 @@ Strict like the manifests: unknown keys and bad values are refused, each with
 ``edge.yaml:line:col`` (the same loader and error type, ``registry.errors.ManifestError``).
 Durations are written ``500ms``, ``30s``, ``5m``, ``1h`` (a bare number is seconds);
 sizes ``512MiB``, ``2GiB``, ``100MB`` (a bare number is bytes).  Paths, and URLs that
-are plain paths, are relative to the config file's folder.  See SPEC section 7::
+are plain paths, are relative to the config file's folder.  See docs/reference/daemon.md::
 
     apiVersion: modelreg/v1
     kind: EdgeConfig

@@ -442,7 +442,7 @@ def provision(config: EdgeConfig, state: StateDir) -> None:
 
 
 def status_document(config: EdgeConfig) -> dict[str, Any]:
-    """``edge status --json`` (SPEC section 7): read from the state dir, whether the
+    """``edge status --json`` (docs/reference/status.md): read from the state dir, whether the
     daemon runs or not.
 
     Raises:

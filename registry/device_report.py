@@ -1,7 +1,7 @@
 """The device report: what a daemon sends about itself, and what ``modelreg fleet
 status`` reads back (stable API).
 
-A report is the device's ``edge status`` document (SPEC section 7) plus what a fleet view
+A report is the device's ``edge status`` document (docs/reference/status.md) plus what a fleet view
 needs: the device's labels, when it was sent (``reported``), the daemon's version, and
 a ``kind`` and ``format``.  One JSON object per device, stored as ``<device-id>.json``::
 

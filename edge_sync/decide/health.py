@@ -1,4 +1,4 @@
-"""The health gate after a swap (SPEC section 7): the new version's error rate and
+"""The health gate after a swap (docs/reference/daemon.md): the new version's error rate and
 latency, over a window, against the version it replaced.
 
 Two parts, apart as in python-tuf: :class:`Recorder` counts what the server answered

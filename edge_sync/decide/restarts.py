@@ -1,5 +1,5 @@
 """What a start-up does with a version that was being tried when the daemon stopped
-(SPEC section 7): pure decisions, no I/O (the updater acts on them: ``Updater.resume``).
+(docs/reference/daemon.md): pure decisions, no I/O (the updater acts on them: ``Updater.resume``).
 
 A device loses power all the time; one unexplained stop is no verdict on a version, but
 a version that kills the daemon must not hold it in a restart loop.  Two records in the

@@ -1,4 +1,4 @@
-"""TensorRT on the device (SPEC section 7): a ``tensorrt`` target runs the verified ONNX
+"""TensorRT on the device (docs/reference/daemon.md): a ``tensorrt`` target runs the verified ONNX
 artifact through ONNX Runtime's TensorRT execution provider, which builds the engine on
 this GPU and caches it.
 

@@ -1,4 +1,4 @@
-"""Weights shared between the sessions of a model's versions (SPEC section 7, hot-swap).
+"""Weights shared between the sessions of a model's versions (docs/reference/daemon.md, hot swap).
 
 A fine-tune changes some tensors and leaves the rest as they were.  ONNX Runtime lets a
 session take its initializers from the caller (``SessionOptions.add_initializer``) and

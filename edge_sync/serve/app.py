@@ -1,6 +1,6 @@
 """Open Inference Protocol v2 (REST) on the device: health, metadata, inference with
 the binary tensor data extension, Triton's model configuration and repository index,
-and ``/status`` (SPEC section 7).
+and ``/status`` (docs/reference/daemon.md).
 
 Requests are answered from the engine each model serves now (:meth:`EngineHost.current`);
 a request holds the engine it started on, so a swap never breaks one in flight; every

@@ -1,7 +1,7 @@
 """The device's state dir: one atomically replaced state file, content-addressed blobs,
 a lock, and the daemon's announcement (stable API).
 
-Layout (SPEC section 7)::
+Layout (docs/reference/daemon.md)::
 
     <state_dir>/            0700: only the daemon's user reads it or takes its lock
       lock                  held (flock) by the running daemon; a second one is refused

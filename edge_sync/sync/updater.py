@@ -1,5 +1,5 @@
 """One sync of the device: detect, verify, plan, fetch, verify bytes, apply, build,
-self-test, swap, commit (SPEC section 7, "Loop").
+self-test, swap, commit (docs/reference/daemon.md, "The loop").
 
 :class:`Updater` is what the daemon calls once per poll.  Every file it acts on is a
 TUF target verified by :class:`~edge_sync.sync.trust.DeviceTrust`; the watcher's source (the
@@ -1120,7 +1120,7 @@ def _worst(
 
 
 def _said(method: str) -> Literal["delta", "full", "cached"]:
-    """The method as status reports it (SPEC: a prebuilt engine is a full file too)."""
+    """The method as status reports it (docs/reference/status.md: a prebuilt engine is full)."""
     return "full" if method == "engine" else method  # type: ignore[return-value]
 
 

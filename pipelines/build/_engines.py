@@ -7,7 +7,7 @@
   kernels are provider-specific, so a CPU-optimized graph is no engine for CUDA.
 * ``tensorrt`` targets: a serialized engine ``<target>.plan``, only where ``tensorrt``
   imports and a GPU is present.  Engines are specific to the GPU and TensorRT version,
-  so devices build their own (SPEC 7); here it proves the graph builds.
+  so devices build their own (docs/reference/daemon.md); here it proves the graph builds.
 
 A target this runner cannot build is recorded as "built on device", not as a failure.
 """

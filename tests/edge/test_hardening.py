@@ -99,7 +99,7 @@ def test_a_failed_commit_keeps_serving_the_committed_version(rig: EdgeRig) -> No
         assert report.result == "failed"
         committed = up.state.load().models["mlp"].serving
         engine = up.host.current("mlp")
-        # SPEC: failure at any stage keeps serving the current version
+        # docs/reference/daemon.md: failure at any stage keeps serving the current version
         assert engine.version == committed.version == "1.0.0"
         assert _blob(rig, engine.sha256).exists()
 
@@ -295,7 +295,7 @@ def test_sigterm_during_a_slow_download_stops_promptly(rig: EdgeRig) -> None:
             rc = proc.wait(10)
         except subprocess.TimeoutExpired:
             rc = None
-        assert rc == 0  # SPEC: SIGTERM drains and exits 0 (systemd: TimeoutStopSec=60)
+        assert rc == 0  # docs/reference/daemon.md: SIGTERM drains, exits 0 (TimeoutStopSec=60)
     finally:
         proc.kill()
         proc.wait()

@@ -231,7 +231,7 @@ def test_a_healthy_version_becomes_last_known_good_and_the_old_engine_goes(rig: 
 
 def test_a_gate_with_no_traffic_ends_unjudged_and_blames_nothing(rig: Any) -> None:
     """No request in four windows (the window, extended three times): the version
-    stands, known good, with "not judged" as the reason (README, "Health gate")."""
+    stands, known good, with "not judged" as the reason (docs/reference/daemon.md)."""
     recorder = _gated(rig, window_s=0.1)
     with rig.updater() as up:
         up.sync()

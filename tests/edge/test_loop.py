@@ -1,4 +1,4 @@
-"""The daemon's timing rules (SPEC section 7): poll with jitter, back off on failure;
+"""The daemon's timing rules (docs/reference/daemon.md): poll with jitter, back off on failure;
 and the channels document's sequences as high-water marks across syncs."""
 
 from __future__ import annotations

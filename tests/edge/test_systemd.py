@@ -36,7 +36,7 @@ def _unit(text: str) -> configparser.ConfigParser:
 
 
 def _edge_yaml(path: Path, **overrides: Any) -> Path:
-    """An ``edge.yaml`` with absolute paths (the device's layout of SPEC section 7)."""
+    """An ``edge.yaml`` with absolute paths (the device's layout, docs/reference/daemon.md)."""
     doc: dict[str, Any] = {
         "apiVersion": "modelreg/v1", "kind": "EdgeConfig", "device": {"id": "cam-1"},
         "repository": {"url": "git://127.0.0.1/fleet.git"},

@@ -82,7 +82,7 @@ ALLOWED = {
 
 
 def test_dependency_direction() -> None:
-    # SPEC section 2: registry <- signing <- pipelines; registry, signing <- edge_sync;
+    # docs/architecture.md: registry <- signing <- pipelines; registry, signing <- edge_sync;
     # registry <- fleet.
 
     ours = {*ALLOWED, "modelreg"}
