@@ -17,7 +17,7 @@ own process:
   by its repository API (the model's settings rewritten, then ``POST
   /v2/repository/models/mlp/load``, every 0.5 s).
 
-The load comes from ``benchmarks.loadgen`` in its own process (16 and 200 requests in
+The load comes from ``modelreg.loadgen`` in its own process (16 and 200 requests in
 flight, the golden input of 2 x 16 floats; every answer is checked against the goldens of
 the version it names).  With two or more CPUs, the servers are pinned to the first, the
 generator to the second: each server gets one core, the generator never takes it.  The
@@ -76,7 +76,7 @@ from benchmarks._serving_fixture import (
 from benchmarks._serving_process import Server, Swaps, tree_cpu_s
 from benchmarks._serving_runner import run_runner, start_ours
 from benchmarks._util import BENCH_DIR, BenchmarkError, busy_warning, machine_info
-from benchmarks.loadgen import LoadError, LoadResult, run_load_subprocess
+from modelreg.loadgen import LoadError, LoadResult, run_load_subprocess
 
 NAME: Final = "serving"
 CONCURRENCY: Final = (16, 200)

@@ -330,8 +330,8 @@ class Demo:
 
         import numpy as np
 
-        from benchmarks.loadgen import LoadResult, run_load_subprocess
         from edge_sync.daemon import status_document
+        from modelreg.loadgen import LoadResult, run_load_subprocess
 
         listen = status_document(edge)["daemon"]["listen"]
         with np.load(self.work / "examples/mlp/1.0.0.inputs.npz") as held:
@@ -352,7 +352,7 @@ class Demo:
         results: list[LoadResult] = []
         load = threading.Thread(target=lambda: results.append(run_load_subprocess(
             url, body.encode(), concurrency=16, duration_s=8)))  # fmt: skip
-        print(f"$ python -m benchmarks.loadgen {url} --concurrency 16 --duration 8 &")
+        print(f"$ python -m modelreg.loadgen {url} --concurrency 16 --duration 8 &")
         load.start()
         time.sleep(3)
         proc = Path(f"/proc/{daemon.pid}")

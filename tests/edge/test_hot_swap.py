@@ -1,5 +1,5 @@
 """Hot-swap under load, on real HTTP on loopback with the load generator in its own
-process (``benchmarks.loadgen``):
+process (``modelreg.loadgen``):
 
 * 200 requests kept in flight across 24 swaps (each built beside the serving engine
   and self-tested on its goldens, as the updater does): no request fails, and every
@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.loadgen import LoadResult, run_load_subprocess
 from edge_sync.engine.host import InProcessHost
 from edge_sync.engine.ort import GoldenCase, LoadRequest, self_test
 from edge_sync.serve.app import create_app
 from edge_sync.serve.recorder import Recorder
+from modelreg.loadgen import LoadResult, run_load_subprocess
 from tests.edge import models
 from tests.edge.conftest import EdgeRig
 

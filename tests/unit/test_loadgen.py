@@ -1,7 +1,7 @@
-"""The serving benchmark's load generator (``benchmarks.loadgen``) against a tiny HTTP/1.1
-server on loopback: it keeps the asked number of requests in flight, records each
-answer's latency, status and ``model_version``, counts failures by reason, and runs the
-same way in its own process."""
+"""The load generator of the demo and the serving benchmark (``modelreg.loadgen``)
+against a tiny HTTP/1.1 server on loopback: it keeps the asked number of requests in
+flight, records each answer's latency, status and ``model_version``, counts failures by
+reason, and runs the same way in its own process."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.loadgen import LoadError, LoadResult, run_load, run_load_subprocess
+from modelreg.loadgen import LoadError, LoadResult, run_load, run_load_subprocess
 
 
 class _Server(ThreadingHTTPServer):

@@ -1,4 +1,5 @@
-"""A closed-loop HTTP load generator for the serving benchmark and the hot-swap tests.
+"""A closed-loop HTTP load generator: the demo's traffic during a swap, the serving
+benchmark and the hot-swap tests.
 
 ``concurrency`` connections to one server on loopback each keep one request in flight
 (HTTP/1.1 keep-alive, no pipelining): a response is answered by the next request at once,
@@ -20,7 +21,7 @@ The public API (stable for the tests that import it)::
 Why raw asyncio streams rather than httpx or aiohttp: on the 2-core machines this runs
 on, the generator shares the CPUs with the server it measures.  Measured against the
 device server pinned to one core, the generator to the other (``python -m
-benchmarks.loadgen URL --body FILE --duration 5 --compare-clients``, 2 x 16 floats per
+modelreg.loadgen URL --body FILE --duration 5 --compare-clients``, 2 x 16 floats per
 request): httpx 0.29 used 1.7 ms of CPU per request at 16 in flight and 11 ms at 200,
 and was the bottleneck (560 and 88 requests/s, against the server's 1,000 to 2,200);
 aiohttp 3.14 kept up when it had a core to itself, at 135 to 150 us per request; these
@@ -30,6 +31,10 @@ are exactly the same for every server (aiohttp and httpx add ``Accept-Encoding: 
 which switches MLServer's gzip middleware on for larger answers).  The HTTP subset is
 small and fixed: one prepared request; responses read by ``Content-Length`` or chunked
 transfer coding; any other response is a failed request.
+
+It ships in the ``modelreg`` package, not beside the benchmarks, because ``python -m
+modelreg.demo`` drives its traffic step with it from an installed wheel, where no
+``benchmarks`` folder exists.
 """
 
 from __future__ import annotations
@@ -60,7 +65,10 @@ Check = Callable[[Mapping[str, Any]], str | None]
 MAX_HEADER_BYTES: Final = 64 << 10
 MAX_BODY_BYTES: Final = 64 << 20
 """Largest response read (a larger one is a failure, and the connection is dropped)."""
-_REPO_ROOT: Final = Path(__file__).resolve().parents[1]
+_IMPORT_ROOT: Final = Path(__file__).resolve().parents[1]
+"""The folder this ``modelreg`` was imported from, put first on a generator process's
+path so that it runs this same copy: the checkout's root when run from one (where a
+``check`` in ``tests/`` or ``benchmarks/`` imports too), site-packages when installed."""
 
 
 class LoadError(RuntimeError):
@@ -216,18 +224,18 @@ class _Connection:
 
     def __init__(self, target: _Target) -> None:
         self.target = target
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def open(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        self.streams = await asyncio.open_connection(
             self.target.host, self.target.port, limit=MAX_HEADER_BYTES
         )
+        return self.streams
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
+        if self.streams is not None:
+            self.streams[1].close()
+        self.streams = None
 
     async def exchange(self) -> tuple[int, dict[str, str], bytes]:
         """Send the request, read the response: status, headers (lower-case), body.
@@ -236,12 +244,9 @@ class _Connection:
             OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError:
                 the connection broke or the response is not HTTP/1.1 as expected.
         """
-        if self.writer is None:
-            await self.open()
-        assert self.reader is not None
-        assert self.writer is not None
-        self.writer.write(self.target.request)
-        head = await self.reader.readuntil(b"\r\n\r\n")
+        reader, writer = self.streams or await self.open()
+        writer.write(self.target.request)
+        head = await reader.readuntil(b"\r\n\r\n")
         status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
         status = int(status_line.split(" ", 2)[1])
         headers = {}
@@ -252,28 +257,28 @@ class _Connection:
             length = int(headers["content-length"])
             if length > MAX_BODY_BYTES:
                 raise ValueError(f"a {length}-byte response")
-            body = await self.reader.readexactly(length)
+            body = await reader.readexactly(length)
         elif headers.get("transfer-encoding", "").lower() == "chunked":
-            body = await self._chunked()
+            body = await self._chunked(reader)
         else:
             raise ValueError("a response with neither Content-Length nor chunked coding")
         if headers.get("connection", "").lower() == "close":
             self.close()
         return status, headers, body
 
-    async def _chunked(self) -> bytes:
-        assert self.reader is not None
+    @staticmethod
+    async def _chunked(reader: asyncio.StreamReader) -> bytes:
         body = bytearray()
         while True:
-            size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:
-                while await self.reader.readuntil(b"\r\n") != b"\r\n":
+                while await reader.readuntil(b"\r\n") != b"\r\n":
                     pass  # trailers
                 return bytes(body)
             if len(body) + size > MAX_BODY_BYTES:
                 raise ValueError("a response over the size limit")
-            body += await self.reader.readexactly(size)
-            await self.reader.readexactly(2)
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
 
 
 def _judge(
@@ -320,6 +325,16 @@ class _Recorder:
     errors: list[str | None] = field(default_factory=list)
     finished: list[float] = field(default_factory=list)
 
+    def add(
+        self, latency: float, status: int, version: str | None, error: str | None, at: float
+    ) -> None:
+        """One answered (or failed) request, ``at`` seconds from the start."""
+        self.latencies.append(latency)
+        self.statuses.append(status)
+        self.versions.append(version)
+        self.errors.append(error)
+        self.finished.append(at)
+
 
 async def _run(plan: _Plan) -> LoadResult:
     connections = [_Connection(plan.target) for _ in range(plan.concurrency)]
@@ -353,11 +368,7 @@ async def _run(plan: _Plan) -> LoadResult:
             version, error = _judge(status, headers, body, plan.check)
         done = clock()
         if record:
-            rec.latencies.append(done - sent)
-            rec.statuses.append(status)
-            rec.versions.append(version)
-            rec.errors.append(error)
-            rec.finished.append(done - origin)
+            rec.add(done - sent, status, version, error, done - origin)
 
     async def worker(conn: _Connection) -> None:
         nonlocal budget
@@ -464,8 +475,8 @@ def run_load_subprocess(
     ``cpus``, no CPU) with a server in this process.
 
     Args:
-        check: ``"module:function"``, a :data:`Check` the child imports (the repository
-            root is on its path).
+        check: ``"module:function"``, a :data:`Check` the child imports (the folder
+            this ``modelreg`` came from is on its path: the checkout's root in one).
         cpus: pin the generator to these CPUs (Linux; None: wherever the OS runs it).
         python: the interpreter to run it with.
         url, body, concurrency, duration_s, count, headers, timeout_s, warmup_s: as for
@@ -482,7 +493,7 @@ def run_load_subprocess(
     with tempfile.TemporaryDirectory(prefix="loadgen-") as tmp:
         body_file, out_file = Path(tmp) / "body", Path(tmp) / "result.json"
         body_file.write_bytes(body)
-        argv = [python, "-m", "benchmarks.loadgen", url, "--body", str(body_file),
+        argv = [python, "-m", "modelreg.loadgen", url, "--body", str(body_file),
                 "--concurrency", str(concurrency), "--timeout", str(timeout_s),
                 "--warmup", str(warmup_s), "--json-out", str(out_file)]  # fmt: skip
         argv += ["--duration", str(duration_s)] if duration_s is not None else []
@@ -492,7 +503,7 @@ def run_load_subprocess(
         for name, value in (headers or {}).items():
             argv += ["--header", f"{name}: {value}"]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
+            p for p in (str(_IMPORT_ROOT), os.environ.get("PYTHONPATH", "")) if p)}  # fmt: skip
         limit = (duration_s or 0) + warmup_s + timeout_s + 120 + (count or 0) * 0.01
         try:
             proc = subprocess.run(argv, env=env, capture_output=True, text=True,
@@ -586,7 +597,7 @@ def _import_check(ref: str) -> Check:
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.loadgen",
+        prog="python -m modelreg.loadgen",
         description="keep N requests in flight against one URL; print or write the result",
     )
     parser.add_argument("url")
