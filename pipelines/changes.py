@@ -12,7 +12,8 @@ from typing import Any
 
 from registry.errors import ManifestError, UsageError
 from registry.gitinfo import git
-from registry.repository import VERSIONS_DIR, Repository
+from registry.layout import version_file
+from registry.repository import Repository
 
 __all__ = ["changed_versions"]
 
@@ -60,10 +61,8 @@ def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
         if inputs & changed or (spec.signature is None and entry.name in signature_changed):
             selected.add((entry.name, entry.version))
     for name, version in repo.broken:
-        if version is not None:
-            path = f"{repo.config.manifests}/{name}/{VERSIONS_DIR}/{version}.yaml"
-            if path in changed:
-                selected.add((name, version))
+        if version is not None and version_file(repo.config.manifests, name, version) in changed:
+            selected.add((name, version))
     return selected
 
 

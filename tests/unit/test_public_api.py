@@ -350,6 +350,18 @@ PUBLIC: dict[str, set[str]] = {
         "read_npz",
         "tensor_set",
     },
+    "registry.layout": {
+        "MODEL_FILE",
+        "ManifestPath",
+        "VERSIONS_DIR",
+        "VERSION_SUFFIX",
+        "model_dir",
+        "model_file",
+        "parse_manifest_path",
+        "version_file",
+        "version_file_name",
+        "versions_dir",
+    },
     "registry.progress": {
         "LineReporter",
         "ProgressReporter",
