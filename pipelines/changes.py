@@ -1,8 +1,10 @@
-"""Which versions a branch changed: what ``ci pr`` builds and diffs, one rule for both.
+"""Which versions a branch changed: what ``ci pr`` builds, diffs and checks for changed
+deprecations, one rule for all three.
 
-Shared by the build and the diff (and memoized per run by
-:meth:`pipelines.context.ReleaseContext.changed_since`), so that what a pull request
-builds is also what its comment diffs.
+Shared by the build, the diff and ``ci pr``'s deprecation check (and memoized per run
+by :meth:`pipelines.context.ReleaseContext.changed_since`), so that what a pull request
+builds is also what its comment diffs and what it says of deprecations, and git is
+asked once.
 """
 
 from __future__ import annotations

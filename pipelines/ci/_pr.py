@@ -8,7 +8,7 @@ load and pass their goldens, and what changed against their parents.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
@@ -154,7 +154,11 @@ class _Deprecation:
 
 
 def _deprecations(
-    repo: Repository, pr: PullRequest, base_config: RepoConfig, on_base: _BaseModels
+    repo: Repository,
+    pr: PullRequest,
+    base_config: RepoConfig,
+    on_base: _BaseModels,
+    changed: Collection[tuple[str, str]],
 ) -> tuple[list[_Deprecation], list[_Promotion]]:
     """Deprecations the pull request changes, and the approvals an un-deprecation needs.
 
@@ -162,23 +166,21 @@ def _deprecations(
     away lets the version be promoted again, so it needs the approvals of the model's
     base policy (at least one when the base has none), and the comment says so.  A
     released deprecation cannot be removed at all (``released_deprecations``).
+
+    Args:
+        changed: the versions the pull request changes, as the build sees them
+            (:func:`pipelines.changes.changed_versions`): each is compared with its
+            manifest on the base, where the base's configuration puts it.
     """
     from pipelines.ci._base import show
     from registry.schema import ModelVersion
 
-    changed = git(
-        repo.root, "diff", "--name-only", "-z", "--relative", pr.base, "--",
-        repo.config.manifests, base_config.manifests,
-    ).stdout  # fmt: skip
-    paths = set(filter(None, changed.split("\x00")))
     found: list[_Deprecation] = []
     promotions: list[_Promotion] = []
     for entry in repo.all_versions():
-        rel = version_file(base_config.manifests, entry.name, entry.version)
-        # by its path in the repository (what `git diff --relative` names), never by its
-        # display name, which depends on the folder the command runs from
-        if rel not in paths and repo.relative(entry.path) not in paths:
+        if (entry.name, entry.version) not in changed:
             continue
+        rel = version_file(base_config.manifests, entry.name, entry.version)
         data = show(repo.root, pr.base, rel)
         before = None
         if data is not None:
@@ -572,7 +574,7 @@ def _ci_pr(
     dvc_changed = dvc_config_changed(changes)
     judged = _Judged([], "not checked (invalid manifests)")
     if not problems:
-        problems, judged = _judge(repo, pr, dvc_changed, env)
+        problems, judged = _judge(run, pr, dvc_changed)
     waiting, approvals, moves, deprecations = (
         judged.waiting,
         judged.approvals,
@@ -628,18 +630,20 @@ class _Judged:
 
 
 def _judge(
-    repo: Repository, pr: PullRequest, dvc_changed: list[str], env: Mapping[str, str]
+    run: ReleaseContext, pr: PullRequest, dvc_changed: list[str]
 ) -> tuple[list[Problem], _Judged]:
     """Policy, trust and approvals, each as the base commit has them."""
     from pipelines.ci._base import config_at
 
+    repo = run.repo
     base_config = config_at(repo.root, pr.base) or repo.config
     on_base = _base_models(repo.root, base_config, pr.base)
     problems, promotions, moves = _promotions(repo, pr, on_base, base_config)
-    deprecations, undone = _deprecations(repo, pr, base_config, on_base)
+    changed = run.changed_since(pr.base)
+    deprecations, undone = _deprecations(repo, pr, base_config, on_base, changed)
     promotions += undone + _config_changes(repo, pr, base_config, on_base, dvc_changed)
     problems += _trust_problems(repo, pr, base_config)
-    waiting, approvals = approval_problems(promotions, pr, env)
+    waiting, approvals = approval_problems(promotions, pr, run.env)
     return problems, _Judged(waiting, approvals, moves, deprecations)
 
 
