@@ -45,27 +45,27 @@ VERSIONS_DIR: Final = "versions"
 VERSION_SUFFIX: Final = ".yaml"
 """How a version file's name ends: ``<version>.yaml``."""
 
-P = TypeVar("P", str, Path)
+_P = TypeVar("_P", str, Path)
 """A path as the caller holds it: a POSIX string, or a ``Path``."""
 
 
-def _join(base: P, *parts: str) -> P:
+def _join(base: _P, *parts: str) -> _P:
     if isinstance(base, str):
         return "/".join((base, *parts) if base else parts)  # "": the folder itself
     return base.joinpath(*parts)
 
 
-def model_dir(manifests: P, model: str) -> P:
+def model_dir(manifests: _P, model: str) -> _P:
     """The folder of model ``model``."""
     return _join(manifests, model)
 
 
-def model_file(manifests: P, model: str) -> P:
+def model_file(manifests: _P, model: str) -> _P:
     """The ``model.yaml`` of model ``model``."""
     return _join(manifests, model, MODEL_FILE)
 
 
-def versions_dir(manifests: P, model: str) -> P:
+def versions_dir(manifests: _P, model: str) -> _P:
     """The folder of model ``model``'s version files."""
     return _join(manifests, model, VERSIONS_DIR)
 
@@ -75,7 +75,7 @@ def version_file_name(version: str) -> str:
     return f"{version}{VERSION_SUFFIX}"
 
 
-def version_file(manifests: P, model: str, version: str) -> P:
+def version_file(manifests: _P, model: str, version: str) -> _P:
     """The manifest of version ``version`` of model ``model``."""
     return _join(manifests, model, VERSIONS_DIR, version_file_name(version))
 
