@@ -54,7 +54,7 @@ __all__ = [
     "ServeConfig",
     "ServeLimitsConfig",
     "Subscription",
-    "TrustConfig",
+    "TrustAnchorConfig",
     "load_edge_config",
     "parse_duration",
     "parse_size",
@@ -173,7 +173,7 @@ class RepositoryConfig(Strict):
         return self
 
 
-class TrustConfig(Strict):
+class TrustAnchorConfig(Strict):
     """The provisioned trust anchor (the repository's ``1.root.json``)."""
 
     root: Text
@@ -331,7 +331,7 @@ class EdgeConfig(Strict):
     kind: Literal["EdgeConfig"]
     device: DeviceConfig
     repository: RepositoryConfig
-    trust: TrustConfig
+    trust: TrustAnchorConfig
     artifacts: ArtifactsConfig
     models: Annotated[list[Subscription], Field(max_length=64), AfterValidator(_unique_models)] = (
         Field(default_factory=list)

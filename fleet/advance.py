@@ -23,9 +23,10 @@ from registry.edit import set_channel, set_hold
 from registry.errors import ManifestError, PolicyError, Problem, RepositoryError, UsageError
 from registry.gitinfo import git
 from registry.history import Assignment, LogCommit, rollout_started
+from registry.layout import model_file
 from registry.loader import load_manifest
 from registry.promote import declared_model, git_path
-from registry.repository import MODEL_FILE, Repository, load_repository
+from registry.repository import Repository, load_repository
 from registry.schema import Rollout
 from registry.yamlsrc import parse_yaml
 
@@ -257,13 +258,13 @@ def advance(
     trust = git_path(repo, repo.config.trust.metadata)
     steps: list[ChannelStep] = []
     for target in staged_channels(repo, model, channel):
-        model_file = git_path(repo, f"{repo.config.manifests}/{target.model}/{MODEL_FILE}")
-        if model_file is None:
+        declared = git_path(repo, model_file(repo.config.manifests, target.model))
+        if declared is None:
             raise RepositoryError(f"{repo.root} is not inside a git work tree")
         if not dry_run:
             _committed(repo, target)
         current = Assignment(target.version, target.rollout.percent)
-        started = rollout_started(repo.root, model_file, target.channel, current, released=trust)
+        started = rollout_started(repo.root, declared, target.channel, current, released=trust)
         progress = progress_of(target.model, target.channel, target.version, target.rollout.percent)
         decision = decide(
             target.rollout, _started_at(started), moment, progress, version=target.version

@@ -1,8 +1,10 @@
-"""Which versions a branch changed: what ``ci pr`` builds and diffs, one rule for both.
+"""Which versions a branch changed: what ``ci pr`` builds, diffs and checks for changed
+deprecations, one rule for all three.
 
-Shared by the build and the diff (and memoized per run by
-:meth:`pipelines.context.ReleaseContext.changed_since`), so that what a pull request
-builds is also what its comment diffs.
+Shared by the build, the diff and ``ci pr``'s deprecation check (and memoized per run
+by :meth:`pipelines.context.ReleaseContext.changed_since`), so that what a pull request
+builds is also what its comment diffs and what it says of deprecations, and git is
+asked once.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 
 from registry.errors import ManifestError, UsageError
 from registry.gitinfo import git
-from registry.repository import VERSIONS_DIR, Repository
+from registry.layout import version_file
+from registry.repository import Repository
 
 __all__ = ["changed_versions"]
 
@@ -60,10 +63,8 @@ def changed_versions(repo: Repository, base: str) -> set[tuple[str, str]]:
         if inputs & changed or (spec.signature is None and entry.name in signature_changed):
             selected.add((entry.name, entry.version))
     for name, version in repo.broken:
-        if version is not None:
-            path = f"{repo.config.manifests}/{name}/{VERSIONS_DIR}/{version}.yaml"
-            if path in changed:
-                selected.add((name, version))
+        if version is not None and version_file(repo.config.manifests, name, version) in changed:
+            selected.add((name, version))
     return selected
 
 

@@ -14,10 +14,15 @@ import semver
 
 from registry.dvcfile import check_pointer
 from registry.errors import Problem, UnsafeFileError, quote
+from registry.layout import (
+    model_dir,
+    model_file,
+    parse_manifest_path,
+    version_file,
+    version_file_name,
+)
 from registry.loader import format_loc
 from registry.repository import (
-    MODEL_FILE,
-    VERSIONS_DIR,
     ModelEntry,
     Repository,
     VersionEntry,
@@ -62,14 +67,15 @@ def _identity(repo: Repository, entry: VersionEntry) -> Iterator[Problem]:
         yield _at(
             doc,
             ("metadata", "version"),
-            f"is {meta.version!r} but the file is named {entry.version}.yaml",
+            f"is {meta.version!r} but the file is named {version_file_name(entry.version)}",
         )
     if entry.name not in repo.models and (entry.name, None) not in repo.broken:
         yield _at(
             doc,
             ("metadata", "name"),
             f"model {entry.name!r} is not declared "
-            f"(add manifests/{entry.name}/model.yaml: `modelreg model add {entry.name}`)",
+            f"(add {model_file(repo.config.manifests, entry.name)}: "
+            f"`modelreg model add {entry.name}`)",
         )
 
 
@@ -441,21 +447,22 @@ def _depends_on(repo: Repository, selected: list[Path]) -> set[Path]:
     for path in selected:
         if path == folder or not path.is_relative_to(folder):
             continue
-        name, *rest = path.relative_to(folder).parts
-        model_dir = folder / name
-        needed.add(model_dir / MODEL_FILE)
+        name = path.relative_to(folder).parts[0]
+        needed.add(model_file(folder, name))
         versions = repo.versions.get(name, {})
-        if len(rest) == 2 and rest[0] == VERSIONS_DIR:  # a version: its parent chain
-            entry, seen = versions.get(Path(rest[1]).stem), set[str]()
+        found = parse_manifest_path(path, folder)
+        if found is not None and found.version is not None:  # a version: its parent chain
+            entry, seen = versions.get(found.version), set[str]()
             while entry is not None and entry.manifest.spec.parent not in (None, *seen):
                 parent = str(entry.manifest.spec.parent)
                 seen.add(parent)
-                needed.add(model_dir / VERSIONS_DIR / f"{parent}.yaml")
+                needed.add(version_file(folder, name, parent))
                 entry = versions.get(parent)
-        elif rest in ([], [MODEL_FILE]):  # the model: the versions its channels serve
+        elif path in (model_dir(folder, name), model_file(folder, name)):
+            # the model: the versions its channels serve
             model = repo.models.get(name)
             for assignment in model.manifest.spec.channels.values() if model else ():
-                needed.add(model_dir / VERSIONS_DIR / f"{assignment.version}.yaml")
+                needed.add(version_file(folder, name, assignment.version))
     return needed
 
 

@@ -25,7 +25,8 @@ from typing import Any, Final, Literal
 
 from registry.errors import ManifestError, ToolError
 from registry.gitinfo import git
-from registry.repository import MODEL_FILE, VERSIONS_DIR, parse_version
+from registry.layout import model_file, parse_manifest_path
+from registry.repository import parse_version
 from registry.schema import is_semver
 from registry.yamlsrc import parse_yaml
 
@@ -133,7 +134,8 @@ class ModelLog:
     @property
     def model_file(self) -> str:
         """The model's ``model.yaml``."""
-        return f"{self.model_dir}/{MODEL_FILE}"
+        manifests, _, model = self.model_dir.rpartition("/")
+        return model_file(manifests, model)
 
 
 def parse_log(text: str) -> list[LogCommit]:
@@ -300,7 +302,7 @@ def derive_events(
         log: where the model and its trust metadata live.
         models: ``<sha>:<model.yaml>`` -> the file's bytes at that commit.
     """
-    versions_dir = f"{log.model_dir}/{VERSIONS_DIR}/"
+    manifests, _, model = log.model_dir.rpartition("/")
     by_file: dict[str, list[str]] = {}
     for version, release in log.releases.items():
         by_file.setdefault(release.targets_file, []).append(version)
@@ -310,8 +312,9 @@ def derive_events(
         here: list[Event] = []
         base = (commit.sha, commit.author, commit.date, commit.subject, commit.pr)
         for status, path in commit.changes:
-            if path.startswith(versions_dir) and path.endswith(".yaml"):
-                version = path[len(versions_dir) : -len(".yaml")]
+            found = parse_manifest_path(path, manifests)
+            if found is not None and found.model == model and found.version is not None:
+                version = found.version
                 if is_semver(version) and status in "AD":
                     kind: EventKind = "version added" if status == "A" else "version removed"
                     here.append(Event(kind, *base, version=version))

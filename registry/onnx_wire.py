@@ -53,8 +53,10 @@ class WireFormatError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Tensor:
-    """One initializer whose values are stored inline in ``raw_data``.
+class InitializerSpan:
+    """One initializer tensor as the wire walk finds it: its name, type and shape, and
+    where its bytes lie (its inline ``raw_data`` in the model file, or for
+    :class:`ExternalSpan` a span of an external data file).
 
     Attributes:
         name: the tensor's name (raw bytes, compared as such).
@@ -177,7 +179,7 @@ def _dims(buf: Any, wire: int, value: int, pos: int, stop: int) -> list[int]:
     return dims
 
 
-def _tensor(buf: Any, start: int, end: int) -> Tensor | None:
+def _tensor(buf: Any, start: int, end: int) -> InitializerSpan | None:
     name = b""
     data_type = 0
     dims: list[int] = []
@@ -195,10 +197,10 @@ def _tensor(buf: Any, start: int, end: int) -> Tensor | None:
             raw = (pos, stop - pos)
     if raw is None:
         return None
-    return Tensor(name, data_type, tuple(dims), raw[0], raw[1])
+    return InitializerSpan(name, data_type, tuple(dims), raw[0], raw[1])
 
 
-def initializers(data: memoryview) -> list[Tensor]:
+def initializers(data: memoryview) -> list[InitializerSpan]:
     """The inline initializers of a serialized ``ModelProto``, in file order.
 
     Tensors without ``raw_data`` (typed repeated fields, external data) are left out:
@@ -207,7 +209,7 @@ def initializers(data: memoryview) -> list[Tensor]:
     Raises:
         WireFormatError: ``data`` is not a well-formed protobuf message.
     """
-    tensors: list[Tensor] = []
+    tensors: list[InitializerSpan] = []
     for number, wire, _key_at, _value, pos, stop in fields(data, 0, len(data)):
         if number != _MODEL_GRAPH:
             continue
@@ -242,7 +244,7 @@ class ExternalSpan:
             ``registry.schema.file_name_problem``).
     """
 
-    tensor: Tensor
+    tensor: InitializerSpan
     location: str
 
 
@@ -306,7 +308,7 @@ def _span(
         raise WireFormatError(f"external data length of {name!r} is not a number") from None
     if offset < 0 or length < 0:
         raise WireFormatError(f"external data span of {name!r} is negative")
-    return ExternalSpan(Tensor(name, data_type, dims, offset, length), location)
+    return ExternalSpan(InitializerSpan(name, data_type, dims, offset, length), location)
 
 
 def external_initializers(data: Any) -> list[ExternalSpan]:

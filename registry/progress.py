@@ -1,7 +1,7 @@
 """Progress of long steps: live on a terminal, one line per stage in CI logs (stable API).
 
 Long work (DVC pulls and pushes, hashing, deltas, builds, MLflow uploads) runs inside
-:func:`stage`; what the user sees depends on the :class:`Reporter` the command runs
+:func:`stage`; what the user sees depends on the :class:`ProgressReporter` the command runs
 under, chosen once by the CLI (:func:`for_environment`, installed with
 :func:`reporting`):
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LineReporter",
-    "Reporter",
+    "ProgressReporter",
     "RichReporter",
     "Stage",
     "for_environment",
@@ -79,7 +79,7 @@ class Stage:
     started: float = field(default_factory=time.perf_counter)
     elapsed: float = 0.0
     failed: bool = False
-    _reporter: Reporter | None = field(default=None, repr=False, compare=False)
+    _reporter: ProgressReporter | None = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -93,7 +93,7 @@ class Stage:
             self._reporter.advanced(self)
 
 
-class Reporter:
+class ProgressReporter:
     """Shows nothing: the reporter of library calls and piped output.
 
     Subclasses override the hooks; each is called in the thread that runs the stage.
@@ -112,7 +112,7 @@ class Reporter:
         """The command is over: release the terminal."""
 
 
-class LineReporter(Reporter):
+class LineReporter(ProgressReporter):
     """One line per finished stage with its time: for CI logs.
 
     Args:
@@ -134,7 +134,7 @@ class LineReporter(Reporter):
         stream.flush()
 
 
-class RichReporter(Reporter):
+class RichReporter(ProgressReporter):
     """A live ``rich`` display on a terminal.
 
     The display runs only while a stage does, so that whatever a command prints
@@ -240,15 +240,15 @@ class RichReporter(Reporter):
             self._progress = None
 
 
-_SILENT: Final = Reporter()
-_CURRENT: contextvars.ContextVar[Reporter | None] = contextvars.ContextVar(
+_SILENT: Final = ProgressReporter()
+_CURRENT: contextvars.ContextVar[ProgressReporter | None] = contextvars.ContextVar(
     "modelreg_progress", default=None
 )
 
 
 def for_environment(
     env: Mapping[str, str] | None = None, stream: IO[str] | None = None
-) -> Reporter:
+) -> ProgressReporter:
     """The reporter for a command run with ``env`` and showing progress on ``stream``.
 
     ``MODELREG_PROGRESS`` decides when set; else ``CI`` set means plain lines, a
@@ -273,11 +273,11 @@ def for_environment(
         return LineReporter(stream)
     if mode == "rich":
         return RichReporter(stream=stream)
-    return Reporter()
+    return ProgressReporter()
 
 
 @contextlib.contextmanager
-def reporting(reporter: Reporter) -> Iterator[Reporter]:
+def reporting(reporter: ProgressReporter) -> Iterator[ProgressReporter]:
     """Show the stages run inside the block with ``reporter``; close it afterwards."""
     token = _CURRENT.set(reporter)
     try:

@@ -12,10 +12,10 @@ from registry.edit import set_channel
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
 from registry.gitinfo import git, stage
 from registry.history import ChannelHistory, channel_history
+from registry.layout import model_dir, model_file
 from registry.loader import load_manifest
 from registry.policy import promotion_violations, served_channels, unknown_channel
 from registry.repository import (
-    MODEL_FILE,
     ModelEntry,
     Repository,
     load_repository,
@@ -39,7 +39,7 @@ class PromoteResult:
 
 def _model_problems(repo: Repository, name: str) -> list[Problem]:
     """The load problems of the files in model ``name``'s folder."""
-    folder = (repo.root / repo.config.manifests / name).resolve()
+    folder = model_dir(repo.root / repo.config.manifests, name).resolve()
     return [p for p in repo.problems if Path(p.file).resolve().is_relative_to(folder)]
 
 
@@ -59,7 +59,7 @@ def declared_model(repo: Repository, name: str) -> ModelEntry:
     raise ManifestError(
         [
             Problem(
-                f"manifests/{name}/model.yaml",
+                model_file(repo.config.manifests, name),
                 f"model {name!r} is not declared (declared: {known})",
             )
         ]
@@ -102,11 +102,11 @@ def served_history(repo: Repository, model: ModelEntry) -> ChannelHistory:
     Raises:
         ToolError: git fails.
     """
-    model_file = git_path(repo, f"{repo.config.manifests}/{model.name}/{MODEL_FILE}")
+    declared = git_path(repo, model_file(repo.config.manifests, model.name))
     trust = git_path(repo, repo.config.trust.metadata)
-    if model_file is None or trust is None:
+    if declared is None or trust is None:
         return ChannelHistory({})
-    return channel_history(repo.root, model_file, released=trust)
+    return channel_history(repo.root, declared, released=trust)
 
 
 def promote(

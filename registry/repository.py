@@ -30,14 +30,22 @@ from registry.cache import ParseCache, Stamp, in_untrusted_checkout, stamp_of
 from registry.config import RepoConfig, load_config
 from registry.dvcfile import PointerCheck, check_pointer
 from registry.errors import ManifestError, Problem, UnsafeFileError, quote
+from registry.layout import (
+    MODEL_FILE,
+    VERSION_SUFFIX,
+    VERSIONS_DIR,
+    model_dir,
+    model_file,
+    version_file,
+    version_file_name,
+    versions_dir,
+)
 from registry.loader import load_manifest
 from registry.root import CONFIG_FILE, find_root
 from registry.safe_io import check_folder, reusing_folders
 from registry.schema import ModelVersion, RegisteredModel, is_semver, repo_path
 from registry.yamlsrc import DEFAULT_LIMITS, YamlDocument, read_yaml
 
-MODEL_FILE: Final = "model.yaml"
-VERSIONS_DIR: Final = "versions"
 _LINK: Final = "is a symbolic link"
 # Below this many files a pool costs more to start than it saves.
 _PARALLEL_FROM: Final = 1500
@@ -262,7 +270,7 @@ def _scan(
     return [
         task
         for name in _model_folders(manifests, show, problems, only)
-        for task in _scan_model(os.path.join(manifests, name), name, show, problems)
+        for task in _scan_model(str(manifests), name, show, problems)
     ]
 
 
@@ -281,40 +289,41 @@ def _model_folders(
             Problem(display_path(manifests), "manifests folder is missing or not a folder")
         )
         return
-    for model_dir in sorted(os.scandir(manifests), key=lambda e: e.name):
-        if only is not None and model_dir.name not in only:
+    for entry in sorted(os.scandir(manifests), key=lambda e: e.name):
+        if only is not None and entry.name not in only:
             continue
         # A linked folder would move every manifest below it out of the repository
         # (manifests/mlp -> /etc); a linked file would read whatever it points at.
-        if model_dir.is_symlink():
-            problems.append(_linked(model_dir.path, show))
-        elif not model_dir.is_dir(follow_symlinks=False):
-            if model_dir.name.endswith((".yaml", ".yml")):
+        if entry.is_symlink():
+            problems.append(_linked(entry.path, show))
+        elif not entry.is_dir(follow_symlinks=False):
+            if entry.name.endswith((".yaml", ".yml")):
                 problems.append(
                     Problem(
-                        show(model_dir.path),
-                        "unexpected manifest location; use manifests/<model>/model.yaml "
-                        "and manifests/<model>/versions/<version>.yaml",
+                        show(entry.path),
+                        "unexpected manifest location; use "
+                        f"{model_file('manifests', '<model>')} and "
+                        f"{version_file('manifests', '<model>', '<version>')}",
                     )
                 )
-        elif not model_dir.name.startswith("."):
-            yield model_dir.name
+        elif not entry.name.startswith("."):
+            yield entry.name
 
 
-def _scan_model(base: str, name: str, show: _Display, problems: list[Problem]) -> list[_Task]:
-    model_file = os.path.join(base, MODEL_FILE)
-    tasks = [_Task(Path(model_file), show(model_file), "RegisteredModel", name)]
-    for entry in os.scandir(base):
+def _scan_model(manifests: str, name: str, show: _Display, problems: list[Problem]) -> list[_Task]:
+    declared = model_file(manifests, name)
+    tasks = [_Task(Path(declared), show(declared), "RegisteredModel", name)]
+    for entry in os.scandir(model_dir(manifests, name)):
         if entry.name in (MODEL_FILE, VERSIONS_DIR) or not entry.name.endswith((".yaml", ".yml")):
             continue
         problems.append(
             Problem(
                 show(entry.path),
                 f"unexpected file; the model is declared in {MODEL_FILE} "
-                f"and its versions in {VERSIONS_DIR}/<version>.yaml",
+                f"and its versions in {VERSIONS_DIR}/{version_file_name('<version>')}",
             )
         )
-    versions = Path(base, VERSIONS_DIR)
+    versions = Path(versions_dir(manifests, name))
     if versions.is_symlink():
         problems.append(_linked(str(versions), show))
         return tasks
@@ -323,7 +332,7 @@ def _scan_model(base: str, name: str, show: _Display, problems: list[Problem]) -
     for entry in sorted(os.scandir(versions), key=lambda e: e.name):
         if entry.name.endswith(".yml"):
             problems.append(Problem(show(entry.path), "version files end in .yaml, not .yml"))
-        elif entry.name.endswith(".yaml"):
+        elif entry.name.endswith(VERSION_SUFFIX):
             # A linked version file is a task too: read_yaml refuses it, with its name.
             tasks.append(_Task(Path(entry.path), show(entry.path), "ModelVersion", name))
     return tasks
@@ -533,7 +542,7 @@ def _named_by_version(result: _Result) -> _Result:
     place in that order), so such a file never enters ``Repository.versions``.
     """
     task = result.task
-    stem = task.path.name.removesuffix(".yaml")
+    stem = task.path.name.removesuffix(VERSION_SUFFIX)
     if task.kind != "ModelVersion" or is_semver(stem):
         return result
     loc = ("metadata", "version")
@@ -541,7 +550,11 @@ def _named_by_version(result: _Result) -> _Result:
     declared = (
         result.manifest.metadata.version if isinstance(result.manifest, ModelVersion) else None
     )
-    fix = f"rename it {declared}.yaml" if declared else "name it <MAJOR.MINOR.PATCH>.yaml"
+    fix = (
+        f"rename it {version_file_name(declared)}"
+        if declared
+        else f"name it {version_file_name('<MAJOR.MINOR.PATCH>')}"
+    )
     problem = Problem(
         task.file,
         f"file name {quote(stem)} is not a SemVer version; {fix}",
@@ -632,7 +645,7 @@ def outline(start: Path, *, models: Collection[str] | None = None, files: bool =
     for name in _model_folders(manifests, show, problems, models):
         names.append(name)
         if tasks is not None:
-            tasks.extend(_scan_model(os.path.join(manifests, name), name, show, problems))
+            tasks.extend(_scan_model(str(manifests), name, show, problems))
     return Outline(root, config, show, names, problems, tasks)
 
 
@@ -652,7 +665,11 @@ def _load(
         if result.problems:
             present = os.path.lexists(task.path)  # a link is present (and refused), not missing
             if present:
-                version = None if task.kind == "RegisteredModel" else task.path.stem
+                version = (
+                    None
+                    if task.kind == "RegisteredModel"
+                    else task.path.name.removesuffix(VERSION_SUFFIX)
+                )
                 repo.broken.add((task.model_dir, version))
             if (
                 task.kind == "RegisteredModel"
@@ -681,7 +698,7 @@ def _load(
                 task.model_dir, task.file, task.path, result.doc, manifest
             )
         elif isinstance(manifest, ModelVersion):
-            version = task.path.name.removesuffix(".yaml")
+            version = task.path.name.removesuffix(VERSION_SUFFIX)
             repo.versions.setdefault(task.model_dir, {})[version] = VersionEntry(
                 task.model_dir, version, task.file, task.path, result.doc, manifest
             )
@@ -709,7 +726,7 @@ def _run_group(start: int, stop: int) -> Any:
     tasks = [
         task
         for name in found.models[start:stop]
-        for task in _scan_model(os.path.join(manifests, name), name, found.show, repo.problems)
+        for task in _scan_model(str(manifests), name, found.show, repo.problems)
     ]
     _load(repo, tasks, jobs=1, cache=False, prune=False)
     # Kept until the worker exits (os._exit: nothing is freed one object at a time);
@@ -726,7 +743,7 @@ def _files_per_model(found: Outline) -> list[int]:
     manifests = os.path.join(found.root, found.config.manifests)
     sizes = []
     for name in found.models:
-        folder = os.path.join(manifests, name, VERSIONS_DIR)
+        folder = versions_dir(manifests, name)
         if os.path.islink(folder):  # noqa: PTH114 - never listed through a link
             sizes.append(1)  # (the scan refuses it)
             continue

@@ -80,6 +80,7 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
     from registry.gitinfo import toplevel
     from registry.history import ModelLog, Release, model_history
     from registry.inspect import model_entry, suggest
+    from registry.layout import model_dir
     from signing.release_log import first_listed
     from signing.target_names import artifact_path
     from signing.workspace import trust_paths
@@ -100,8 +101,8 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
             for v, s in released.items()
             if artifact_path(name, v) in first
         }
-        model_dir = _git_relative(top, repo.root / repo.config.manifests / name)
-        events = model_history(top, ModelLog(model_dir, trust_dir, releases))
+        folder = _git_relative(top, model_dir(repo.root / repo.config.manifests, name))
+        events = model_history(top, ModelLog(folder, trust_dir, releases))
     if channel is not None:
         seen = {e.channel for e in events if e.channel} | set(
             repo.models[name].manifest.spec.channels

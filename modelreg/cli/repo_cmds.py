@@ -362,6 +362,7 @@ def version_deprecate(name: str, version_: str, reason: str, as_json: bool) -> N
     from registry.config import find_root, load_config
     from registry.deprecate import deprecate
     from registry.errors import PolicyError, Problem
+    from registry.layout import version_file
     from registry.schema import DNS_LABEL_RE, is_semver
     from signing.workspace import released_deprecation
 
@@ -373,7 +374,7 @@ def version_deprecate(name: str, version_: str, reason: str, as_json: bool) -> N
     wanted = hashlib.sha256(" ".join(reason.split()).encode()).hexdigest()
     if signed is not None and signed != wanted:
         raise PolicyError([Problem(
-            f"{config.manifests}/{name}/versions/{version_}.yaml",
+            version_file(config.manifests, name, version_),
             f"version {version_} is released as deprecated and its reason is signed; a "
             "released deprecation cannot change",
         )])  # fmt: skip

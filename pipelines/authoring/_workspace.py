@@ -23,12 +23,11 @@ from registry.edit import set_signature
 from registry.errors import ManifestError, RepositoryError, UsageError
 from registry.gitinfo import git, stage, toplevel
 from registry.jsonschema import schema_comment, write_schemas
+from registry.layout import model_dir, model_file, version_file
 from registry.loader import load_manifest
 from registry.redact import redact
 from registry.render import render_model, render_version
 from registry.repository import (
-    MODEL_FILE,
-    VERSIONS_DIR,
     ModelEntry,
     Repository,
     display_path,
@@ -276,7 +275,7 @@ def add_model(
     import re
 
     repo = load_repository(start, jobs=1)
-    path = repo.root / repo.config.manifests / name / MODEL_FILE
+    path = model_file(repo.root / repo.config.manifests, name)
     shown = display_path(path)
     if not re.match(DNS_LABEL_RE, name):
         raise ManifestError.single(
@@ -376,7 +375,7 @@ def _pick_parent(
     if parent is not None:
         if parent not in versions:
             raise ManifestError.single(
-                display_path(repo.root / repo.config.manifests / name),
+                display_path(model_dir(repo.root / repo.config.manifests, name)),
                 f"parent {parent} is not declared for model {name!r} "
                 f"(declared: {declared(repo, name)})",
             )
@@ -497,7 +496,7 @@ def _declared_model(repo: Repository, name: str) -> ModelEntry:
     if (name, None) in repo.broken:
         raise ManifestError([p for p in repo.problems if f"/{name}/" in f"/{p.file}"])
     raise ManifestError.single(
-        display_path(repo.root / repo.config.manifests / name / MODEL_FILE),
+        display_path(model_file(repo.root / repo.config.manifests, name)),
         f"model {name!r} is not declared; run `modelreg model add {name}` first",
     )
 
@@ -604,7 +603,7 @@ def _new_version_path(repo: Repository, name: str, version: str) -> Path:
     Raises:
         ManifestError: the version exists, or SemVer ranks it equal to one that does.
     """
-    path = repo.root / repo.config.manifests / name / VERSIONS_DIR / f"{version}.yaml"
+    path = version_file(repo.root / repo.config.manifests, name, version)
     shown = display_path(path)
     if path.exists():
         raise ManifestError.single(
@@ -679,7 +678,7 @@ def _goldens(
     from pipelines.goldens import record_outputs
 
     raw_in, raw_out = record_outputs(model, inputs)
-    folder = repo.root / repo.config.manifests / name / "goldens" / version
+    folder = model_dir(repo.root / repo.config.manifests, name) / "goldens" / version
     folder.mkdir(parents=True, exist_ok=True)
     files = [folder / "inputs.npz", folder / "outputs.npz"]
     for target, data in zip(files, (raw_in, raw_out), strict=True):

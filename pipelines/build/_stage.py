@@ -37,10 +37,9 @@ from registry import progress
 from registry.atomic import write_atomic
 from registry.checks import declared, target_problems
 from registry.errors import ManifestError, Problem, UsageError
+from registry.layout import model_file, version_file
 from registry.loader import format_loc
 from registry.repository import (
-    MODEL_FILE,
-    VERSIONS_DIR,
     Repository,
     VersionEntry,
     display_path,
@@ -331,17 +330,16 @@ def _entry(repo: Repository, name: str, version: str) -> VersionEntry:
     entry = repo.versions.get(name, {}).get(version)
     if entry is not None:
         return entry
-    folder = repo.root / repo.config.manifests / name
+    manifests = repo.root / repo.config.manifests
     if (name, version) in repo.broken:
-        raise ManifestError(
-            [p for p in repo.problems if p.file.endswith(f"{name}/{VERSIONS_DIR}/{version}.yaml")]
-        )
+        file = display_path(version_file(manifests, name, version))
+        raise ManifestError([p for p in repo.problems if p.file == file])
     if name not in repo.models:
         raise ManifestError.single(
-            display_path(folder / MODEL_FILE), f"model {name!r} is not declared"
+            display_path(model_file(manifests, name)), f"model {name!r} is not declared"
         )
     raise ManifestError.single(
-        display_path(folder / VERSIONS_DIR / f"{version}.yaml"),
+        display_path(version_file(manifests, name, version)),
         f"version {version} of model {name!r} is not declared (declared: {declared(repo, name)})",
     )
 
@@ -567,8 +565,7 @@ def build(
 
 def _broken(repo: Repository, name: str, version: str) -> list[BuildProblem]:
     # A version whose manifest does not load cannot be built; say why, in its words.
-    path = repo.root / repo.config.manifests / name / VERSIONS_DIR / f"{version}.yaml"
-    file = display_path(path)
+    file = display_path(version_file(repo.root / repo.config.manifests, name, version))
     found = [p for p in repo.problems if p.file == file] or [
         Problem(file, "not built: the manifest is invalid (run `modelreg validate`)")
     ]

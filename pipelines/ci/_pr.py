@@ -8,7 +8,7 @@ load and pass their goldens, and what changed against their parents.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
@@ -25,6 +25,7 @@ from registry.config import CONFIG_FILE, RepoConfig
 from registry.errors import ManifestError, Problem, RegistryError, UsageError
 from registry.gitinfo import git
 from registry.history import channel_history
+from registry.layout import model_dir, model_file, parse_manifest_path, version_file
 from registry.loader import load_manifest
 from registry.policy import ChannelMove, channel_move, promotion_violations
 from registry.render import md_code, md_code_block
@@ -68,16 +69,18 @@ def _base_models(root: Path, config: RepoConfig, base: str) -> _BaseModels:
     for item in filter(None, listed.split("\x00")):
         meta, _, path = item.partition("\t")
         mode, kind, sha = [*meta.split(), "", "", ""][:3]
-        name, _, file = path.removeprefix(f"{folder}/").partition("/")
-        if file == "model.yaml" and kind == "blob" and mode in ("100644", "100755"):
-            files[name] = sha
+        found = parse_manifest_path(path, folder)
+        if found is None or found.version is not None:
+            continue  # not a model's model.yaml
+        if kind == "blob" and mode in ("100644", "100755"):
+            files[found.model] = sha
     contents = blobs(root, files.values())
     models: dict[str, RegisteredModel] = {}
     broken: set[str] = set()
     for name, sha in files.items():
         data = contents[sha]
         try:
-            manifest = load_manifest(parse_yaml(data, f"{base[:12]}:{folder}/{name}/model.yaml"))
+            manifest = load_manifest(parse_yaml(data, f"{base[:12]}:{model_file(folder, name)}"))
         except ManifestError:
             broken.add(name)
             continue
@@ -121,11 +124,11 @@ def _served_on_base(
     from registry.promote import git_path
     from signing.target_names import artifact_path
 
-    model_file = git_path(repo, f"{base_config.manifests}/{name}/model.yaml")
+    declared = git_path(repo, model_file(base_config.manifests, name))
     metadata = git_path(repo, base_config.trust.metadata)
-    if model_file is None or metadata is None:
+    if declared is None or metadata is None:
         return {}
-    served = channel_history(repo.root, model_file, pr.base, released=metadata).served()
+    served = channel_history(repo.root, declared, pr.base, released=metadata).served()
     with trust_at(repo.root, pr.base, base_config) as trust:
         if trust is None:
             return {}
@@ -151,7 +154,11 @@ class _Deprecation:
 
 
 def _deprecations(
-    repo: Repository, pr: PullRequest, base_config: RepoConfig, on_base: _BaseModels
+    repo: Repository,
+    pr: PullRequest,
+    base_config: RepoConfig,
+    on_base: _BaseModels,
+    changed: Collection[tuple[str, str]],
 ) -> tuple[list[_Deprecation], list[_Promotion]]:
     """Deprecations the pull request changes, and the approvals an un-deprecation needs.
 
@@ -159,23 +166,21 @@ def _deprecations(
     away lets the version be promoted again, so it needs the approvals of the model's
     base policy (at least one when the base has none), and the comment says so.  A
     released deprecation cannot be removed at all (``released_deprecations``).
+
+    Args:
+        changed: the versions the pull request changes, as the build sees them
+            (:func:`pipelines.changes.changed_versions`): each is compared with its
+            manifest on the base, where the base's configuration puts it.
     """
     from pipelines.ci._base import show
     from registry.schema import ModelVersion
 
-    changed = git(
-        repo.root, "diff", "--name-only", "-z", "--relative", pr.base, "--",
-        repo.config.manifests, base_config.manifests,
-    ).stdout  # fmt: skip
-    paths = set(filter(None, changed.split("\x00")))
     found: list[_Deprecation] = []
     promotions: list[_Promotion] = []
     for entry in repo.all_versions():
-        rel = f"{base_config.manifests}/{entry.name}/versions/{entry.version}.yaml"
-        # by its path in the repository (what `git diff --relative` names), never by its
-        # display name, which depends on the folder the command runs from
-        if rel not in paths and repo.relative(entry.path) not in paths:
+        if (entry.name, entry.version) not in changed:
             continue
+        rel = version_file(base_config.manifests, entry.name, entry.version)
         data = show(repo.root, pr.base, rel)
         before = None
         if data is not None:
@@ -221,7 +226,7 @@ def _promotions(
     for name in sorted(set(base_models) - set(repo.models)):
         gone = base_models[name]
         if gone.spec.channels:
-            where = Problem(repo.display(repo.root / repo.config.manifests / name), "")
+            where = Problem(repo.display(model_dir(repo.root / repo.config.manifests, name)), "")
             promotions.append(
                 _Promotion(
                     f"removing {name!r}", gone.spec.promotion.approvals, where, "this removal"
@@ -434,7 +439,7 @@ def _released_removed(repo: Repository, trust: TrustRepo) -> list[Problem]:
             continue
         if (facts.model, facts.version) in repo.broken:
             continue  # still there, and its load problem is reported already
-        rel = f"{repo.config.manifests}/{facts.model}/versions/{facts.version}.yaml"
+        rel = version_file(repo.config.manifests, facts.model, facts.version)
         problems.append(Problem(
             rel,
             f"version {facts.version} of {facts.model!r} is released; its manifest cannot "
@@ -466,7 +471,7 @@ def _released_spec_changes(
     for entry in repo.all_versions():
         if trust.published(artifact_path(entry.name, entry.version)) is None:
             continue
-        rel = f"{base_config.manifests}/{entry.name}/versions/{entry.version}.yaml"
+        rel = version_file(base_config.manifests, entry.name, entry.version)
         data = show(repo.root, base, rel)
         if data is None:
             continue
@@ -569,7 +574,7 @@ def _ci_pr(
     dvc_changed = dvc_config_changed(changes)
     judged = _Judged([], "not checked (invalid manifests)")
     if not problems:
-        problems, judged = _judge(repo, pr, dvc_changed, env)
+        problems, judged = _judge(run, pr, dvc_changed)
     waiting, approvals, moves, deprecations = (
         judged.waiting,
         judged.approvals,
@@ -625,18 +630,20 @@ class _Judged:
 
 
 def _judge(
-    repo: Repository, pr: PullRequest, dvc_changed: list[str], env: Mapping[str, str]
+    run: ReleaseContext, pr: PullRequest, dvc_changed: list[str]
 ) -> tuple[list[Problem], _Judged]:
     """Policy, trust and approvals, each as the base commit has them."""
     from pipelines.ci._base import config_at
 
+    repo = run.repo
     base_config = config_at(repo.root, pr.base) or repo.config
     on_base = _base_models(repo.root, base_config, pr.base)
     problems, promotions, moves = _promotions(repo, pr, on_base, base_config)
-    deprecations, undone = _deprecations(repo, pr, base_config, on_base)
+    changed = run.changed_since(pr.base)
+    deprecations, undone = _deprecations(repo, pr, base_config, on_base, changed)
     promotions += undone + _config_changes(repo, pr, base_config, on_base, dvc_changed)
     problems += _trust_problems(repo, pr, base_config)
-    waiting, approvals = approval_problems(promotions, pr, env)
+    waiting, approvals = approval_problems(promotions, pr, run.env)
     return problems, _Judged(waiting, approvals, moves, deprecations)
 
 

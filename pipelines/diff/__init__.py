@@ -20,7 +20,7 @@ from pipelines.diff._compare import (
 from pipelines.diff._drift import GoldenDrift, OutputDrift, SkippedCase
 from pipelines.diff._report import (
     JSON_FORMAT,
-    ReportLimits,
+    MarkdownLimits,
     append_step_summary,
     base_json,
     base_markdown,
@@ -54,6 +54,7 @@ __all__ = [
     "BaseDiff",
     "GoldenDrift",
     "GraphDiff",
+    "MarkdownLimits",
     "MetricDelta",
     "ModelDiff",
     "ModelInfo",
@@ -62,7 +63,6 @@ __all__ = [
     "OpCount",
     "OpsetChange",
     "OutputDrift",
-    "ReportLimits",
     "Side",
     "SignatureChange",
     "SignatureKind",

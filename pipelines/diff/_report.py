@@ -30,7 +30,7 @@ JSON_FORMAT: Final = "modelreg.diff/v1"
 
 
 @dataclass(frozen=True)
-class ReportLimits:
+class MarkdownLimits:
     """Caps that keep a PR comment readable (GitHub also refuses comments over 64 KiB).
 
     Attributes:
@@ -196,7 +196,7 @@ def _overview(diff: ModelDiff) -> str:
     return _table(["", *_labels(diff), "Change"], "lrrr", rows, len(rows))
 
 
-def _signature(diff: ModelDiff, limits: ReportLimits) -> str:
+def _signature(diff: ModelDiff, limits: MarkdownLimits) -> str:
     if not diff.signature:
         return "No changes."
     rows = [
@@ -209,7 +209,7 @@ def _signature(diff: ModelDiff, limits: ReportLimits) -> str:
     return _table(header, "lllllll", rows, limits.rows)
 
 
-def _graph(diff: ModelDiff, limits: ReportLimits) -> str:
+def _graph(diff: ModelDiff, limits: MarkdownLimits) -> str:
     g = diff.graph
     if not g.changed:
         ops = ", ".join(f"{md_text(o.op_type)} {o.new}" for o in g.ops)
@@ -231,7 +231,7 @@ def _tensor_row(kind: str, t: TensorInfo, *cells: str) -> list[str]:
     return [md_code(t.name), kind, md_code(_type(t)), _size(t.nbytes), *cells]
 
 
-def _weights(diff: ModelDiff, limits: ReportLimits) -> str:
+def _weights(diff: ModelDiff, limits: MarkdownLimits) -> str:
     w = diff.weights
     counts = (
         f"{len(w.changed)} changed ({_size(w.changed_bytes)}), {len(w.added)} added, "
@@ -260,7 +260,7 @@ def _weights(diff: ModelDiff, limits: ReportLimits) -> str:
     return line + "\n\n" + _table(header, "lllrrr", rows, limits.rows)
 
 
-def _metrics(diff: ModelDiff, limits: ReportLimits) -> str:
+def _metrics(diff: ModelDiff, limits: MarkdownLimits) -> str:
     if not diff.metrics:
         return "No metrics declared."
     rows = [
@@ -272,7 +272,7 @@ def _metrics(diff: ModelDiff, limits: ReportLimits) -> str:
     return _table(header, "lrrrr", rows, limits.rows)
 
 
-def _drift(diff: ModelDiff, drift: GoldenDrift, limits: ReportLimits) -> str:
+def _drift(diff: ModelDiff, drift: GoldenDrift, limits: MarkdownLimits) -> str:
     a, b = _labels(diff)
     intro = (
         f"Both models run on the {b} golden inputs. Rel. Δ is the max abs Δ over the "
@@ -300,16 +300,16 @@ def _drift(diff: ModelDiff, drift: GoldenDrift, limits: ReportLimits) -> str:
 
 
 def to_markdown(
-    diff: ModelDiff, title: str | None = None, *, limits: ReportLimits | None = None
+    diff: ModelDiff, title: str | None = None, *, limits: MarkdownLimits | None = None
 ) -> str:
     """The PR comment for one diff: a heading, the verdict line, then one section per aspect.
 
     Args:
         diff: the diff to render.
         title: heading text (default ``Model diff: NAME OLD → NEW``).
-        limits: table caps (default :class:`ReportLimits`).
+        limits: table caps (default :class:`MarkdownLimits`).
     """
-    limits = limits or ReportLimits()
+    limits = limits or MarkdownLimits()
     name = f"{diff.name} " if diff.name else ""
     heading = title or f"Model diff: {name}{diff.old_label} → {diff.new_label}"
     sections = [
@@ -330,7 +330,7 @@ def to_markdown(
     return "\n".join(out) + "\n"
 
 
-def base_markdown(result: BaseDiff, *, limits: ReportLimits | None = None) -> str:
+def base_markdown(result: BaseDiff, *, limits: MarkdownLimits | None = None) -> str:
     """The PR comment for every version changed against a base ref."""
     out = [f"## Model diffs against {md_code(result.base)}", ""]
     if not result.diffs and not result.without_parent:
@@ -426,7 +426,7 @@ def append_step_summary(markdown: str, env: Mapping[str, str]) -> Path | None:
 
 __all__ = [
     "JSON_FORMAT",
-    "ReportLimits",
+    "MarkdownLimits",
     "append_step_summary",
     "base_json",
     "base_markdown",

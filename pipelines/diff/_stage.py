@@ -38,6 +38,7 @@ from pipelines.diff._types import (
 from pipelines.errors import ArtifactError
 from pipelines.onnx import load_onnx, signature_from_model
 from registry.errors import ManifestError
+from registry.layout import version_file
 from registry.repository import (
     Repository,
     VersionEntry,
@@ -184,9 +185,8 @@ def _entry(repo: Repository, name: str, version: str) -> VersionEntry:
 
     entry = repo.versions.get(name, {}).get(version)
     if entry is None:
-        folder = repo.root / repo.config.manifests / name / "versions"
         raise ManifestError.single(
-            display_path(folder / f"{version}.yaml"),
+            display_path(version_file(repo.root / repo.config.manifests, name, version)),
             f"version {version} is not declared for model {name!r} "
             f"(declared: {declared(repo, name)})",
         )

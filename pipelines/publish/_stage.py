@@ -62,6 +62,7 @@ from registry.errors import (
     UsageError,
 )
 from registry.gitinfo import git
+from registry.layout import model_file
 from registry.repository import Repository, VersionEntry
 from signing import target_names
 from signing.errors import FileSetError
@@ -551,7 +552,7 @@ def branch_problems(
     # that too).  Emptying its channels is the release that stops serving it.
     problems = [
         Problem(
-            f"{repo.config.manifests}/{name}/model.yaml",
+            model_file(repo.config.manifests, name),
             f"{name!r} is deleted but its channels are released: devices serve it; "
             "restore it, release it with no channels, and deprecate its versions",
         )

@@ -13,7 +13,7 @@ from registry.delta._format import DEFAULT_LIMITS, DeltaHeader, DeltaLimits
 from registry.errors import UsageError
 
 if TYPE_CHECKING:
-    from registry.onnx_wire import Tensor
+    from registry.onnx_wire import InitializerSpan
 
 
 def encode(base: bytes | Path, new: bytes | Path, *, level: int = 3) -> bytes:
@@ -42,8 +42,8 @@ def encode_external(
     base: Path,
     new: Path,
     out: Path,
-    base_tensors: Sequence[Tensor],
-    new_tensors: Sequence[Tensor],
+    base_tensors: Sequence[InitializerSpan],
+    new_tensors: Sequence[InitializerSpan],
     *,
     level: int = 3,
 ) -> Path:

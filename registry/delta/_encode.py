@@ -23,7 +23,7 @@ from registry.delta._format import (
     Mode,
     Op,
 )
-from registry.onnx_wire import Tensor, WireFormatError, initializers
+from registry.onnx_wire import InitializerSpan, WireFormatError, initializers
 
 if TYPE_CHECKING:
     import numpy as np
@@ -167,16 +167,16 @@ def plan(b: memoryview, n: memoryview) -> list[Step] | None:
 class _Matcher:
     """Finds, for a tensor of the new file, the instruction that rebuilds it."""
 
-    def __init__(self, b: memoryview, n: memoryview, base_tensors: list[Tensor]) -> None:
+    def __init__(self, b: memoryview, n: memoryview, base_tensors: list[InitializerSpan]) -> None:
         self._b, self._n = b, n
-        self._by_key: dict[tuple[bytes, int, tuple[int, ...]], Tensor] = {}
-        self._by_length: dict[int, list[Tensor]] = {}
+        self._by_key: dict[tuple[bytes, int, tuple[int, ...]], InitializerSpan] = {}
+        self._by_length: dict[int, list[InitializerSpan]] = {}
         for t in base_tensors:
             self._by_key.setdefault(t.key, t)
             self._by_length.setdefault(t.length, []).append(t)
         self._digests: dict[int, bytes] = {}  # base offset -> digest, computed when needed
 
-    def __call__(self, t: Tensor) -> Step:
+    def __call__(self, t: InitializerSpan) -> Step:
         data = self._n[t.offset : t.offset + t.length]
         same = self._by_key.get(t.key)
         if same is not None and same.length == t.length:

@@ -26,7 +26,7 @@ from registry.atomic import AtomicFile
 from registry.delta._encode import CHUNK, MIN_TENSOR, _planes_payload, _xor_payload
 from registry.delta._format import LITERAL_WINDOW_LOG, Header, Instruction, Mode, Op
 from registry.errors import UsageError
-from registry.onnx_wire import Tensor
+from registry.onnx_wire import InitializerSpan
 
 _READ: Final = 1 << 20
 
@@ -110,8 +110,8 @@ def encode(
     base: Path,
     new: Path,
     out: Path,
-    base_tensors: Sequence[Tensor],
-    new_tensors: Sequence[Tensor],
+    base_tensors: Sequence[InitializerSpan],
+    new_tensors: Sequence[InitializerSpan],
     *,
     level: int,
 ) -> Path:
@@ -164,9 +164,9 @@ def _literals(fd: int, start: int, end: int, writer: _Writer, digest: hashlib._H
 def _tensor(
     base_fd: int,
     new_fd: int,
-    t: Tensor,
+    t: InitializerSpan,
     *,
-    same: Tensor | None,
+    same: InitializerSpan | None,
     writer: _Writer,
     digest: hashlib._Hash,
 ) -> None:

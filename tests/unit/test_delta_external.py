@@ -12,10 +12,10 @@ import pytest
 from modelreg.examples import build_model, save_external
 from registry.delta import BaseMismatchError, decode, encode_external, read_header
 from registry.delta._format import Op, unpack_header
-from registry.onnx_wire import Tensor, external_initializers
+from registry.onnx_wire import InitializerSpan, external_initializers
 
 
-def _saved(folder: Path, version: str, size: str = "small") -> tuple[Path, list[Tensor]]:
+def _saved(folder: Path, version: str, size: str = "small") -> tuple[Path, list[InitializerSpan]]:
     folder.mkdir(exist_ok=True)
     path = folder / f"{version}.onnx"
     data = save_external(build_model("mlp", version, size), path)
@@ -58,7 +58,10 @@ def test_a_fine_tune_copies_unchanged_tensors_and_xors_the_changed(tmp_path: Pat
 def test_a_tensor_the_base_lacks_is_sent_as_planes(tmp_path: Path) -> None:
     base, base_tensors = _saved(tmp_path / "a", "1.0.0")
     target, new_tensors = _saved(tmp_path / "b", "1.1.0")
-    renamed = [Tensor(b"x" + t.name, t.data_type, t.dims, t.offset, t.length) for t in base_tensors]
+    renamed = [
+        InitializerSpan(b"x" + t.name, t.data_type, t.dims, t.offset, t.length)
+        for t in base_tensors
+    ]
     delta = encode_external(base, target, tmp_path / "d.delta", renamed, new_tensors)
     assert Op.PLANES in _ops(delta)
     assert decode(base, delta) == target.read_bytes()
@@ -76,7 +79,7 @@ def test_overlapping_new_spans_are_misuse(tmp_path: Path) -> None:
     base, base_tensors = _saved(tmp_path / "a", "1.0.0")
     target, new_tensors = _saved(tmp_path / "b", "1.1.0")
     first = new_tensors[0]
-    clash = Tensor(b"clash", first.data_type, first.dims, first.offset + 4, first.length)
+    clash = InitializerSpan(b"clash", first.data_type, first.dims, first.offset + 4, first.length)
     with pytest.raises(ValueError, match="span overlaps another or the end"):
         encode_external(base, target, tmp_path / "d.delta", base_tensors, [first, clash])
     assert not (tmp_path / "d.delta").exists()

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper
 
 from modelreg.examples import model_bytes
 from pipelines.diff import (
+    MarkdownLimits,
     MetricDelta,
-    ReportLimits,
     append_step_summary,
     diff_models,
     diff_versions,
@@ -491,9 +491,9 @@ def test_diff_versions_unknown_version(workspace: Path) -> None:
 
 def test_tables_are_capped_and_cells_escaped(example_models: Path) -> None:
     diff = example_diff(example_models, "cnn", "1.0.0", "2.0.0")
-    text = to_markdown(diff, limits=ReportLimits(rows=2))
+    text = to_markdown(diff, limits=MarkdownLimits(rows=2))
     assert "| … and 4 more |" in text
-    assert text == to_markdown(diff, limits=ReportLimits(rows=2))
+    assert text == to_markdown(diff, limits=MarkdownLimits(rows=2))
     old = [node("Relu", ["a"], ["b"], "weird|name\nsecond line")]
     graph = diff_nodes(old, [])
     wrapped = diff_models(model_bytes("cnn", "1.0.0"), model_bytes("cnn", "1.0.0"))

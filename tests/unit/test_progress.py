@@ -91,15 +91,15 @@ def test_rich_marks_a_failed_stage_however_short() -> None:
     ("env", "stream", "kind"),
     [
         ({"CI": "true"}, _Terminal(), progress.LineReporter),
-        ({"CI": "true", "MODELREG_PROGRESS": "off"}, _Terminal(), progress.Reporter),
+        ({"CI": "true", "MODELREG_PROGRESS": "off"}, _Terminal(), progress.ProgressReporter),
         ({"CI": "false"}, _Terminal(), progress.RichReporter),
         ({}, _Terminal(), progress.RichReporter),
-        ({}, io.StringIO(), progress.Reporter),  # piped: quiet
+        ({}, io.StringIO(), progress.ProgressReporter),  # piped: quiet
         ({"MODELREG_PROGRESS": "lines"}, io.StringIO(), progress.LineReporter),
     ],
 )
 def test_reporter_follows_the_environment(
-    env: dict[str, str], stream: io.StringIO, kind: type[progress.Reporter]
+    env: dict[str, str], stream: io.StringIO, kind: type[progress.ProgressReporter]
 ) -> None:
     assert type(progress.for_environment(env, stream)) is kind
 
