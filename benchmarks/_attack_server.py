@@ -36,8 +36,8 @@ def identity_bytes(path: Path) -> None:
 def main(folder: Path, port_file: Path) -> None:
     """Serve the models in ``folder`` until stopped."""
     from edge_sync.config import ServeLimitsConfig
+    from edge_sync.engine.base import LoadRequest
     from edge_sync.engine.host import InProcessHost
-    from edge_sync.engine.ort import LoadRequest
     from edge_sync.serve.app import create_app
     from edge_sync.serve.codec import ServeLimits
     from edge_sync.serve.listeners import ConnectionLimits, connection_cap, server

@@ -66,7 +66,7 @@ class Models:
             return {k: held[k] for k in held.files}
 
     def request(self, version: str) -> Any:
-        from edge_sync.engine.ort import LoadRequest
+        from edge_sync.engine.base import LoadRequest
 
         path, digest = self.path(version), hashlib.sha256()
         with path.open("rb") as fh:  # a block at a time: no 100 MB in the measured RSS
@@ -75,10 +75,10 @@ class Models:
         return LoadRequest(MODEL, version, path, digest.hexdigest())
 
     def cases(self, version: str) -> list[Any]:
-        from edge_sync.engine.ort import GoldenCase
+        from edge_sync.engine.selftest import GoldenArrays
 
         inputs, outputs = self.golden(version, "inputs"), self.golden(version, "outputs")
-        return [GoldenCase("golden", inputs, outputs, 1e-4, 1e-5)]
+        return [GoldenArrays("golden", inputs, outputs, 1e-4, 1e-5)]
 
     def body(self) -> bytes:
         ((name, x),) = self.golden(V1, "inputs").items()

@@ -67,7 +67,7 @@ class _Swapper:
             self.requests[version] = (self.models.request(version), self.models.cases(version))
 
     def swap_to(self, version: str) -> dict[str, float]:
-        from edge_sync.engine.ort import self_test
+        from edge_sync.engine.selftest import self_test
 
         request, cases = self.requests[version]
         start = time.perf_counter()

@@ -32,8 +32,8 @@ from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
 from edge_sync.decide.health import GatePolicy
 from edge_sync.decide.schedule import backoff_delay, next_delay
+from edge_sync.engine.base import EngineHost
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import EngineHost
 from edge_sync.errors import EngineError, StoppedError
 from edge_sync.serve.listeners import Listeners
 from edge_sync.serve.recorder import Recorder
@@ -273,14 +273,14 @@ class Daemon:
     def _tune(self, updater: Updater) -> None:
         """Measure, once per model, whether prepacking pays (``serve.prepack: auto``),
         while no health gate watches it (a tuning swap would confuse the gate)."""
-        tune = getattr(self.host, "tune", None)
-        if tune is None:
+        host = self.host
+        if host is None:
             return
         for sub in self.config.models:
             if sub.name in updater.gates or self._stopping or self._sync_now:
                 continue
             try:
-                decision = tune(sub.name)
+                decision = host.tune(sub.name)
             except (EngineError, OSError) as e:
                 print(f"modelreg edge: {sub.name}: not tuned: {reason_text(str(e))}",
                       file=sys.stderr)  # fmt: skip

@@ -29,13 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from edge_sync.engine.ort import Engine, LoadRequest, OrtEngine, trim_heap
+from edge_sync.engine.base import CacheStats, Engine, LoadRequest, PrepackDecision
+from edge_sync.engine.heap import trim_heap
+from edge_sync.engine.ort import OrtEngine
 from edge_sync.errors import EngineError
 from registry.atomic import write_atomic
 from registry.errors import one_line
 from registry.sessions import SessionSetup
 
-__all__ = ["LRU_K", "PREPACK_GAIN", "PREPACK_RUNS", "CacheStats", "InProcessHost"]
+__all__ = ["LRU_K", "PREPACK_GAIN", "PREPACK_RUNS", "InProcessHost"]
 
 PREPACK_RUNS: Final = 5
 """Timed runs per variant when a host measures whether prepacking pays for a model."""
@@ -46,15 +48,6 @@ AGREE_RTOL: Final = 1e-3
 AGREE_ATOL: Final = 1e-4
 PREPACK_GAIN: Final = 1.25
 """How much faster prepacked runs must be to give up sharing weights between versions."""
-
-
-def _footprint(engine: Engine) -> int:
-    """What an engine adds to the memory budget: its own weight bytes (shared ones are
-    counted where they were first loaded), else its file's size."""
-    weights = getattr(engine, "weights", None)
-    if weights is not None:
-        return int(weights.own_bytes)
-    return int(getattr(engine, "size_bytes", 0))
 
 
 def _agree(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -87,12 +80,7 @@ def _best_run_ms(engine: Engine, sample: Mapping[str, Any]) -> float:
     return round(best * 1000, 3)
 
 
-Decision = dict[str, float | bool | str]
-"""Per model: ``prepack`` (whether prepacking won), the milliseconds per run measured
-(``shared_ms``, ``prepacked_ms``), and ``error`` when the measurement failed."""
-
-
-def _read_decisions(path: Path | None) -> dict[str, Decision]:
+def _read_decisions(path: Path | None) -> dict[str, PrepackDecision]:
     """Decisions kept by an earlier run (none when absent or unreadable)."""
     if path is None:
         return {}
@@ -136,16 +124,6 @@ class _Held:
         (never asked K times: least), then its heat."""
         kth = self.accesses[0] if len(self.accesses) == LRU_K else float("-inf")
         return kth, self.heat_now(now, half_life_s)
-
-
-@dataclass
-class CacheStats:
-    """Per model: requests that found the engine loaded, that had to load it again,
-    and how often it was evicted."""
-
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
 
 
 class InProcessHost:
@@ -200,7 +178,7 @@ class InProcessHost:
         self.decisions = decisions
         self.engine_cache = engine_cache
         self.log_severity = log_severity
-        self.prepack_decisions: dict[str, Decision] = _read_decisions(decisions)
+        self.prepack_decisions: dict[str, PrepackDecision] = _read_decisions(decisions)
         """Per model: whether prepacking won, and the milliseconds per run measured."""
         self._serving: dict[str, _Held] = {}
         self._loaded: dict[int, _Held] = {}
@@ -218,7 +196,7 @@ class InProcessHost:
             request,
             intra_op_threads=self.intra_op_threads,
             share=share,
-            base=base if isinstance(base, OrtEngine) else None,
+            base=base,
             engine_cache=self.engine_cache,
             log_severity=self.log_severity,
         )
@@ -244,7 +222,7 @@ class InProcessHost:
         decided = self.prepack_decisions.get(request.model)
         return decided is None or not decided["prepack"]  # shared until measured
 
-    def tune(self, model: str) -> Decision | None:
+    def tune(self, model: str) -> PrepackDecision | None:
         """With ``prepack: auto``, measure once per model whether prepacking pays: time
         the serving (shared-weight) engine and a private, prepacked one of the same
         version on zeros shaped like the inputs; prepacking wins when it is over
@@ -264,7 +242,7 @@ class InProcessHost:
             held = self._serving.get(model)
             busy = any(h is not held and h.engine.model == model for h in self._loaded.values())
         serving = held.engine if held is not None else None
-        if busy or not isinstance(serving, OrtEngine) or not serving.shared or not serving.loaded:
+        if busy or serving is None or not serving.shared or not serving.loaded:
             return None
         try:
             private = OrtEngine(
@@ -300,7 +278,7 @@ class InProcessHost:
             trim_heap()
         return self._decided(model, {"prepack": won, **timings})
 
-    def _decided(self, model: str, decision: Decision) -> Decision:
+    def _decided(self, model: str, decision: PrepackDecision) -> PrepackDecision:
         self.prepack_decisions[model] = decision
         if self.decisions is not None:
             with contextlib.suppress(OSError):  # measured again after a restart: harmless
@@ -337,24 +315,23 @@ class InProcessHost:
         now = time.monotonic()
         evicted = False
         with self._lock:  # a lease taken after this sees the engine unloaded: a miss
-            resident = [h for h in self._loaded.values() if getattr(h.engine, "loaded", True)]
-            total = sum(_footprint(h.engine) for h in resident)
+            resident = [h for h in self._loaded.values() if h.engine.loaded]
+            total = sum(h.engine.memory_bytes for h in resident)
             victims = sorted(
                 (h for h in self._serving.values()
                  if h.engine is not keep and h.engine.model != keep.model
-                 and getattr(h.engine, "loaded", False)),
+                 and h.engine.loaded),
                 key=lambda h: h.value(now, self.half_life_s),
             )  # fmt: skip
             self._over_budget = False
             for held in victims:
                 if total <= self.memory_budget:
                     break
-                unload = getattr(held.engine, "unload", None)
-                if held.leases or unload is None:
+                if held.leases:
                     self._over_budget = True  # busy now: looked at again when its lease ends
                     continue
-                unload()
-                total -= _footprint(held.engine)
+                held.engine.unload()
+                total -= held.engine.memory_bytes
                 self._stats(held.engine.model).evictions += 1
                 evicted = True
         if evicted:
@@ -387,7 +364,7 @@ class InProcessHost:
             held.leases += 1
             held.touch(time.monotonic(), self.half_life_s)
             stats = self._stats(model)
-            if getattr(held.engine, "loaded", True):
+            if held.engine.loaded:
                 stats.hits += 1
             else:
                 stats.misses += 1  # its run loads it again
@@ -449,11 +426,7 @@ class InProcessHost:
         milliseconds)."""
         with self._lock:
             self._loaded.pop(id(held.engine), None)
-        detach = getattr(held.engine, "detach", None)
-        if detach is None:
-            held.engine.close()
-            return
-        freed = [detach()]  # released at once; freed in a thread
+        freed = [held.engine.detach()]  # released at once; freed in a thread
 
         def free() -> None:
             freed.clear()
@@ -474,7 +447,7 @@ class InProcessHost:
             engines = [h.engine for h in self._loaded.values()]
         found: set[str] = set()
         for engine in engines:
-            weights = getattr(engine, "weights", None)
+            weights = engine.weights
             if weights is not None:
                 found |= weights.blobs()
         return found

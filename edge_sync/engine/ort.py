@@ -1,21 +1,12 @@
-"""The hand-off between the updater and the serving layer (stable API).
-
-The updater gets verified bytes onto the device and decides what should run; an
-:class:`EngineHost` turns a verified file into a runnable :class:`Engine`, proves it
-with :func:`self_test` (the signed golden cases within their tolerances, in every
-session setup the device may run the version in, then warm-up runs), and swaps it in.
-The in-process host here runs ONNX Runtime sessions; the serving layer answers
-requests from :meth:`EngineHost.current`, which always returns a whole engine (the
-swap is one reference assignment under a lock), and releases an old engine only when
-the requests that hold it are done.
+"""The ONNX Runtime engine: one session per model version, in one of the setups of
+``registry.sessions``, over weights shared with the version it replaces or private
+ones (``edge_sync.engine.weights``); a ``tensorrt`` target runs through ONNX Runtime's
+TensorRT provider (``edge_sync.engine.tensorrt``).  It implements
+``edge_sync.engine.base.Engine``; ``edge_sync.engine.host`` builds and holds them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-import functools
 import mmap
 import os
 import threading
@@ -23,156 +14,51 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final
 
 from edge_sync.engine import tensorrt
+from edge_sync.engine.base import DATATYPES, NUMPY_DTYPES, Engine, LoadRequest, TensorDecl
 from edge_sync.engine.weights import Weights, external_tensors, split_model
-from edge_sync.errors import EngineClosedError, EngineError, SelfTestError, WeightError
+from edge_sync.errors import EngineClosedError, EngineError, WeightError
+from registry.schema import OnnxRuntimeTarget, TensorRTTarget
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from registry.schema import Target
+__all__ = ["CPU_TARGET", "OrtEngine"]
 
-__all__ = [
-    "DATATYPES",
-    "NUMPY_DTYPES",
-    "Engine",
-    "EngineHost",
-    "GoldenCase",
-    "LoadRequest",
-    "OrtEngine",
-    "SetupHost",
-    "check_goldens",
-    "self_test",
-    "trim_heap",
-]
-
-WARMUP_RUNS: Final = 3
-DATATYPES: Final = {
-    "tensor(bool)": "BOOL", "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64", "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}  # fmt: skip
-"""ONNX Runtime's tensor types as the Open Inference Protocol names them."""
-NUMPY_DTYPES: Final = {
-    "BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32",
-    "UINT64": "uint64", "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64",
-    "FP16": "float16", "FP32": "float32", "FP64": "float64", "BYTES": "object",
-}  # fmt: skip
-"""The numpy dtype of each protocol datatype."""
+CPU_TARGET: Final = OnnxRuntimeTarget.model_validate({"name": "cpu", "engine": "onnxruntime"})
+"""What a request without a target runs with: ONNX Runtime, with the manifest schema's
+defaults (its CPU provider)."""
 
 
-@dataclass(frozen=True)
-class LoadRequest:
-    """What to build: a verified file and the settings it runs with.
+def _providers(request: LoadRequest, engine_cache: Path | None) -> list[Any]:
+    """The execution providers ``request``'s target runs on, in order.
 
-    Attributes:
-        model, version: which model version.
-        path: the verified file (a blob).
-        sha256: its digest.
-        kind: ``artifact`` (ONNX, optimized at load) or ``engine`` (a prebuilt engine:
-            for ONNX Runtime an ONNX graph optimized offline, loaded as is).
-        target: the device target whose settings apply (None: ONNX Runtime on CPU).
+    Raises:
+        EngineError: a provider (or TensorRT) this device lacks.
     """
+    import onnxruntime as ort
 
-    model: str
-    version: str
-    path: Path
-    sha256: str
-    kind: str = "artifact"
-    target: Target | None = None
-
-
-@dataclass(frozen=True)
-class GoldenCase:
-    """A signed golden case, read: inputs, expected outputs and tolerances."""
-
-    name: str
-    inputs: Mapping[str, Any]
-    outputs: Mapping[str, Any]
-    rtol: float
-    atol: float
-
-
-@runtime_checkable
-class Engine(Protocol):
-    """A runnable model version."""
-
-    model: str
-    version: str
-    sha256: str
-
-    def run(
-        self, inputs: Mapping[str, Any], outputs: Sequence[str] | None = None
-    ) -> dict[str, Any]:
-        """Run once; the named outputs (all by default) by name."""
-        ...  # pragma: no cover - protocol
-
-    def close(self) -> None:
-        """Release what the engine holds."""
-        ...  # pragma: no cover - protocol
-
-
-class EngineHost(Protocol):
-    """Builds engines and holds the one each model serves."""
-
-    def build(self, request: LoadRequest) -> Engine:
-        """An engine for ``request`` (not yet serving).
-
-        Raises:
-            EngineError: the file cannot run here (unsupported engine or provider,
-                an invalid graph).
-        """
-        ...  # pragma: no cover - protocol
-
-    def swap(self, model: str, engine: Engine) -> Engine | None:
-        """Serve ``engine`` for ``model`` from now on; the engine it replaces."""
-        ...  # pragma: no cover - protocol
-
-    def current(self, model: str) -> Engine | None:
-        """The engine serving ``model``, if any."""
-        ...  # pragma: no cover - protocol
-
-    def drop(self, model: str) -> Engine | None:
-        """Stop serving ``model``; the engine that served it."""
-        ...  # pragma: no cover - protocol
-
-    def retire(self, engine: Engine) -> None:
-        """Release ``engine`` once nothing uses it."""
-        ...  # pragma: no cover - protocol
-
-    def lease(
-        self, model: str, version: str | None = None
-    ) -> contextlib.AbstractContextManager[Engine]:
-        """Hold the engine a request runs on (the serving one, or a loaded ``version``)
-        until the request is done.
-
-        Raises:
-            LookupError: nothing serves ``model``, or ``version`` is not loaded.
-        """
-        ...  # pragma: no cover - protocol
-
-    def versions(self, model: str) -> list[str]:
-        """The loaded versions of ``model`` that answer requests, serving one first."""
-        ...  # pragma: no cover - protocol
-
-
-@runtime_checkable
-class SetupHost(Protocol):
-    """A host that can build an engine in a given session setup (the self-test runs the
-    goldens in every setup a device may switch to: ``registry.sessions``)."""
-
-    def build_in(self, request: LoadRequest, setup: SessionSetup) -> Engine:
-        """An engine for ``request`` in ``setup`` (not serving, not held by the host).
-
-        Raises:
-            EngineError: it cannot be built in that setup here.
-        """
-        ...  # pragma: no cover - protocol
+    target = request.target or CPU_TARGET
+    available = ort.get_available_providers()
+    if isinstance(target, TensorRTTarget):
+        reason = tensorrt.unavailable(available, target.precision)
+        if reason is not None or request.kind != "artifact":
+            raise EngineError(
+                f"{request.model} {request.version}: target {target.name!r} needs TensorRT: "
+                f"{reason or 'it builds its engine on the device, from the ONNX file'}"
+            )
+        cache = engine_cache or request.path.parent.parent / "trt-cache"
+        return tensorrt.provider_options(target.precision, target.workspace, cache, request.sha256)
+    missing = [p for p in target.providers if p not in available]
+    if missing:
+        raise EngineError(
+            f"{request.model} {request.version}: provider(s) {', '.join(missing)} "
+            f"are not available here ({', '.join(available)})"
+        )
+    return list(target.providers)
 
 
 class OrtEngine:
@@ -193,7 +79,7 @@ class OrtEngine:
         *,
         intra_op_threads: int = 1,
         share: bool = False,
-        base: OrtEngine | None = None,
+        base: Engine | None = None,
         engine_cache: Path | None = None,
         log_severity: int = 3,
     ) -> None:
@@ -213,39 +99,12 @@ class OrtEngine:
             EngineError: not an ONNX model ONNX Runtime can load, or a provider (or
                 TensorRT) this device lacks.
         """
-        import onnxruntime as ort
-
         self.model, self.version, self.sha256 = request.model, request.version, request.sha256
         self.request = request
-        target = request.target
-        engine_kind = getattr(target, "engine", "onnxruntime")
-        available = ort.get_available_providers()
-        providers: list[Any]
-        if engine_kind == "tensorrt":
-            precision = getattr(target, "precision", "fp16")
-            reason = tensorrt.unavailable(available, precision)
-            if reason is not None or request.kind != "artifact":
-                raise EngineError(
-                    f"{request.model} {request.version}: target "
-                    f"{getattr(target, 'name', '?')!r} needs TensorRT: "
-                    f"{reason or 'it builds its engine on the device, from the ONNX file'}"
-                )
-            cache = engine_cache or request.path.parent.parent / "trt-cache"
-            providers = tensorrt.provider_options(
-                precision, getattr(target, "workspace", 1024), cache, request.sha256
-            )
-        else:
-            providers = list(getattr(target, "providers", None) or ["CPUExecutionProvider"])
-            missing = [p for p in providers if p not in available]
-            if missing:
-                raise EngineError(
-                    f"{request.model} {request.version}: provider(s) {', '.join(missing)} "
-                    f"are not available here ({', '.join(available)})"
-                )
-        self.providers = providers
+        self.providers = _providers(request, engine_cache)
         self.intra_op_threads = intra_op_threads
         self.log_severity = log_severity
-        setups = session_setups(target, request.kind)
+        setups = session_setups(request.target, request.kind)
         self.setup: SessionSetup = next(
             (s for s in setups if s.name == (SHARED if share else PREPACKED)), setups[-1]
         )
@@ -258,16 +117,20 @@ class OrtEngine:
         self.on_reload: Callable[[OrtEngine], None] | None = None
         self._reload_lock = threading.Lock()
         try:
-            self.size_bytes = request.path.stat().st_size
+            self.size_bytes: int = request.path.stat().st_size
         except OSError:
             self.size_bytes = 0
         self._live = self._open(base)
         session = self._live.session
-        self.inputs = [(i.name, i.type, list(i.shape)) for i in session.get_inputs()]
-        self.outputs = [(o.name, o.type, list(o.shape)) for o in session.get_outputs()]
+        self.inputs: list[TensorDecl] = [
+            (i.name, i.type, list(i.shape)) for i in session.get_inputs()
+        ]
+        self.outputs: list[TensorDecl] = [
+            (o.name, o.type, list(o.shape)) for o in session.get_outputs()
+        ]
         self.output_names = [o.name for o in session.get_outputs()]
 
-    def _open(self, base: OrtEngine | None) -> _Live:
+    def _open(self, base: Engine | None) -> _Live:
         """A session for the request, and the weights it runs on (see the class doc).
 
         Raises:
@@ -326,7 +189,7 @@ class OrtEngine:
         live = self._live
         return live.weights if live is not None else None
 
-    def _split(self, options: Any, base: OrtEngine | None) -> tuple[bytes, Weights]:
+    def _split(self, options: Any, base: Engine | None) -> tuple[bytes, Weights]:
         """The graph to load and its large tensors, added to ``options`` (shared with
         ``base`` where equal).
 
@@ -359,14 +222,11 @@ class OrtEngine:
 
     @property
     def memory_bytes(self) -> int:
-        """Weight bytes this engine holds that the engine it replaced did not (the
-        file's size for a private session, a lower bound: ONNX Runtime's copies)."""
-        if self.weights is not None:
-            return self.weights.own_bytes
-        try:
-            return self.request.path.stat().st_size
-        except OSError:
-            return 0
+        """What this engine adds to the memory budget: weight bytes it holds that the
+        engine it replaced did not (shared ones count where they were first loaded);
+        the file's size for a private session (a lower bound: ONNX Runtime's copies)."""
+        weights = self.weights
+        return weights.own_bytes if weights is not None else self.size_bytes
 
     def sample_inputs(self) -> dict[str, npt.NDArray[Any]]:
         """Zeros of every input's shape (symbolic dimensions as 1): warm-up data for a
@@ -437,146 +297,3 @@ class _Live:
 
     session: Any
     weights: Weights | None
-
-
-@functools.cache
-def _libc() -> Any:
-    """The C library (looked up once: ``find_library`` runs ``ldconfig``)."""
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-def trim_heap() -> None:
-    """Give freed heap memory back to the system (glibc keeps it for reuse otherwise,
-    and a long-lived daemon that swaps engines would grow)."""
-    trim = getattr(_libc(), "malloc_trim", None)
-    if trim is not None:  # glibc
-        trim(0)
-
-
-MMAP_THRESHOLD: Final = 4 << 20
-"""Blocks this large are mapped on their own, and unmapped when freed."""
-_M_TRIM_THRESHOLD: Final = -1
-_M_MMAP_THRESHOLD: Final = -3
-
-
-def keep_heap_small() -> bool:
-    """Make glibc give large freed blocks back at once; whether it could be told.
-
-    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB),
-    so the next blocks that large come from a worker thread's heap, whose free top
-    ``malloc_trim`` never returns: four gzip bombs left +130 MiB held for good.  A
-    fixed threshold (which turns the raising off) keeps them mapped; large runs pay
-    page faults, small requests nothing.
-    """
-    mallopt = getattr(_libc(), "mallopt", None)
-    if mallopt is None:  # not glibc
-        return False
-    return bool(
-        mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-        and mallopt(_M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD)
-    )
-
-
-def check_goldens(engine: Engine, cases: Sequence[GoldenCase], setup: str | None = None) -> None:
-    """Every golden case of ``cases`` on ``engine``, within its tolerances.
-
-    Args:
-        engine: the engine to run them on.
-        cases: the signed golden cases.
-        setup: the session setup's label, named in a failure (``registry.sessions``).
-
-    Raises:
-        SelfTestError: a case fails to run or an output is out of tolerance (the
-            message names the case, the output, the setup and the largest error).
-    """
-    from registry.goldens import compare
-
-    where = f" in the {setup} session" if setup else ""
-    for case in cases:
-        wanted = list(case.outputs)
-        try:
-            got = engine.run(case.inputs, wanted)
-        except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
-            first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            raise SelfTestError(
-                f"golden case {case.name!r}{where}: the model fails: {first}"
-            ) from None
-        for name in wanted:
-            result = compare(case.outputs[name], got[name], case.rtol, case.atol)
-            if not result.ok:
-                detail = result.reason or (
-                    f"{result.bad} of {result.total} values out of tolerance "
-                    f"(max abs error {result.max_abs_error:.3g}, rtol {case.rtol:g}, "
-                    f"atol {case.atol:g})"
-                )
-                raise SelfTestError(f"golden case {case.name!r}, output {name!r}{where}: {detail}")
-
-
-def self_test(
-    engine: Engine,
-    cases: Sequence[GoldenCase],
-    *,
-    warmup_runs: int = WARMUP_RUNS,
-    host: SetupHost | None = None,
-) -> dict[str, float]:
-    """Prove ``engine`` before it serves: every golden case within its tolerances in
-    every session setup the device may run the version in, then ``warmup_runs`` runs
-    (of the first case's inputs, or of zeros shaped like the inputs when the version
-    has no golden case).
-
-    The setups are ``registry.sessions.session_setups`` of the engine's request, in
-    that order: ``engine`` answers for its own setup, and ``host`` builds an engine in
-    each other one for the goldens and releases it at once.  So the verdict is the
-    same on every device of the target, whatever setup (``serve.prepack``, a timing
-    measurement) the device runs.
-
-    Args:
-        engine: the candidate.
-        cases: its signed golden cases.
-        warmup_runs: runs after the goldens.
-        host: what builds engines in the other setups (None, or an engine that names
-            no setup: only ``engine`` is checked).
-
-    Returns:
-        Milliseconds spent in ``goldens`` and ``warmup``.
-
-    Raises:
-        SelfTestError: a case fails to run or an output is out of tolerance (the
-            message names the case, the output, the setup and the largest error).
-        EngineError: the version cannot be built in another setup.
-    """
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    own: SessionSetup | None = getattr(engine, "setup", None)
-    request: LoadRequest | None = getattr(engine, "request", None)
-    if not cases or own is None or request is None or host is None:
-        check_goldens(engine, cases, own.label if own is not None else None)
-    else:
-        for setup in session_setups(request.target, request.kind):
-            if setup == own:
-                check_goldens(engine, cases, setup.label)
-                continue
-            other = host.build_in(request, setup)
-            try:
-                check_goldens(other, cases, setup.label)
-            finally:
-                other.close()
-                trim_heap()  # a private copy of every weight: given back now
-    timings["goldens"] = (time.perf_counter() - start) * 1000
-    start = time.perf_counter()
-    sample = getattr(engine, "sample_inputs", None)
-    warm: Mapping[str, Any] | None = (
-        cases[0].inputs if cases else (sample() if callable(sample) else None)
-    )
-    for _ in range(warmup_runs if warm is not None else 0):
-        assert warm is not None  # noqa: S101 - for the type checker
-        try:
-            engine.run(warm)
-        except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
-            first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            raise SelfTestError(f"warm-up run fails: {first}") from None
-    timings["warmup"] = (time.perf_counter() - start) * 1000
-    return timings

@@ -50,7 +50,7 @@ __all__ = [
     "ONNX_DTYPES",
     "Graph",
     "Held",
-    "Tensor",
+    "TensorSpan",
     "Weights",
     "external_tensors",
     "split_model",
@@ -78,7 +78,7 @@ _LEN, _VARINT = 2, 0
 
 
 @dataclass(frozen=True, slots=True)
-class Tensor:
+class TensorSpan:
     """Where one initializer's bytes lie in the model file."""
 
     name: str
@@ -93,7 +93,7 @@ class Graph:
     """A model split in two: the graph (bytes ONNX Runtime loads) and its weights."""
 
     graph: bytes
-    tensors: tuple[Tensor, ...]
+    tensors: tuple[TensorSpan, ...]
 
 
 def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
@@ -139,7 +139,7 @@ def _dims(buf: Any, wire: int, key_at: int, span: tuple[int, int], end: int) -> 
 
 def _tensor(
     buf: Any, span: tuple[int, int], location: bytes, rename: bytes | None = None
-) -> tuple[bytes, Tensor | None]:
+) -> tuple[bytes, TensorSpan | None]:
     """A TensorProto with its raw data replaced by a reference into the file, when it
     has at least :data:`MAP_AT_LEAST` bytes of raw data of a plain type (``rename``:
     the name it gets)."""
@@ -179,7 +179,7 @@ def _tensor(
     out += _entry(b"offset", str(offset).encode())
     out += _entry(b"length", str(length).encode())
     out += _key(_T_LOCATION, _VARINT) + _encode(1)  # EXTERNAL
-    return bytes(out), Tensor(name, ONNX_DTYPES[dtype], tuple(dims), offset, length)
+    return bytes(out), TensorSpan(name, ONNX_DTYPES[dtype], tuple(dims), offset, length)
 
 
 def _constant(buf: Any, span: tuple[int, int]) -> tuple[bytes, tuple[int, int]] | None:
@@ -224,7 +224,7 @@ def split_model(buf: Any, location: str) -> Graph:
     """
     where = location.encode()
     out = bytearray()
-    tensors: list[Tensor] = []
+    tensors: list[TensorSpan] = []
     found_graph = False
     for number, wire, key_at, span, end in _fields(buf, 0, len(buf)):
         if number != _MODEL_GRAPH or wire != _LEN:
@@ -254,7 +254,7 @@ def split_model(buf: Any, location: str) -> Graph:
     return Graph(bytes(out), tuple(tensors))
 
 
-def external_tensors(graph: Any) -> dict[str, tuple[Tensor, ...]]:
+def external_tensors(graph: Any) -> dict[str, tuple[TensorSpan, ...]]:
     """The graph's initializers stored as ONNX external data, by data file name.
 
     Raises:
@@ -266,7 +266,7 @@ def external_tensors(graph: Any) -> dict[str, tuple[Tensor, ...]]:
         spans = external_initializers(graph)
     except WireFormatError as e:
         raise WeightError(str(e)) from None
-    found: dict[str, list[Tensor]] = {}
+    found: dict[str, list[TensorSpan]] = {}
     for span in spans:
         t = span.tensor
         problem = file_name_problem(span.location)
@@ -276,7 +276,9 @@ def external_tensors(graph: Any) -> dict[str, tuple[Tensor, ...]]:
         if dtype is None:
             raise WeightError(f"external tensor {t.name!r} has type {t.data_type}")
         name = t.name.decode("utf-8", "replace")
-        found.setdefault(span.location, []).append(Tensor(name, dtype, t.dims, t.offset, t.length))
+        found.setdefault(span.location, []).append(
+            TensorSpan(name, dtype, t.dims, t.offset, t.length)
+        )
     return {file: tuple(tensors) for file, tensors in found.items()}
 
 
@@ -311,7 +313,7 @@ class Weights:
 
     @classmethod
     def load(
-        cls, path: Path, tensors: tuple[Tensor, ...], base: Weights | None, blob: str = ""
+        cls, path: Path, tensors: tuple[TensorSpan, ...], base: Weights | None, blob: str = ""
     ) -> Weights:
         """The values of ``tensors`` in ``path`` (the blob ``blob``); each equal to
         ``base``'s tensor of the same name, dtype and shape is taken from ``base``.
@@ -349,7 +351,7 @@ class Weights:
         return weights
 
 
-def _same(fd: int, t: Tensor, old: npt.NDArray[Any]) -> bool:
+def _same(fd: int, t: TensorSpan, old: npt.NDArray[Any]) -> bool:
     """Whether the file's bytes of ``t`` equal ``old``'s (same dtype and shape first)."""
     import numpy as np
 

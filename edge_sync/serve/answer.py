@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from starlette.responses import Response
 
-from edge_sync.engine.ort import NUMPY_DTYPES
+from edge_sync.engine.base import NUMPY_DTYPES
 from edge_sync.errors import RefusedError
 from edge_sync.serve.body import HEADER_LENGTH
 
 if TYPE_CHECKING:
+    from edge_sync.engine.base import Engine
     from edge_sync.serve.codec import Parsed
 
 __all__ = ["BYTES_ELEMENT_COST", "answer", "json_response"]
@@ -34,7 +35,7 @@ def json_response(
     return Response(body, status_code=status, headers=headers, media_type=_JSON_MEDIA)
 
 
-def answer(engine: Any, parsed: Parsed, results: Mapping[str, Any]) -> Response:
+def answer(engine: Engine, parsed: Parsed, results: Mapping[str, Any]) -> Response:
     """The inference response: JSON, with the binary outputs' data after it; the
     outputs and their encoding charged to the request first.
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -42,7 +42,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from edge_sync.engine.ort import DATATYPES, keep_heap_small, trim_heap
+from edge_sync.engine.base import DATATYPES
+from edge_sync.engine.heap import keep_heap_small, trim_heap
 from edge_sync.serve.admission import Budget, Slots, Ticket
 from edge_sync.serve.body import HEADER_LENGTH, Charge
 from edge_sync.serve.codec import (
@@ -58,7 +59,7 @@ from edge_sync.serve.codec import (
 from edge_sync.serve.metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
-    from edge_sync.engine.ort import EngineHost
+    from edge_sync.engine.base import Engine, EngineHost, TensorDecl
     from edge_sync.serve.recorder import Recorder
 
 __all__ = ["MAX_BODY_BYTES", "ServeLimits", "create_app", "create_management_app"]
@@ -189,7 +190,7 @@ class _Api:
         keep_heap_small()  # what a burst allocated is given back, not kept
 
     @contextlib.contextmanager
-    def engine_for(self, request: Request) -> Iterator[Any]:
+    def engine_for(self, request: Request) -> Iterator[Engine]:
         """The engine for the request's model (and version, when named), held until the
         request is done: a swap never releases it under a request.
 
@@ -236,8 +237,8 @@ class _Api:
                 "name": engine.model,
                 "versions": self.host.versions(engine.model) or [engine.version],
                 "platform": "onnxruntime_onnx",
-                "inputs": _specs(getattr(engine, "inputs", [])),
-                "outputs": _specs(getattr(engine, "outputs", [])),
+                "inputs": _specs(engine.inputs),
+                "outputs": _specs(engine.outputs),
             }
         )
 
@@ -257,7 +258,7 @@ class _Api:
         except RefusedError as e:
             return error_response(e.status, str(e))
 
-        def tensors(specs: list[Any]) -> list[dict[str, Any]]:
+        def tensors(specs: Sequence[TensorDecl]) -> list[dict[str, Any]]:
             return [
                 {"name": s["name"], "dims": s["shape"],
                  "data_type": "TYPE_" + s["datatype"].replace("BYTES", "STRING")}
@@ -270,8 +271,8 @@ class _Api:
                 "platform": "onnxruntime_onnx",
                 "backend": "onnxruntime",
                 "max_batch_size": 0,
-                "input": tensors(getattr(engine, "inputs", [])),
-                "output": tensors(getattr(engine, "outputs", [])),
+                "input": tensors(engine.inputs),
+                "output": tensors(engine.outputs),
             }
         )
 
@@ -329,7 +330,7 @@ class _Api:
         self,
         body: bytes | bytearray,
         headers: Mapping[str, str],
-        engine: Any,
+        engine: Engine,
         ticket: Ticket,
         work: _Work,
     ) -> Response:
@@ -337,7 +338,7 @@ class _Api:
         try:
             parsed = read_request(body, headers, engine, self.limits, ticket.charge)
             del body  # the arrays are what the run needs
-            work.units = sum(int(getattr(a, "size", 1)) for a in parsed.inputs.values())
+            work.units = sum(int(a.size) for a in parsed.inputs.values())
             clock = _run_clock(engine)
             ran = clock()
             try:
@@ -358,7 +359,7 @@ class _Api:
         except RefusedError as e:
             return error_response(e.status, str(e), e.version, e.retry_after)
 
-    def _fails_everywhere(self, engine: Any, inputs: Any, wanted: list[str] | None) -> bool:
+    def _fails_everywhere(self, engine: Engine, inputs: Any, wanted: list[str] | None) -> bool:
         """Whether every other loaded version of ``engine``'s model fails on the request
         too (False when none is loaded).
 
@@ -481,27 +482,24 @@ class _Work:
     run_s: float | None = None
 
 
-def _run_clock(engine: Any) -> Callable[[], float]:
+def _run_clock(engine: Engine) -> Callable[[], float]:
     """How an engine's run is timed for the health gate: the CPU time of this thread
     when ONNX Runtime computes on it alone (the CPU provider with one intra-op thread,
     the default), which a flood of other requests competing for the CPU does not
     stretch; else the wall clock (a GPU, or a pool of threads)."""
-    on_this_thread = (
-        getattr(engine, "providers", None) == ["CPUExecutionProvider"]
-        and getattr(engine, "intra_op_threads", None) == 1
-    )
+    on_this_thread = engine.providers == ["CPUExecutionProvider"] and engine.intra_op_threads == 1
     return time.thread_time if on_this_thread else time.perf_counter
 
 
-def _quick(engine: Any) -> bool:
+def _quick(engine: Engine) -> bool:
     """Whether ``engine`` answers fast enough to run on the event loop (handing a
     request to a worker thread costs more than a small model's run: measured with
     ``benchmarks/serving.py``, 396 against 282 us of server CPU per request)."""
-    run_s = getattr(engine, "run_s", None)
-    return run_s is not None and run_s <= INLINE_RUN_S and bool(getattr(engine, "loaded", True))
+    run_s = engine.run_s
+    return run_s is not None and run_s <= INLINE_RUN_S and engine.loaded
 
 
-def _specs(specs: list[Any]) -> list[dict[str, Any]]:
+def _specs(specs: Sequence[TensorDecl]) -> list[dict[str, Any]]:
     """(name, ORT type, shape) as the protocol's tensor metadata."""
     return [{"name": n, "datatype": DATATYPES.get(t, t), "shape": dims(s)} for n, t, s in specs]
 

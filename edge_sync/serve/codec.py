@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from starlette.responses import Response
 
-from edge_sync.engine.ort import DATATYPES
+from edge_sync.engine.base import DATATYPES
 from edge_sync.errors import RefusedError
 from edge_sync.serve.answer import answer, json_response
 from edge_sync.serve.body import HEADER_LENGTH, TEXT_COST, Charge, Inflating, split
@@ -41,6 +41,7 @@ from edge_sync.serve.tensors import array_cost, from_binary, from_json
 
 if TYPE_CHECKING:
     from edge_sync.config import ModelLimits, ServeLimitsConfig
+    from edge_sync.engine.base import Engine
 
 __all__ = [
     "HEADER_LENGTH", "MAX_BODY_BYTES", "MAX_ELEMENTS", "MAX_JSON_DEPTH", "Parsed",
@@ -142,7 +143,7 @@ def dims(shape: list[Any]) -> list[int]:
 def read_request(
     body: bytes | bytearray,
     headers: Mapping[str, str],
-    engine: Any,
+    engine: Engine,
     limits: ServeLimits,
     charge: Charge | None = None,
 ) -> Parsed:
@@ -202,7 +203,7 @@ class Parsed:
 
 
 def _parse_request(
-    doc: object, engine: Any, binary: memoryview | bytes, reading: _Reading
+    doc: object, engine: Engine, binary: memoryview | bytes, reading: _Reading
 ) -> Parsed:
     """Read an inference request (JSON tensors, or binary ones after the header).
 
@@ -214,7 +215,7 @@ def _parse_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise RefusedError(400, "the request's 'id' must be a string")
-    declared = {n: (DATATYPES.get(t, t), s) for n, t, s in getattr(engine, "inputs", [])}
+    declared = {n: (DATATYPES.get(t, t), s) for n, t, s in engine.inputs}
     arrays: dict[str, Any] = {}
     offset = 0
     for item in doc["inputs"]:
@@ -229,7 +230,7 @@ def _parse_request(
         raise RefusedError(400, f"missing input(s) {missing}")
     if offset != len(binary):
         raise RefusedError(400, f"{len(binary) - offset} bytes of binary data no input names")
-    wanted, binary_out = _outputs(doc, [n for n, _, _ in getattr(engine, "outputs", [])])
+    wanted, binary_out = _outputs(doc, [n for n, _, _ in engine.outputs])
     cap = reading.caps.max_output_elements
     _check_outputs(engine, arrays, wanted, cap)
     return Parsed(arrays, wanted, binary_out, request_id, cap, reading.charge)
@@ -282,7 +283,7 @@ def _cost(count: int, datatype: str, size: int | None) -> int:
     )  # fmt: skip
 
 
-def precharge(doc: object, engine: Any, limits: ServeLimits, charge: Charge) -> None:
+def precharge(doc: object, engine: Engine, limits: ServeLimits, charge: Charge) -> None:
     """Check the inputs a request's JSON header describes against the model's caps,
     and charge what decoding them will allocate, before its binary data is inflated
     (then :func:`read_request` charges them no more).
@@ -293,7 +294,7 @@ def precharge(doc: object, engine: Any, limits: ServeLimits, charge: Charge) -> 
     items = doc.get("inputs") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         return  # refused when it is read
-    declared = {n: (DATATYPES.get(t, t), s) for n, t, s in getattr(engine, "inputs", [])}
+    declared = {n: (DATATYPES.get(t, t), s) for n, t, s in engine.inputs}
     caps = limits.caps(engine.model)
     for item in items:
         if isinstance(item, dict):
@@ -354,7 +355,7 @@ def _fixed(dim: object) -> bool:
 
 
 def _check_outputs(
-    engine: Any, arrays: Mapping[str, Any], wanted: list[str] | None, cap: int
+    engine: Engine, arrays: Mapping[str, Any], wanted: list[str] | None, cap: int
 ) -> None:
     """Refuse a run whose outputs would hold over ``cap`` values, where the model's
     output shapes tell it from the inputs' (fixed sizes, or dimensions named like an
@@ -364,14 +365,14 @@ def _check_outputs(
         RefusedError: over the cap (413).
     """
     named: dict[str, int] = {}
-    for name, _, shape in getattr(engine, "inputs", []):
+    for name, _, shape in engine.inputs:
         array = arrays.get(name)
         if array is not None and len(shape) == array.ndim:
             named.update(
                 {d: n for d, n in zip(shape, array.shape, strict=True) if isinstance(d, str)}
             )
     total = 0
-    for name, _, shape in getattr(engine, "outputs", []):
+    for name, _, shape in engine.outputs:
         if not shape or (wanted is not None and name not in wanted):
             continue
         count = 1

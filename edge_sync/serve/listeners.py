@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from edge_sync.config import ServeConfig, Subscription
-    from edge_sync.engine.ort import EngineHost
+    from edge_sync.engine.base import EngineHost
     from edge_sync.serve.recorder import Recorder
 
 __all__ = [
@@ -97,6 +97,19 @@ def server(app: Any, host: str, port: int, limits: ConnectionLimits) -> Any:
     )  # fmt: skip
 
 
+def _connection_limits(serve: ServeConfig, management: int) -> ConnectionLimits:
+    """The inference listener's bounds from ``serve.limits``, leaving ``management``
+    connections to the management listener."""
+    bounds = serve.limits
+    return ConnectionLimits(
+        max_connections=connection_cap(bounds.max_connections) - management,
+        max_header_bytes=bounds.max_header,
+        header_timeout_s=bounds.header_timeout,
+        keepalive_timeout_s=bounds.keepalive_timeout,
+        body_timeout_s=bounds.body_timeout,
+    )
+
+
 class Listeners:
     """uvicorn serving the OIP v2 app in a thread beside the update loop (and, with
     ``serve.management_listen``, ``/status`` and ``/metrics`` in another), each within
@@ -141,15 +154,8 @@ class Listeners:
             limits=ServeLimits.from_config(serve.limits),
             management=serve.management_listen is None,
         )
-        bounds = serve.limits
         management = MANAGEMENT_CONNECTIONS if serve.management_listen else 0
-        limits = ConnectionLimits(
-            max_connections=connection_cap(bounds.max_connections) - management,
-            max_header_bytes=bounds.max_header,
-            header_timeout_s=bounds.header_timeout,
-            keepalive_timeout_s=bounds.keepalive_timeout,
-            body_timeout_s=bounds.body_timeout,
-        )
+        limits = _connection_limits(serve, management)
         address, _, port = serve.listen.rpartition(":")
         self.address = address.strip("[]")
         self._servers = [server(app, self.address, int(port), limits)]

@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from edge_sync.engine.base import EngineHost
     from edge_sync.state.models import UpdateRecord
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -33,14 +34,13 @@ _STAGE_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 30
 class Metrics:
     """The daemon's counters and histograms."""
 
-    def __init__(self, host: Any = None) -> None:
+    def __init__(self, host: EngineHost | None = None) -> None:
         """A fresh registry with the process collector (and ``host``'s engines, when
-        it is an :class:`~edge_sync.engine.ort.InProcessHost`)."""
+        there is one)."""
         self.registry = CollectorRegistry()
         ProcessCollector(namespace="modelreg", registry=self.registry)
-        if host is not None and hasattr(host, "loaded") and hasattr(host, "cache"):
+        if host is not None:
             self.registry.register(_EngineCollector(host))
-        if host is not None and hasattr(host, "models"):
             self.registry.register(_ServingCollector(host))
         self.requests = Counter(
             "modelreg_requests", "Inference requests by model, version and outcome.",
@@ -93,7 +93,7 @@ class Metrics:
 class _EngineCollector(Collector):
     """The host's engines and memory-budget counters, read at each scrape."""
 
-    def __init__(self, host: Any) -> None:
+    def __init__(self, host: EngineHost) -> None:
         self.host = host
 
     def collect(self) -> Iterator[Any]:
@@ -109,15 +109,14 @@ class _EngineCollector(Collector):
             labels=["model", "version", "shared"],
         )
         for engine in self.host.loaded():
-            is_loaded = bool(getattr(engine, "loaded", True))
+            is_loaded = engine.loaded
             loaded.add_metric([engine.model, engine.version], 1.0 if is_loaded else 0.0)
-            weights = getattr(engine, "weights", None)
+            weights = engine.weights
             if weights is not None:
                 own.add_metric([engine.model, engine.version, "false"], weights.own_bytes)
                 own.add_metric([engine.model, engine.version, "true"], weights.shared_bytes)
             elif is_loaded:
-                own.add_metric([engine.model, engine.version, "false"],
-                               getattr(engine, "size_bytes", 0))  # fmt: skip
+                own.add_metric([engine.model, engine.version, "false"], engine.size_bytes)
         yield loaded
         yield own
         families = {
@@ -129,8 +128,9 @@ class _EngineCollector(Collector):
             )
         }
         for model, stats in dict(self.host.cache).items():
+            counts = {"hits": stats.hits, "misses": stats.misses, "evictions": stats.evictions}
             for name, family in families.items():
-                family.add_metric([model], getattr(stats, name))
+                family.add_metric([model], counts[name])
         yield from families.values()
 
 
@@ -138,7 +138,7 @@ class _ServingCollector(Collector):
     """What serves each model, read from the host at each scrape (a health gate's swap
     back shows at once, before the state file says so)."""
 
-    def __init__(self, host: Any) -> None:
+    def __init__(self, host: EngineHost) -> None:
         self.host = host
 
     def collect(self) -> Iterator[Any]:

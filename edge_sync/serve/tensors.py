@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from edge_sync.engine.ort import NUMPY_DTYPES
+from edge_sync.engine.base import NUMPY_DTYPES
 from edge_sync.serve.answer import BYTES_ELEMENT_COST
 
 __all__ = ["array_cost", "from_binary", "from_json"]

@@ -36,7 +36,8 @@ from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
 from edge_sync.decide.health import BASELINE_WINDOWS, GatePolicy, Verdict, judge
 from edge_sync.decide.restarts import after_stop, rejection_reason
-from edge_sync.engine.ort import Engine, EngineHost, GoldenCase, LoadRequest, SetupHost, self_test
+from edge_sync.engine.base import Engine, EngineHost, LoadRequest, SetupHost
+from edge_sync.engine.selftest import GoldenArrays, self_test
 from edge_sync.errors import EngineError, SourceError, StoppedError
 from edge_sync.serve.recorder import Recorder
 from edge_sync.state.models import (
@@ -1080,7 +1081,7 @@ class Updater:
 
     def _goldens(
         self, trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
-    ) -> list[GoldenCase]:
+    ) -> list[GoldenArrays]:
         """The signed golden cases of a version, read within caps."""
         if doc is None or not doc.goldens:
             return []
@@ -1103,7 +1104,7 @@ class Updater:
                 except RegistryError as e:
                     raise _RejectedError(f"golden case {case.name!r}: {e}") from None
             cases.append(
-                GoldenCase(case.name, arrays["inputs"], arrays["outputs"], case.rtol, case.atol)
+                GoldenArrays(case.name, arrays["inputs"], arrays["outputs"], case.rtol, case.atol)
             )
         return cases
 

@@ -3,7 +3,7 @@
 The app runs in this process under a real uvicorn server on 127.0.0.1; raw cases are
 written by hand and sent with httpx, the rest with ``tritonclient.http``, Triton's own
 client.
-The engines are real ONNX Runtime sessions from :class:`~edge_sync.engine.ort.InProcessHost`:
+The engines are real ONNX Runtime sessions from :class:`~edge_sync.engine.host.InProcessHost`:
 the example models, and for the datatypes they lack, Identity and Cast graphs made here
 with ``onnx.helper``.
 """
@@ -30,8 +30,8 @@ import tritonclient.http as triton  # type: ignore[import-untyped]
 from onnx import TensorProto, helper
 from tritonclient.utils import InferenceServerException  # type: ignore[import-untyped]
 
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import LoadRequest
 from edge_sync.serve.app import MAX_BODY_BYTES, create_app
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The engine manager (``edge_sync.engine.ort.InProcessHost``): requests hold the engine
+"""The engine manager (``edge_sync.engine.host.InProcessHost``): requests hold the engine
 they started on across a swap, an old engine is released only when drained, loaded
 versions answer by name, a candidate never serves before its swap, the memory budget
 evicts the least valuable idle engine and loads it again on demand, and the process's
@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.ort import OrtEngine
 from tests.edge import models
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +182,8 @@ _CREEP = """
 import hashlib, json, sys, threading
 from pathlib import Path
 from tests.edge import models
-from edge_sync.engine.ort import LoadRequest, self_test
+from edge_sync.engine.base import LoadRequest
+from edge_sync.engine.selftest import self_test
 from edge_sync.engine.host import InProcessHost
 tmp = Path(sys.argv[1]); mode = sys.argv[2]
 paths = [models.save(models.mlp(width=1024), tmp / "a.onnx"),

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import LoadRequest
 from edge_sync.errors import EngineError
 from tests.conftest import git
 from tests.edge.conftest import SOURCES, EdgeRig

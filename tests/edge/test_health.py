@@ -493,8 +493,8 @@ def test_the_server_records_decoded_elements_and_the_engine_run_whatever_the_enc
 
     import uvicorn
 
+    from edge_sync.engine.base import LoadRequest
     from edge_sync.engine.host import InProcessHost
-    from edge_sync.engine.ort import LoadRequest
     from edge_sync.serve.app import create_app
     from tests.edge import models
 
@@ -581,8 +581,8 @@ def test_a_cpu_run_on_one_thread_is_timed_by_its_cpu_time(tmp_path: Path) -> Non
     competing for the CPU cannot stretch; a pool of threads is timed by the wall clock."""
     import hashlib
 
+    from edge_sync.engine.base import LoadRequest
     from edge_sync.engine.host import InProcessHost
-    from edge_sync.engine.ort import LoadRequest
     from edge_sync.serve.app import _run_clock
     from tests.edge import models
 

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import GoldenCase, LoadRequest, self_test
+from edge_sync.engine.selftest import GoldenArrays, self_test
 from edge_sync.serve.app import create_app
 from edge_sync.serve.recorder import Recorder
 from modelreg.loadgen import LoadResult, run_load_subprocess
@@ -88,7 +89,7 @@ def test_two_hundred_requests_in_flight_across_twenty_four_swaps(
         requests.append(LoadRequest("mlp", version, path, digest))
         reference = InProcessHost(prepack="on").build(requests[-1])
         expected[version] = reference.run({"x": x})["y"]
-        cases.append([GoldenCase("sample", {"x": x}, {"y": expected[version]}, 1e-4, 1e-5)])
+        cases.append([GoldenArrays("sample", {"x": x}, {"y": expected[version]}, 1e-4, 1e-5)])
     out = tmp_path / "expected.json"
     out.write_text(json.dumps({v: a.tolist() for v, a in expected.items()}))
     monkeypatch.setenv(_EXPECTED_ENV, str(out))

@@ -119,8 +119,8 @@ def test_the_daemon_line_without_the_daemon(tmp_path: Path) -> None:
     routing in this process: the measurement still fails in one line)."""
     import hashlib
 
+    from edge_sync.engine.base import LoadRequest
     from edge_sync.engine.host import InProcessHost
-    from edge_sync.engine.ort import LoadRequest
 
     path = tmp_path / "even.onnx"
     path.write_bytes(_fails_on_one_row().SerializeToString())

@@ -17,8 +17,9 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.ort import OrtEngine
 from tests.edge.real_models import real_model_path
 
 

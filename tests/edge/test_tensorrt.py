@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from edge_sync.engine import tensorrt
-from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.base import LoadRequest
+from edge_sync.engine.ort import OrtEngine
 from edge_sync.errors import EngineError
 from registry.schema import TensorRTTarget
 from tests.edge import models

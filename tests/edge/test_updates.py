@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from edge_sync.engine.base import Engine, LoadRequest
 from edge_sync.engine.host import InProcessHost
-from edge_sync.engine.ort import Engine, LoadRequest
 from registry.config import load_config
 from tests.conftest import git
 from tests.edge.conftest import EdgeRig
@@ -157,15 +157,47 @@ def test_a_tensorrt_target_is_built_on_the_device_or_rejected_with_why(rig: Edge
 
 
 class _DriftingEngine:
-    """An engine whose answers drift from the goldens (another runtime, a bad port)."""
+    """An engine whose answers drift from the goldens (another runtime, a bad port: it
+    runs in no session setup of ``registry.sessions``, so the self-test checks it alone)."""
 
-    def __init__(self, inner: Any) -> None:
+    setup = None
+
+    def __init__(self, inner: Engine) -> None:
         self.inner = inner
         self.model, self.version, self.sha256 = inner.model, inner.version, inner.sha256
+        self.request, self.inputs, self.outputs = inner.request, inner.inputs, inner.outputs
+        self.providers, self.intra_op_threads = inner.providers, inner.intra_op_threads
+        self.size_bytes, self.run_s = inner.size_bytes, inner.run_s
         self.closed = False
+
+    @property
+    def loaded(self) -> bool:
+        return self.inner.loaded
+
+    @property
+    def shared(self) -> bool:
+        return self.inner.shared
+
+    @property
+    def weights(self) -> Any:
+        return self.inner.weights
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.inner.memory_bytes
+
+    def sample_inputs(self) -> dict[str, Any]:
+        return self.inner.sample_inputs()
 
     def run(self, inputs: Any, outputs: Any = None) -> dict[str, Any]:
         return {k: v + 1.0 for k, v in self.inner.run(inputs, outputs).items()}
+
+    def unload(self) -> None:
+        self.inner.unload()
+
+    def detach(self) -> object:
+        self.closed = True
+        return self.inner.detach()
 
     def close(self) -> None:
         self.closed = True

@@ -23,8 +23,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import PREPACK_GAIN, InProcessHost
-from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.ort import OrtEngine
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
 from tests.edge.conftest import EdgeRig
 

@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.base import LoadRequest
+from edge_sync.engine.ort import OrtEngine
 from edge_sync.engine.weights import MAP_AT_LEAST, split_model
 from edge_sync.errors import EngineError, WeightError
 from registry.onnx_wire import encode_varint
@@ -202,7 +203,8 @@ def test_a_run_in_progress_keeps_its_weights_when_the_engine_is_unloaded(
     script = f"""
 import gc, hashlib, threading, numpy as np
 from pathlib import Path
-from edge_sync.engine.ort import LoadRequest, OrtEngine
+from edge_sync.engine.base import LoadRequest
+from edge_sync.engine.ort import OrtEngine
 path = Path({str(slow)!r})
 engine = OrtEngine(LoadRequest("m", "1", path, hashlib.sha256(path.read_bytes()).hexdigest()),
                    share=True)

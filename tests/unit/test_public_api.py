@@ -38,18 +38,26 @@ PUBLIC: dict[str, set[str]] = {
         "parse_duration",
         "parse_size",
     },
-    "edge_sync.engine.ort": {
+    "edge_sync.engine.base": {
+        "CacheStats",
         "DATATYPES",
         "Engine",
         "EngineHost",
-        "GoldenCase",
         "LoadRequest",
         "NUMPY_DTYPES",
-        "OrtEngine",
+        "PrepackDecision",
         "SetupHost",
+        "TensorDecl",
+    },
+    "edge_sync.engine.ort": {
+        "CPU_TARGET",
+        "OrtEngine",
+    },
+    "edge_sync.engine.selftest": {
+        "GoldenArrays",
+        "WARMUP_RUNS",
         "check_goldens",
         "self_test",
-        "trim_heap",
     },
     "edge_sync.sync.limits": {
         "TrustLimits",
