@@ -1,6 +1,6 @@
 """The self-test an engine passes before it serves (stable API): the signed golden cases
 within their tolerances, in every session setup the device may run the version in, then
-warm-up runs (SPEC section 7).
+warm-up runs (docs/reference/daemon.md).
 
 The setups are ``registry.sessions.session_setups`` of the engine's request: the engine
 answers for its own, and the host builds one in each other setup for the goldens and
