@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from modelreg.examples import write_examples
+from registry.layout import model_file, version_file
 
 _GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "modelreg demo",
@@ -137,8 +138,8 @@ class Demo:
         print("  " + comment.strip().replace("\n", "\n  "))
 
         self.step("What a reviewer sees when a pull request breaks a manifest")
-        version = self.repo / "manifests/mlp/versions/1.1.0.yaml"
-        model = self.repo / "manifests/mlp/model.yaml"
+        version = version_file(self.repo / "manifests", "mlp", "1.1.0")
+        model = model_file(self.repo / "manifests", "mlp")
         saved = {p: p.read_text(encoding="utf-8") for p in (version, model)}
         version.write_text(saved[version].replace("format: onnx", "fromat: onnx"), encoding="utf-8")
         model.write_text(
