@@ -338,14 +338,15 @@ class Installer:
         if facts.needs_prebuilt:
             return self._prebuilt(trust, facts, about)
         art = facts.artifact.sha256
+        held = {art} if held_verified(blobs, art) else set()  # a rotten one is gone now
         installed = {
             i.version: i.artifact_sha256
             for i in (model.serving, model.previous, model.last_known_good)
             if i is not None and i.artifact_sha256 and blobs.has(i.artifact_sha256)
         }
-        held = frozenset({art} if held_verified(blobs, art) else ()) | set(installed.values())
+        held |= set(installed.values())
         links = _links(trust, about.name, about.version, set(installed))
-        return replace(facts, held=held, installed=installed, links=links)
+        return replace(facts, held=frozenset(held), installed=installed, links=links)
 
     def _prebuilt(self, trust: DeviceTrust, facts: PlanFacts, about: _Version) -> PlanFacts:
         """``facts`` with the target's signed prebuilt engine, when one is published."""
