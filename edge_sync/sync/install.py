@@ -197,7 +197,14 @@ class Installer:
         sync_stages: Stages,
         commit: Commit,
     ) -> tuple[UpdateRecord | None, ModelState]:
-        """Bring ``name`` to its channel's version; (the update record, new state)."""
+        """Bring ``name`` to its channel's version; (the update record, new state).
+
+        A version that cannot run here is rejected and one whose bytes cannot be had
+        fails; either way what the device serves stays served.
+
+        Raises:
+            StoppedError: the daemon is stopping (the sync ends at a stage boundary).
+        """
         entry = channels.models.get(name, {}).get(model.channel)
         if entry is None:
             return None, model  # nothing assigned: keep serving what we serve
