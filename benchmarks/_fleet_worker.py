@@ -38,7 +38,7 @@ from typing import Any, TextIO
 from edge_sync.config import EdgeConfig, load_edge_config
 from edge_sync.daemon import Daemon
 from edge_sync.engine.host import InProcessHost
-from edge_sync.sync.updater import SyncReport
+from edge_sync.sync.updater import SyncOutcome
 
 
 class _Events:
@@ -49,7 +49,7 @@ class _Events:
         self.lock = threading.Lock()
 
     def recorder(self, device: str) -> Any:
-        def on_sync(report: SyncReport) -> None:
+        def on_sync(report: SyncOutcome) -> None:
             updates = {
                 model: [r.result, r.version, r.method, r.bytes_fetched]
                 for model, r in report.updates.items()

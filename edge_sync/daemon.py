@@ -39,10 +39,11 @@ from edge_sync.serve.listeners import Listeners
 from edge_sync.serve.recorder import Recorder
 from edge_sync.state.models import DaemonInfo, UpdateRecord, reason_text
 from edge_sync.state.store import StateDir
+from edge_sync.sync.gates import GATE_CHECK_S
 from edge_sync.sync.limits import TrustLimits
 from edge_sync.sync.report import LAST_REPORT_S, Reporter
 from edge_sync.sync.trust import DeviceTrust, Freshness, freshness
-from edge_sync.sync.updater import GATE_CHECK_S, SyncReport, Updater
+from edge_sync.sync.updater import SyncOutcome, Updater
 from registry.about import modelreg_version
 from signing.errors import VerificationError
 
@@ -100,7 +101,7 @@ class Daemon:
     host: EngineHost | None = None
     """Where engines run (default: in this process, with ``serve``'s settings)."""
     limits: TrustLimits | None = None
-    on_sync: Callable[[SyncReport], None] | None = None
+    on_sync: Callable[[SyncOutcome], None] | None = None
     serving: bool = True
     """Answer the Open Inference Protocol on ``serve.listen`` (``edge_sync.serve.app``)."""
     _sync_now: bool = False
@@ -409,17 +410,17 @@ class _Server(Listeners):
                          request_sync=request_sync, recorder=recorder)  # fmt: skip
 
 
-def _guarded(updater: Updater) -> SyncReport:
+def _guarded(updater: Updater) -> SyncOutcome:
     """One sync; an unexpected error is a failed sync (with backoff), not a stopped
     device: what it serves stays served.  The error is written to stderr for the log."""
     try:
         return updater.sync()
     except StoppedError as e:
-        return SyncReport("failed", str(e))
+        return SyncOutcome("failed", str(e))
     except Exception as e:  # noqa: BLE001 - the daemon outlives its bugs
         reason = reason_text(f"internal error: {type(e).__name__}: {e}")
         print(f"modelreg edge: {reason}", file=sys.stderr, flush=True)
-        return SyncReport("failed", reason)
+        return SyncOutcome("failed", reason)
 
 
 def provision(config: EdgeConfig, state: StateDir) -> None:

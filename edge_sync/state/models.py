@@ -149,6 +149,10 @@ class ModelState(_Model):
                       self.gate.restore_last_known_good]  # fmt: skip
         return tuple(i for i in found if i is not None)
 
+    def with_rejected(self, rejected: Rejected) -> ModelState:
+        """A copy with ``rejected`` recorded, keeping the newest :data:`MAX_REJECTED`."""
+        return self.model_copy(update={"rejected": [*self.rejected, rejected][-MAX_REJECTED:]})
+
 
 class SyncInfo(_Model):
     """The last sync as a whole (device-wide failures land here).

@@ -1,6 +1,6 @@
 """ONNX external data on the device: fetch, verify and lay out a model's data files.
 
-Private to :mod:`edge_sync.sync.updater`.  A version stored with external data (every model
+Private to :mod:`edge_sync.sync.install`.  A version stored with external data (every model
 over 2 GB) is its ``.onnx`` plus data files named by its graph; the signed description
 (``VersionDoc.external_data``) lists them, each a signed target of kind
 ``external_data``.  Every file is verified against its signed SHA-256 before anything
@@ -81,7 +81,7 @@ def obtain_data(  # noqa: PLR0917 - one private call site, all needed
         expect_facts(info, model=name, version=version, kind="external_data")
         if info.facts.file != file:
             raise VerificationError(f"signed as file {info.facts.file!r}, not {file!r}", target)
-        if _held(blobs, info.sha256):
+        if held_verified(blobs, info.sha256):
             methods.add("cached")
         elif parent is not None and _by_delta(
             trust, blobs, (name, version, parent, file), info.sha256, work=work, stages=stages
@@ -101,7 +101,9 @@ def obtain_data(  # noqa: PLR0917 - one private call site, all needed
     return found, method
 
 
-def _held(blobs: BlobStore, sha256: str) -> bool:
+def held_verified(blobs: BlobStore, sha256: str) -> bool:
+    """Whether the blob is held and still hashes to its name (a rotten one is
+    discarded, and fetched again)."""
     if not blobs.has(sha256):
         return False
     if blobs.verify(sha256):

@@ -186,6 +186,20 @@ def _base_url(location: str | Path) -> tuple[str, Path | None]:
     return folder.as_uri().rstrip("/") + "/", folder
 
 
+def _anchor(trust_dir: Path) -> Path:
+    """The trust anchor in ``trust_dir``.
+
+    Raises:
+        KeyMaterialError: the device was not provisioned with a root.
+    """
+    anchor = trust_dir / ANCHOR_FILE
+    if not anchor.is_file():
+        raise KeyMaterialError(
+            f"{anchor}: no trust root; provision the device with the repository's 1.root.json first"
+        )
+    return anchor
+
+
 class DeviceTrust:
     """The device's view of a model repository's signed releases.
 
@@ -234,12 +248,7 @@ class DeviceTrust:
                 neither ``checkout_dir`` nor ``metadata`` is given.
         """
         self._dir = state_dir / TRUST_DIR
-        self._anchor = self._dir / ANCHOR_FILE
-        if not self._anchor.is_file():
-            raise KeyMaterialError(
-                f"{self._anchor}: no trust root; provision the device with the repository's "
-                "1.root.json first"
-            )
+        self._anchor = _anchor(self._dir)
         self._limits = limits or TrustLimits()
         if metadata is None:
             if checkout_dir is None:

@@ -90,6 +90,19 @@ _STORE_POLL_S: Final = 0.2
 measured against its cap)."""
 
 
+def _git_env() -> dict[str, str]:
+    """The environment git runs in: never prompting, only the allowed protocols, no
+    system config, ssh in batch mode, messages in plain English."""
+    return {
+        **os.environ,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_ALLOW_PROTOCOL": _PROTOCOLS,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_SSH_COMMAND": os.environ.get("GIT_SSH_COMMAND", "ssh -o BatchMode=yes"),
+        "LC_ALL": "C",
+    }
+
+
 def _kill(proc: subprocess.Popen[str]) -> None:
     """Kill git and the helpers it started (its own session), and reap it."""
     with contextlib.suppress(ProcessLookupError):
@@ -172,14 +185,6 @@ class GitWatcher:
             GitError: git failed, is missing, or took longer than :attr:`timeout_s`.
             GitStoreError: ``bounded`` and ``.git`` grew over its cap.
         """
-        env = {
-            **os.environ,
-            "GIT_TERMINAL_PROMPT": "0",
-            "GIT_ALLOW_PROTOCOL": _PROTOCOLS,
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_SSH_COMMAND": os.environ.get("GIT_SSH_COMMAND", "ssh -o BatchMode=yes"),
-            "LC_ALL": "C",
-        }
         argv = ["git", *(["-C", str(cwd)] if cwd else []), *args]
         try:
             proc = subprocess.Popen(
@@ -188,7 +193,7 @@ class GitWatcher:
                 stderr=subprocess.PIPE,
                 text=True,
                 errors="replace",  # a git host's messages are untrusted bytes
-                env=env,
+                env=_git_env(),
                 start_new_session=True,  # its helpers (index-pack, ssh) are killed with it
             )
         except FileNotFoundError:

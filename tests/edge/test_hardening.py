@@ -336,7 +336,7 @@ _STORM_CHILD = """
 import sys, tempfile, threading, time, os
 import edge_sync.daemon as d
 from edge_sync.config import EdgeConfig
-from edge_sync.sync.updater import SyncReport
+from edge_sync.sync.updater import SyncOutcome
 turns = [0]
 class Quick:
     settled = {}
@@ -347,7 +347,7 @@ class Quick:
         return {}
     def sync(self):
         turns[0] += 1
-        return SyncReport("current")
+        return SyncOutcome("current")
     def next_gate_s(self):
         return None
     def check_gates(self):

@@ -84,11 +84,11 @@ def test_going_back_to_a_held_version_fetches_nothing(rig: EdgeRig) -> None:
 def test_without_a_usable_delta_chain_the_full_file_is_fetched(
     rig: EdgeRig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from edge_sync.sync import updater
+    from edge_sync.decide import plan
 
     rig.sync()
     rig.release_version("1.1.0", "1.0.0")
-    monkeypatch.setattr(updater, "MAX_DELTA_CHAIN", 0)  # no delta may be applied
+    monkeypatch.setattr(plan, "MAX_DELTA_CHAIN", 0)  # no delta may be applied
     update = rig.sync().updates["mlp"]
     assert (update.result, update.method) == ("installed", "full")
     assert update.bytes_fetched >= (rig.root / "models/mlp/1.1.0.onnx").stat().st_size

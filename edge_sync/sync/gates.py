@@ -1,0 +1,270 @@
+"""The health gates of one device (SPEC section 7): each version swapped in is watched,
+the engine it replaced kept loaded, until :func:`edge_sync.decide.health.judge` passes or
+fails it.
+
+Two threads act on the gates: the daemon's loop (:meth:`Gates.check`, between syncs and
+at the start of each) and its watcher thread (:meth:`Gates.watch`, every
+:data:`GATE_CHECK_S`, so that a version failing its gate is swapped back even while a
+long download runs).  One lock, :attr:`Gates.lock`, guards the open gates and every
+engine swap of a gated model: the watcher thread only swaps back and notes the
+failure; the loop commits it (:meth:`Gates.check`), so the state file has one writer.
+
+What closing a gate does to the state is decided in :mod:`edge_sync.decide.gate_state`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Final
+
+from edge_sync.clock import now_iso
+from edge_sync.decide.gate_state import baseline_span, kept, rolled_back
+from edge_sync.decide.health import BASELINE_WINDOWS, GatePolicy, Verdict, judge
+from edge_sync.engine.base import Engine, EngineHost
+from edge_sync.serve.recorder import Recorder
+from edge_sync.state.models import (
+    DeviceState,
+    GateRecord,
+    Installed,
+    ModelState,
+    Rejected,
+    UpdateRecord,
+    reason_text,
+)
+from edge_sync.state.store import StateDir
+from edge_sync.sync.trust import last_channels
+
+__all__ = ["GATE_CHECK_S", "Gates", "OpenGate", "commit_quietly", "load_state"]
+
+GATE_CHECK_S: Final = 0.25
+"""How often an open health gate is judged (errors fail it before its window ends)."""
+
+
+@dataclass(frozen=True)
+class OpenGate:
+    """A version swapped in and watched: the engine it replaced stays loaded."""
+
+    model: str
+    version: str
+    new: Engine
+    old: Engine
+    before: ModelState
+    installed: Installed
+    signed: str
+    swapped: float
+    """When its current window opened (the swap, or a retry)."""
+    baseline_until: float = 0.0
+    """When the swap happened: the previous version's answers before it are the baseline."""
+    retried: bool = False
+    """Its first window failed on latency alone: this is its second (``health.judge``)."""
+
+
+def load_state(state: StateDir) -> DeviceState:
+    """The committed state (a corrupt one recovered: see ``StateDir.load_or_recover``)."""
+    return state.load_or_recover(lambda: last_channels(state.root))
+
+
+def commit_quietly(state: StateDir, document: DeviceState) -> str | None:
+    """Commit ``document``; why not, when the disk refuses (the old state stays, and
+    the device keeps serving: a full disk is a failed sync, not a crash)."""
+    try:
+        state.commit(document)
+    except OSError as e:
+        return f"state not saved: {e.strerror or e}"
+    return None
+
+
+class Gates:
+    """The open health gates, by model, and what closing them commits."""
+
+    def __init__(
+        self,
+        policy: GatePolicy | None,
+        recorder: Recorder | None,
+        host: EngineHost,
+        state: StateDir,
+    ) -> None:
+        """Watch swaps with ``policy`` on what ``recorder`` saw; without either (or with
+        a window of 0) no gate opens and the replaced engine is released at once."""
+        self.policy = policy if policy is not None and policy.window_s > 0 and recorder else None
+        self.recorder = recorder
+        self.host = host
+        self.state = state
+        self.open: dict[str, OpenGate] = {}
+        """Per model, the gate watching its newest install."""
+        self.lock = threading.RLock()
+        """Held around the open gates and every swap of a gated model."""
+        self._failed: dict[str, tuple[OpenGate, str, float]] = {}
+        self._retries: list[tuple[str, str]] = []
+
+    @property
+    def enabled(self) -> bool:
+        """Whether a swap opens a gate."""
+        return self.policy is not None
+
+    def next_check_s(self) -> float | None:
+        """Seconds until an open gate should be judged again (None: none is open)."""
+        if self.policy is None or not self.open:
+            return None
+        return GATE_CHECK_S
+
+    # --- opening ------------------------------------------------------------------------
+
+    def swap_in(self, name: str, engine: Engine) -> tuple[Engine | None, OpenGate | None]:
+        """Serve ``engine``; the engine to fall back to, and the gate it carries over.
+
+        A gate still open (not judged at this sync's start) is carried: the version it
+        watched is replaced unjudged, and the engine it would fall back to stays the
+        fallback."""
+        with self.lock:  # the watcher thread swaps engines too
+            carried = self.open.pop(name, None)
+            old = self.host.swap(name, engine)
+        if carried is None:
+            return old, None
+        if old is not None and old is not carried.old:
+            self.host.retire(old)
+        return carried.old, carried
+
+    def record(
+        self, installed: Installed, signed: str, before: ModelState, stops: int
+    ) -> GateRecord | None:
+        """The gate kept in the state for a version about to be committed (a daemon that
+        dies while it watches does not trust the version); None with no gate."""
+        if self.policy is None:
+            return None
+        return GateRecord(
+            version=installed.version, sha256=installed.sha256, signed=signed,
+            opened=now_iso(), restore_serving=before.serving,
+            restore_previous=before.previous,
+            restore_last_known_good=before.last_known_good, unclean_stops=stops,
+        )  # fmt: skip
+
+    def watch_or_retire(self, gate: OpenGate) -> None:
+        """Open ``gate`` on a swap (its old engine stays loaded), or with no gate
+        configured release the old engine once drained."""
+        if self.policy is not None:
+            with self.lock:
+                self.open[gate.model] = gate
+        else:
+            self.host.retire(gate.old)
+
+    # --- judging ------------------------------------------------------------------------
+
+    def check(self) -> dict[str, UpdateRecord]:
+        """Judge every open gate: a passed one retires the previous engine and makes the
+        version last known good; a failed one swaps the previous engine back (one
+        reference assignment: no request fails), rejects the version with the gate's
+        reason, and commits the state.
+
+        Returns:
+            The update record of each model whose gate closed: ``installed`` (passed;
+            its reason says what the gate saw) or ``rejected`` (rolled back).
+        """
+        if self.policy is None or self.recorder is None:
+            return {}
+        self.watch()  # failures are swapped back first, as the watcher thread does
+        with self.lock:
+            failed, self._failed = self._failed, {}
+            open_gates = list(self.open.items())
+        rolled = {name: self._commit_rollback(name, *f) for name, f in failed.items()}
+        for name, gate in open_gates:
+            verdict = self._judge(gate)
+            if verdict.decision == "pass":
+                self.close(name, passed=True)
+                rolled[name] = UpdateRecord(
+                    result="installed", version=gate.version, reason=verdict.reason,
+                    finished=now_iso(),
+                )  # fmt: skip
+        return rolled
+
+    def watch(self) -> list[str]:
+        """Swap back, at once, every gated version that fails its gate (thread-safe);
+        the state is committed by :meth:`check` on the daemon's thread.  A gate failing
+        on latency alone for the first time opens a second window instead
+        (:meth:`take_retries` says which).
+
+        Returns:
+            The models swapped back.
+        """
+        if self.policy is None or self.recorder is None:
+            return []
+        swapped: list[str] = []
+        with self.lock:
+            for name, gate in list(self.open.items()):
+                verdict = self._judge(gate)
+                if verdict.decision == "retry":
+                    # a latency-only failure: one more window before it is a verdict
+                    self.open[name] = replace(gate, swapped=time.monotonic(), retried=True)
+                    self._retries.append((name, verdict.reason))
+                elif verdict.decision == "fail":
+                    swapped.append(self._swap_back(name, gate, verdict.reason))
+        return swapped
+
+    def take_retries(self) -> list[tuple[str, str]]:
+        """(model, reason) of each gate given a second window since the last call (a
+        latency-only failure: ``edge_sync.decide.health.judge``), for the daemon's log."""
+        with self.lock:
+            retries, self._retries = self._retries, []
+        return retries
+
+    def _judge(self, gate: OpenGate) -> Verdict:
+        assert self.policy is not None  # noqa: S101 - callers check
+        assert self.recorder is not None  # noqa: S101
+        now = time.monotonic()
+        new = self.recorder.window(gate.model, gate.version, gate.swapped, now + 1)
+        since, until = baseline_span(
+            gate.swapped, gate.baseline_until, self.policy.window_s, BASELINE_WINDOWS
+        )
+        before = self.recorder.window(gate.model, gate.old.version, since, until)
+        return judge(self.policy, new, before, now - gate.swapped, retried=gate.retried)
+
+    def _swap_back(self, name: str, gate: OpenGate, reason: str) -> str:
+        """Serve the engine ``gate`` replaced again (the lock is held)."""
+        del self.open[name]
+        start = time.perf_counter()
+        self.host.swap(name, gate.old)
+        self.host.retire(gate.new)
+        ms = round((time.perf_counter() - start) * 1000, 3)
+        self._failed[name] = (gate, reason, ms)
+        return name
+
+    # --- closing ------------------------------------------------------------------------
+
+    def close(self, name: str, *, passed: bool = True) -> None:
+        """Close ``name``'s gate: its old engine is released; ``passed`` commits the
+        version as last known good."""
+        with self.lock:
+            gate = self.open.pop(name, None)
+        if gate is None:
+            return
+        self.host.retire(gate.old)
+        if self.recorder is not None:
+            self.recorder.forget(name, gate.old.version)
+        if passed:
+            state = load_state(self.state)
+            model = state.models.get(name)
+            held = kept(model, gate.installed) if model is not None else None
+            if held is not None:
+                commit_quietly(self.state, state.with_model(name, held))
+
+    def _commit_rollback(
+        self, name: str, gate: OpenGate, reason: str, swap_ms: float
+    ) -> UpdateRecord:
+        """Commit a rollback :meth:`watch` made: what the gated version replaced is
+        served again, and the version is rejected (only rejected, when a newer install
+        replaced it since)."""
+        record = UpdateRecord(
+            result="rejected", version=gate.version, reason=reason_text(reason),
+            finished=now_iso(), stages_ms={"swap": swap_ms},
+        )  # fmt: skip
+        state = load_state(self.state)
+        model = state.models.get(name, gate.before)
+        rejection = Rejected(
+            version=gate.version, sha256=gate.installed.sha256, signed=gate.signed,
+            reason=record.reason or reason, at=now_iso(),
+        )  # fmt: skip
+        after = rolled_back(model, gate.before, gate.installed, rejection, record)
+        commit_quietly(self.state, state.with_model(name, after))
+        return record

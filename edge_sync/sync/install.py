@@ -1,0 +1,662 @@
+"""One model's install within a sync (SPEC section 7, "Loop"): plan, fetch, verify
+bytes, apply the delta chain, external data, build, self-test, swap, commit.
+
+:class:`Installer` gathers the facts the plan needs (I/O: the signed metadata, the blob
+store), lets :func:`edge_sync.decide.plan.plan_update` decide, then acts on the plan.
+The swap and the gate it opens go through :class:`edge_sync.sync.gates.Gates`.  It also
+keeps the signed description of each installed version (``descriptions/``), from which
+a start-up builds engines with no network (:meth:`Installer.load_request`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import shutil
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
+
+from edge_sync.clock import now_iso
+from edge_sync.config import EdgeConfig
+from edge_sync.decide import plan as planning
+from edge_sync.decide.plan import (
+    DeltaLink,
+    Method,
+    Plan,
+    PlanFacts,
+    Refusal,
+    Signed,
+    plan_update,
+    said,
+    worst,
+)
+from edge_sync.engine.base import Engine, EngineHost, LoadRequest
+from edge_sync.engine.selftest import GoldenArrays, self_test
+from edge_sync.errors import EngineError, StoppedError
+from edge_sync.state.models import (
+    Attempt,
+    DeviceState,
+    Installed,
+    ModelState,
+    Rejected,
+    UpdateRecord,
+    reason_text,
+)
+from edge_sync.state.store import StateDir
+from edge_sync.sync.external import held_verified, model_view, obtain_data
+from edge_sync.sync.gates import Gates, OpenGate
+from edge_sync.sync.trust import DeviceTrust, SignedTarget, expect_facts
+from registry.cohort import in_cohort
+from registry.errors import RegistryError
+from signing.errors import FileSetError, VerificationError
+from signing.target_names import (
+    artifact_path,
+    delta_path,
+    engine_path,
+    golden_path,
+    version_path,
+)
+from signing.tuf_facts import ChannelsDoc
+from signing.version_doc import VersionDoc
+
+if TYPE_CHECKING:
+    from registry.schema import Target
+
+__all__ = ["DESCRIPTIONS_DIR", "Installer", "Observer", "Stages", "stop_if_stopping"]
+
+DESCRIPTIONS_DIR: Final = "descriptions"
+"""Signed descriptions of installed versions, kept to rebuild engines offline."""
+
+Observer = Callable[[str, str], None]
+"""Called with (stage, "start" | "end") around every stage (metrics, crash tests)."""
+Commit = Callable[[ModelState], None]
+"""Commits the model's state within the sync's state (from then a restart serves it)."""
+
+
+class Stages:
+    """Milliseconds per stage of one update; each stage boundary may end the sync."""
+
+    def __init__(
+        self,
+        start: Mapping[str, float] | None = None,
+        observer: Observer | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self.ms: dict[str, float] = dict(start or {})
+        self.observer = observer
+        self.should_stop = should_stop
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        if self.should_stop is not None and self.should_stop():
+            raise StoppedError(f"stopped before {stage}")
+        if self.observer is not None:
+            self.observer(stage, "start")
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[stage] = round(self.ms.get(stage, 0.0) + (time.perf_counter() - t0) * 1000, 3)
+        if self.observer is not None:
+            self.observer(stage, "end")
+
+
+class _RejectedError(Exception):
+    """The version cannot be installed on this device: reject it (no backoff)."""
+
+
+def stop_if_stopping(
+    should_stop: Callable[[], bool] | None,
+    error: Exception,
+    then: Callable[[], None] | None = None,
+) -> None:
+    """A poll or a download cut by a stopping daemon is no failure of the source: end
+    the sync as at a stage boundary, recording nothing but what ``then`` commits first
+    (kept as it was if that write fails: a restart counts it as clean).
+
+    Raises:
+        StoppedError: the daemon is stopping.
+    """
+    if should_stop is not None and should_stop():
+        if then is not None:
+            with contextlib.suppress(OSError):
+                then()
+        raise StoppedError(f"stopped during the sync ({error})") from error
+
+
+@dataclass(frozen=True)
+class _Version:
+    """What one install is about: the model, the version and its signed files."""
+
+    name: str
+    version: str
+    art: SignedTarget
+    doc: VersionDoc | None
+    signed: str
+    target: Target | None
+
+
+@dataclass
+class _Progress:
+    """What an install has done so far: its record says it, whatever the outcome, and
+    ``model`` is the model's state as of its last step (what a failure keeps)."""
+
+    model: ModelState
+    stages: Stages
+    fetched_before: int
+    plan: Plan | None = None
+    signed: str = ""
+
+    def record(
+        self,
+        trust: DeviceTrust,
+        result: Literal["installed", "failed", "rejected"],
+        version: str,
+        reason: str | None = None,
+    ) -> UpdateRecord:
+        """The update record of this install as it stands."""
+        return UpdateRecord(
+            result=result, version=version,
+            method=said(self.plan.method) if self.plan else None,
+            bytes_fetched=trust.bytes_downloaded - self.fetched_before, reason=reason,
+            finished=now_iso(), stages_ms=self.stages.ms,
+        )  # fmt: skip
+
+
+class Installer:
+    """Installs one model's assigned version at a time (see the module doc)."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        state: StateDir,
+        host: EngineHost,
+        gates: Gates,
+        *,
+        observer: Observer | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
+        self.config = config
+        self.state = state
+        self.host = host
+        self.gates = gates
+        self.observer = observer
+        self.should_stop = should_stop
+
+    # --- one model ----------------------------------------------------------------------
+
+    def update(  # noqa: PLR0917 - one call site, the sync's context
+        self,
+        trust: DeviceTrust,
+        channels: ChannelsDoc,
+        name: str,
+        model: ModelState,
+        sync_stages: Stages,
+        commit: Commit,
+    ) -> tuple[UpdateRecord | None, ModelState]:
+        """Bring ``name`` to its channel's version; (the update record, new state).
+
+        A version that cannot run here is rejected and one whose bytes cannot be had
+        fails; either way what the device serves stays served.
+
+        Raises:
+            StoppedError: the daemon is stopping (the sync ends at a stage boundary).
+        """
+        entry = channels.models.get(name, {}).get(model.channel)
+        if entry is None:
+            return None, model  # nothing assigned: keep serving what we serve
+        version = entry.version
+        if not in_cohort(self.config.device.id, name, version, entry.percent):
+            return None, model
+        if (
+            model.serving is not None
+            and model.serving.version == version
+            and self.serves(name, model.serving.sha256)
+        ):
+            return None, model
+        stages = Stages(sync_stages.ms, self.observer, self.should_stop)
+        progress = _Progress(model, stages, trust.bytes_downloaded)
+        try:
+            record = self._install(trust, name, version, progress, commit)
+        except (_RejectedError, EngineError, ValueError) as e:
+            # ValueError: signed data that cannot be used here (a bad case name)
+            reason = _one_line(e)
+            progress.model = progress.model.with_rejected(Rejected(
+                version=version, sha256=progress.plan.sha256 if progress.plan else "",
+                signed=progress.signed, reason=reason, at=now_iso()))  # fmt: skip
+            record = progress.record(trust, "rejected", version, reason)
+        except (RegistryError, OSError) as e:
+            # a download cut by the stop is resumed, not failed; the attempt is taken
+            # back (a clean stop blames no version)
+            stop_if_stopping(self.should_stop, e, then=lambda: commit(progress.model))
+            record = progress.record(trust, "failed", version, _one_line(e))
+        finally:
+            shutil.rmtree(self._work(name), ignore_errors=True)
+        if record is None:
+            return None, progress.model
+        return record, progress.model.model_copy(update={"last_update": record})
+
+    def _install(
+        self, trust: DeviceTrust, name: str, version: str, progress: _Progress, commit: Commit
+    ) -> UpdateRecord | None:
+        """Install ``version`` (see the module doc); its record (None: nothing to do).
+
+        ``progress.model`` follows each step's state.
+        """
+        stages, model = progress.stages, progress.model
+        with stages("plan"):
+            why = trust.deprecation(name, version)
+            if why is not None:
+                # CI never assigns a deprecated version (validation refuses it): a
+                # signing mistake or a compromise.  Never install it, keep serving.
+                record, progress.model = _refuse_deprecated(model, version, why)
+                return record
+            about = self._about(trust, name, version)
+            progress.signed = about.signed
+            plan = self._plan(trust, about, model)
+            if plan is None:
+                return None  # rejected before, and nothing signed changed since
+            progress.plan = plan
+        path, method = self._obtain(trust, about, plan, stages)
+        path, method, external = self._external_data(trust, about, (path, method, plan), stages)
+        progress.plan = plan = Plan(method, plan.kind, plan.sha256, plan.path)
+        installed = Installed(
+            version=version, sha256=plan.sha256,
+            artifact_sha256=about.art.sha256 if plan.kind == "artifact" else None,
+            target=about.target.name if about.target is not None else None,
+            kind=plan.kind, external=external,
+        )  # fmt: skip
+        self._keep_description(name, version, about.doc)
+        progress.model, attempt = _attempt(model, installed, about.signed, commit)
+        request = LoadRequest(name, version, path, plan.sha256, plan.kind, about.target)
+        engine = self._build_and_test(trust, request, about.doc, stages)
+        with stages("swap"):
+            old, carried = self.gates.swap_in(name, engine)
+        with stages("commit"):
+            before = carried.before if carried is not None else progress.model
+            progress.model = self._commit_install(
+                progress.model, installed, progress.record(trust, "installed", version),
+                (old, engine), commit, before=before, signed=about.signed,
+                stops=attempt.unclean_stops,
+            )  # fmt: skip
+        if old is not None:
+            now = time.monotonic()
+            self.gates.watch_or_retire(OpenGate(
+                name, version, engine, old, before, installed, about.signed, now, now))  # fmt: skip
+        return progress.record(trust, "installed", version)
+
+    # --- what is signed, and the plan ---------------------------------------------------
+
+    def _about(self, trust: DeviceTrust, name: str, version: str) -> _Version:
+        """The version's signed artifact and description, and the device target chosen."""
+        art = trust.target_info(artifact_path(name, version))
+        # the facts signed with it, before any way to its bytes (a held blob too)
+        expect_facts(art, model=name, version=version, kind="artifact")
+        doc, doc_sha = self._description(trust, name, version)
+        signed = hashlib.sha256(f"{art.sha256}:{doc_sha}".encode()).hexdigest()
+        target = None
+        if doc is not None and doc.targets:
+            target = doc.target_for(dict(self.config.device.labels))
+        return _Version(name, version, art, doc, signed, target)
+
+    def _description(
+        self, trust: DeviceTrust, name: str, version: str
+    ) -> tuple[VersionDoc | None, str]:
+        """The signed description of a version (None for releases made before
+        descriptions were published), and its digest ("" when absent)."""
+        path = version_path(name, version)
+        try:
+            info = trust.target_info(path)
+        except FileSetError:
+            return None, ""
+        fetched = trust.fetch(path, self._work(name), model=name, version=version, kind="version")
+        try:
+            return VersionDoc.from_bytes(fetched.read_bytes()), info.sha256
+        except ValueError as e:
+            raise _RejectedError(f"{path}: not a version description ({_one_line(e)})") from None
+
+    def _plan(self, trust: DeviceTrust, about: _Version, model: ModelState) -> Plan | None:
+        """The plan (``edge_sync.decide.plan``) from the facts gathered here."""
+        art = about.art
+        facts = PlanFacts(
+            version=about.version,
+            artifact=Signed(art.path, art.sha256, art.length),
+            signed=about.signed,
+            rejected=frozenset(r.signed for r in model.rejected if r.version == about.version),
+            matched=about.target is not None or about.doc is None or not about.doc.targets,
+            engine=about.target.engine if about.target is not None else None,
+        )
+        plan = plan_update(self._gathered(trust, facts, about, model))
+        if isinstance(plan, Refusal):
+            raise _RejectedError(self._refusal(plan, about))
+        return plan
+
+    def _gathered(
+        self, trust: DeviceTrust, facts: PlanFacts, about: _Version, model: ModelState
+    ) -> PlanFacts:
+        """``facts`` with what the blob store holds and the signed ways to the bytes
+        (nothing more is looked at when the plan is settled without them)."""
+        blobs = self.state.blobs
+        if facts.settled:
+            return facts
+        if facts.needs_prebuilt:
+            return self._prebuilt(trust, facts, about)
+        art = facts.artifact.sha256
+        held = {art} if held_verified(blobs, art) else set()  # a rotten one is gone now
+        installed = {
+            i.version: i.artifact_sha256
+            for i in (model.serving, model.previous, model.last_known_good)
+            if i is not None and i.artifact_sha256 and blobs.has(i.artifact_sha256)
+        }
+        held |= set(installed.values())
+        links = _links(trust, about.name, about.version, set(installed))
+        return replace(facts, held=frozenset(held), installed=installed, links=links)
+
+    def _prebuilt(self, trust: DeviceTrust, facts: PlanFacts, about: _Version) -> PlanFacts:
+        """``facts`` with the target's signed prebuilt engine, when one is published."""
+        assert about.target is not None  # noqa: S101 - an engine kind needs a target
+        target = about.target
+        path = engine_path(about.name, about.version, target.name, target.engine)
+        try:
+            info = trust.target_info(path)
+        except FileSetError:
+            return facts
+        held = frozenset({info.sha256} if held_verified(self.state.blobs, info.sha256) else ())
+        return replace(facts, prebuilt=Signed(path, info.sha256, info.length), held=held)
+
+    def _refusal(self, refusal: Refusal, about: _Version) -> str:
+        """Why the version is rejected, in words."""
+        if refusal.why == "no prebuilt engine" and about.target is not None:
+            target = about.target
+            return (
+                f"target {target.name!r} needs a prebuilt {target.engine} engine and none "
+                "is published"
+            )
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(self.config.device.labels.items()))
+        model = about.doc.model if about.doc is not None else about.name
+        return (
+            f"no target of {model} {about.version} matches this device's labels "
+            f"({labels or 'none'})"
+        )
+
+    # --- the bytes ----------------------------------------------------------------------
+
+    def _obtain(
+        self, trust: DeviceTrust, about: _Version, plan: Plan, stages: Stages
+    ) -> tuple[Path, Method]:
+        """The plan's file in the blob store, verified; and the method that made it (a
+        failed delta falls back to the full file)."""
+        blobs = self.state.blobs
+        if plan.method == "cached":
+            return blobs.path(plan.sha256), "cached"
+        name = about.name
+        work = self._work(name)
+        work.mkdir(parents=True, exist_ok=True)
+        if plan.method == "delta":
+            try:
+                return self._apply_chain(trust, name, plan, stages), "delta"
+            except (VerificationError, RegistryError, OSError):
+                # A bad delta (or a remote serving garbage for it): the full file decides.
+                plan = Plan("full", "artifact", plan.sha256, plan.path)
+        with stages("fetch"):
+            # DeviceTrust verifies length and SHA-256 while fetching (verify_bytes is
+            # folded in: the bytes are hashed as they arrive).
+            fetched = trust.fetch(
+                plan.path, work, model=name, version=about.version, kind=plan.kind,
+                partial_dir=self.state.partials,
+            )  # fmt: skip
+        with stages("verify_bytes"):
+            return blobs.adopt(fetched, plan.sha256), plan.method
+
+    def _apply_chain(self, trust: DeviceTrust, name: str, plan: Plan, stages: Stages) -> Path:
+        """Apply the plan's deltas, base first, each result verified and kept."""
+        from registry.delta import decode
+
+        blobs = self.state.blobs
+        assert plan.base_sha256 is not None  # noqa: S101 - a delta plan has a base
+        work = self._work(name)
+        result = blobs.path(plan.base_sha256)
+        for link in plan.chain:
+            with stages("fetch"):
+                fetched = trust.fetch(
+                    link.path, work, model=name, version=link.version, kind="delta",
+                    partial_dir=self.state.partials,
+                )  # fmt: skip
+            if link.base != link.parent:
+                raise VerificationError(f"signed as a delta from {link.base}", link.path)
+            out = work / f"{link.sha256}.onnx"
+            with stages("apply_delta"):
+                decode(result, fetched, out, expected_sha256=link.sha256)
+            with stages("verify_bytes"):
+                result = blobs.adopt(out, link.sha256)
+        return result
+
+    def _external_data(
+        self,
+        trust: DeviceTrust,
+        about: _Version,
+        obtained: tuple[Path, Method, Plan],
+        stages: Stages,
+    ) -> tuple[Path, Method, dict[str, str]]:
+        """The version's ONNX external data files in the blob store, verified, and the
+        file to load: the ``.onnx`` in a view beside them (``edge_sync.sync.external``)."""
+        path, method, plan = obtained
+        if plan.kind != "artifact":  # a prebuilt engine is one self-contained file
+            return path, method, {}
+        name, version = about.name, about.version
+        external, data_method = obtain_data(
+            trust, self.state.blobs, name, version, about.doc, about.art.facts.parent,
+            self._work(name), self.state.partials, stages,
+        )  # fmt: skip
+        if not external:
+            return path, method, {}
+        view = model_view(self.state.root, self.state.blobs, plan.sha256, external)
+        return view, worst(method, data_method), external
+
+    # --- build, self-test, commit -------------------------------------------------------
+
+    def _build_and_test(
+        self, trust: DeviceTrust, request: LoadRequest, doc: VersionDoc | None, stages: Stages
+    ) -> Engine:
+        """An engine for ``request`` that passed its self-test (not yet serving).
+
+        Raises:
+            EngineError: it cannot be built here, or it failed its self-test.
+        """
+        with stages("build"):
+            engine = self.host.build(request)
+        try:
+            with stages("self_test"):
+                cases = self._goldens(trust, request.model, request.version, doc)
+                # in every session setup this host may switch the version to: one
+                # verdict on every device of the target (registry.sessions)
+                self_test(engine, cases, host=self.host)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    def _goldens(
+        self, trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
+    ) -> list[GoldenArrays]:
+        """The signed golden cases of a version, read within caps."""
+        if doc is None or not doc.goldens:
+            return []
+        from registry.goldens import read_npz
+
+        cases = []
+        work = self._work(name)
+        for case in doc.goldens:
+            arrays = {}
+            for side in ("inputs", "outputs"):
+                path = getattr(case, side)
+                expected = golden_path(name, version, case.name, side)
+                if path != expected:
+                    raise _RejectedError(
+                        f"golden case {case.name!r}: {side} at {path}, not {expected}"
+                    )
+                fetched = trust.fetch(path, work, model=name, version=version, kind="golden")
+                try:
+                    arrays[side] = read_npz(fetched, path)
+                except RegistryError as e:
+                    raise _RejectedError(f"golden case {case.name!r}: {e}") from None
+            cases.append(
+                GoldenArrays(case.name, arrays["inputs"], arrays["outputs"], case.rtol, case.atol)
+            )
+        return cases
+
+    def _commit_install(
+        self,
+        model: ModelState,
+        installed: Installed,
+        record: UpdateRecord,
+        engines: tuple[Engine | None, Engine],
+        commit: Commit,
+        *,
+        before: ModelState,
+        signed: str,
+        stops: int = 0,
+    ) -> ModelState:
+        """Commit ``installed`` as the version served (``engines``: the old and the new
+        one, already swapped: swapped back when the commit fails); with a health gate,
+        the gate is kept in the state with what to serve again."""
+        old, new = engines
+        gate = None if old is None else self.gates.record(installed, signed, before, stops)
+        committed = model.model_copy(
+            update={
+                "serving": installed,
+                "previous": model.serving or model.previous,
+                # known good once its health gate passed
+                "last_known_good": model.last_known_good if gate else installed,
+                "last_update": record,
+                "gate": gate,
+                "attempt": None,
+            }
+        )
+        try:
+            commit(committed)  # from here a restart serves the new version
+        except BaseException:
+            # Not committed: serve what the state names, not what it does not.
+            self.swap_back(new.model, old, new)
+            raise
+        return committed
+
+    # --- the device's copies ------------------------------------------------------------
+
+    def serves(self, name: str, sha256: str) -> bool:
+        """Whether the host serves ``name`` from the blob ``sha256`` (a start-up that
+        could not build it serves nothing, or an older version)."""
+        engine = self.host.current(name)
+        return engine is not None and engine.sha256 == sha256
+
+    def swap_back(self, name: str, old: Engine | None, new: Engine) -> None:
+        """Serve ``old`` again (nothing when there was none) and release ``new``."""
+        if old is not None:
+            self.host.swap(name, old)
+        else:
+            self.host.drop(name)
+        self.host.retire(new)  # requests already on it finish first
+
+    def load_request(self, name: str, installed: Installed) -> LoadRequest:
+        """What building ``installed`` takes, from the device's own copies (no network):
+        its blob (in a view with its data files) and its kept signed description."""
+        target = None
+        # The target's settings are in the signed description, kept beside the blob.
+        desc = self.state.root / DESCRIPTIONS_DIR / f"{name}-{installed.version}.json"
+        if installed.target and desc.is_file():
+            try:
+                doc = VersionDoc.from_bytes(desc.read_bytes())
+                target = next((t for t in doc.targets if t.name == installed.target), None)
+            except ValueError:
+                target = None
+        path = self.state.blobs.path(installed.sha256)
+        if installed.external:  # the .onnx with its data files beside it
+            path = model_view(self.state.root, self.state.blobs, installed.sha256,
+                              installed.external)  # fmt: skip
+        return LoadRequest(name, installed.version, path, installed.sha256, installed.kind, target)
+
+    def collect_descriptions(self, state: DeviceState) -> None:
+        """Remove kept descriptions of versions the state no longer names."""
+        folder = self.state.root / DESCRIPTIONS_DIR
+        if not folder.is_dir():
+            return
+        keep = {
+            f"{name}-{installed.version}.json"
+            for name, model in state.models.items()
+            for installed in (model.serving, model.previous, model.last_known_good)
+            if installed is not None
+        }
+        for path in folder.iterdir():
+            if path.name not in keep:
+                path.unlink(missing_ok=True)
+
+    def _keep_description(self, name: str, version: str, doc: VersionDoc | None) -> None:
+        if doc is None:
+            return
+        folder = self.state.root / DESCRIPTIONS_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        from registry.atomic import write_atomic
+
+        write_atomic(folder / f"{name}-{version}.json", doc.to_bytes(), mode=0o644)
+
+    def _work(self, name: str) -> Path:
+        return self.state.blobs.tmp / f"update-{name}"
+
+
+def _links(trust: DeviceTrust, name: str, version: str, bases: set[str]) -> tuple[DeltaLink, ...]:
+    """The signed deltas leading back from ``version``, newest first, until a version in
+    ``bases`` (at most ``MAX_DELTA_CHAIN``; a version signed without a parent, or
+    without a delta from it, ends them)."""
+    links: list[DeltaLink] = []
+    current = version
+    while current not in bases and len(links) < planning.MAX_DELTA_CHAIN:
+        art = trust.target_info(artifact_path(name, current))
+        parent = art.facts.parent
+        if parent is None:
+            break
+        try:
+            delta = trust.target_info(delta_path(name, current, parent))
+        except FileSetError:
+            break
+        links.append(DeltaLink(current, art.sha256, parent, delta.path, delta.length,
+                               delta.facts.base))  # fmt: skip
+        current = parent
+    return tuple(links)
+
+
+def _attempt(
+    model: ModelState, installed: Installed, signed: str, commit: Commit
+) -> tuple[ModelState, Attempt]:
+    """Record, fsynced, that ``installed`` is about to be loaded (a version that kills
+    the daemon now is counted at the next start: :mod:`edge_sync.decide.restarts`); the
+    model without the record (what a refusal or failure commits) and the record."""
+    prior = model.attempt
+    same = prior is not None and (prior.version, prior.signed) == (installed.version, signed)
+    attempt = Attempt(
+        version=installed.version, signed=signed, sha256=installed.sha256,
+        started=now_iso(), unclean_stops=prior.unclean_stops if prior and same else 0,
+    )  # fmt: skip
+    model = model.model_copy(update={"attempt": None})
+    commit(model.model_copy(update={"attempt": attempt}))
+    return model, attempt
+
+
+def _refuse_deprecated(
+    model: ModelState, version: str, why: str
+) -> tuple[UpdateRecord | None, ModelState]:
+    signed = hashlib.sha256(f"deprecated:{why}".encode()).hexdigest()
+    if any(r.version == version and r.signed == signed for r in model.rejected):
+        return None, model  # said once: not again at every poll
+    reason = reason_text(f"version {version} is deprecated ({why}); not installed")
+    refused = Rejected(version=version, sha256="", signed=signed, reason=reason, at=now_iso())
+    record = UpdateRecord(result="rejected", version=version, reason=reason, finished=now_iso())
+    return record, model.with_rejected(refused)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return reason_text(text[0] if text else type(error).__name__)
