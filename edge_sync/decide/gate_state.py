@@ -1,4 +1,4 @@
-"""What a health gate does to a model's recorded state (SPEC section 7): pure, no I/O,
+"""What a health gate does to a model's recorded state (docs/reference/daemon.md): pure, no I/O,
 no clock of its own (the time of a record is given).
 
 The gate's verdict is :func:`edge_sync.decide.health.judge`; what a start-up does with a

@@ -1,4 +1,4 @@
-"""The update plan (SPEC section 7, "Loop"): how a device gets a version's bytes, as a
+"""The update plan (docs/reference/daemon.md, "The loop"): how a device gets a version's bytes, as a
 pure decision over facts the updater gathered (no I/O, no trust objects, no clock).
 
 The facts are digests and lengths: the version's signed artifact, the blobs the device
@@ -167,11 +167,11 @@ def plan_update(facts: PlanFacts) -> Plan | Refusal | None:
     if not facts.matched:
         return Refusal("no target")
     if facts.needs_prebuilt:
-        engine = facts.prebuilt
-        if engine is None:
+        prebuilt = facts.prebuilt
+        if prebuilt is None:
             return Refusal("no prebuilt engine")
-        method: Method = "cached" if engine.sha256 in facts.held else "engine"
-        return Plan(method, "engine", engine.sha256, engine.path)
+        method: Method = "cached" if prebuilt.sha256 in facts.held else "engine"
+        return Plan(method, "engine", prebuilt.sha256, prebuilt.path)
     art = facts.artifact
     if art.sha256 in facts.held:
         return Plan("cached", "artifact", art.sha256, art.path)

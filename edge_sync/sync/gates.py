@@ -1,4 +1,4 @@
-"""The health gates of one device (SPEC section 7): each version swapped in is watched,
+"""The health gates of one device (docs/reference/daemon.md): each version swapped in is watched,
 the engine it replaced kept loaded, until :func:`edge_sync.decide.health.judge` passes or
 fails it.
 

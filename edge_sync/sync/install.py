@@ -1,4 +1,4 @@
-"""One model's install within a sync (SPEC section 7, "Loop"): plan, fetch, verify
+"""One model's install within a sync (docs/reference/daemon.md, "The loop"): plan, fetch, verify
 bytes, apply the delta chain, external data, build, self-test, swap, commit.
 
 :class:`Installer` gathers the facts the plan needs (I/O: the signed metadata, the blob

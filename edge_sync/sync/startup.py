@@ -1,4 +1,4 @@
-"""A daemon's start-up (SPEC section 7): serve what the state file names, with no
+"""A daemon's start-up (docs/reference/daemon.md): serve what the state file names, with no
 network, before the first sync.
 
 Each model serves its current version, else its previous or last known good one whose

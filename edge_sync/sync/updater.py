@@ -1,5 +1,5 @@
 """One sync of the device: detect, verify, plan, fetch, verify bytes, apply, build,
-self-test, swap, commit (SPEC section 7, "Loop").
+self-test, swap, commit (docs/reference/daemon.md, "The loop").
 
 :class:`Updater` is what the daemon calls once per poll.  Every file it acts on is a
 TUF target verified by :class:`~edge_sync.sync.trust.DeviceTrust`; the watcher's source (the
