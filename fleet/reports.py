@@ -1,7 +1,9 @@
 """Reading the reports devices send (stable API): from a folder (or ``file://``), an
 ``s3://bucket/prefix/``, or an ``http(s)://`` folder listing.
 
-Each device writes ``<device-id>.json`` under one prefix (``edge.yaml``'s ``report.url``).
+Each device writes ``<device-id>.json`` under one prefix (``edge.yaml``'s ``report.url``);
+an S3 bucket is read with ``registry.s3client``'s client, the one rule for endpoint,
+region and credentials the devices follow too (unsigned without credentials).
 A report is untrusted input: read with a size cap before parsing, checked against the
 strict schema (:mod:`registry.device_report`), and named after the device it describes
 (with per-device credentials that may write only their own object, the name is the
@@ -40,6 +42,7 @@ from registry.device_report import (
 from registry.errors import FileTooLargeError, RegistryError, UnsafeFileError, one_line
 from registry.redact import redact
 from registry.repository import no_gc
+from registry.s3client import S3Network, S3UnavailableError, s3_client
 from registry.safe_io import folder_reader
 
 __all__ = [
@@ -187,22 +190,16 @@ def _folder(path: Path, limits: FleetLimits) -> LoadedReports:
 
 
 def _s3(url: str, limits: FleetLimits) -> LoadedReports:
+    network = S3Network(timeout_s=limits.timeout_s, retries=2, pool=max(limits.workers, 10))
     try:
-        import boto3
-        from botocore.config import Config
+        client = s3_client(network=network)
         from botocore.exceptions import BotoCoreError, ClientError
-    except ImportError:
+    except (S3UnavailableError, ImportError):
         raise ReportsError(f"{url}: s3:// sources need boto3 (pip install boto3)") from None
     parsed = urllib.parse.urlparse(url)
     bucket, prefix = parsed.netloc, parsed.path.lstrip("/")
     if prefix and not prefix.endswith("/"):
         prefix += "/"
-    config = Config(
-        connect_timeout=limits.timeout_s, read_timeout=limits.timeout_s,
-        retries={"max_attempts": 2, "mode": "standard"},
-        max_pool_connections=max(limits.workers, 10),
-    )  # fmt: skip
-    client = boto3.session.Session().client("s3", config=config)
     keys: list[str] = []
     try:
         pages = client.get_paginator("list_objects_v2").paginate(

@@ -42,8 +42,9 @@ from urllib.request import url2pathname
 
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync.sync.fetch import SameOriginRedirects, _TransferBudget, guarded_opener
 from edge_sync.sync.limits import TrustLimits
+from edge_sync.sync.s3 import probe_s3
+from edge_sync.sync.transfer import SameOriginRedirects, TransferBudget, guarded_opener
 
 _ETAG: Final = re.compile(r'^(W/)?"[\x21\x23-\x7e]{0,200}"$')
 """An entity tag as RFC 9110 writes it (ASCII, no quote inside); anything else is not
@@ -116,8 +117,6 @@ def probe(
     if scheme in {"http", "https"}:
         return _probe_http(url, known, limits, cancelled)
     if scheme == "s3":
-        from edge_sync.sync.s3 import probe_s3
-
         body, etag, requests, received = probe_s3(url, known.etag, limits, cancelled)
         validators = known if body is None else Validators(etag=_etag(etag))
         return Probe(body, validators, requests, received)
@@ -141,7 +140,7 @@ def _too_long(limits: TrustLimits) -> tuf_errors.DownloadLengthMismatchError:
 def _probe_http(
     url: str, known: Validators, limits: TrustLimits, cancelled: Callable[[], bool] | None = None
 ) -> Probe:
-    budget = _TransferBudget(limits, cancelled=cancelled)
+    budget = TransferBudget(limits, cancelled=cancelled)
     redirects = SameOriginRedirects()  # counts them: each is a request
     opener = guarded_opener(budget, redirects)
     # identity: a compressed body would be the hash of other bytes than were signed

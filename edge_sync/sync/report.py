@@ -37,6 +37,7 @@ from registry.atomic import write_atomic
 from registry.device_report import KIND, REPORT_FORMAT, ReportError, encode_report
 from registry.errors import UsageError
 from registry.redact import redact
+from registry.s3client import S3Network, S3UnavailableError, s3_client
 
 __all__ = [
     "LAST_REPORT_S",
@@ -182,13 +183,13 @@ class S3Sink:
     def __init__(self, url: str, timeout_s: float, credentials: str | None = None) -> None:
         """Put to the object ``url`` names; the keys of the ``credentials`` file's
         ``[default]`` section, else the standard AWS configuration (environment,
-        ``~/.aws``, an instance role; ``AWS_ENDPOINT_URL_S3`` for a compatible store)."""
+        ``~/.aws``, an instance role); the endpoint and region as ``registry.s3client``
+        says (``AWS_ENDPOINT_URL_S3`` for a compatible store)."""
         parsed = urllib.parse.urlparse(url)
         self.bucket, self.key = parsed.netloc, parsed.path.lstrip("/")
         self.where = f"s3://{self.bucket}/{self.key}"
         self.timeout_s = timeout_s
         self.credentials = credentials
-        self._client: tuple[tuple[str, ...], Any] | None = None
 
     def _keys(self) -> dict[str, str]:
         if self.credentials is None:
@@ -209,24 +210,13 @@ class S3Sink:
         return keys
 
     def _s3(self) -> Any:
+        """The client, with the device's keys (``registry.s3client``: a new one when the
+        keys or the AWS settings changed, e.g. a rotated credentials file)."""
+        network = S3Network(timeout_s=self.timeout_s, retries=1)
         try:
-            import boto3
-            from botocore.config import Config
-        except ImportError:
+            return s3_client(keys=self._keys(), network=network)
+        except S3UnavailableError:
             raise SendError("s3:// report URLs need boto3: install modelreg[edge-s3]") from None
-        keys = self._keys()
-        held = tuple(sorted(keys.items(), key=lambda kv: kv[0]))
-        marker = tuple(v for _, v in held) + tuple(
-            os.environ.get(n, "") for n in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
-        )
-        if self._client is None or self._client[0] != marker:
-            config = Config(
-                connect_timeout=self.timeout_s, read_timeout=self.timeout_s,
-                retries={"max_attempts": 1, "mode": "standard"},
-            )  # fmt: skip
-            session = boto3.session.Session(**keys)
-            self._client = (marker, session.client("s3", config=config))
-        return self._client[1]
 
     def send(self, data: bytes) -> None:
         """Put the report object.

@@ -1,15 +1,14 @@
 """``s3://bucket/prefix`` artifact remotes, read with boto3 (``modelreg[edge-s3]``).
 
-Private to ``edge_sync.sync.fetch`` and ``edge_sync.sync.probe``.  Credentials, region and
-endpoint come from the standard AWS configuration (environment, ``~/.aws``, instance
-roles; ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL`` for an S3-compatible server);
-with no credentials at all, requests go unsigned (a public bucket, as behind a CDN).
+Used by ``edge_sync.sync.fetch`` and ``edge_sync.sync.probe``.  The client is
+``registry.s3client``'s, under its rule for endpoint, region and credentials (unsigned
+without any: a public bucket, as behind a CDN).
 
 botocore only signs: each ``GetObject`` is a presigned URL, read by the same guarded
-HTTP client as an ``http(s)://`` remote (``edge_sync.sync.fetch``).  So an S3 transfer runs
-under exactly the time limits of :class:`~edge_sync.sync.limits.TrustLimits` (one deadline
-and a minimum rate for the whole file, status line and headers included), stops within
-a fraction of a second when the daemon stops, and follows no redirect off the
+HTTP client as an ``http(s)://`` remote (``edge_sync.sync.transfer``).  So an S3 transfer
+runs under exactly the time limits of :class:`~edge_sync.sync.limits.TrustLimits` (one
+deadline and a minimum rate for the whole file, status line and headers included), stops
+within a fraction of a second when the daemon stops, and follows no redirect off the
 endpoint.  botocore's own reads time only each ``recv``: an endpoint trickling a byte
 every few seconds held a sync for hours.  A ``Range`` or ``If-None-Match`` header is
 sent beside the signature (S3 signs only the host in a presigned GET).  A bucket in
@@ -19,8 +18,6 @@ and the request is signed again for it, once, as botocore's own redirector does.
 
 from __future__ import annotations
 
-import os
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -29,19 +26,14 @@ from urllib.parse import urlparse
 
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync.sync.fetch import SameOriginRedirects, _http_chunks, _TransferBudget, guarded_opener
 from edge_sync.sync.limits import TrustLimits
+from edge_sync.sync.transfer import SameOriginRedirects, TransferBudget, guarded_opener, http_chunks
+from registry.s3client import S3UnavailableError, s3_client
 
-_CLIENTS: dict[tuple[object, ...], Any] = {}
-_SETTINGS = (
-    "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-    "AWS_DEFAULT_REGION", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-)  # fmt: skip
-"""Environment that changes which client is right (a new one is made when it does)."""
-_LOCK = threading.Lock()
 _PRESIGN_S: Final = 3600
 """Lifetime of a presigned request (it is sent at once; a resumed one is signed anew)."""
 _REGION_HEADER: Final = "x-amz-bucket-region"
+_NO_BOTO3: Final = "s3:// remotes need boto3: install modelreg[edge-s3]"
 
 
 class _WrongRegion(Exception):  # noqa: N818 - a signal between two functions, not an error
@@ -52,32 +44,6 @@ class _WrongRegion(Exception):  # noqa: N818 - a signal between two functions, n
         self.region = region
 
 
-def _client(region: str | None = None) -> Any:
-    """One boto3 client per region and AWS settings (clients are thread-safe and slow
-    to make); it only signs, so it has no network settings of its own.
-
-    Raises:
-        DownloadError: boto3 is not installed.
-    """
-    try:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
-    except ImportError:
-        raise tuf_errors.DownloadError(
-            "s3:// remotes need boto3: install modelreg[edge-s3]"
-        ) from None
-    key = (region, *(os.environ.get(name) for name in _SETTINGS))
-    with _LOCK:
-        if key not in _CLIENTS:
-            session = boto3.session.Session()
-            config = Config(signature_version="s3v4")
-            if session.get_credentials() is None:
-                config = Config(signature_version=UNSIGNED)
-            _CLIENTS[key] = session.client("s3", config=config, region_name=region)
-        return _CLIENTS[key]
-
-
 def _presigned(url: str, region: str | None) -> str:
     """A presigned ``GetObject`` URL for the object at ``url``.
 
@@ -85,14 +51,16 @@ def _presigned(url: str, region: str | None) -> str:
         DownloadError: ``url`` is not an ``s3://bucket/key`` URL, boto3 is missing, or
             the AWS configuration cannot be read.
     """
-    from botocore.exceptions import BotoCoreError
-
     try:
-        return str(
-            _client(region).generate_presigned_url(
-                "get_object", Params=_object(url), ExpiresIn=_PRESIGN_S
-            )
-        )
+        from botocore.exceptions import BotoCoreError
+    except ImportError:
+        raise tuf_errors.DownloadError(_NO_BOTO3) from None
+    try:
+        signer = s3_client(region=region)  # it only signs: no network settings of its own
+        params = _object(url)
+        return str(signer.generate_presigned_url("get_object", Params=params, ExpiresIn=_PRESIGN_S))
+    except S3UnavailableError:
+        raise tuf_errors.DownloadError(_NO_BOTO3) from None
     except BotoCoreError as e:
         raise tuf_errors.DownloadError(f"S3: {e}") from None
 
@@ -117,20 +85,16 @@ class _S3Redirects(SameOriginRedirects):
         super().__init__()
         self._region = region
 
-    def redirect_request(  # noqa: PLR0917 - urllib's signature
-        self,
-        req: urllib.request.Request,
-        fp: Any,
-        code: int,
-        msg: str,
-        headers: Any,
-        newurl: str,
-    ) -> urllib.request.Request | None:
+    def refuse(self, fp: Any, headers: Any) -> None:
+        """A redirect naming another region than the one signed for: sign again.
+
+        Raises:
+            _WrongRegion: the bucket's region.
+        """
         region = headers.get(_REGION_HEADER) if headers is not None else None
         if region and region != self._region:
             fp.close()
             raise _WrongRegion(region)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
 
 
 def _refused(status: int) -> tuf_errors.DownloadHTTPError:
@@ -145,7 +109,7 @@ def _refused(status: int) -> tuf_errors.DownloadHTTPError:
 
 
 def _open(
-    url: str, signed: str, limits: TrustLimits, budget: _TransferBudget, headers: dict[str, str]
+    url: str, signed: str, limits: TrustLimits, budget: TransferBudget, headers: dict[str, str]
 ) -> tuple[Any, int]:
     """GET the object at ``url`` (presigned as ``signed``) under ``budget``: the
     response, and the redirects followed; an error status comes back as the
@@ -185,7 +149,7 @@ def fetch_s3(
     offset: int,
     limits: TrustLimits,
     chunk_size: int,
-    budget: Callable[[], _TransferBudget],
+    budget: Callable[[], TransferBudget],
 ) -> tuple[int, Iterator[bytes]]:
     """The object at ``url`` from ``offset`` on; where its bytes start.
 
@@ -205,7 +169,7 @@ def fetch_s3(
             return fetch_s3(url, 0, limits, chunk_size, budget)
         raise _refused(response.code)
     start = offset if offset and response.status == 206 else 0
-    return start, _http_chunks(response, chunk_size)
+    return start, http_chunks(response, chunk_size)
 
 
 def probe_s3(
@@ -221,7 +185,7 @@ def probe_s3(
         DownloadError: the service cannot be reached.
     """
     signed = _presigned(url, None)
-    budget = _TransferBudget(limits, cancelled=cancelled)
+    budget = TransferBudget(limits, cancelled=cancelled)
     headers = {"Accept-Encoding": "identity"}
     if etag is not None:
         headers["If-None-Match"] = etag

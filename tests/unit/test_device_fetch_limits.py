@@ -1,6 +1,6 @@
 """Slow retrieval: the time limits of every device download (issue 8, point 7).
 
-The decisions (:class:`edge_sync.sync.fetch._TransferBudget`) are checked with a fake clock;
+The decisions (:class:`edge_sync.sync.transfer.TransferBudget`) are checked with a fake clock;
 the fetcher is checked against a real HTTP server on 127.0.0.1 that trickles, stalls
 or redirects (:class:`TrickleServer`, shared with ``tests/adversarial``).  The device
 end to end (``DeviceTrust.refresh`` / ``fetch``) is in
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tuf.api import exceptions as tuf_errors
 
-from edge_sync.sync.fetch import _TransferBudget
+from edge_sync.sync.transfer import TransferBudget
 from edge_sync.sync.trust import LocalFetcher, TrustLimits
 from tests.http_sim import Trickle, TrickleServer
 
@@ -55,7 +55,7 @@ FAST = TrustLimits(
 
 def test_the_rate_is_judged_only_after_the_grace_period() -> None:
     clock = Clock()
-    budget = _TransferBudget(LIMITS, clock)
+    budget = TransferBudget(LIMITS, clock)
     clock.now += 1.9
     budget.add(1)  # 1 byte in 1.9 s: slow, but still within the grace period
     assert budget.violation() is None
@@ -67,7 +67,7 @@ def test_the_rate_is_judged_only_after_the_grace_period() -> None:
 
 def test_a_fast_enough_average_passes_and_the_deadline_still_ends_it() -> None:
     clock = Clock()
-    budget = _TransferBudget(LIMITS, clock)
+    budget = TransferBudget(LIMITS, clock)
     for _ in range(59):
         clock.now += 1.0
         budget.add(100)  # exactly the minimum rate: never below it
@@ -78,7 +78,7 @@ def test_a_fast_enough_average_passes_and_the_deadline_still_ends_it() -> None:
 
 def test_a_read_may_block_only_until_the_first_limit() -> None:
     clock = Clock()
-    budget = _TransferBudget(LIMITS, clock)
+    budget = TransferBudget(LIMITS, clock)
     # Nothing received yet: the rate breaks when the grace period ends.
     assert budget.wait_s() == pytest.approx(2.0)
     clock.now += 1.0
@@ -96,7 +96,7 @@ def test_a_read_may_block_only_until_the_first_limit() -> None:
 
 def test_a_read_that_waited_its_whole_time_says_why() -> None:
     clock = Clock()
-    budget = _TransferBudget(LIMITS, clock)
+    budget = TransferBudget(LIMITS, clock)
     budget.add(10_000)
     clock.now += 5.0  # the read timeout, no other limit passed
     assert str(budget.stalled()) == "no data for 5 s"
@@ -107,7 +107,7 @@ def test_a_read_that_waited_its_whole_time_says_why() -> None:
 def test_no_minimum_rate_leaves_the_read_timeout_and_the_deadline() -> None:
     limits = TrustLimits(min_bytes_per_s=0, read_timeout_s=5.0, download_deadline_s=8.0)
     clock = Clock()
-    budget = _TransferBudget(limits, clock)
+    budget = TransferBudget(limits, clock)
     clock.now += 7.0
     assert budget.violation() is None
     assert budget.wait_s() == pytest.approx(1.0)

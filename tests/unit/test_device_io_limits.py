@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from edge_sync.daemon import _Wakeup
-from edge_sync.sync.fetch import _tls_context, guarded_opener
+from edge_sync.sync.transfer import guarded_opener, tls_context
 
 
 def test_the_daemon_sleeps_and_wakes_on_a_descriptor_past_1024() -> None:
@@ -48,7 +48,7 @@ def test_one_tls_context_serves_every_opener(monkeypatch: pytest.MonkeyPatch) ->
         return made[-1]
 
     monkeypatch.setattr(ssl, "create_default_context", counted)
-    _tls_context.cache_clear()
+    tls_context.cache_clear()
     openers = [guarded_opener(budget=None) for _ in range(5)]  # type: ignore[arg-type]
     assert len(made) == 1
     # the context each HTTPS handler connects with (urllib keeps both unannotated)
