@@ -10,7 +10,7 @@ state dir and an :class:`~edge_sync.engine.host.InProcessHost` holding a real ON
 session per device.
 
 One setting is the simulator's, not the daemon's: the default TLS context is made once
-per worker process.  ``edge_sync.sync.fetch.guarded_opener`` makes one for every request
+per worker process.  ``edge_sync.sync.transfer.guarded_opener`` makes one for every request
 (``ssl.create_default_context`` loads the system's CA certificates: about 22 ms of CPU
 here, 80 % of a gitless idle poll on the device), also for ``http://`` URLs that never
 use it; a thousand devices sharing two cores would otherwise be paced by that, not by

@@ -239,7 +239,7 @@ class DeviceTrust:
             fetcher: transport to use instead of :class:`LocalFetcher` (tests wrap it).
             cancelled: asked between the chunks of a target download, and while any
                 network download waits for data (at least every
-                ``edge_sync.sync.fetch.CANCEL_POLL_S``); when it answers True the download
+                ``edge_sync.sync.transfer.CANCEL_POLL_S``); when it answers True the download
                 stops (a target's is kept, with a partial folder, for resuming).
 
         Raises:
