@@ -38,6 +38,14 @@ from edge_sync.errors import EngineError, StoppedError
 from edge_sync.serve.listeners import Listeners
 from edge_sync.serve.recorder import Recorder
 from edge_sync.state.models import DaemonInfo, UpdateRecord, reason_text
+from edge_sync.state.status import (
+    EngineStatus,
+    LiveStatus,
+    LoadedEngine,
+    OpenGateStatus,
+    build_status,
+    served_status,
+)
 from edge_sync.state.store import StateDir
 from edge_sync.sync.gates import GATE_CHECK_S
 from edge_sync.sync.limits import TrustLimits
@@ -45,10 +53,12 @@ from edge_sync.sync.report import LAST_REPORT_S, Reporter
 from edge_sync.sync.trust import DeviceTrust, Freshness, freshness
 from edge_sync.sync.updater import SyncOutcome, Updater
 from registry.about import modelreg_version
+from registry.device_report import StatusDocument
 from signing.errors import VerificationError
 
 __all__ = [
     "Daemon",
+    "device_status",
     "provision",
     "status_document",
     "systemd_unit",
@@ -242,34 +252,28 @@ class Daemon:
                 server.metrics.update(model, record)
                 server.metrics.rollbacks.labels(model).inc()
 
-    def _live(self) -> dict[str, Any]:
+    def _live(self) -> LiveStatus:
         """What only the running daemon knows, added to ``/status``: the engines loaded
         per model (versions, requests in flight, weight bytes own and shared), open
         health gates, and the prepacking decisions."""
         host, updater = self.host, self._updater
-        engines: dict[str, list[dict[str, Any]]] = {}
-        if isinstance(host, InProcessHost):
+        engines: dict[str, list[EngineStatus]] = {}
+        prepack: dict[str, dict[str, float | bool | str]] = {}
+        if isinstance(host, InProcessHost):  # the merge reads these through EngineHost
             for engine in host.loaded():
-                weights = getattr(engine, "weights", None)
-                engines.setdefault(engine.model, []).append({
-                    "version": engine.version,
-                    "serving": host.current(engine.model) is engine,
-                    "loaded": bool(getattr(engine, "loaded", True)),
-                    "in_flight": host.in_flight(engine),
-                    "shared_weights": bool(getattr(engine, "shared", False)),
-                    "weight_bytes": {
-                        "own": weights.own_bytes if weights is not None else None,
-                        "shared": weights.shared_bytes if weights is not None else None,
-                    },
-                })  # fmt: skip
+                if isinstance(engine, LoadedEngine):
+                    serving = host.current(engine.model) is engine
+                    engines.setdefault(engine.model, []).append(
+                        EngineStatus.of(engine, serving=serving, in_flight=host.in_flight(engine))
+                    )
+            prepack = dict(host.prepack_decisions)
         open_gates = list(updater.gates.items()) if updater is not None else []  # one copy
         gates = {
-            name: {"version": g.version, "previous": g.old.version,
-                   "open_s": round(time.monotonic() - g.swapped, 3)}
+            name: OpenGateStatus(version=g.version, previous=g.old.version,
+                                 open_s=round(time.monotonic() - g.swapped, 3))
             for name, g in open_gates
         }  # fmt: skip
-        tuning = dict(getattr(host, "prepack_decisions", {}) or {})
-        return {"engines": engines, "gates": gates, "prepack": tuning}
+        return LiveStatus(engines=engines, gates=gates, prepack=prepack)
 
     def _tune(self, updater: Updater) -> None:
         """Measure, once per model, whether prepacking pays (``serve.prepack: auto``),
@@ -346,7 +350,7 @@ class Daemon:
             if self.config.report is not None:
                 # its own thread: a slow sink never holds up a sync or a request
                 self._reporter = Reporter(
-                    self.config, lambda: status_document(self.config), modelreg_version()
+                    self.config, lambda: device_status(self.config), modelreg_version()
                 )
                 self._reporter.start()
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
@@ -401,10 +405,12 @@ class _Server(Listeners):
         host: EngineHost,
         request_sync: Callable[[], None],
         recorder: Recorder | None = None,
-        live: Callable[[], dict[str, Any]] | None = None,
+        live: Callable[[], LiveStatus] | None = None,
     ) -> None:
         def status() -> dict[str, Any]:
-            return {**status_document(config), **(live() if live is not None else {})}
+            doc = device_status(config)
+            served = served_status(doc, live()) if live is not None else doc
+            return served.model_dump(mode="json")
 
         super().__init__(config.serve, config.models, host, status, modelreg_version(),
                          request_sync=request_sync, recorder=recorder)  # fmt: skip
@@ -442,66 +448,36 @@ def provision(config: EdgeConfig, state: StateDir) -> None:
     DeviceTrust.provision(state.root, data)
 
 
-def status_document(config: EdgeConfig) -> dict[str, Any]:
-    """``edge status --json`` (docs/reference/status.md): read from the state dir, whether the
-    daemon runs or not.
+def device_status(config: EdgeConfig) -> StatusDocument:
+    """The device's status document (docs/reference/status.md), read from the state dir
+    whether the daemon runs or not (``edge_sync.state.status``).
 
     Raises:
         StateError: the state file is corrupt.
     """
     state_dir = StateDir(config.state_path)
     running = state_dir.locked_by_other()
-    info = state_dir.daemon_info() if running else None
+    announced = state_dir.daemon_info() if running else None
     state = state_dir.load()
     try:
         fresh = freshness(state_dir.root, clock.now())
     except VerificationError:
         fresh = Freshness(None, ())
-    timestamp = fresh.timestamp
-    version = timestamp.version if timestamp else None
-    expires = timestamp.expires.strftime("%Y-%m-%dT%H:%M:%SZ") if timestamp else None
-    models: dict[str, Any] = {}
-    for sub in config.models:
-        model = state.models.get(sub.name)
+    return build_status(
+        config.device.id,
+        {sub.name: sub.channel for sub in config.models},
+        state,
+        running=running,
+        announced=announced,
+        trust=fresh,
+        sync=state_dir.last_sync(state),
+    )
 
-        def brief(installed: Any) -> dict[str, Any] | None:
-            return None if installed is None else {
-                "version": installed.version, "sha256": installed.sha256,
-                "target": installed.target, "kind": installed.kind,
-            }  # fmt: skip
 
-        models[sub.name] = {
-            "channel": sub.channel,
-            "serving": brief(model.serving) if model else None,
-            "previous": brief(model.previous) if model else None,
-            "last_known_good": brief(model.last_known_good) if model else None,
-            "last_update": model.last_update.model_dump(mode="json")
-            if model and model.last_update
-            else None,
-            "rejected": [
-                {"version": r.version, "sha256": r.sha256, "reason": r.reason, "at": r.at}
-                for r in (model.rejected if model else [])
-            ],
-            # a health gate watching the version served (not known good yet)
-            "gate": {"version": model.gate.version, "opened": model.gate.opened}
-            if model and model.gate
-            else None,
-        }
-    return {
-        "device": config.device.id,
-        "daemon": {
-            "running": running,
-            "pid": info.pid if info else None,
-            "listen": info.listen if info else None,
-            "started": info.started if info else None,
-        },
-        "trust": {
-            "timestamp_version": version,
-            "timestamp_expires": expires,
-            "stale": fresh.stale,
-            "expired": list(fresh.expired),
-        },
-        # the record's number orders records on the device only
-        "sync": state_dir.last_sync(state).model_dump(mode="json", exclude={"seq"}),
-        "models": models,
-    }
+def status_document(config: EdgeConfig) -> dict[str, Any]:
+    """``edge status --json``: :func:`device_status` as JSON data.
+
+    Raises:
+        StateError: the state file is corrupt.
+    """
+    return device_status(config).model_dump(mode="json")

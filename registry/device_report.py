@@ -1,9 +1,13 @@
-"""The device report: what a daemon sends about itself, and what ``modelreg fleet
-status`` reads back (stable API).
+"""The device's status document, and the report it sends about itself: the schema
+``modelreg edge status --json``, the device's ``/status`` and ``modelreg fleet status``
+share (stable API).
 
-A report is the device's ``edge status`` document (docs/reference/status.md) plus what a fleet view
-needs: the device's labels, when it was sent (``reported``), the daemon's version, and
-a ``kind`` and ``format``.  One JSON object per device, stored as ``<device-id>.json``::
+:class:`StatusDocument` is what a device says about itself (``edge status``,
+docs/reference/status.md): its daemon, its trusted metadata's freshness, its last sync,
+and per subscribed model what it serves, held and refused.  :class:`DeviceReport` is
+that document plus what a fleet view needs: the device's labels, when it was sent
+(``reported``), the daemon's version, and a ``kind`` and ``format``.  One JSON object
+per device, stored as ``<device-id>.json``::
 
     {"kind": "DeviceReport", "format": 1, "device": "cam-0042",
      "labels": {"arch": "x86_64"}, "reported": "2025-01-01T12:00:00.000000Z",
@@ -18,11 +22,12 @@ a ``kind`` and ``format``.  One JSON object per device, stored as ``<device-id>.
      "truncated": false}
 
 The schema lives here, beside neither side, because both need the same rules: the device
-checks every report against it before sending (it never sends one the reader refuses),
-and the reader treats every report as untrusted input (a bucket that many devices write
-to): strict keys and types, printable text only, bounded sizes and counts
-(:class:`ReportLimits`).  :func:`encode_report` fits a status document into those bounds
-(newest rejections first, then dropping detail, marked ``truncated``); :func:`parse_report`
+builds its document from these models (``edge_sync.state.status``) and checks every
+report against them before sending (it never sends one the reader refuses), and the
+reader treats every report as untrusted input (a bucket that many devices write to):
+strict keys and types, printable text only, bounded sizes and counts
+(:class:`ReportLimits`).  :func:`encode_report` fits a report into those bounds (newest
+rejections first, then dropping detail, marked ``truncated``); :func:`parse_report`
 refuses anything else with one line (:class:`ReportError`).
 """
 
@@ -32,9 +37,17 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, AwareDatetime, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_serializer,
+)
 
 from registry.errors import RegistryError, printable
 from registry.schema import Labels, Name, SemVer, Strict
@@ -44,12 +57,21 @@ __all__ = [
     "KIND",
     "LIMITS",
     "REPORT_FORMAT",
+    "DaemonReport",
+    "DaemonStatus",
     "DeviceId",
     "DeviceReport",
+    "GateReport",
     "InstalledReport",
     "ModelReport",
+    "RejectedReport",
     "ReportError",
     "ReportLimits",
+    "Role",
+    "StatusDocument",
+    "SyncReport",
+    "TrustReport",
+    "UpdateReport",
     "encode_report",
     "parse_report",
 ]
@@ -117,6 +139,8 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Version = Annotated[SemVer, StringConstraints(max_length=128)]
 Stage = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
 Millis = Annotated[float, AfterValidator(_finite)]
+Role = Literal["root", "targets", "snapshot", "timestamp"]
+"""A TUF role the device trusts."""
 
 
 def _printable_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -172,19 +196,25 @@ class ModelReport(Strict):
     previous: InstalledReport | None = None
     last_known_good: InstalledReport | None = None
     last_update: UpdateReport | None = None
-    rejected: Annotated[list[RejectedReport], Field(max_length=LIMITS.max_rejected)] = Field(
-        default_factory=list
-    )
+    rejected: list[RejectedReport] = Field(default_factory=list)
+    """Oldest first: the device keeps 32, a report carries the newest
+    :attr:`ReportLimits.max_rejected` (:func:`parse_report` checks it)."""
     gate: GateReport | None = None
 
 
-class DaemonReport(Strict):
-    """The daemon that sent the report."""
+class DaemonStatus(Strict):
+    """The device's daemon: ``running`` while a live process holds the state dir's
+    lock, and what it announced (its pid, where it serves, when it started)."""
 
     running: bool
     pid: Annotated[int, Field(ge=0)] | None = None
     listen: Word | None = None
     started: Stamp | None = None
+
+
+class DaemonReport(DaemonStatus):
+    """The daemon that sent the report, with its modelreg version."""
+
     version: Annotated[Word, StringConstraints(min_length=1, max_length=64)]
 
 
@@ -195,9 +225,7 @@ class TrustReport(Strict):
     timestamp_version: Annotated[int, Field(ge=1)] | None = None
     timestamp_expires: Stamp | None = None
     stale: bool | None = None
-    expired: Annotated[
-        list[Literal["root", "targets", "snapshot", "timestamp"]], Field(max_length=4)
-    ] = Field(default_factory=list)
+    expired: Annotated[list[Role], Field(max_length=4)] = Field(default_factory=list)
 
 
 class SyncReport(Strict):
@@ -213,20 +241,33 @@ class SyncReport(Strict):
     ``sha256:<hex>`` of the mirrored ``timestamp.json``."""
 
 
-class DeviceReport(Strict):
-    """One device's report (module docstring)."""
+class StatusDocument(Strict):
+    """What a device says about itself (``edge status --json``, ``/status``)."""
 
-    kind: Literal["DeviceReport"]
-    format: Literal[1]
     device: DeviceId
-    labels: Annotated[Labels, AfterValidator(_printable_labels)] = Field(default_factory=dict)
-    reported: AwareDatetime
-    daemon: DaemonReport
+    daemon: DaemonStatus
     trust: TrustReport
     sync: SyncReport
     models: Annotated[dict[Name, ModelReport], Field(max_length=LIMITS.max_models)]
+    """Per subscribed model, in ``edge.yaml``'s order."""
+
+
+class DeviceReport(StatusDocument):
+    """One device's report: its status document and the report's own fields (module
+    docstring)."""
+
+    kind: Literal["DeviceReport"]
+    format: Literal[1]
+    labels: Annotated[Labels, AfterValidator(_printable_labels)] = Field(default_factory=dict)
+    reported: AwareDatetime
+    daemon: DaemonReport
     truncated: bool = False
     """Detail was dropped to fit :attr:`ReportLimits.max_bytes`."""
+
+    @field_serializer("reported", when_used="json")
+    def _stamp(self, reported: datetime) -> str:
+        # as the device writes its times: UTC, microseconds always shown
+        return reported.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _first_problem(error: ValidationError) -> str:
@@ -254,9 +295,13 @@ def parse_report(data: bytes, limits: ReportLimits = LIMITS) -> DeviceReport:
         if any(p["type"] == "json_invalid" for p in e.errors(include_url=False)):
             raise ReportError("not a JSON document") from None
         raise ReportError(_first_problem(e)) from None
-    # The schema's bounds are the default limits; a caller's narrower ones apply here.
+    # The schema's bounds are the default limits; a caller's narrower ones apply here,
+    # with the count of rejections (a status document holds more than a report).
     if len(report.models) > limits.max_models:
         raise ReportError(f"models: more than {limits.max_models}")
+    for name, model in report.models.items():
+        if len(model.rejected) > limits.max_rejected:
+            raise ReportError(f"models.{name}.rejected: more than {limits.max_rejected}")
     return report
 
 

@@ -29,12 +29,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from edge_sync.clock import now_iso
+from edge_sync import clock
 from edge_sync.config import EdgeConfig, ReportConfig
 from edge_sync.errors import SendError
 from edge_sync.state.models import reason_text
 from registry.atomic import write_atomic
-from registry.device_report import KIND, REPORT_FORMAT, ReportError, encode_report
+from registry.device_report import (
+    KIND,
+    REPORT_FORMAT,
+    DaemonReport,
+    DaemonStatus,
+    DeviceReport,
+    ReportError,
+    StatusDocument,
+    encode_report,
+)
 from registry.errors import UsageError
 from registry.redact import redact
 from registry.s3client import S3Network, S3UnavailableError, s3_client
@@ -78,27 +87,28 @@ class Sink(Protocol):
 
 
 def report_document(
-    config: EdgeConfig, status: Mapping[str, Any], version: str, *, stopped: bool = False
-) -> dict[str, Any]:
+    config: EdgeConfig, status: StatusDocument, version: str, *, stopped: bool = False
+) -> DeviceReport:
     """The report: ``status`` (the ``edge status`` document) with the report's fields.
 
-    ``edge status``'s live-only parts (``/status``'s engines) are not in it: the
-    report says what the device runs, not how its memory is split.  ``stopped``: the
-    daemon's last report, sent while it stops; its daemon reads as ``edge status``
-    shows one not running.
+    ``/status``'s live-only parts (its engines) are not in it: the report says what the
+    device runs, not how its memory is split.  ``stopped``: the daemon's last report,
+    sent while it stops; its daemon reads as ``edge status`` shows one not running.
+    Built unchecked, as the document is; :func:`encode_report` checks it.
     """
-    doc = {"kind": KIND, "format": REPORT_FORMAT, **status}
-    doc["labels"] = dict(config.device.labels)
-    doc["reported"] = now_iso()
-    daemon = dict(status["daemon"])
-    if stopped:
-        daemon.update(running=False, pid=None, listen=None, started=None)
-    doc["daemon"] = {**daemon, "version": version}
-    return doc
+    daemon = DaemonStatus.model_construct(running=False) if stopped else status.daemon
+    held = {name: getattr(status, name) for name in StatusDocument.model_fields}
+    return DeviceReport.model_construct(
+        kind=KIND,
+        format=REPORT_FORMAT,
+        **held | {"daemon": DaemonReport.model_construct(**dict(daemon), version=version)},
+        labels=dict(config.device.labels),
+        reported=clock.now(),
+    )
 
 
 def _fingerprint(doc: Mapping[str, Any]) -> str:
-    """A digest of what the report says, less what changes at every poll."""
+    """A digest of what the report (as JSON data) says, less what changes at every poll."""
     copy = json.loads(json.dumps(doc))
     for path in _VOLATILE:
         node = copy
@@ -265,7 +275,7 @@ class Reporter:
     def __init__(
         self,
         config: EdgeConfig,
-        status: Callable[[], Mapping[str, Any]],
+        status: Callable[[], StatusDocument],
         version: str,
         *,
         sink: Sink | None = None,
@@ -312,7 +322,8 @@ class Reporter:
             True when sent, False when the send failed, None when nothing was due.
         """
         try:
-            doc = report_document(self.config, self._status(), self._version, stopped=last)
+            report = report_document(self.config, self._status(), self._version, stopped=last)
+            doc = report.model_dump(mode="json")
             key = _fingerprint(doc)
         except Exception as e:  # noqa: BLE001 - a corrupt state file: say it, keep going
             self._failed("status", f"cannot read the status: {type(e).__name__}: {e}")

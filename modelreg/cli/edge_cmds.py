@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from modelreg.cli._output import detail, emit_json, ok
+
+if TYPE_CHECKING:
+    from registry.device_report import ModelReport
 
 _CONFIG = click.option(
     "--config",
@@ -55,40 +58,46 @@ def edge_run(config_path: Path) -> None:
 def edge_status(config_path: Path, as_json: bool) -> None:
     """What the device serves, what it last did and why (works while the daemon runs)."""
     from edge_sync.config import load_edge_config
-    from edge_sync.daemon import status_document
+    from edge_sync.daemon import device_status
+
+    doc = device_status(load_edge_config(config_path))
+    if as_json:
+        emit_json(doc.model_dump(mode="json"))
+        return
+    daemon = doc.daemon
+    running = f"running (pid {daemon.pid})" if daemon.running else "not running"
+    ok(f"device {doc.device}: daemon {running}")
+    sync = doc.sync
+    if sync.last_checked:
+        detail(f"last sync {sync.last_checked}: {sync.result}"
+               + (f" ({sync.reason})" if sync.reason else ""))  # fmt: skip
+    if doc.trust.stale:
+        detail(f"trust: stale, {', '.join(doc.trust.expired)} expired "
+               "(nothing new is accepted until the repository signs fresh metadata)")  # fmt: skip
+    for name, model in doc.models.items():
+        _model_lines(name, model)
+
+
+def _model_lines(name: str, model: ModelReport) -> None:
+    """``edge status``'s lines for one model: what it serves, its last update, its
+    rejections."""
     from edge_sync.sync.updater import STAGES
 
-    doc = status_document(load_edge_config(config_path))
-    if as_json:
-        emit_json(doc)
-        return
-    daemon = doc["daemon"]
-    running = f"running (pid {daemon['pid']})" if daemon["running"] else "not running"
-    ok(f"device {doc['device']}: daemon {running}")
-    sync = doc["sync"]
-    if sync.get("last_checked"):
-        detail(f"last sync {sync['last_checked']}: {sync['result']}"
-               + (f" ({sync['reason']})" if sync.get("reason") else ""))  # fmt: skip
-    trust = doc["trust"]
-    if trust.get("stale"):
-        detail(f"trust: stale, {', '.join(trust.get('expired') or [])} expired "
-               "(nothing new is accepted until the repository signs fresh metadata)")  # fmt: skip
-    for name, model in doc["models"].items():
-        serving = model["serving"]
-        shown = f"{serving['version']} ({serving['sha256'][:12]})" if serving else "nothing"
-        detail(f"{name}@{model['channel']}: serving {shown}")
-        update = model["last_update"]
-        if update:
-            detail(f"  last update: {update['result']} {update.get('version') or ''} "
-                   f"via {update.get('method') or '-'}, {update['bytes_fetched']} bytes"
-                   + (f": {update['reason']}" if update.get("reason") else ""))  # fmt: skip
-            timed = update["stages_ms"]
-            order = [s for s in STAGES if s in timed] + sorted(set(timed) - set(STAGES))
-            stages = ", ".join(f"{s} {timed[s]:.1f}" for s in order)
-            if stages:
-                detail(f"  stages (ms): {stages}")
-        for rejected in model["rejected"]:
-            detail(f"  rejected {rejected['version']}: {rejected['reason']}")
+    serving = model.serving
+    shown = f"{serving.version} ({serving.sha256[:12]})" if serving else "nothing"
+    detail(f"{name}@{model.channel}: serving {shown}")
+    update = model.last_update
+    if update:
+        detail(f"  last update: {update.result} {update.version or ''} "
+               f"via {update.method or '-'}, {update.bytes_fetched} bytes"
+               + (f": {update.reason}" if update.reason else ""))  # fmt: skip
+        timed = update.stages_ms
+        order = [s for s in STAGES if s in timed] + sorted(set(timed) - set(STAGES))
+        stages = ", ".join(f"{s} {timed[s]:.1f}" for s in order)
+        if stages:
+            detail(f"  stages (ms): {stages}")
+    for rejected in model.rejected:
+        detail(f"  rejected {rejected.version}: {rejected.reason}")
 
 
 @edge.command("unit")

@@ -171,3 +171,25 @@ def test_the_largest_status_a_device_can_have_still_fits() -> None:
 def test_a_device_never_sends_what_a_reader_refuses() -> None:
     with pytest.raises(ReportError, match=r"models\.mlp\.serving\.version"):
         encode_report(_with("models.mlp.serving.version", "not-semver"))
+
+
+@pytest.mark.parametrize(
+    ("sent", "limits", "says"),
+    [
+        (LIMITS.max_rejected, LIMITS, None),
+        (LIMITS.max_rejected + 1, LIMITS, f"models.mlp.rejected: more than {LIMITS.max_rejected}"),
+        (3, ReportLimits(max_rejected=2), "models.mlp.rejected: more than 2"),
+        (0, ReportLimits(max_rejected=0), None),
+    ],
+)
+def test_a_reader_counts_the_rejections_a_report_carries(
+    sent: int, limits: ReportLimits, says: str | None
+) -> None:
+    # a device keeps more (32) than it sends: the bound is the report's, not the document's
+    doc = _bytes(report("cam-1", {"mlp": model(rejected=_rejections(sent))}))
+    if says is None:
+        assert len(parse_report(doc, limits).models["mlp"].rejected) == sent
+    else:
+        with pytest.raises(ReportError) as caught:
+            parse_report(doc, limits)
+        assert str(caught.value) == says

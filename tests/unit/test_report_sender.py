@@ -16,7 +16,7 @@ from edge_sync.config import EdgeConfig, load_edge_config
 from edge_sync.errors import SendError
 from edge_sync.sync.report import TOKEN_ENV, FolderSink, HttpSink, Reporter, S3Sink, sink_for
 from fleet.reports import load_reports
-from registry.device_report import parse_report
+from registry.device_report import StatusDocument, parse_report
 from registry.errors import ManifestError
 from tests.fleet_reports import model, report
 from tests.http_sim import running
@@ -39,13 +39,13 @@ def _config(tmp_path: Path, report_section: Any) -> EdgeConfig:
     return load_edge_config(path)
 
 
-def _status(device: str = "cam-0042", **changes: Any) -> dict[str, Any]:
+def _status(device: str = "cam-0042", **changes: Any) -> StatusDocument:
     """An ``edge status`` document (a report less the report's own fields)."""
     doc = report(device, **changes)
     for key in ("kind", "format", "labels", "reported", "truncated"):
         doc.pop(key)
     doc["daemon"].pop("version")
-    return doc
+    return StatusDocument.model_validate(doc)
 
 
 # --- edge.yaml --------------------------------------------------------------------------
@@ -120,7 +120,7 @@ class _Clock:
 
 
 def _reporter(
-    tmp_path: Path, status: list[dict[str, Any]]
+    tmp_path: Path, status: list[StatusDocument]
 ) -> tuple[Reporter, _Sink, _Clock, list[str]]:
     sink, clock, logged = _Sink(), _Clock(), list[str]()
     config = _config(tmp_path, {"url": "reports", "heartbeat": "5m"})
@@ -137,7 +137,9 @@ def test_a_report_goes_out_on_change_and_at_each_heartbeat(tmp_path: Path) -> No
     assert (sent.device, sent.daemon.version) == ("cam-0042", "9.9.9")
     assert sent.labels == {"arch": "x86_64", "site": "plant-3"}
     # a poll that changed nothing but its time: nothing to say
-    status[0] = _status(sync={**status[0]["sync"], "last_checked": "2030-01-01T00:00:00Z"})
+    status[0] = _status(
+        sync={**status[0].sync.model_dump(), "last_checked": "2030-01-01T00:00:00Z"}
+    )
     clock.now += 60
     assert reporter.tick() is None
     # an install, a failure, a rejection: each is a change
@@ -190,7 +192,7 @@ def test_no_error_of_a_sink_escapes(tmp_path: Path, error: Exception, says: str)
 
 
 def test_an_unreadable_status_is_logged_not_raised(tmp_path: Path) -> None:
-    def broken() -> dict[str, Any]:
+    def broken() -> StatusDocument:
         raise ValueError("corrupt state file")
 
     sink, logged = _Sink(), list[str]()
