@@ -32,7 +32,7 @@ from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
 from edge_sync.decide.health import GatePolicy
 from edge_sync.decide.schedule import backoff_delay, next_delay
-from edge_sync.engine.base import EngineHost
+from edge_sync.engine.base import EngineHost, PrepackDecision
 from edge_sync.engine.host import InProcessHost
 from edge_sync.errors import EngineError, StoppedError
 from edge_sync.serve.listeners import Listeners
@@ -41,7 +41,6 @@ from edge_sync.state.models import DaemonInfo, UpdateRecord, reason_text
 from edge_sync.state.status import (
     EngineStatus,
     LiveStatus,
-    LoadedEngine,
     OpenGateStatus,
     build_status,
     served_status,
@@ -258,14 +257,13 @@ class Daemon:
         health gates, and the prepacking decisions."""
         host, updater = self.host, self._updater
         engines: dict[str, list[EngineStatus]] = {}
-        prepack: dict[str, dict[str, float | bool | str]] = {}
-        if isinstance(host, InProcessHost):  # the merge reads these through EngineHost
+        prepack: dict[str, PrepackDecision] = {}
+        if host is not None:
             for engine in host.loaded():
-                if isinstance(engine, LoadedEngine):
-                    serving = host.current(engine.model) is engine
-                    engines.setdefault(engine.model, []).append(
-                        EngineStatus.of(engine, serving=serving, in_flight=host.in_flight(engine))
-                    )
+                serving = host.current(engine.model) is engine
+                engines.setdefault(engine.model, []).append(
+                    EngineStatus.of(engine, serving=serving, in_flight=host.in_flight(engine))
+                )
             prepack = dict(host.prepack_decisions)
         open_gates = list(updater.gates.items()) if updater is not None else []  # one copy
         gates = {

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Final, Protocol, TypeVar, cast, overload, runtime_checkable
+from typing import Final, Protocol, TypeVar, cast, overload
 
 from pydantic import BaseModel, Field
 
@@ -166,9 +166,9 @@ class WeightSizes(Protocol):
     def shared_bytes(self) -> int: ...  # pragma: no cover - protocol
 
 
-@runtime_checkable
 class LoadedEngine(Protocol):
-    """What ``/status`` reads of a loaded engine (members of ``edge_sync``'s ``Engine``)."""
+    """What ``/status`` reads of a loaded engine (members of
+    ``edge_sync.engine.base.Engine``, which state/ does not import)."""
 
     @property
     def model(self) -> str: ...  # pragma: no cover - protocol

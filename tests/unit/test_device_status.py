@@ -26,7 +26,6 @@ from edge_sync.state.models import (
 from edge_sync.state.status import (
     EngineStatus,
     LiveStatus,
-    LoadedEngine,
     OpenGateStatus,
     build_status,
     served_status,
@@ -305,7 +304,6 @@ class _Private(_Engine):
     ],
 )  # fmt: skip
 def test_an_engine_entry(engine: _Engine, serving: bool, in_flight: int, shown: Any) -> None:
-    assert isinstance(engine, LoadedEngine)
     entry = EngineStatus.of(engine, serving=serving, in_flight=in_flight)
     assert entry.model_dump(mode="json") == shown
 
