@@ -295,6 +295,61 @@ class Daemon:
                 how = "prepacked (private weights)" if decision["prepack"] else "shared weights"
                 print(f"modelreg edge: {sub.name}: runs with {how}: {decision}", file=sys.stderr)
 
+    def _start(self, state: StateDir, listen: str | None) -> tuple[Updater, _Server | None]:
+        """Everything before the loop: the trust root, the engine host, the listeners,
+        the announcement, the updater resumed from the state (serving what it names),
+        the gate watcher and the reporter."""
+        provision(self.config, state)
+        if self.host is None:
+            self.host = _make_host(self.config, state)
+        recorder = Recorder()
+        server = (
+            _Server(self.config, self.host, self.request_sync, recorder, self._live)
+            if self.serving
+            else None
+        )
+        # an announcement left behind: the last daemon did not stop cleanly
+        unclean = state.daemon_info() is not None
+        if server is not None:
+            listen = server.start()
+        state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
+        gate = self.config.serve.health_gate
+        updater = self._updater = Updater(
+            self.config,
+            state,
+            self.host,
+            limits=self.limits,
+            should_stop=self._alive,
+            gate=GatePolicy(
+                gate.window, gate.min_requests, gate.max_error_rate, gate.max_latency_ratio
+            ),
+            recorder=recorder if server is not None else None,
+        )
+        problems = updater.resume(unclean=unclean)
+        watcher = threading.Thread(
+            target=self._watch_gates, args=(updater,), name="gate-watch", daemon=True
+        )
+        watcher.start()
+        for model, problem in problems.items():
+            said = reason_text(problem)
+            print(f"modelreg edge: {model}: not served at start: {said}", file=sys.stderr)
+        if self.config.report is not None:
+            # its own thread: a slow sink never holds up a sync or a request
+            self._reporter = Reporter(
+                self.config, lambda: device_status(self.config), modelreg_version()
+            )
+            self._reporter.start()
+        return updater, server
+
+    def _stop_cleanly(self, server: _Server | None) -> None:
+        """A clean stop: the listeners closed, and the fleet told (its last report says
+        stopped, rather than running until the report goes stale)."""
+        if server is not None:
+            server.stop()
+        reporter, self._reporter = self._reporter, None
+        if reporter is not None:
+            reporter.stop(LAST_REPORT_S, last=True)
+
     def run(self, *, install_signals: bool = True, listen: str | None = None) -> int:
         """Run until stopped; the exit code (0 on a clean stop).
 
@@ -310,56 +365,11 @@ class Daemon:
         try:
             if install_signals:
                 self._signals(wakeup)
-            provision(self.config, state)
-            serve = self.config.serve
-            if self.host is None:
-                self.host = _make_host(self.config, state)
-            recorder = Recorder()
-            server = (
-                _Server(self.config, self.host, self.request_sync, recorder, self._live)
-                if self.serving
-                else None
-            )
-            # an announcement left behind: the last daemon did not stop cleanly
-            unclean = state.daemon_info() is not None
-            if server is not None:
-                listen = server.start()
-            state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
-            gate = serve.health_gate
-            updater = self._updater = Updater(
-                self.config,
-                state,
-                self.host,
-                limits=self.limits,
-                should_stop=self._alive,
-                gate=GatePolicy(
-                    gate.window, gate.min_requests, gate.max_error_rate, gate.max_latency_ratio
-                ),
-                recorder=recorder if server is not None else None,
-            )
-            problems = updater.resume(unclean=unclean)
-            watcher = threading.Thread(
-                target=self._watch_gates, args=(updater,), name="gate-watch", daemon=True
-            )
-            watcher.start()
-            for model, problem in problems.items():
-                said = reason_text(problem)
-                print(f"modelreg edge: {model}: not served at start: {said}", file=sys.stderr)
-            if self.config.report is not None:
-                # its own thread: a slow sink never holds up a sync or a request
-                self._reporter = Reporter(
-                    self.config, lambda: device_status(self.config), modelreg_version()
-                )
-                self._reporter.start()
+            updater, server = self._start(state, listen)
             _notify("READY=1\nSTATUS=serving what the state names; syncing")
             self._loop(updater, wakeup, server)
             _notify("STOPPING=1")
-            if server is not None:
-                server.stop()
-            reporter, self._reporter = self._reporter, None
-            if reporter is not None:
-                # the fleet sees a stopped device as stopped, not running until stale
-                reporter.stop(LAST_REPORT_S, last=True)
+            self._stop_cleanly(server)
             clean = True
             return 0
         finally:

@@ -26,10 +26,8 @@ from edge_sync.engine.ort import OrtEngine
 from tests.conftest import REPO_ROOT
 from tests.edge import models
 
-NO_DEFAULTS_IN = ("edge_sync/engine", "edge_sync/serve")
-"""Where no engine or host member may be read with a default.  daemon.py's ``_live`` and
-sync/updater.py's ``mapped_blobs`` read belong to other steps of issue 24; once they
-read members plainly, this is the whole of ``edge_sync``."""
+NO_DEFAULTS_IN = ("edge_sync",)
+"""Where no engine or host member may be read with a default: the whole device side."""
 
 
 def members(protocol: type) -> set[str]:
