@@ -226,12 +226,19 @@ class _Api:
             {"name": "modelreg", "version": self.version, "extensions": ["binary_tensor_data"]}
         )
 
-    async def metadata(self, request: Request) -> Response:
+    def look_up(self, request: Request) -> Engine | Response:
+        """The engine the request names, for its description only (its lease ends at
+        once), or the error answer when there is none."""
         try:
             with self.engine_for(request) as engine:
-                pass
+                return engine
         except RefusedError as e:
             return error_response(e.status, str(e))
+
+    async def metadata(self, request: Request) -> Response:
+        engine = self.look_up(request)
+        if isinstance(engine, Response):
+            return engine
         return json_response(
             {
                 "name": engine.model,
@@ -243,20 +250,16 @@ class _Api:
         )
 
     async def model_ready(self, request: Request) -> Response:
-        try:
-            with self.engine_for(request):
-                pass
-        except RefusedError as e:
-            return error_response(e.status, str(e))
+        found = self.look_up(request)
+        if isinstance(found, Response):
+            return found
         return json_response({"name": request.path_params["model"], "ready": True})
 
     async def model_config(self, request: Request) -> Response:
         """The model's configuration as Triton's clients read it."""
-        try:
-            with self.engine_for(request) as engine:
-                pass
-        except RefusedError as e:
-            return error_response(e.status, str(e))
+        engine = self.look_up(request)
+        if isinstance(engine, Response):
+            return engine
 
         def tensors(specs: Sequence[TensorDecl]) -> list[dict[str, Any]]:
             return [
