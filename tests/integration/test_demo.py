@@ -69,14 +69,17 @@ def _build_wheel(tmp: Path) -> Path:
 
 def _borrowed_paths() -> list[str]:
     """This interpreter's folders of installed packages, less the checkout and any folder
-    that holds one of our packages (a source tree), so that only the wheel has them."""
+    that holds one of our packages (a source tree), so that only the wheel has them.  A
+    venv inside the checkout (``make``'s ``.venv``, as in CI) is lent all the same: its
+    site-packages holds our editable install only as a ``.pth`` hook, which a folder
+    named by a ``.pth`` line does not run."""
     ours = _packages()
     return [
         p
         for p in dict.fromkeys(sys.path)
         if Path(p).is_absolute()
         and Path(p).is_dir()
-        and not Path(p).resolve().is_relative_to(REPO_ROOT)
+        and (not Path(p).resolve().is_relative_to(REPO_ROOT) or Path(p).name == "site-packages")
         and not any((Path(p) / name).exists() for name in ours)
     ]
 
