@@ -26,6 +26,27 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 os.environ["MODELREG_INDEX_URL"] = "http://127.0.0.1:9"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` as xdist means it, under pytest 9: xdist names a test's
+    ``xdist_group`` in its id through ``item._nodeid``, which pytest 9 no longer reads,
+    so each group was spread over the workers (the team services and the fleet
+    simulation started in both).  In a worker, name it in the id pytest 9 reads."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest: xdist's own renaming works
+        return
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        groups = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        )
+        if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
 @pytest.fixture(autouse=True)
 def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private HOME and git config so tests never read or write the developer's."""
