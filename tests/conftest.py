@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,27 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # `modelreg init` asks the package index for the hashes of modelreg's own release; the
 # tests never leave loopback (a closed port: refused at once), whatever a fixture runs.
 os.environ["MODELREG_INDEX_URL"] = "http://127.0.0.1:9"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--dist loadgroup`` as xdist means it, under pytest 9: xdist names a test's
+    ``xdist_group`` in its id through ``item._nodeid``, which pytest 9 no longer reads,
+    so each group was spread over the workers (the team services and the fleet
+    simulation started in both).  In a worker, name it in the id pytest 9 reads."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    try:
+        from _pytest.nodeid import NodeId
+    except ImportError:  # an older pytest: xdist's own renaming works
+        return
+    for item in items:
+        marks = item.iter_markers("xdist_group")
+        groups = sorted(
+            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
+        )
+        if groups and "@" not in item.nodeid and hasattr(item, "_id"):
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(autouse=True)
@@ -155,13 +176,11 @@ def quiet_mlflow() -> Iterator[Any]:
         yield mlflow
 
 
-@pytest.fixture(scope="session")
-def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
-    """mlp 1.0.0 (with goldens and an ORT target) released once by ``ci release``."""
-    from modelreg.cli.main import main
-
-    base = tmp_path_factory.mktemp("released")
-    root = base / "fleet"
+@contextlib.contextmanager
+def session_cli(base: Path) -> Iterator[Callable[..., None]]:
+    """``run(*ARGS, cwd=...)``: ``modelreg ARGS`` in-process for a session fixture that
+    builds a repository once for many tests to copy, with a HOME and git identity of
+    its own under ``base`` (as :func:`isolated_env` gives each test); asserts success."""
     mp = pytest.MonkeyPatch()
     try:
         home = base / "home"
@@ -174,6 +193,7 @@ def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models:
         mp.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
         mp.setenv("GIT_CONFIG_NOSYSTEM", "1")
         mp.setenv("DVC_NO_ANALYTICS", "1")
+        mp.setenv("DVC_SITE_CACHE_DIR", str(home / ".dvc-site"))
         for var in (
             "MLFLOW_TRACKING_URI",
             "CI",
@@ -193,6 +213,17 @@ def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models:
                 if e.code not in (0, None):
                     raise AssertionError(f"modelreg {' '.join(args)} failed") from None
 
+        yield run
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="session")
+def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Path:
+    """mlp 1.0.0 (with goldens and an ORT target) released once by ``ci release``."""
+    base = tmp_path_factory.mktemp("released")
+    root = base / "fleet"
+    with session_cli(base) as run:
         run("init", str(root), cwd=base)
         run("model", "add", "mlp", "--channel-order", "canary,production", cwd=root)
         run("version", "add", "mlp", "1.0.0", "--artifact", str(example_models / "mlp/1.0.0.onnx"),
@@ -205,8 +236,6 @@ def _released_template(tmp_path_factory: pytest.TempPathFactory, example_models:
         # The runner's local state is not part of what a fresh CI checkout has.
         shutil.rmtree(root / ".modelreg/build", ignore_errors=True)
         shutil.rmtree(root / ".modelreg/ci", ignore_errors=True)
-    finally:
-        mp.undo()
     return root
 
 

@@ -16,8 +16,9 @@ what a dry run of that scenario saw.  Then it checks, in a fresh child each:
 Every boundary of every scenario is interrupted once (in a random order), then runs
 continue at random boundaries up to the number asked for.
 
-ONNX Runtime is imported before any fork but no session is made in this process, so
-each child starts its thread pools itself.
+ONNX Runtime and edge_sync are imported once, before any fork (a child that imported
+them itself spent most of its run doing so), but no session is made in this process,
+so each child starts its thread pools itself.
 """
 
 from __future__ import annotations
@@ -32,14 +33,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import onnxruntime  # noqa: F401 - imported once, before the forks
+
+from edge_sync.config import load_edge_config
+from edge_sync.daemon import provision
+from edge_sync.engine.host import InProcessHost
+from edge_sync.errors import StateError
+from edge_sync.state.store import StateDir
+from edge_sync.sync.updater import Updater
+
 
 def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> None:
-    from edge_sync.config import load_edge_config
-    from edge_sync.daemon import provision
-    from edge_sync.engine.host import InProcessHost
-    from edge_sync.state.store import StateDir
-    from edge_sync.sync.updater import Updater
-
     config = load_edge_config(config_path)
     state = StateDir(config.state_path)
     seen: list[str] = []
@@ -58,12 +62,6 @@ def _child(config_path: Path, kill_at: int | None, events_out: Path | None) -> N
 
 def _check(config_path: Path, expected: str) -> str | None:
     """Why the state dir is inconsistent (None when it is not)."""
-    from edge_sync.config import load_edge_config
-    from edge_sync.engine.host import InProcessHost
-    from edge_sync.errors import StateError
-    from edge_sync.state.store import StateDir
-    from edge_sync.sync.updater import Updater
-
     config = load_edge_config(config_path)
     state_dir = StateDir(config.state_path)
     try:
@@ -116,10 +114,6 @@ def main(argv: list[str]) -> None:
     config_path, snapshots_dir, runs, seed, out = (
         Path(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3]), Path(argv[4])
     )  # fmt: skip
-    import onnxruntime  # noqa: F401 - imported once, before the forks
-
-    from edge_sync.config import load_edge_config
-
     expected = (snapshots_dir / "expected").read_text().strip()
     state_root = load_edge_config(config_path).state_path
     scenarios = sorted(p for p in snapshots_dir.iterdir() if p.is_dir())

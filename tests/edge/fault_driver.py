@@ -26,7 +26,9 @@ request (``requests``); lives run from the snapshot until one ends cleanly: 1.1.
 be rejected after at most two restarts, and the device must serve 1.0.0, its last known
 good version.
 
-ONNX Runtime is imported before any fork, but no session is made in this process.
+ONNX Runtime, numpy and edge_sync are imported once, before any fork (a life that
+imported them itself spent a good part of its run doing so), but no session is made in
+this process.
 """
 
 from __future__ import annotations
@@ -45,6 +47,20 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import onnxruntime  # noqa: F401 - imported once, before the forks
+
+from edge_sync.clock import now_iso
+from edge_sync.config import load_edge_config
+from edge_sync.daemon import provision
+from edge_sync.decide.health import GatePolicy
+from edge_sync.engine.host import InProcessHost
+from edge_sync.errors import StateError
+from edge_sync.serve.recorder import Recorder
+from edge_sync.state.models import DaemonInfo
+from edge_sync.state.store import StateDir
+from edge_sync.sync.updater import Updater
+
 GATE_WINDOW_S = 0.3
 BASELINE_REQUESTS = 40
 IDLE_S = 0.3
@@ -53,18 +69,6 @@ PHASES = ("install", "gate", "idle")
 
 def _life(config_path: Path, log: Path, crash: str | None = None) -> None:
     """One run of the device, as the daemon's start, loop and clean stop (see above)."""
-    import numpy as np
-
-    from edge_sync.clock import now_iso
-    from edge_sync.config import load_edge_config
-    from edge_sync.daemon import provision
-    from edge_sync.decide.health import GatePolicy
-    from edge_sync.engine.host import InProcessHost
-    from edge_sync.serve.recorder import Recorder
-    from edge_sync.state.models import DaemonInfo
-    from edge_sync.state.store import StateDir
-    from edge_sync.sync.updater import Updater
-
     out = log.open("a", buffering=1)
     start = time.monotonic()
 
@@ -186,9 +190,6 @@ def _marks(log: Path) -> list[tuple[float, str]]:
 
 def _consistency(state_root: Path) -> str | None:
     """Why the state dir is inconsistent (None when it is not)."""
-    from edge_sync.errors import StateError
-    from edge_sync.state.store import StateDir
-
     state_dir = StateDir(state_root)
     try:
         state = state_dir.load()
@@ -207,8 +208,6 @@ def _consistency(state_root: Path) -> str | None:
 def _check(state_root: Path) -> tuple[str | None, list[str]]:
     """Why the state dir is inconsistent after a whole life (None when it is not), and
     the versions it rejected (with why)."""
-    from edge_sync.state.store import StateDir
-
     problem = _consistency(state_root)
     if problem is not None:
         return problem, []
@@ -233,8 +232,6 @@ def random_runs(
     config_path: Path, snapshot: Path, runs: int, seed: int, work: Path
 ) -> dict[str, Any]:
     """SIGKILL at random times in each phase in turn, restart, check (see above)."""
-    from edge_sync.config import load_edge_config
-
     state_root = load_edge_config(config_path).state_path
     shutil.rmtree(state_root, ignore_errors=True)
     shutil.copytree(snapshot, state_root, symlinks=True)
@@ -283,9 +280,6 @@ def random_runs(
 
 def crashing_version(config_path: Path, snapshot: Path, crash: str, work: Path) -> dict[str, Any]:
     """Lives with a 1.1.0 that kills the process (``crash``) until one stops cleanly."""
-    from edge_sync.config import load_edge_config
-    from edge_sync.state.store import StateDir
-
     state_root = load_edge_config(config_path).state_path
     shutil.rmtree(state_root, ignore_errors=True)
     shutil.copytree(snapshot, state_root, symlinks=True)
@@ -312,8 +306,6 @@ def main(argv: list[str]) -> None:
     config_path, snapshot, runs, seed, out = (
         Path(argv[0]), Path(argv[1]), int(argv[2]), int(argv[3]), Path(argv[4])
     )  # fmt: skip
-    import onnxruntime  # noqa: F401 - imported once, before the forks
-
     work = out.parent / f"{out.stem}-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

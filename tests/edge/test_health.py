@@ -255,7 +255,9 @@ def test_a_newer_version_during_a_gate_replaces_it_unjudged_keeping_the_fallback
     """1.1.0 is swapped in and watched; 2.0.0 arrives before the gate decided: 1.1.0 is
     neither kept as known good nor rejected, and if 2.0.0 fails its gate the device goes
     back to 1.0.0, the last version known good."""
-    recorder = _gated(rig, window_s=0.3)
+    # 1 s windows: 1.1.0's gate, with no answers, would end unjudged after four, and
+    # releasing 2.0.0 takes a second or two on a loaded machine
+    recorder = _gated(rig, window_s=1.0)
     with rig.updater() as up:
         up.sync()
         _answers(recorder, "1.0.0", 50, 0.002)
@@ -269,10 +271,10 @@ def test_a_newer_version_during_a_gate_replaces_it_unjudged_keeping_the_fallback
         assert up.host.versions("mlp") == ["2.0.0", "1.0.0"]  # 1.1.0 released
         assert rig.state().models["mlp"].last_known_good.version == "1.0.0"
         _answers(recorder, "2.0.0", 50, 0.050)
-        time.sleep(0.35)
+        time.sleep(1.05)
         assert up.check_gates() == {}  # a second window
         _answers(recorder, "2.0.0", 50, 0.050)
-        time.sleep(0.35)
+        time.sleep(1.05)
         assert up.check_gates()["mlp"].result == "rejected"
         model = rig.state().models["mlp"]
         assert model.serving.version == "1.0.0"

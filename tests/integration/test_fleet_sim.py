@@ -13,7 +13,9 @@ import pytest
 
 from benchmarks.fleet import Size, simulate_fleet
 
-pytestmark = pytest.mark.integration
+# One worker runs them all (`--dist loadgroup`): the module's simulation, a minute of
+# both cores, runs once rather than once in each worker that draws one of its tests.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("fleet-sim")]
 
 SIZE = Size(devices=24, poll_s=3.0, workers=1)
 SHARE = 0.10
