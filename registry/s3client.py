@@ -45,7 +45,10 @@ _SETTINGS: Final = (
     "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS",
 )  # fmt: skip
 """The environment that changes which client is right (a new one is made when it does)."""
-_CLIENTS: dict[tuple[object, ...], Any] = {}
+_CLIENTS: dict[tuple[object, ...], tuple[tuple[object, ...], Any]] = {}
+"""One client per use (region and network settings), with what it was made from: a
+client made from other keys or settings replaces it, so rotated credentials (a report
+sink re-reads its file before each send) neither pile up clients nor keep old secrets."""
 _LOCK = threading.Lock()
 
 
@@ -113,13 +116,17 @@ def s3_client(
         raise S3UnavailableError("boto3 is not installed") from None
     held = tuple(sorted((keys or {}).items()))
     network = network or S3Network()
-    key = (region, held, network, *(os.environ.get(name) for name in _SETTINGS))
+    use = (region, network)
+    made_from = (held, *(os.environ.get(name) for name in _SETTINGS))
     with _LOCK:
-        if key not in _CLIENTS:
-            session = boto3.session.Session(**dict(held))
-            signed = session.get_credentials() is not None
-            config = Config(signature_version="s3v4" if signed else UNSIGNED, **network.options())
-            _CLIENTS[key] = session.client(
-                "s3", config=config, region_name=region, endpoint_url=endpoint_url()
-            )
-        return _CLIENTS[key]
+        kept = _CLIENTS.get(use)
+        if kept is not None and kept[0] == made_from:
+            return kept[1]
+        session = boto3.session.Session(**dict(held))
+        signed = session.get_credentials() is not None
+        config = Config(signature_version="s3v4" if signed else UNSIGNED, **network.options())
+        client = session.client(
+            "s3", config=config, region_name=region, endpoint_url=endpoint_url()
+        )
+        _CLIENTS[use] = (made_from, client)
+        return client

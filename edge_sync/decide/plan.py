@@ -23,7 +23,10 @@ otherwise                               ``full``
 ======================================  ===============================================
 
 ONNX Runtime and TensorRT targets both take the artifact (TensorRT builds its engine on
-the device from it: ``edge_sync.engine.tensorrt``), which later deltas apply to.
+the device from it: ``edge_sync.engine.tensorrt``), which later deltas apply to.  So no
+engine the manifest schema allows today takes the ``engine`` row: it is there for a
+target whose engine only CI can build (the signed ``engines/`` targets ``publish`` makes),
+and only the table tests reach it.
 """
 
 from __future__ import annotations

@@ -284,9 +284,7 @@ class StateDir:
         self._seq = max(self._seq or 0, state.sync.seq)
         return state
 
-    def load_or_recover(
-        self, last_channels: Callable[[], dict[str, Any] | None] = lambda: None
-    ) -> DeviceState:
+    def load_or_recover(self, last_channels: Callable[[], dict[str, Any] | None]) -> DeviceState:
         """The committed state; a corrupt state file is moved aside (``state.json.
         corrupt``) and a fresh state begins, which says so in ``sync.reason`` (the
         blobs stay: what is reinstalled from them is verified again).  ``last_channels``

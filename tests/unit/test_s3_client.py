@@ -174,3 +174,18 @@ def test_without_boto3_the_factory_says_so(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(builtins, "__import__", no_boto3)
     with pytest.raises(S3UnavailableError, match="boto3 is not installed"):
         s3_client()
+
+
+def test_rotated_credentials_replace_the_client_they_came_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A report sink re-reads its credentials before each send: an hourly rotation must
+    not keep a client (about 12 MB each) and the old secret for every hour."""
+    network = S3Network(timeout_s=5.0, retries=1)
+    for hour in range(5):
+        s3_client(keys={**KEYS, "aws_session_token": f"token-{hour}"}, network=network)
+    s3_client(region="eu-west-1")
+    assert len(s3client._CLIENTS) == 2  # one per use: the sink's, and the regional one
+    held = repr(s3client._CLIENTS)
+    assert "token-4" in held
+    assert not any(f"token-{hour}" in held for hour in range(4))
