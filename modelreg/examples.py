@@ -52,7 +52,7 @@ EXAMPLE_VERSIONS: dict[str, tuple[str, ...]] = {
 """Versions of each example model, oldest first."""
 
 EXAMPLE_SIZES: dict[str, tuple[str, ...]] = {
-    "mlp": ("small", "large", "huge"),
+    "mlp": ("small", "medium", "large", "huge"),
     "cnn": ("small",),
 }
 """Size variants each example model can be built in."""
@@ -68,8 +68,9 @@ _BATCH = "batch"
 _MLP_IN = 16
 _MLP_OUT = 4
 _MLP_DEPTH = 7
-_MLP_WIDTH = {"small": 32, "large": 2048, "huge": 6656}  # huge: ~1.06 GB of weights
-_SIZE_ID = {"small": 0, "large": 1, "huge": 2}
+# medium: six 64 KiB matrices, the smallest whose weights a device holds as tensors
+_MLP_WIDTH = {"small": 32, "medium": 128, "large": 2048, "huge": 6656}  # huge: ~1.06 GB
+_SIZE_ID = {"small": 0, "large": 1, "huge": 2, "medium": 3}
 _CNN_CLASSES = 10
 _CNN_CHANNELS = (8, 32)
 _CNN_SIDE = {"1.0.0": 28, "1.1.0": 28, "2.0.0": 32}
@@ -249,7 +250,8 @@ def build_model(model: str, version: str, size: str = "small") -> onnx.ModelProt
     Args:
         model: ``"mlp"`` or ``"cnn"``.
         version: One of ``EXAMPLE_VERSIONS[model]``.
-        size: ``"small"`` (a few KB), ``"large"`` (~100 MB, ``mlp`` only) or ``"huge"``
+        size: ``"small"`` (a few KB), ``"medium"`` (~400 KB), ``"large"`` (~100 MB,
+            ``mlp`` only for the last three) or ``"huge"``
             (~1 GiB, ``mlp`` only: the delta codec's memory benchmark).
 
     Returns:
@@ -270,7 +272,8 @@ def model_bytes(model: str, version: str, size: str = "small") -> bytes:
     Args:
         model: ``"mlp"`` or ``"cnn"``.
         version: One of ``EXAMPLE_VERSIONS[model]``.
-        size: ``"small"``, ``"large"`` or ``"huge"`` (``mlp`` only for the last two).
+        size: ``"small"``, ``"medium"``, ``"large"`` or ``"huge"`` (``mlp`` only for
+            all but the first).
 
     Returns:
         The serialized ``ModelProto``.
@@ -346,7 +349,8 @@ def write_examples(
 
     Args:
         out_dir: Output directory, created if missing.
-        size: ``"small"``, ``"large"`` or ``"huge"`` (``mlp`` only for the last two).
+        size: ``"small"``, ``"medium"``, ``"large"`` or ``"huge"`` (``mlp`` only for
+            all but the first).
         models: Models to write; by default every model available in ``size``.
         goldens: Whether to write golden inputs and onnxruntime outputs.
 

@@ -21,6 +21,14 @@ kind                   path                                          written
 ``deprecation``        ``deprecated/<model>/<version>.txt``          once per version
 ``channels``           ``channels.json``                             every change
 =====================  ============================================  =================
+
+Beside the targets, under the same folder of the remote, each released version's
+skeleton and weight tensors (``registry.tensors``) lie as **objects** by their SHA-256:
+``objects/sha256/<first two hex digits>/<sha256>`` (:func:`object_path`).  They are not
+TUF targets (a model has hundreds of tensors, and every device would download their
+entries with each targets metadata): the signed description lists their digests and
+lengths (``signing.version_doc.TensorManifest``), and a device checks each object
+against those.  An object is written once, whatever version or model names it.
 """
 
 from __future__ import annotations
@@ -45,8 +53,11 @@ __all__ = [
     "external_data_delta_path",
     "external_data_path",
     "golden_path",
+    "object_path",
     "version_path",
 ]
+
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
 
 ENGINE_SUFFIXES: Final = {"onnxruntime": "ort.onnx", "tensorrt": "plan"}
 """File suffix of a prebuilt engine, by engine kind."""
@@ -145,3 +156,11 @@ def golden_path(model: str, version: str, case: str, side: GoldenSide) -> str:
     if side not in ("inputs", "outputs"):
         raise UsageError(f"golden side {side!r} is neither inputs nor outputs")
     return f"goldens/{_name(model, 'model')}/{_version(version)}/{case}.{side}.npz"
+
+
+def object_path(sha256: str) -> str:
+    """Where the object (a skeleton or a tensor) of digest ``sha256`` lives, relative
+    to the targets folder of the remote (see the module doc)."""
+    if not _HEX64.fullmatch(sha256):
+        raise UsageError(f"{sha256!r} is not a SHA-256 hex digest")
+    return f"objects/sha256/{sha256[:2]}/{sha256}"

@@ -17,9 +17,10 @@ again signs nothing new.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Final
+import math
+from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from registry.schema import (
     Labels,
@@ -31,11 +32,26 @@ from registry.schema import (
     Tolerance,
     file_name_problem,
 )
+from registry.tensors import itemsize
+from signing.tuf_facts import Sha256Hex
 
-__all__ = ["MAX_VERSION_DOC_BYTES", "GoldenCaseDoc", "VersionDoc"]
+__all__ = [
+    "MAX_TENSORS",
+    "MAX_VERSION_DOC_BYTES",
+    "GoldenCaseDoc",
+    "GraphDoc",
+    "TensorDoc",
+    "TensorManifest",
+    "VersionDoc",
+]
 
-MAX_VERSION_DOC_BYTES: Final = 1 << 20
-"""Largest description a device reads (a few KiB in practice)."""
+MAX_VERSION_DOC_BYTES: Final = 8 << 20
+"""Largest description a device reads (a few KiB in practice; a tensor manifest adds
+about 250 bytes per tensor)."""
+MAX_TENSORS: Final = 1 << 15
+"""Most tensors a manifest may list (a large language model has about a thousand)."""
+MAX_OBJECT_BYTES: Final = 1 << 40
+"""Largest graph or tensor a manifest may name."""
 
 TargetPath = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 
@@ -62,6 +78,62 @@ class GoldenCaseDoc(Strict):
     atol: Tolerance
 
 
+class GraphDoc(Strict):
+    """The skeleton: the model file with its listed tensors cut out
+    (``registry.tensors``), fetched as an object by its digest."""
+
+    sha256: Sha256Hex
+    length: Annotated[int, Field(ge=1, le=MAX_OBJECT_BYTES)]
+
+
+Dtype = Literal[
+    "float32", "uint8", "int8", "uint16", "int16", "int32", "int64",
+    "bool", "float16", "float64", "uint32", "uint64",
+]  # fmt: skip
+
+
+class TensorDoc(Strict):
+    """One weight tensor cut out of the model: its name (a ``Constant`` node's output
+    for a tensor of a node), numpy dtype, shape, byte length and the SHA-256 of its
+    bytes."""
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    dtype: Dtype
+    shape: list[Annotated[int, Field(ge=0, le=1 << 62)]] = Field(max_length=64)
+    length: Annotated[int, Field(ge=0, le=MAX_OBJECT_BYTES)]
+    sha256: Sha256Hex
+
+    @model_validator(mode="after")
+    def _fits(self) -> TensorDoc:
+        if math.prod(self.shape) * itemsize(self.dtype) != self.length:
+            raise ValueError(
+                f"tensor {self.name!r}: {self.length} bytes do not fit {self.shape} {self.dtype}"
+            )
+        return self
+
+
+class TensorManifest(Strict):
+    """The version's weights by digest, in the order the skeleton names them: what a
+    device needs to hold the version as tensors (``docs/reference/tensors.md``)."""
+
+    graph: GraphDoc
+    tensors: list[TensorDoc] = Field(max_length=MAX_TENSORS)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TensorManifest:
+        seen: set[str] = set()
+        for tensor in self.tensors:
+            if tensor.name in seen:
+                raise ValueError(f"tensor {tensor.name!r} is listed twice")
+            seen.add(tensor.name)
+        return self
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the listed tensors (each digest once)."""
+        return sum({t.sha256: t.length for t in self.tensors}.values())
+
+
 class VersionDoc(Strict):
     """``versions/<model>/<version>.json``: what a device needs to install a version.
 
@@ -78,6 +150,10 @@ class VersionDoc(Strict):
             target path by its file name (the name its graph uses, beside the ``.onnx``);
             left out of the document when empty, so a single-file version's description
             is byte for byte what it always was.
+        tensors: the tensor manifest (``registry.tensors``): the skeleton's and each
+            large weight tensor's digest; absent for releases made before it was
+            published, for models stored with external data, and for models whose
+            file does not cut and join back byte for byte.
     """
 
     model: Name
@@ -90,12 +166,14 @@ class VersionDoc(Strict):
     engines: dict[Name, TargetPath] = Field(default_factory=dict, max_length=64)
     goldens: list[GoldenCaseDoc] = Field(default_factory=list, max_length=256)
     external_data: dict[DataFile, TargetPath] = Field(default_factory=dict, max_length=64)
+    tensors: TensorManifest | None = None
 
     def to_bytes(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace variation."""
         data = self.model_dump(mode="json", by_alias=True)
-        if not data["external_data"]:
-            del data["external_data"]
+        for key in ("external_data", "tensors"):
+            if not data[key]:
+                del data[key]
         return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
 
     @classmethod

@@ -16,11 +16,19 @@ an engine the device does not build     ``engine`` (its prebuilt file), ``cached
 itself (:data:`DEVICE_BUILT`)           held; :class:`Refusal` ``no prebuilt engine``
                                         when none is signed
 the artifact is held                    ``cached``
+a signed tensor manifest, an ONNX       ``tensors``: the skeleton and tensors the
+Runtime target, some of its tensors     device lacks (each digest once), when they
+held, the rest shorter than the         are fewer bytes than the artifact
+artifact
 deltas lead back to a held version in   ``delta``: the chain, base first
 at most :data:`MAX_DELTA_CHAIN` steps,
 their total shorter than the artifact
 otherwise                               ``full``
 ======================================  ===============================================
+
+``tensors`` is said as ``delta`` in the status (SPEC: the bytes came as a difference
+from what the device held).  A first install holds no tensor, so it takes the artifact
+whole: one request, and its tensors are then held as spans of that file.
 
 ONNX Runtime and TensorRT targets both take the artifact (TensorRT builds its engine on
 the device from it: ``edge_sync.engine.tensorrt``), which later deltas apply to.  So no
@@ -44,6 +52,7 @@ __all__ = [
     "PlanFacts",
     "Refusal",
     "Signed",
+    "TensorFacts",
     "plan_update",
     "said",
     "worst",
@@ -54,7 +63,7 @@ MAX_DELTA_CHAIN: Final = 16
 DEVICE_BUILT: Final = frozenset({"onnxruntime", "tensorrt"})
 """Engines the device makes from the ONNX artifact itself (no prebuilt file needed)."""
 
-Method = Literal["cached", "delta", "full", "engine"]
+Method = Literal["cached", "tensors", "delta", "full", "engine"]
 DataMethod = Literal["cached", "delta", "full"]
 
 
@@ -89,6 +98,33 @@ class DeltaLink:
 
 
 @dataclass(frozen=True)
+class TensorFacts:
+    """A version's signed tensor manifest, as objects, and which the device holds.
+
+    Attributes:
+        graph: the skeleton.
+        tensors: each tensor, in manifest order (a digest may repeat).
+        held: the digests the device holds (skeletons and tensors, verified).
+    """
+
+    graph: Signed
+    tensors: tuple[Signed, ...]
+    held: frozenset[str] = frozenset()
+
+    def missing(self) -> tuple[Signed, ...]:
+        """The objects to fetch: the skeleton and each tensor not held, each digest once."""
+        found: dict[str, Signed] = {}
+        for obj in (self.graph, *self.tensors):
+            if obj.sha256 not in self.held:
+                found.setdefault(obj.sha256, obj)
+        return tuple(found.values())
+
+    def held_bytes(self) -> int:
+        """Bytes of the version's tensors the device holds."""
+        return sum({t.sha256: t.length for t in self.tensors if t.sha256 in self.held}.values())
+
+
+@dataclass(frozen=True)
 class PlanFacts:
     """What the plan decides from (the updater gathers it).
 
@@ -106,6 +142,7 @@ class PlanFacts:
         links: the signed deltas leading back from ``version``, newest first.
         prebuilt: the signed prebuilt engine for the chosen target (engines the device
             does not build only).
+        tensors: the version's tensor manifest (None: it has none).
     """
 
     version: str
@@ -118,6 +155,7 @@ class PlanFacts:
     installed: Mapping[str, str] = field(default_factory=dict)
     links: tuple[DeltaLink, ...] = ()
     prebuilt: Signed | None = None
+    tensors: TensorFacts | None = None
 
     @property
     def settled(self) -> bool:
@@ -145,6 +183,7 @@ class Plan:
         path: its target path.
         chain: the deltas to apply, base first (``delta`` only).
         base_sha256: the held artifact the chain starts from (``delta`` only).
+        objects: the skeleton and tensors to fetch (``tensors`` only).
     """
 
     method: Method
@@ -153,6 +192,7 @@ class Plan:
     path: str
     chain: tuple[DeltaLink, ...] = ()
     base_sha256: str | None = None
+    objects: tuple[Signed, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +218,11 @@ def plan_update(facts: PlanFacts) -> Plan | Refusal | None:
     art = facts.artifact
     if art.sha256 in facts.held:
         return Plan("cached", "artifact", art.sha256, art.path)
+    tensors = facts.tensors
+    if tensors is not None and facts.engine in (None, "onnxruntime") and tensors.held_bytes():
+        objects = tensors.missing()
+        if sum(o.length for o in objects) < art.length:
+            return Plan("tensors", "artifact", art.sha256, art.path, objects=objects)
     chain = delta_chain(facts.version, facts.links, facts.bases(), art.length)
     if chain is not None:
         links, base = chain
@@ -209,11 +254,14 @@ def worst(method: Method, data: DataMethod | None) -> Method:
     """How a version with external data came: the costliest way any of its files did
     (``data``: how its data files came; None: it has none)."""
     order = ("cached", "delta", "full")
-    if data is None or method == "engine":
+    if data is None or method in ("engine", "tensors"):
         return method
     return method if order.index(method) >= order.index(data) else data
 
 
 def said(method: Method) -> DataMethod:
-    """The method as status reports it (SPEC: a prebuilt engine is a full file too)."""
+    """The method as status reports it (SPEC: a prebuilt engine is a full file too, and
+    tensors are a difference from what the device held)."""
+    if method == "tensors":
+        return "delta"
     return "full" if method == "engine" else method

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from edge_sync.engine.weights import Weights
+    from edge_sync.engine.weights import TensorRef, Weights
     from registry.schema import Target
     from registry.sessions import SessionSetup
 
@@ -38,6 +38,7 @@ __all__ = [
     "PrepackDecision",
     "SetupHost",
     "TensorDecl",
+    "TensorLayout",
 ]
 
 DATATYPES: Final = {
@@ -77,6 +78,9 @@ class LoadRequest:
         kind: ``artifact`` (ONNX, optimized at load) or ``engine`` (a prebuilt engine:
             for ONNX Runtime an ONNX graph optimized offline, loaded as is).
         target: the device target whose settings apply (None: ONNX Runtime on CPU).
+        layout: for a version held as tensors, its skeleton and tensors (``path`` and
+            ``sha256`` then name the whole file it stands for, which the device may
+            not hold).
     """
 
     model: str
@@ -85,6 +89,17 @@ class LoadRequest:
     sha256: str
     kind: str = "artifact"
     target: Target | None = None
+    layout: TensorLayout | None = None
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """A version held as tensors (``registry.tensors``): its verified skeleton and
+    where each tensor it names lies (``edge_sync.engine.weights.TensorRef``).  An
+    engine is built from these, never from a whole file."""
+
+    graph: Path
+    tensors: tuple[TensorRef, ...]
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from edge_sync.engine import tensorrt
 from edge_sync.engine.base import DATATYPES, NUMPY_DTYPES, Engine, LoadRequest, TensorDecl
-from edge_sync.engine.weights import Weights, external_tensors, split_model
+from edge_sync.engine.weights import Weights, external_tensors, split_model, stub_folder
 from edge_sync.errors import EngineClosedError, EngineError, WeightError
 from registry.schema import OnnxRuntimeTarget, TensorRTTarget
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
@@ -150,7 +150,11 @@ class OrtEngine:
         options.enable_cpu_mem_arena = False
         source: str | bytes = str(request.path)
         weights: Weights | None = None
-        if self.shared:
+        if request.layout is not None:
+            # a version held as tensors: built from its skeleton in every setup (a
+            # private one copies what it prepacks; nothing else reads the weights)
+            source, weights = self._from_layout(options)
+        elif self.shared:
             try:
                 source, weights = self._split(options, base)
             except WeightError:  # a file this cannot split loads whole, privately
@@ -202,9 +206,9 @@ class OrtEngine:
             if not os.fstat(fh.fileno()).st_size:
                 raise WeightError("the file is empty")
             with mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
-                graph = split_model(view, path.name)
-                # the file's own external data, not what the split just made external
+                # the file's own external data first: the cut marks its tensors external
                 external = external_tensors(view)
+                graph = split_model(view)
         base_weights = base.weights if base is not None and base.shared else None
         weights = Weights.load(path, graph.tensors, base_weights, self.sha256)
         # ONNX external data (a model over 2 GB): each data file beside the .onnx (the
@@ -213,12 +217,28 @@ class OrtEngine:
         # whose links keep the data files, for a reload after eviction.
         for file, tensors in external.items():
             weights.merge(Weights.load(path.parent / file, tensors, base_weights, self.sha256))
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(path.parent)
-        )
-        for name, held in weights.values.items():
-            options.add_initializer(name, held.value)
+        # the view of a file with data files has the stub too (edge_sync.sync.external)
+        folder = path.parent if external else stub_folder()
+        _give(options, weights, folder)
         return graph.graph, weights
+
+    def _from_layout(self, options: Any) -> tuple[bytes, Weights]:
+        """The skeleton and the tensors of a version held as tensors
+        (``LoadRequest.layout``), added to ``options``.
+
+        Raises:
+            OSError: a file cannot be read.
+            EngineError: its tensors do not fit their files (a store altered since
+                they were verified).
+        """
+        layout = self.request.layout
+        assert layout is not None  # noqa: S101 - the caller checked
+        try:
+            weights = Weights.mapped(layout.tensors)
+        except WeightError as e:
+            raise EngineError(f"{self.model} {self.version}: {e}") from None
+        _give(options, weights, stub_folder())
+        return layout.graph.read_bytes(), weights
 
     @property
     def memory_bytes(self) -> int:
@@ -288,6 +308,16 @@ class OrtEngine:
             live, self._live = self._live, None  # a run in progress keeps its own reference
             self.evicted = False
         return live
+
+
+def _give(options: Any, weights: Weights, folder: Path) -> None:
+    """Hand every cut tensor to the session; ``folder`` holds the external files the
+    skeleton names (ONNX Runtime checks they exist, and reads none of them)."""
+    options.add_session_config_entry(
+        "session.model_external_initializers_file_folder_path", str(folder)
+    )
+    for name, held in weights.values.items():
+        options.add_initializer(name, held.value)
 
 
 @dataclass(frozen=True)

@@ -5,20 +5,19 @@ session take its initializers from the caller (``SessionOptions.add_initializer`
 keeps no copy of them when nothing rewrites them (graph optimizations off, prepacking
 off).  So a model is loaded here as two parts:
 
-* the **graph**: the ONNX file with each top-level initializer's ``raw_data`` replaced by
-  a reference to where those bytes lie in the file (external data: ``location``,
-  ``offset``, ``length``).  The graph of a 100 MB model is a few KB, made in well under a
-  millisecond by walking the protobuf wire format (``registry.onnx_wire``, which the
-  delta codec walks with too): parsing it with ``onnx`` would copy
-  every weight into the heap first (100 MB more resident for a moment, which is what the
-  swap must not cost);
-* the **weights**: the large tensors as arrays over one read-only memory map of the
-  verified blob (its own pages: nothing is copied, untouched pages cost nothing, and
-  one file handle per engine), small ones left in the graph.  A tensor whose bytes
-  equal the serving version's tensor of the same name, type and shape is not mapped
-  again: the new session gets the old session's value.
-  The comparison reads the new bytes with ``pread`` a block at a time, so a tensor
-  that turns out shared never enters this process's resident set twice.
+* the **skeleton**: the ONNX file with each large tensor cut out and marked as external
+  data (``registry.tensors``: the cut CI signs digests over, made by walking the
+  protobuf wire format, never parsing it with ``onnx``, which would copy every weight
+  into the heap first).  ONNX Runtime only checks that the external file it names
+  exists (:func:`stub_folder` keeps an empty one): every cut tensor is given to it;
+* the **weights**: each cut tensor as an array over a read-only memory map (its own
+  pages: nothing is copied, untouched pages cost nothing).  A version installed with a
+  signed tensor manifest names each tensor by digest (:class:`TensorRef`): a digest any
+  loaded engine already maps, of this model or another, is not mapped again (the new
+  session gets the same value).  A version without one is split here, and a tensor whose
+  bytes equal the serving version's tensor of the same name, type and shape is shared:
+  the comparison reads the new bytes with ``pread`` a block at a time, so a tensor that
+  turns out shared never enters this process's resident set twice.
 
 :class:`Weights` holds the values an engine's session uses; while any session holds a
 value, its memory stays mapped.
@@ -29,229 +28,99 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import tempfile
+import threading
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from edge_sync.errors import WeightError
-from registry.onnx_wire import (
-    WireFormatError,
-    encode_varint,
-    external_initializers,
-    fields,
-    varint,
-)
+from registry.onnx_wire import WireFormatError, external_initializers
 from registry.schema import file_name_problem
+from registry.tensors import DTYPES, MIN_TENSOR_BYTES, STORE_LOCATION, Piece, TensorCutError
+from registry.tensors import split as cut
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = [
-    "ONNX_DTYPES",
+    "MAP_AT_LEAST",
     "Graph",
     "Held",
+    "TensorRef",
     "TensorSpan",
     "Weights",
     "external_tensors",
     "split_model",
+    "stub_folder",
 ]
 
-MAP_AT_LEAST: Final = 64 << 10
-"""Tensors at least this large are memory-mapped; smaller ones are read (a mapping
-costs a page-table entry and a file handle-sized kernel object; a few KB copied is
-cheaper)."""
+MAP_AT_LEAST: Final = MIN_TENSOR_BYTES
+"""Tensors at least this large are memory-mapped; smaller ones stay in the graph (a
+mapping costs a page-table entry and a file handle-sized kernel object; a few KB copied
+is cheaper)."""
 _COMPARE_BLOCK: Final = 1 << 20
-ONNX_DTYPES: Final = {
-    1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64",
-    9: "bool", 10: "float16", 11: "float64", 12: "uint32", 13: "uint64",
-}  # fmt: skip
-"""``TensorProto.DataType`` codes that map onto a numpy dtype (others stay in the graph)."""
 
-# Field numbers of onnx.proto3 this module reads.
-_MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER = 7, 1, 5
-_N_OUTPUT, _N_OP_TYPE, _N_ATTRIBUTE, _N_DOMAIN = 2, 4, 5, 7
-_A_NAME, _A_TENSOR = 1, 5
-_T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
-_T_TYPED = frozenset({4, 5, 6, 7, 10, 11})  # float_data ... uint64_data: left as they are
-_SIGN = 1 << 63
-_LEN, _VARINT = 2, 0
+TensorSpan = Piece
+"""Where one tensor's bytes lie in a file: name, dtype, dims, offset, length."""
 
 
 @dataclass(frozen=True, slots=True)
-class TensorSpan:
-    """Where one initializer's bytes lie in the model file."""
+class TensorRef:
+    """One tensor a version's engine maps, named by its signed digest: where its
+    verified bytes lie (``length`` bytes of ``path`` from ``offset``) and the blob that
+    holds them (kept while an engine maps it)."""
 
     name: str
     dtype: str
     dims: tuple[int, ...]
+    sha256: str
+    path: Path
     offset: int
     length: int
+    blob: str
 
 
 @dataclass(frozen=True, slots=True)
 class Graph:
-    """A model split in two: the graph (bytes ONNX Runtime loads) and its weights."""
+    """A model split in two: the skeleton (bytes ONNX Runtime loads) and where each cut
+    tensor's bytes lie in the file."""
 
     graph: bytes
     tensors: tuple[TensorSpan, ...]
 
 
-def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    try:
-        return varint(buf, pos, end)
-    except WireFormatError as e:
-        raise WeightError(str(e)) from None
-
-
-_encode = encode_varint
-
-
-def _fields(buf: Any, start: int, end: int) -> list[tuple[int, int, int, tuple[int, int], int]]:
-    """(field, wire type, first byte of the key, payload span, end) for each field
-    (``registry.onnx_wire.fields``, the project's one wire walker)."""
-    try:
-        found = fields(buf, start, end)
-    except WireFormatError as e:
-        raise WeightError(str(e)) from None
-    return [(f.number, f.wire, f.key_at, (f.start, f.end), f.end) for f in found]
-
-
-def _entry(key: bytes, value: bytes) -> bytes:
-    """A ``StringStringEntryProto`` as a length-delimited field 13 of a TensorProto."""
-    body = b"\x0a" + _encode(len(key)) + key + b"\x12" + _encode(len(value)) + value
-    return _key(_T_EXTERNAL, _LEN) + _encode(len(body)) + body
-
-
-def _key(number: int, wire: int) -> bytes:
-    return _encode(number << 3 | wire)
-
-
-def _dims(buf: Any, wire: int, key_at: int, span: tuple[int, int], end: int) -> list[int]:
-    """The dimensions one ``dims`` field holds (packed or one varint)."""
-    if wire == _VARINT:
-        return [_varint(buf, key_at + 1, end)[0]]
-    found, (pos, stop) = [], span
-    while pos < stop:
-        value, pos = _varint(buf, pos, stop)
-        found.append(value)
-    return found
-
-
-def _tensor(
-    buf: Any, span: tuple[int, int], location: bytes, rename: bytes | None = None
-) -> tuple[bytes, TensorSpan | None]:
-    """A TensorProto with its raw data replaced by a reference into the file, when it
-    has at least :data:`MAP_AT_LEAST` bytes of raw data of a plain type (``rename``:
-    the name it gets)."""
-    dims: list[int] = []
-    dtype, name, raw = 0, "", None
-    out = bytearray()
-    if rename is not None:
-        out += _key(_T_NAME, _LEN) + _encode(len(rename)) + rename
-        name = rename.decode("utf-8", "replace")
-    for number, wire, key_at, (a, b), end in _fields(buf, *span):
-        if number == _T_NAME and rename is not None:
-            continue
-        if number == _T_RAW and wire == _LEN:
-            raw = (a, b)
-            continue
-        if number in (_T_EXTERNAL, _T_LOCATION) or number in _T_TYPED:
-            # external already, or typed data (not raw bytes): left as it is
-            return bytes(buf[span[0] : span[1]]), None
-        if number == _T_DIMS:
-            dims += _dims(buf, wire, key_at, (a, b), end)
-        elif number == _T_TYPE and wire == _VARINT:
-            dtype = _varint(buf, key_at + 1, end)[0]
-        elif number == _T_NAME and wire == _LEN:
-            name = bytes(buf[a:b]).decode("utf-8", "replace")
-        out += buf[key_at:end]
-    if any(d >= _SIGN for d in dims):  # int64 dims: a negative one is no shape to map
-        raw = None
-    if raw is None or dtype not in ONNX_DTYPES or not name or raw[1] - raw[0] < MAP_AT_LEAST:
-        # small: left in the graph (shape inference reads small constants, and a few
-        # KB per session are not worth a mapping)
-        if rename is not None and raw is not None:
-            out += _key(_T_RAW, _LEN) + _encode(raw[1] - raw[0]) + buf[raw[0] : raw[1]]
-            return bytes(out), None
-        return bytes(buf[span[0] : span[1]]), None
-    offset, length = raw[0], raw[1] - raw[0]
-    out += _entry(b"location", location)
-    out += _entry(b"offset", str(offset).encode())
-    out += _entry(b"length", str(length).encode())
-    out += _key(_T_LOCATION, _VARINT) + _encode(1)  # EXTERNAL
-    return bytes(out), TensorSpan(name, ONNX_DTYPES[dtype], tuple(dims), offset, length)
-
-
-def _constant(buf: Any, span: tuple[int, int]) -> tuple[bytes, tuple[int, int]] | None:
-    """(output name, span of the tensor) of a ``Constant`` node of the default domain
-    whose one attribute is ``value``; None for any other node."""
-    op, outputs, attributes, domain = b"", [], [], b""
-    for number, wire, _key_at, (a, b), _end in _fields(buf, *span):
-        if wire != _LEN:
-            continue
-        if number == _N_OP_TYPE:
-            op = bytes(buf[a:b])
-        elif number == _N_OUTPUT:
-            outputs.append(bytes(buf[a:b]))
-        elif number == _N_ATTRIBUTE:
-            attributes.append((a, b))
-        elif number == _N_DOMAIN:
-            domain = bytes(buf[a:b])
-    if op != b"Constant" or domain not in (b"", b"ai.onnx") or len(outputs) != 1:
-        return None
-    if len(attributes) != 1:
-        return None
-    name, tensors = b"", []
-    for number, wire, _key_at, (a, b), _end in _fields(buf, *attributes[0]):
-        if number == _A_NAME and wire == _LEN:
-            name = bytes(buf[a:b])
-        elif number == _A_TENSOR and wire == _LEN:
-            tensors.append((a, b))
-    # a tensor field twice is merged by protobuf (dims joined): left to ONNX Runtime
-    if name != b"value" or len(tensors) != 1:
-        return None
-    tensor = tensors[0]
-    return outputs[0], tensor
-
-
-def split_model(buf: Any, location: str) -> Graph:
-    """Split the serialized model ``buf`` (bytes or a memory map) into its graph and the
-    spans of its top-level initializers' raw data; the graph refers to the bytes as
-    external data in ``location`` (the file's name).
+def split_model(buf: Any) -> Graph:
+    """Split the serialized model ``buf`` (bytes or a memory map) with
+    ``registry.tensors.split``.
 
     Raises:
         WeightError: not a protobuf message this can walk.
     """
-    where = location.encode()
-    out = bytearray()
-    tensors: list[TensorSpan] = []
-    found_graph = False
-    for number, wire, key_at, span, end in _fields(buf, 0, len(buf)):
-        if number != _MODEL_GRAPH or wire != _LEN:
-            out += buf[key_at:end]
-            continue
-        found_graph = True
-        graph = bytearray()
-        for g_number, g_wire, g_key_at, g_span, g_end in _fields(buf, *span):
-            constant = _constant(buf, g_span) if g_number == _GRAPH_NODE else None
-            if constant is None and (g_number != _GRAPH_INITIALIZER or g_wire != _LEN):
-                graph += buf[g_key_at:g_end]
-                continue
-            if constant is not None:  # ONNX Runtime makes it an initializer anyway
-                output, value = constant
-                body, tensor = _tensor(buf, value, where, rename=output)
-                if tensor is None:
-                    graph += buf[g_key_at:g_end]
-                    continue
-            else:
-                body, tensor = _tensor(buf, g_span, where)
-            graph += _key(_GRAPH_INITIALIZER, _LEN) + _encode(len(body)) + body
-            if tensor is not None:
-                tensors.append(tensor)
-        out += _key(_MODEL_GRAPH, _LEN) + _encode(len(graph)) + graph
-    if not found_graph:
-        raise WeightError("no graph in the model")
-    return Graph(bytes(out), tuple(tensors))
+    try:
+        found = cut(buf)
+    except TensorCutError as e:
+        raise WeightError(str(e)) from None
+    return Graph(found.skeleton, found.pieces)
+
+
+_stub_lock = threading.Lock()
+_stub: Path | None = None
+
+
+def stub_folder() -> Path:
+    """A folder of this process holding the empty file every skeleton names
+    (``registry.tensors.STORE_LOCATION``): ONNX Runtime checks it exists, and reads
+    nothing from it."""
+    global _stub  # noqa: PLW0603 - one per process, made on first use
+    with _stub_lock:
+        if _stub is None or not (_stub / STORE_LOCATION).is_file():
+            folder = Path(tempfile.mkdtemp(prefix="modelreg-weights-"))
+            (folder / STORE_LOCATION).touch(mode=0o400)
+            _stub = folder
+        return _stub
 
 
 def external_tensors(graph: Any) -> dict[str, tuple[TensorSpan, ...]]:
@@ -272,7 +141,7 @@ def external_tensors(graph: Any) -> dict[str, tuple[TensorSpan, ...]]:
         problem = file_name_problem(span.location)
         if problem is not None:
             raise WeightError(f"external data location {span.location!r} {problem}")
-        dtype = ONNX_DTYPES.get(t.data_type)
+        dtype = DTYPES.get(t.data_type)
         if dtype is None:
             raise WeightError(f"external tensor {t.name!r} has type {t.data_type}")
         name = t.name.decode("utf-8", "replace")
@@ -282,7 +151,7 @@ def external_tensors(graph: Any) -> dict[str, tuple[TensorSpan, ...]]:
     return {file: tuple(tensors) for file, tensors in found.items()}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Held:
     """One tensor's value: the array (over a memory map), the OrtValue over it, and the
     blob whose pages it maps (kept on disk while any engine maps it)."""
@@ -349,6 +218,58 @@ class Weights:
         finally:
             os.close(fd)
         return weights
+
+    @classmethod
+    def mapped(cls, refs: Sequence[TensorRef]) -> Weights:
+        """The values of ``refs``: each digest a loaded engine maps already is taken
+        from it (whatever model or version), the others mapped from their files (one
+        mapping per file).
+
+        Raises:
+            OSError: a file cannot be read or mapped.
+            WeightError: a tensor's span does not fit its file, dtype and shape.
+        """
+        import numpy as np
+        import onnxruntime as ort
+
+        weights = cls()
+        views: dict[Path, mmap.mmap] = {}
+        for ref in refs:
+            dtype = np.dtype(ref.dtype)
+            held = _BY_DIGEST.get(ref.sha256)
+            if held is not None and held.array.dtype == dtype and held.array.shape == ref.dims:
+                weights.values[ref.name] = held
+                weights.shared_bytes += ref.length
+                continue
+            count = math.prod(ref.dims)
+            if count * dtype.itemsize != ref.length:
+                raise WeightError(f"tensor {ref.name!r}: {ref.length} bytes do not fit {ref.dims}")
+            view = views.get(ref.path)
+            if view is None:
+                view = views[ref.path] = _map(ref.path)
+            if ref.offset + ref.length > len(view):
+                raise WeightError(f"tensor {ref.name!r}: its bytes lie past the end of its file")
+            array = np.frombuffer(view, dtype=dtype, count=count, offset=ref.offset)
+            array = array.reshape(ref.dims)
+            held = Held(array, ort.OrtValue.ortvalue_from_numpy(array), ref.blob)
+            _BY_DIGEST[ref.sha256] = held
+            weights.values[ref.name] = held
+            weights.own_bytes += ref.length
+        return weights
+
+
+_BY_DIGEST: weakref.WeakValueDictionary[str, Held] = weakref.WeakValueDictionary()
+"""Every tensor a live engine maps, by its signed digest (an entry goes with the last
+engine that holds it)."""
+
+
+def _map(path: Path) -> mmap.mmap:
+    """A read-only map of the whole file (its handle closed: the map keeps the pages)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        return mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
 
 
 def _same(fd: int, t: TensorSpan, old: npt.NDArray[Any]) -> bool:

@@ -66,6 +66,9 @@ class Installed(_Model):
             prebuilt engine file).
         external: for an artifact stored with ONNX external data, each data file's blob
             digest by the name its graph uses (empty for a self-contained model).
+        graph: for a version built from tensors (``edge_sync.sync.tensors``), its
+            skeleton's blob digest; its tensors are in the kept layout, and
+            ``sha256`` names the whole file they make, which the device may not hold.
     """
 
     version: str
@@ -74,6 +77,7 @@ class Installed(_Model):
     target: str | None = None
     kind: Literal["artifact", "engine"] = "artifact"
     external: dict[str, str] = Field(default_factory=dict)
+    graph: str | None = None
 
 
 class Rejected(_Model):
@@ -193,6 +197,8 @@ class DeviceState(_Model):
                 if installed.artifact_sha256:
                     found.add(installed.artifact_sha256)
                 found.update(installed.external.values())
+                if installed.graph is not None:
+                    found.add(installed.graph)
         return found
 
 

@@ -76,6 +76,7 @@ class BlobStore:
 
     def __init__(self, folder: Path, tmp: Path) -> None:
         """Use ``folder`` for blobs and ``tmp`` for files in progress (same filesystem)."""
+        self._stamps: dict[str, tuple[int, int, int, int]] = {}
         self.folder = folder
         self.tmp = tmp
 
@@ -96,9 +97,30 @@ class BlobStore:
                 hasher = hashlib.sha256()
                 while chunk := fh.read(_HASH_CHUNK):
                     hasher.update(chunk)
+            stamp = _stamp(self.path(sha256))
         except FileNotFoundError:
             return False
-        return hasher.hexdigest() == sha256
+        if hasher.hexdigest() != sha256:
+            return False
+        self._stamps[sha256] = stamp
+        return True
+
+    def unchanged(self, sha256: str) -> bool:
+        """Whether the blob is as it was when this process last verified or adopted it
+        (inode, size, modification and change times: one ``stat``, no hashing).  A
+        local process that writes to a blob, or swaps or re-modes it, changes its
+        change time, which only the kernel sets; False for a blob this process has
+        not verified."""
+        known = self._stamps.get(sha256)
+        try:
+            return known is not None and _stamp(self.path(sha256)) == known
+        except FileNotFoundError:
+            return False
+
+    def checked(self, sha256: str) -> bool:
+        """Whether the blob may be used as verified: unchanged since this process
+        verified it, else hashed again now (:meth:`verify`)."""
+        return self.unchanged(sha256) or self.verify(sha256)
 
     def adopt(self, verified: Path, sha256: str) -> Path:
         """Move a file whose content verified as ``sha256`` into the store.
@@ -106,10 +128,13 @@ class BlobStore:
         The caller verified it; it must be on the same filesystem (``tmp/``).
         """
         self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        return replace_file(verified, self.path(sha256), mode=BLOB_MODE)
+        path = replace_file(verified, self.path(sha256), mode=BLOB_MODE)
+        self._stamps[sha256] = _stamp(path)
+        return path
 
     def discard(self, sha256: str) -> None:
         """Remove a blob (one that no longer hashes to its name)."""
+        self._stamps.pop(sha256, None)
         with contextlib.suppress(FileNotFoundError):
             self.path(sha256).unlink()
 
@@ -140,6 +165,11 @@ class BlobStore:
             else:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+
+
+def _stamp(path: Path) -> tuple[int, int, int, int]:
+    st = path.lstat()
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class StateDir:

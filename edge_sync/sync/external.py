@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from registry.errors import RegistryError
 from registry.schema import file_name_problem
+from registry.tensors import STORE_LOCATION
 from signing.errors import FileSetError, VerificationError
 from signing.target_names import external_data_delta_path
 
@@ -162,7 +163,9 @@ def model_view(root: Path, blobs: BlobStore, sha256: str, external: Mapping[str,
     wanted = {VIEW_MODEL: blobs.path(sha256)}
     wanted.update({file: blobs.path(digest) for file, digest in external.items()})
     for file in wanted:
-        if file != VIEW_MODEL and file_name_problem(file, VIEW_MODEL) is not None:
+        if file != VIEW_MODEL and (
+            file == STORE_LOCATION or file_name_problem(file, VIEW_MODEL) is not None
+        ):
             raise OSError(f"external data file {file!r} cannot be laid out")
     folder.mkdir(parents=True, exist_ok=True)
     for file, blob in wanted.items():
@@ -172,7 +175,9 @@ def model_view(root: Path, blobs: BlobStore, sha256: str, external: Mapping[str,
                 link.unlink()
         if not link.exists():
             os.link(blob, link)
-    for extra in {p.name for p in folder.iterdir()} - set(wanted):
+    # the file the engine's split names for its cut tensors (nothing is read there)
+    (folder / STORE_LOCATION).touch(mode=0o400)
+    for extra in {p.name for p in folder.iterdir()} - set(wanted) - {STORE_LOCATION}:
         with contextlib.suppress(FileNotFoundError):
             (folder / extra).unlink()
     return folder / VIEW_MODEL

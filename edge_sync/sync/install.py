@@ -34,7 +34,7 @@ from edge_sync.decide.plan import (
     said,
     worst,
 )
-from edge_sync.engine.base import Engine, EngineHost, LoadRequest
+from edge_sync.engine.base import Engine, EngineHost, LoadRequest, TensorLayout
 from edge_sync.engine.selftest import GoldenArrays, self_test
 from edge_sync.errors import EngineError, StoppedError
 from edge_sync.state.models import (
@@ -47,6 +47,7 @@ from edge_sync.state.models import (
     reason_text,
 )
 from edge_sync.state.store import StateDir
+from edge_sync.sync import tensors as held_tensors
 from edge_sync.sync.external import held_verified, model_view, obtain_data
 from edge_sync.sync.gates import Gates, OpenGate
 from edge_sync.sync.trust import DeviceTrust, SignedTarget, expect_facts
@@ -61,10 +62,11 @@ from signing.target_names import (
     version_path,
 )
 from signing.tuf_facts import ChannelsDoc
-from signing.version_doc import VersionDoc
+from signing.version_doc import MAX_VERSION_DOC_BYTES, VersionDoc
 
 if TYPE_CHECKING:
     from registry.schema import Target
+    from signing.version_doc import TensorManifest
 
 __all__ = ["DESCRIPTIONS_DIR", "Installer", "Observer", "Stages", "stop_if_stopping"]
 
@@ -264,15 +266,17 @@ class Installer:
         path, method = self._obtain(trust, about, plan, stages)
         path, method, external = self._external_data(trust, about, (path, method, plan), stages)
         progress.plan = plan = Plan(method, plan.kind, plan.sha256, plan.path)
+        layout, graph = self._lay_out(about, plan, stages)
+        whole = plan.kind == "artifact" and method != "tensors"
         installed = Installed(
             version=version, sha256=plan.sha256,
-            artifact_sha256=about.art.sha256 if plan.kind == "artifact" else None,
+            artifact_sha256=about.art.sha256 if whole else None,
             target=about.target.name if about.target is not None else None,
-            kind=plan.kind, external=external,
+            kind=plan.kind, external=external, graph=graph,
         )  # fmt: skip
         self._keep_description(name, version, about.doc)
         progress.model, attempt = _attempt(model, installed, about.signed, commit)
-        request = LoadRequest(name, version, path, plan.sha256, plan.kind, about.target)
+        request = LoadRequest(name, version, path, plan.sha256, plan.kind, about.target, layout)
         engine = self._build_and_test(trust, request, about.doc, stages)
         with stages("swap"):
             old, carried = self.gates.swap_in(name, engine)
@@ -313,6 +317,11 @@ class Installer:
             info = trust.target_info(path)
         except FileSetError:
             return None, ""
+        if info.length > MAX_VERSION_DOC_BYTES:
+            limit = MAX_VERSION_DOC_BYTES
+            raise _RejectedError(
+                f"{path}: {info.length} bytes, over the {limit} a description may be"
+            )
         fetched = trust.fetch(path, self._work(name), model=name, version=version, kind="version")
         try:
             return VersionDoc.from_bytes(fetched.read_bytes()), info.sha256
@@ -354,7 +363,22 @@ class Installer:
         }
         held |= set(installed.values())
         links = _links(trust, about.name, about.version, set(installed))
-        return replace(facts, held=frozenset(held), installed=installed, links=links)
+        manifest = self._manifest(about)
+        tensors = held_tensors.tensor_facts(manifest, self.state.root, blobs) if manifest else None
+        return replace(
+            facts, held=frozenset(held), installed=installed, links=links, tensors=tensors
+        )
+
+    @staticmethod
+    def _manifest(about: _Version) -> TensorManifest | None:
+        """The version's tensor manifest, when this device builds it from tensors: an
+        ONNX Runtime target (TensorRT reads a whole file) and no external data files."""
+        doc = about.doc
+        if doc is None or doc.tensors is None or doc.external_data:
+            return None
+        if about.target is not None and about.target.engine != "onnxruntime":
+            return None
+        return doc.tensors
 
     def _prebuilt(self, trust: DeviceTrust, facts: PlanFacts, about: _Version) -> PlanFacts:
         """``facts`` with the target's signed prebuilt engine, when one is published."""
@@ -396,6 +420,15 @@ class Installer:
         name = about.name
         work = self._work(name)
         work.mkdir(parents=True, exist_ok=True)
+        if plan.method == "tensors":
+            try:
+                held_tensors.fetch_missing(
+                    trust, blobs, plan.objects, work, self.state.partials, stages
+                )
+                return blobs.path(plan.sha256), "tensors"
+            except (VerificationError, RegistryError, OSError):
+                # a remote serving a wrong or cut object: the whole file decides
+                plan = Plan("full", "artifact", plan.sha256, plan.path)
         if plan.method == "delta":
             try:
                 return self._apply_chain(trust, name, plan, stages), "delta"
@@ -457,6 +490,36 @@ class Installer:
         view = model_view(self.state.root, self.state.blobs, plan.sha256, external)
         return view, worst(method, data_method), external
 
+    def _lay_out(
+        self, about: _Version, plan: Plan, stages: Stages
+    ) -> tuple[TensorLayout | None, str | None]:
+        """The version as tensors (``edge_sync.sync.tensors``), kept with its layout;
+        (None, None) for a version built from its whole file.
+
+        Raises:
+            _RejectedError: the signed manifest does not describe the artifact.
+            OSError: a tensor is not held, or the layout cannot be kept.
+        """
+        manifest = self._manifest(about)
+        if manifest is None or plan.kind != "artifact":
+            return None, None
+        blobs, root = self.state.blobs, self.state.root
+        with stages("layout"):
+            try:
+                if plan.method == "tensors":
+                    placed = held_tensors.layout_from_objects(
+                        manifest, about.art.length, root, blobs
+                    )
+                else:
+                    placed = held_tensors.layout_from_artifact(
+                        manifest, plan.sha256, blobs, self._work(about.name)
+                    )
+            except VerificationError as e:
+                raise _RejectedError(str(e)) from None
+            graph = manifest.graph.sha256
+            held_tensors.save_layout(root, about.name, about.version, graph, placed)
+        return held_tensors.tensor_layout(blobs, graph, placed), graph
+
     # --- build, self-test, commit -------------------------------------------------------
 
     def _build_and_test(
@@ -468,6 +531,7 @@ class Installer:
             EngineError: it cannot be built here, or it failed its self-test.
         """
         with stages("build"):
+            self._check_store(request)
             engine = self.host.build(request)
         try:
             with stages("self_test"):
@@ -479,6 +543,23 @@ class Installer:
             engine.close()
             raise
         return engine
+
+    def _check_store(self, request: LoadRequest) -> None:
+        """Before a build from tensors: every blob it maps is as verified (one ``stat``
+        each; hashed again when this process has not verified it).  An altered one is
+        removed, to be fetched again.
+
+        Raises:
+            OSError: a blob was altered or is gone.
+        """
+        layout = request.layout
+        if layout is None:
+            return
+        blobs = self.state.blobs
+        for blob in dict.fromkeys([layout.graph.name, *(t.blob for t in layout.tensors)]):
+            if not blobs.checked(blob):
+                blobs.discard(blob)
+                raise OSError(f"blob {blob[:12]} of {request.model} {request.version} was altered")
 
     def _goldens(
         self, trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
@@ -574,24 +655,51 @@ class Installer:
             except ValueError:
                 target = None
         path = self.state.blobs.path(installed.sha256)
-        if installed.external:  # the .onnx with its data files beside it
+        layout = None
+        if installed.graph is not None:  # held as tensors (edge_sync.sync.tensors)
+            graph, placed = held_tensors.load_layout(self.state.root, name, installed.version)
+            layout = held_tensors.tensor_layout(self.state.blobs, graph, placed)
+        elif installed.external:  # the .onnx with its data files beside it
             path = model_view(self.state.root, self.state.blobs, installed.sha256,
                               installed.external)  # fmt: skip
-        return LoadRequest(name, installed.version, path, installed.sha256, installed.kind, target)
+        request = LoadRequest(
+            name, installed.version, path, installed.sha256, installed.kind, target, layout
+        )
+        self._check_store(request)
+        return request
+
+    def verify_held(self, name: str, installed: Installed) -> bool:
+        """Whether every blob ``installed`` is built from is held and hashes to its
+        name (at start-up: a disk may rot, a local process may write); a bad one is
+        removed, never served."""
+        blobs = self.state.blobs
+        wanted = [installed.sha256]
+        if installed.graph is not None:
+            try:
+                graph, placed = held_tensors.load_layout(self.state.root, name, installed.version)
+            except OSError:
+                return False
+            wanted = list(dict.fromkeys([graph, *(p.blob for p in placed)]))
+        for blob in wanted:
+            if not blobs.verify(blob):
+                blobs.discard(blob)
+                return False
+        return True
+
+    def kept_blobs(self, state: DeviceState) -> set[str]:
+        """The blobs the layouts of the versions ``state`` names map (skeletons, tensor
+        blobs, artifacts whose spans they use)."""
+        return held_tensors.layout_blobs(self.state.root, _kept(state).__contains__)
 
     def collect_descriptions(self, state: DeviceState) -> None:
         """Remove kept descriptions of versions the state no longer names."""
+        kept = _kept(state)
+        held_tensors.collect_layouts(self.state.root, kept.__contains__)
         folder = self.state.root / DESCRIPTIONS_DIR
         if not folder.is_dir():
             return
-        keep = {
-            f"{name}-{installed.version}.json"
-            for name, model in state.models.items()
-            for installed in (model.serving, model.previous, model.last_known_good)
-            if installed is not None
-        }
         for path in folder.iterdir():
-            if path.name not in keep:
+            if path.suffix != ".json" or path.stem not in kept:
                 path.unlink(missing_ok=True)
 
     def _keep_description(self, name: str, version: str, doc: VersionDoc | None) -> None:
@@ -626,6 +734,16 @@ def _links(trust: DeviceTrust, name: str, version: str, bases: set[str]) -> tupl
                                delta.facts.base))  # fmt: skip
         current = parent
     return tuple(links)
+
+
+def _kept(state: DeviceState) -> set[str]:
+    """``<model>-<version>`` of each version the state names (its description and
+    layout are kept)."""
+    return {
+        f"{name}-{installed.version}"
+        for name, model in state.models.items()
+        for installed in model.held()
+    }
 
 
 def _attempt(

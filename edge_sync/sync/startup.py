@@ -68,9 +68,8 @@ def _serve_first(
     for installed in (model.serving, model.previous, model.last_known_good):
         if installed is None:
             continue
-        if not state.blobs.verify(installed.sha256):
+        if not installer.verify_held(name, installed):
             # A rotten file is never served, nor taken as a cached copy later.
-            state.blobs.discard(installed.sha256)
             problems[name] = f"blob of {installed.version} is missing or corrupt"
             continue
         try:
@@ -98,7 +97,7 @@ def _reopen_gates(state: StateDir, installer: Installer, gates: Gates, doc: Devi
             continue
         fallback = gate.restore_serving
         old: Engine | None = None
-        if fallback is not None and state.blobs.verify(fallback.sha256):
+        if fallback is not None and installer.verify_held(name, fallback):
             try:
                 old = host.build(installer.load_request(name, fallback))
             except (EngineError, OSError):

@@ -68,7 +68,7 @@ from signing.errors import (
     TrustFetchError,
     VerificationError,
 )
-from signing.target_names import deprecation_path
+from signing.target_names import deprecation_path, object_path
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, TargetKind
 from signing.tuf_roles import HASH_ALGORITHM, METADATA_DIR, ONLINE_ROLES, TARGETS_DIR, stored_name
 
@@ -374,6 +374,23 @@ class DeviceTrust:
         dest = dest_dir / f"{target.sha256}.{PurePosixPath(path).name}"
         return self._download(info, dest, partial_dir)
 
+    def fetch_object(
+        self, sha256: str, length: int, dest_dir: Path, *, partial_dir: Path | None = None
+    ) -> Path:
+        """Download an object (``signing.target_names.object_path``: a skeleton or a
+        tensor) into ``dest_dir`` as ``<sha256>.object``, verified against the digest
+        and length the caller read from signed metadata (a version's tensor manifest),
+        resumed as :meth:`fetch` resumes.
+
+        Raises:
+            DigestMismatchError: the bytes differ from ``length`` or ``sha256``.
+            TrustFetchError: the object could not be fetched or written.
+            SigningError: refreshing failed (see :meth:`refresh`).
+        """
+        path = object_path(sha256)
+        info = TargetFile(length, {HASH_ALGORITHM: sha256}, path)
+        return self._download(info, dest_dir / f"{sha256}.object", partial_dir, url=path)
+
     def channels(self) -> ChannelsDoc:
         """The verified channels document.
 
@@ -467,7 +484,9 @@ class DeviceTrust:
             raise VerificationError(f"signed {HASH_ALGORITHM} is not a hex digest", path)
         return info, SignedTarget(path, info.length, sha256, facts)
 
-    def _download(self, info: TargetFile, dest: Path, partial_dir: Path | None = None) -> Path:
+    def _download(
+        self, info: TargetFile, dest: Path, partial_dir: Path | None = None, url: str | None = None
+    ) -> Path:
         """Fetch a target into ``dest``, verified in one pass (length and SHA-256 as the
         bytes arrive), resuming a partial download kept in ``partial_dir``.
 
@@ -485,7 +504,7 @@ class DeviceTrust:
             folder.mkdir(parents=True, exist_ok=True)
             dest.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self._fetch_verified(info, partial, sha256)
+                self._fetch_verified(info, partial, sha256, url or stored_name(info))
                 replace_file(partial, dest)
             except DigestMismatchError:
                 partial.unlink(missing_ok=True)  # wrong bytes: never resume from them
@@ -496,7 +515,7 @@ class DeviceTrust:
                 raise
         return dest
 
-    def _fetch_verified(self, info: TargetFile, partial: Path, sha256: str) -> None:
+    def _fetch_verified(self, info: TargetFile, partial: Path, sha256: str, name: str) -> None:
         hasher = hashlib.sha256()
         held = 0
         if partial.is_file():
@@ -506,7 +525,7 @@ class DeviceTrust:
                     held += len(chunk)
             if held > info.length:
                 held, hasher = 0, hashlib.sha256()
-        url = f"{self._targets_url}{stored_name(info)}"
+        url = f"{self._targets_url}{name}"
         start, chunks = self._fetcher.fetch_from(url, held)
         if start != held:  # the transport could not resume: start again
             held, hasher = 0, hashlib.sha256()

@@ -54,8 +54,8 @@ from signing.tuf_facts import ChannelEntry, ChannelsDoc, check_channels_successo
 __all__ = ["STAGES", "StoppedError", "SyncOutcome", "Updater", "in_cohort"]
 
 STAGES: Final = (
-    "detect", "verify_metadata", "plan", "fetch", "verify_bytes", "apply_delta", "build",
-    "self_test", "swap", "commit",
+    "detect", "verify_metadata", "plan", "fetch", "verify_bytes", "apply_delta", "layout",
+    "build", "self_test", "swap", "commit",
 )  # fmt: skip
 
 
@@ -272,7 +272,7 @@ class Updater:
         loaded engine maps, descriptions of versions it does not name, temporary files,
         and partial downloads (unless a failed sync may resume them)."""
         committed = load_state(self.state)
-        pinned = self.host.mapped_blobs()
+        pinned = self.host.mapped_blobs() | self.installer.kept_blobs(committed)
         self.state.blobs.collect(committed.referenced_blobs() | pinned)
         collect_views(self.state.root, committed.referenced_blobs() | pinned)
         self.installer.collect_descriptions(committed)

@@ -100,6 +100,45 @@ def _model_lines(name: str, model: ModelReport) -> None:
         detail(f"  rejected {rejected.version}: {rejected.reason}")
 
 
+@edge.command("export")
+@_CONFIG
+@click.argument("model")
+@click.option("--version", "version", default=None, help="A version the device holds "
+              "(default: the one it serves).")  # fmt: skip
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the .onnx (external data files go beside it).",
+)
+def edge_export(config_path: Path, model: str, version: str | None, out: Path) -> None:
+    """Write the verified whole file of a version the device holds.
+
+    A version held as tensors is joined from its skeleton and tensors; either way the
+    bytes written must hash to the version's signed whole-file digest, or nothing is
+    left at OUT (exit 1).
+    """
+    from edge_sync.config import load_edge_config
+    from edge_sync.state.store import StateDir
+    from edge_sync.sync.tensors import export_version
+    from registry.errors import UsageError
+
+    config = load_edge_config(config_path)
+    state_dir = StateDir(config.state_path)
+    held = state_dir.load().models.get(model)
+    if held is None:
+        raise UsageError(f"the device holds no version of {model!r}")
+    wanted = version or (held.serving.version if held.serving else None)
+    installed = next((i for i in held.held() if i.version == wanted), None)
+    if installed is None:
+        versions = ", ".join(sorted({i.version for i in held.held()})) or "none"
+        raise UsageError(f"{model} {wanted or '(nothing served)'} is not held (held: {versions})")
+    size = export_version(state_dir.root, state_dir.blobs, model, installed, out)
+    ok(f"{model} {installed.version}: {size} bytes, sha256 {installed.sha256} verified")
+    detail(f"written to {out}")
+
+
 @edge.command("unit")
 @click.option(
     "--config",

@@ -40,6 +40,8 @@ from signing.tuf_facts import TargetFacts, TargetKind
 from signing.tuf_repo import TrustRepo
 from signing.version_doc import GoldenCaseDoc, VersionDoc
 
+from ._tensors import ObjectSource, tensor_manifest
+
 __all__ = ["describe", "stage_description"]
 
 
@@ -140,6 +142,7 @@ def stage_description(
     trust: TrustRepo,
     entry: VersionEntry,
     facts: Callable[[TargetKind], TargetFacts],
+    objects: dict[str, ObjectSource] | None = None,
 ) -> list[str]:
     """Stage the description of ``entry`` and its golden files, unless already released.
 
@@ -151,6 +154,9 @@ def stage_description(
         trust: the trust metadata being released.
         entry: the version.
         facts: the signed facts of a target of this version, by kind.
+        objects: where the objects its tensor manifest names go, by digest, to be
+            uploaded before the description (``pipelines.publish._tensors``; None:
+            the description gets no manifest).
 
     Returns:
         The target paths staged (none when the description is already released).
@@ -167,6 +173,13 @@ def stage_description(
         if path in trust.targets:
             engines[target.name] = path
     doc, files = describe(repo, entry, engines)
+    spec = entry.manifest.spec
+    if objects is not None and not spec.artifact.external_data:
+        found = tensor_manifest(repo.root / spec.artifact.path)
+        if found is not None:
+            manifest, sources = found
+            doc = doc.model_copy(update={"tensors": manifest})
+            objects.update(sources)
     added = []
     for path, data in files.items():
         # A golden file is only ever signed with its description, but should one be

@@ -51,6 +51,7 @@ from pipelines.publish._mirror import (
     read_state,
     timestamp_floor,
 )
+from pipelines.publish._tensors import ObjectSource
 from registry import progress
 from registry.atomic import write_atomic
 from registry.errors import (
@@ -75,6 +76,8 @@ from signing.target_names import (
     deprecation_path,
     engine_path,
     external_data_path,
+    object_path,
+    version_path,
 )
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
 from signing.tuf_repo import TrustRepo
@@ -203,6 +206,35 @@ class TargetStore:
                     uploaded.append(rel)
         return uploaded
 
+    def write_objects(self, objects: Mapping[str, ObjectSource]) -> list[str]:
+        """Write each object (``signing.target_names.object_path``) the store lacks;
+        returns the paths written (an object already there has the same bytes: its
+        name is their digest).
+
+        Raises:
+            OSError: a source cannot be read, or the local store not written.
+            ToolError: the remote cannot be written.
+        """
+        written = []
+        for digest, source in sorted(objects.items()):
+            rel = f"{TARGETS_DIR}/{object_path(digest)}"
+            if self.local is not None:
+                dest = self.local / rel
+                if dest.is_file() and dest.stat().st_size == source.length:
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(dest, source.read(), mode=0o644)
+            else:
+                remote = self._fs.join(self._base, rel)
+                if self._call("check", self._fs.exists, remote):
+                    continue
+                with tempfile.TemporaryDirectory() as tmp:
+                    staged = Path(tmp, digest)
+                    staged.write_bytes(source.read())
+                    self._call("upload", self._fs.put_file, str(staged), remote)
+            written.append(rel)
+        return written
+
     def mirror_state(self, trust: TrustRepo) -> MirrorState:
         """What ``<store>/metadata/`` holds of ``trust``'s files (see
         :func:`pipelines.publish._mirror.read_state`).
@@ -275,6 +307,7 @@ def _stage_version(
     paths: TrustPaths,
     env: Mapping[str, str] | None,
     record: BuildRecord | None,
+    objects: dict[str, ObjectSource],
 ) -> list[str]:
     added: list[str] = []
     artifact = repo.root / entry.manifest.spec.artifact.path
@@ -284,7 +317,7 @@ def _stage_version(
         external_data_path(entry.name, entry.version, name)
         for name in entry.manifest.spec.artifact.external_data
     ]
-    wanted = [target, bundle_target, *data_targets]
+    wanted = [target, bundle_target, version_path(entry.name, entry.version), *data_targets]
     if any(trust.published(t) is None for t in wanted):
         _fetch(repo, entry)
     if trust.published(target) is None:
@@ -333,7 +366,9 @@ def _stage_version(
             )
         )  # fmt: skip
     # Last: the description names the engines staged above.
-    added.extend(stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx)))
+    added.extend(
+        stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx), objects)
+    )
     deprecated = entry.manifest.spec.deprecated
     gone = deprecation_path(entry.name, entry.version)
     if deprecated is not None and trust.published(gone) is None:
@@ -633,16 +668,21 @@ def publish(
     ctx = CiContext.from_env(repo.root, env)
     added: list[str] = []
     records = {(r.model, r.version): r for r in built.records} if built is not None else {}
+    objects: dict[str, ObjectSource] = {}
     for entry in repo.all_versions():
         record = records.get((entry.name, entry.version))
         added.extend(
-            _stage_version(repo, trust, entry, ctx=ctx, paths=paths, env=env, record=record)
+            _stage_version(
+                repo, trust, entry, ctx=ctx, paths=paths, env=env, record=record, objects=objects
+            )
         )
     channels = next_channels(previous, desired)
     if channels is not previous:
         trust.set_channels(channels, previous)
         added.append(CHANNELS_PATH)
     with progress.stage("publish", f"upload targets to {store.url}"):
+        # objects first: a description names them, and a device may read it at once
+        store.write_objects(objects)
         store.write(trust)
     # a timestamp mirrored by a run whose metadata commit was lost: sign above it
     floor = store.mirror_floor(trust)

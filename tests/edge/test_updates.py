@@ -4,6 +4,7 @@ device by the cheapest verified path, with every stage timed."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -291,3 +292,47 @@ def test_a_deprecated_version_is_never_installed_even_when_assigned(rig: EdgeRig
     assert update.reason == "version 1.0.0 is deprecated (leaks PII); not installed"
     assert rig.state().models["mlp"].serving.version == "1.1.0"
     assert "mlp" not in rig.sync().updates  # refused once, not again at every poll
+
+
+def _manifest(rig: EdgeRig, version: str) -> Any:
+    from signing.version_doc import VersionDoc
+
+    (doc,) = (rig.remote / "targets/versions/mlp").glob(f"*.{version}.json")
+    return VersionDoc.from_bytes(doc.read_bytes()).tensors
+
+
+def test_a_fine_tune_comes_as_the_tensors_it_changed(rig: EdgeRig, tmp_path: Path) -> None:
+    """Issue 25: the device fetches, verifies and writes only the tensors it lacks and
+    builds from its skeleton; the whole file is never rebuilt, and can be exported."""
+    from click.testing import CliRunner
+
+    from modelreg.cli.main import cli
+
+    from modelreg.examples import write_examples
+
+    write_examples(tmp_path / "medium", "medium", models=["mlp"], goldens=False)
+    rig.release_version("1.1.0", "1.0.0", artifact=tmp_path / "medium/mlp/1.0.0.onnx")
+    assert rig.sync().updates["mlp"].method == "full"  # nothing held: the whole file
+    rig.release_version("1.2.0", "1.1.0", artifact=tmp_path / "medium/mlp/1.1.0.onnx")
+    old, new = _manifest(rig, "1.1.0"), _manifest(rig, "1.2.0")
+    assert old is not None and new is not None
+    kept = {t.sha256 for t in old.tensors}
+    changed = [t for t in new.tensors if t.sha256 not in kept]
+    assert 0 < len(changed) < len(new.tensors)
+    update = rig.sync().updates["mlp"]
+    assert (update.result, update.version, update.method) == ("installed", "1.2.0", "delta")
+    assert "layout" in update.stages_ms and "apply_delta" not in update.stages_ms
+    fetched = sum(t.length for t in changed) + new.graph.length
+    assert fetched <= update.bytes_fetched < fetched + 64 * 1024  # and the metadata
+    serving = rig.state().models["mlp"].serving
+    assert serving.graph == new.graph.sha256 and serving.artifact_sha256 is None
+    blobs = rig.tmp / "device/state/blobs/sha256"
+    assert not (blobs / serving.sha256).exists()  # the whole file was never made
+    for t in changed:
+        assert (blobs / t.sha256).stat().st_size == t.length
+    out = tmp_path / "exported.onnx"
+    result = CliRunner().invoke(
+        cli, ["edge", "export", "mlp", "--config", str(rig.config()), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes() == (tmp_path / "medium/mlp/1.1.0.onnx").read_bytes()

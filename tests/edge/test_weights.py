@@ -34,7 +34,7 @@ def _plain(path: Path, x: np.ndarray) -> np.ndarray:
 def test_the_split_finds_every_large_initializer_where_onnx_reads_it(tmp_path: Path) -> None:
     path = models.save(models.mlp(), tmp_path / "m.onnx")
     data = path.read_bytes()
-    graph = split_model(data, path.name)
+    graph = split_model(data)
     parsed = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer}
     large = {n for n, a in parsed.items() if a.nbytes >= MAP_AT_LEAST}
     assert {t.name for t in graph.tensors} == large == {f"w{i}" for i in range(models.LAYERS)}
@@ -89,7 +89,7 @@ def test_constant_nodes_are_shared_like_initializers(tmp_path: Path) -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = models.save(model, tmp_path / "c.onnx")
-    split = split_model(path.read_bytes(), path.name)
+    split = split_model(path.read_bytes())
     assert [t.name for t in split.tensors] == ["w"]
     engine = OrtEngine(_request(path), share=True)
     x = np.ones((1, 128), np.float32)
@@ -103,7 +103,7 @@ def test_constant_nodes_are_shared_like_initializers(tmp_path: Path) -> None:
 )
 def test_a_file_that_is_not_a_model_is_a_typed_error(tmp_path: Path, garbage: bytes) -> None:
     with pytest.raises(WeightError):
-        split_model(garbage, "x")
+        split_model(garbage)
     path = tmp_path / "bad.onnx"
     path.write_bytes(garbage)
     with pytest.raises(EngineError, match="cannot"):
@@ -135,7 +135,7 @@ def test_a_negative_dimension_is_not_mapped(tmp_path: Path) -> None:
     model.graph.initializer[0].dims[0] = -1
     path = tmp_path / "neg.onnx"
     path.write_bytes(model.SerializeToString())
-    split = split_model(path.read_bytes(), path.name)
+    split = split_model(path.read_bytes())
     assert "w0" not in {t.name for t in split.tensors}
     with pytest.raises(EngineError):
         OrtEngine(_request(path), share=True)
@@ -147,7 +147,7 @@ def test_typed_data_is_left_in_the_graph_and_answers_the_same(tmp_path: Path) ->
     typed = helper.make_tensor("w0", onnx.TensorProto.FLOAT, weight.shape, weight.ravel().tolist())
     model.graph.initializer[0].CopyFrom(typed)  # float_data, not raw_data
     path = models.save(model, tmp_path / "typed.onnx")
-    names = {t.name for t in split_model(path.read_bytes(), path.name).tensors}
+    names = {t.name for t in split_model(path.read_bytes()).tensors}
     assert "w0" not in names
     assert "w1" in names
     x = models.sample()
@@ -187,7 +187,7 @@ def test_a_constant_whose_tensor_field_repeats_is_left_to_onnx_runtime(tmp_path:
     path = tmp_path / "dup.onnx"
     path.write_bytes(outer.SerializeToString() + field(7, graph_bytes))
     assert list(onnx.load(str(path)).graph.node[0].attribute[0].t.dims) == [128, 128, 1]
-    assert "w" not in {t.name for t in split_model(path.read_bytes(), path.name).tensors}
+    assert "w" not in {t.name for t in split_model(path.read_bytes()).tensors}
 
 
 def test_a_run_in_progress_keeps_its_weights_when_the_engine_is_unloaded(

@@ -19,6 +19,7 @@ from edge_sync.decide.plan import (
     PlanFacts,
     Refusal,
     Signed,
+    TensorFacts,
     plan_update,
     said,
     worst,
@@ -103,6 +104,48 @@ def test_plan(facts: PlanFacts, expected: tuple[object, ...]) -> None:
         assert link.sha256 == _art(link.version)
 
 
+def _obj(name: str, length: int) -> Signed:
+    return Signed(f"objects/sha256/{name}", name, length)
+
+
+GRAPH = _obj("graph", 10)
+"""The skeleton; tensors t1..t4 of 200 bytes each make the rest of the 1000-byte file
+(``FULL``, with a few bytes of framing left to the skeleton)."""
+TENSORS = tuple(_obj(f"t{n}", 200) for n in range(1, 5))
+
+
+def _tensors(*held: str, tensors: tuple[Signed, ...] = TENSORS) -> TensorFacts:
+    return TensorFacts(GRAPH, tensors, frozenset(held))
+
+
+def _names(plan: Plan) -> tuple[str, ...]:
+    return tuple(o.sha256 for o in plan.objects)
+
+
+@pytest.mark.parametrize(
+    ("facts", "expected"),
+    [
+        pytest.param(_facts(tensors=_tensors("t1", "t2", "t3")), ("tensors", ("graph", "t4")), id="three of four tensors held: the skeleton and the fourth"),
+        pytest.param(_facts(tensors=_tensors("graph", "t1", "t2", "t3", "t4")), ("tensors", ()), id="every object held (a rollback to a version held as tensors): nothing fetched"),
+        pytest.param(_facts(tensors=_tensors()), ("full", ()), id="first install, nothing held: the whole file in one request"),
+        pytest.param(_facts(tensors=_tensors("graph")), ("full", ()), id="only the skeleton held: no weights to reuse, full"),
+        pytest.param(_facts(tensors=_tensors("t1")), ("tensors", ("graph", "t2", "t3", "t4")), id="one tensor held, 810 of 1000 bytes missing: tensors"),
+        pytest.param(_facts(tensors=_tensors("t1", tensors=(*TENSORS, _obj("t5", 200), _obj("t6", 200)))), ("full", ()), id="missing objects (1010) longer than the file: full"),
+        pytest.param(_facts(tensors=_tensors("t1", tensors=(_obj("t1", 200), _obj("t2", 400), _obj("t2", 400)))), ("tensors", ("graph", "t2")), id="a digest listed twice is fetched once"),
+        pytest.param(_facts(tensors=_tensors("t1", "t2", "t3"), held=_held("1.1")), ("cached", ()), id="the artifact held beats tensors"),
+        pytest.param(_facts(engine="onnxruntime", tensors=_tensors("t1", "t2", "t3")), ("tensors", ("graph", "t4")), id="an onnxruntime target builds from tensors"),
+        pytest.param(_facts(engine="tensorrt", tensors=_tensors("t1", "t2", "t3"), held=_held("1.0"), installed=_installed("1.0"), links=_chain("1.1", "1.0")), ("delta", ()), id="tensorrt needs the file: the delta, never tensors"),
+        pytest.param(_facts(tensors=_tensors("t1", "t2", "t3"), held=_held("1.0"), installed=_installed("1.0"), links=_chain("1.1", "1.0", length=50)), ("tensors", ("graph", "t4")), id="tensors beat a shorter delta chain (no whole file rebuilt)"),
+    ],
+)  # fmt: skip
+def test_tensor_plan(facts: PlanFacts, expected: tuple[str, tuple[str, ...]]) -> None:
+    """A version with a signed tensor manifest (issue 25)."""
+    plan = plan_update(facts)
+    assert isinstance(plan, Plan)
+    assert (plan.method, _names(plan)) == expected
+    assert (plan.kind, plan.sha256) == ("artifact", "sha-1.1")
+
+
 @pytest.mark.parametrize(
     ("facts", "expected"),
     [
@@ -165,6 +208,7 @@ def test_the_chain_length_is_bounded(steps: int, expected: str) -> None:
         ("full", "delta", "full"),
         ("engine", "full", "engine"),
         ("engine", None, "engine"),
+        ("tensors", None, "tensors"),
     ],
 )
 def test_external_data_is_worst_of(method: str, data: str | None, expected: str) -> None:
@@ -174,7 +218,8 @@ def test_external_data_is_worst_of(method: str, data: str | None, expected: str)
 
 @pytest.mark.parametrize(
     ("method", "expected"),
-    [("cached", "cached"), ("delta", "delta"), ("full", "full"), ("engine", "full")],
-)
+    [("cached", "cached"), ("delta", "delta"), ("full", "full"), ("engine", "full"),
+     ("tensors", "delta")],
+)  # fmt: skip
 def test_status_says_a_prebuilt_engine_is_a_full_file(method: str, expected: str) -> None:
     assert said(method) == expected  # type: ignore[arg-type]

@@ -1,0 +1,95 @@
+"""A version's tensor manifest and the objects it names (docs/reference/tensors.md).
+
+Private to :mod:`pipelines.publish`.  The artifact is cut with ``registry.tensors``; the
+manifest is published only when joining the skeleton and the tensors gives the file's
+exact bytes again (same length, same SHA-256), so the whole-file digest and the
+per-tensor digests a device trusts describe the same bytes.  A file that does not cut
+(no graph, no tensor large enough) or does not join back gets no manifest: devices
+install it whole, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+
+from registry.tensors import TensorCutError, join, joined, split
+from signing.version_doc import MAX_TENSORS, GraphDoc, TensorDoc, TensorManifest
+
+__all__ = ["ObjectSource", "tensor_manifest"]
+
+
+@dataclass(frozen=True)
+class ObjectSource:
+    """Where one object's bytes are: ``data``, or ``length`` bytes of ``path`` from
+    ``offset``."""
+
+    length: int
+    path: Path | None = None
+    offset: int = 0
+    data: bytes | None = None
+
+    def read(self) -> bytes:
+        """The object's bytes."""
+        if self.data is not None:
+            return self.data
+        assert self.path is not None  # noqa: S101 - one of the two is set
+        with self.path.open("rb") as fh:
+            fh.seek(self.offset)
+            return fh.read(self.length)
+
+
+def tensor_manifest(path: Path) -> tuple[TensorManifest, dict[str, ObjectSource]] | None:
+    """The tensor manifest of the ONNX file ``path`` and its objects by digest (the
+    skeleton and each tensor); None when it gets none (see the module doc).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    with path.open("rb") as fh:
+        size = path.stat().st_size
+        if not size:
+            return None
+        with mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
+            try:
+                cut = split(view)
+                layout = joined(cut.skeleton)
+            except TensorCutError:
+                return None
+            if not cut.pieces or len(cut.pieces) > MAX_TENSORS or layout.length != size:
+                return None
+            if [(p.name, p.length) for p in layout.pieces] != [
+                (p.name, p.length) for p in cut.pieces
+            ]:
+                return None
+            memory = memoryview(view)
+            try:
+                digests = [
+                    hashlib.sha256(memory[p.offset : p.offset + p.length]).hexdigest()
+                    for p in cut.pieces
+                ]
+                whole, again = hashlib.sha256(), hashlib.sha256()
+                spans = [(p.offset, p.offset + p.length) for p in cut.pieces]
+                for chunk in join(layout, lambda i, _piece: memory[spans[i][0] : spans[i][1]]):
+                    again.update(chunk)
+                for start in range(0, size, 1 << 24):
+                    whole.update(memory[start : start + (1 << 24)])
+            finally:
+                memory.release()
+    if again.digest() != whole.digest():
+        return None
+    graph_sha = hashlib.sha256(cut.skeleton).hexdigest()
+    manifest = TensorManifest(
+        graph=GraphDoc(sha256=graph_sha, length=len(cut.skeleton)),
+        tensors=[
+            TensorDoc.model_validate({"name": p.name, "dtype": p.dtype, "shape": list(p.dims),
+                                      "length": p.length, "sha256": d})
+            for p, d in zip(cut.pieces, digests, strict=True)
+        ],
+    )  # fmt: skip
+    objects = {graph_sha: ObjectSource(len(cut.skeleton), data=cut.skeleton)}
+    for piece, digest in zip(cut.pieces, digests, strict=True):
+        objects.setdefault(digest, ObjectSource(piece.length, path, piece.offset))
+    return manifest, objects
