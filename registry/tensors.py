@@ -46,6 +46,7 @@ __all__ = [
     "itemsize",
     "join",
     "joined",
+    "relocate",
     "split",
 ]
 
@@ -433,3 +434,34 @@ def join(layout: Joined, read: Callable[[int, Piece], Any]) -> Iterator[Any]:
             yield read(segment, layout.pieces[segment])
         else:
             yield segment
+
+
+def relocate(skeleton: bytes, where: Callable[[int, Piece], tuple[str, int]]) -> bytes:
+    """``skeleton`` with each cut tensor pointing at where its bytes really lie:
+    ``where(index, piece)`` gives the external data location (a file name) and the
+    offset in it.  For a session that reads its weights itself (a private, optimized
+    one: ONNX Runtime's optimizers read a ``Constant``'s tensor from the graph, not
+    from the values a caller gives).
+
+    Raises:
+        TensorCutError: not a skeleton :func:`split` makes.
+    """
+    count = 0
+
+    def move(f: Any, alias: str | None) -> list[Part] | None:
+        nonlocal count
+        cut = _cut_tensor(skeleton, f.start, f.end, alias)
+        if cut is None:
+            return None
+        tensor, length = cut
+        location, offset = where(count, Piece(tensor.name, tensor.dtype, tensor.dims, 0, length))
+        count += 1
+        body = _fields_of(skeleton, tensor, tensor.before) + _fields_of(
+            skeleton, tensor, tensor.after
+        )
+        body += _entry("location", location) + _entry("offset", str(offset))
+        body += _entry("length", str(length)) + _key(_T_LOCATION, _VARINT)
+        body += encode_varint(_EXTERNAL)
+        return _wrap(f.number, [body])
+
+    return b"".join(p for p in _model(skeleton, move) if isinstance(p, bytes))

@@ -17,11 +17,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from edge_sync.engine import tensorrt
-from edge_sync.engine.base import DATATYPES, NUMPY_DTYPES, Engine, LoadRequest, TensorDecl
+from edge_sync.engine.base import (
+    DATATYPES,
+    NUMPY_DTYPES,
+    Engine,
+    LoadRequest,
+    TensorDecl,
+    TensorLayout,
+)
 from edge_sync.engine.weights import Weights, external_tensors, split_model, stub_folder
 from edge_sync.errors import EngineClosedError, EngineError, WeightError
 from registry.schema import OnnxRuntimeTarget, TensorRTTarget
 from registry.sessions import PREPACKED, SHARED, SessionSetup, session_setups
+from registry.tensors import Piece, TensorCutError, relocate
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -118,8 +126,10 @@ class OrtEngine:
         self._reload_lock = threading.Lock()
         try:
             self.size_bytes: int = request.path.stat().st_size
-        except OSError:
+        except OSError:  # a version held as tensors: the file it stands for is not held
             self.size_bytes = 0
+        if request.layout is not None:
+            self.size_bytes = sum(t.length for t in request.layout.tensors)
         self._live = self._open(base)
         session = self._live.session
         self.inputs: list[TensorDecl] = [
@@ -222,7 +232,7 @@ class OrtEngine:
         _give(options, weights, folder)
         return graph.graph, weights
 
-    def _from_layout(self, options: Any) -> tuple[bytes, Weights]:
+    def _from_layout(self, options: Any) -> tuple[bytes, Weights | None]:
         """The skeleton and the tensors of a version held as tensors
         (``LoadRequest.layout``), added to ``options``.
 
@@ -233,12 +243,21 @@ class OrtEngine:
         """
         layout = self.request.layout
         assert layout is not None  # noqa: S101 - the caller checked
+        skeleton = layout.graph.read_bytes()
+        if not self.shared:
+            # a private session reads its weights itself (ONNX Runtime's optimizers
+            # read a Constant's tensor from the graph): each names its blob and offset
+            source, folder = _private_skeleton(skeleton, layout)
+            options.add_session_config_entry(
+                "session.model_external_initializers_file_folder_path", str(folder)
+            )
+            return source, None
         try:
             weights = Weights.mapped(layout.tensors)
         except WeightError as e:
             raise EngineError(f"{self.model} {self.version}: {e}") from None
         _give(options, weights, stub_folder())
-        return layout.graph.read_bytes(), weights
+        return skeleton, weights
 
     @property
     def memory_bytes(self) -> int:
@@ -308,6 +327,31 @@ class OrtEngine:
             live, self._live = self._live, None  # a run in progress keeps its own reference
             self.evicted = False
         return live
+
+
+def _private_skeleton(skeleton: bytes, layout: TensorLayout) -> tuple[bytes, Path]:
+    """The skeleton with each tensor at its blob (a name in the folder all the blobs
+    share: ONNX Runtime takes no other path) and offset, and that folder.
+
+    Raises:
+        EngineError: the skeleton does not walk, names other tensors, or the blobs
+            lie in several folders.
+    """
+    refs = layout.tensors
+    folders = {ref.path.parent for ref in refs}
+    if len(folders) > 1:
+        raise EngineError(f"the tensors of {layout.graph.name[:12]} lie in several folders")
+    folder = folders.pop() if folders else layout.graph.parent
+
+    def where(index: int, piece: Piece) -> tuple[str, int]:
+        if index >= len(refs) or refs[index].name != piece.name:
+            raise TensorCutError(f"the skeleton's tensor {piece.name!r} is not the layout's")
+        return refs[index].path.name, refs[index].offset
+
+    try:
+        return relocate(skeleton, where), folder
+    except TensorCutError as e:
+        raise EngineError(f"the skeleton of {layout.graph.name[:12]} does not walk ({e})") from None
 
 
 def _give(options: Any, weights: Weights, folder: Path) -> None:

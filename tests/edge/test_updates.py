@@ -307,7 +307,6 @@ def test_a_fine_tune_comes_as_the_tensors_it_changed(rig: EdgeRig, tmp_path: Pat
     from click.testing import CliRunner
 
     from modelreg.cli.main import cli
-
     from modelreg.examples import write_examples
 
     write_examples(tmp_path / "medium", "medium", models=["mlp"], goldens=False)
@@ -315,17 +314,20 @@ def test_a_fine_tune_comes_as_the_tensors_it_changed(rig: EdgeRig, tmp_path: Pat
     assert rig.sync().updates["mlp"].method == "full"  # nothing held: the whole file
     rig.release_version("1.2.0", "1.1.0", artifact=tmp_path / "medium/mlp/1.1.0.onnx")
     old, new = _manifest(rig, "1.1.0"), _manifest(rig, "1.2.0")
-    assert old is not None and new is not None
+    assert old is not None
+    assert new is not None
     kept = {t.sha256 for t in old.tensors}
     changed = [t for t in new.tensors if t.sha256 not in kept]
     assert 0 < len(changed) < len(new.tensors)
     update = rig.sync().updates["mlp"]
     assert (update.result, update.version, update.method) == ("installed", "1.2.0", "delta")
-    assert "layout" in update.stages_ms and "apply_delta" not in update.stages_ms
+    assert "layout" in update.stages_ms
+    assert "apply_delta" not in update.stages_ms
     fetched = sum(t.length for t in changed) + new.graph.length
     assert fetched <= update.bytes_fetched < fetched + 64 * 1024  # and the metadata
     serving = rig.state().models["mlp"].serving
-    assert serving.graph == new.graph.sha256 and serving.artifact_sha256 is None
+    assert serving.graph == new.graph.sha256
+    assert serving.artifact_sha256 is None
     blobs = rig.tmp / "device/state/blobs/sha256"
     assert not (blobs / serving.sha256).exists()  # the whole file was never made
     for t in changed:

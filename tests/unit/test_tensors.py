@@ -1,0 +1,224 @@
+"""A model as its skeleton and its weights by digest (issue 25): the cut is exact and
+canonical, the manifest refuses what does not add up, and an engine built from a
+skeleton and its tensors answers as the whole file does, bit for bit, in every session
+setup."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edge_sync.engine.base import LoadRequest, TensorLayout
+from edge_sync.engine.ort import OrtEngine
+from edge_sync.engine.weights import TensorRef
+from modelreg.examples import write_examples
+from pipelines.publish._tensors import tensor_manifest
+from registry.tensors import MIN_TENSOR_BYTES, TensorCutError, join, joined, split
+from signing.version_doc import MAX_TENSORS, TensorManifest, VersionDoc
+from tests.edge.real_models import real_model_path
+
+
+def _roundtrip(data: bytes) -> tuple[int, bytes]:
+    cut = split(data)
+    layout = joined(cut.skeleton)
+    spans = [(p.offset, p.offset + p.length) for p in cut.pieces]
+    whole = b"".join(bytes(c) for c in join(layout, lambda i, _p: data[slice(*spans[i])]))
+    assert [(p.name, p.dtype, p.dims, p.length) for p in layout.pieces] == [
+        (p.name, p.dtype, p.dims, p.length) for p in cut.pieces
+    ]
+    assert layout.length == len(data)
+    return len(cut.pieces), whole
+
+
+@pytest.mark.parametrize(
+    ("name", "cut_some"),
+    [("det", True), ("cls", False), ("silero", False)],
+)
+def test_real_models_cut_and_join_back_byte_for_byte(name: str, cut_some: bool) -> None:
+    """PP-OCR keeps every weight in Constant nodes (cut by their output name); silero
+    keeps its weights in an If node's subgraphs (left in the skeleton)."""
+    data = real_model_path(name).read_bytes()
+    pieces, whole = _roundtrip(data)
+    assert whole == data
+    assert (pieces > 0) is cut_some
+
+
+def _model(tensor: TensorProto, *, constant: bool = False) -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    inits = [tensor]
+    if constant:
+        nodes.insert(0, helper.make_node("Constant", [], ["w"], value=tensor))
+        inits = []
+    graph = helper.make_graph(nodes, "g", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def _weight(rows: int = 128) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(0).standard_normal((rows, 128)).astype(np.float32)
+
+
+def test_what_is_not_cut_stays_in_the_skeleton() -> None:
+    big = numpy_helper.from_array(_weight(), "w")
+    assert len(split(_model(big)).pieces) == 1
+    small = numpy_helper.from_array(_weight(rows=127), "w")  # 65,024 bytes
+    assert MIN_TENSOR_BYTES > 127 * 128 * 4
+    assert split(_model(small)).pieces == ()
+    typed = helper.make_tensor("w", TensorProto.FLOAT, [128, 128], _weight().ravel().tolist())
+    assert split(_model(typed)).pieces == ()  # float_data, not raw bytes
+    # raw_data written before the dims: no canonical place to put it back
+    t = numpy_helper.from_array(_weight(), "w")
+    odd = t.SerializeToString()
+    raw = helper.make_tensor("w", TensorProto.FLOAT, [128, 128], t.raw_data, raw=True)
+    reordered = b"J" + _varint(len(raw.raw_data)) + raw.raw_data
+    reordered += raw.SerializeToString().replace(
+        b"J" + _varint(len(raw.raw_data)) + raw.raw_data, b""
+    )
+    assert odd != reordered
+    parsed = TensorProto()
+    parsed.ParseFromString(reordered)
+    assert numpy_helper.to_array(parsed).shape == (128, 128)
+    model = onnx.load_from_string(_model(big))
+    data = model.SerializeToString()
+    at = data.index(big.SerializeToString())
+    swapped = data[:at] + reordered + data[at + len(big.SerializeToString()) :]
+    assert len(reordered) == len(big.SerializeToString())
+    assert split(swapped).pieces == ()
+    pieces, whole = _roundtrip(swapped)
+    assert (pieces, whole) == (0, swapped)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def test_a_constant_node_is_cut_by_its_output_name() -> None:
+    data = _model(numpy_helper.from_array(_weight(), "ignored"), constant=True)
+    (piece,) = split(data).pieces
+    assert (piece.name, piece.dims) == ("w", (128, 128))
+    assert _roundtrip(data)[1] == data
+
+
+def test_a_skeleton_whose_length_does_not_fit_its_shape_is_refused() -> None:
+    cut = split(_model(numpy_helper.from_array(_weight(), "w")))
+    length = str(128 * 128 * 4).encode()
+    bad = cut.skeleton.replace(length, str(128 * 128 * 4 - 4).encode())
+    with pytest.raises(TensorCutError, match="do not fit"):
+        joined(bad)
+
+
+def test_the_manifest_is_canonical_and_describes_the_file(tmp_path: Path) -> None:
+    (files,) = [write_examples(tmp_path, "medium", models=["mlp"], goldens=False)]
+    first = tensor_manifest(files[0].path)
+    again = tensor_manifest(files[0].path)
+    assert first is not None
+    assert again is not None
+    manifest, objects = first
+    assert manifest.model_dump_json() == again[0].model_dump_json()
+    data = files[0].path.read_bytes()
+    assert len(manifest.tensors) == 6  # the 128 x 128 matrices; biases stay in the graph
+    for t in manifest.tensors:
+        assert hashlib.sha256(objects[t.sha256].read()).hexdigest() == t.sha256
+    skeleton = objects[manifest.graph.sha256].read()
+    layout = joined(skeleton)
+    whole = b"".join(
+        bytes(c) for c in join(layout, lambda i, _p: objects[manifest.tensors[i].sha256].read())
+    )
+    assert whole == data
+    # a fine-tune of the last two layers changes only what it touched
+    fine = tensor_manifest(files[1].path)
+    assert fine is not None
+    changed = {t.name for t in fine[0].tensors} - {
+        t.name for t in fine[0].tensors if t.sha256 in {u.sha256 for u in manifest.tensors}
+    }
+    assert changed == {"fc6.weight"}  # fc7 (the 128 x 4 head) is under 64 KiB
+
+
+def _doc(tensors: list[dict[str, Any]]) -> bytes:
+    manifest = {"graph": {"sha256": "a" * 64, "length": 10}, "tensors": tensors}
+    doc = {"model": "mlp", "version": "1.0.0", "artifact": "models/mlp/1.0.0.onnx",
+           "tensors": manifest}  # fmt: skip
+    return json.dumps(doc).encode()
+
+
+def _entry(
+    name: str = "w", sha: str = "b", length: int = 16, shape: list[int] | None = None
+) -> dict[str, Any]:
+    return {"name": name, "dtype": "float32", "shape": shape or [2, 2], "length": length,
+            "sha256": sha * 64}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tensors", "reason"),
+    [
+        pytest.param([_entry(), _entry(sha="c")], "listed twice", id="a tensor listed twice with different digests"),
+        pytest.param([_entry(length=15)], "do not fit", id="a length that does not fit the shape"),
+        pytest.param([_entry(name=f"t{i}") for i in range(MAX_TENSORS + 1)], "at most 32768", id="too many tensors"),
+    ],
+)  # fmt: skip
+def test_a_manifest_that_does_not_add_up_is_refused(
+    tensors: list[dict[str, Any]], reason: str
+) -> None:
+    with pytest.raises(ValueError, match=reason):
+        VersionDoc.from_bytes(_doc(tensors))
+
+
+def test_a_description_without_a_manifest_reads_as_before() -> None:
+    doc = VersionDoc.from_bytes(b'{"model": "mlp", "version": "1.0.0", "artifact": "a.onnx"}')
+    assert doc.tensors is None
+    assert b"tensors" not in doc.to_bytes()
+    assert TensorManifest.model_fields.keys() == {"graph", "tensors"}
+
+
+@pytest.mark.parametrize("name", ["det", "medium"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "prepacked"])
+def test_an_engine_from_tensors_answers_as_the_whole_file(
+    tmp_path: Path, name: str, share: bool
+) -> None:
+    """Built from the skeleton and memory-mapped tensors, in the shared and the
+    prepacked setup, the session gives the whole file's answers bit for bit."""
+    if name == "det":
+        path = real_model_path("det")
+    else:
+        path = write_examples(tmp_path, "medium", models=["mlp"], goldens=False)[0].path
+    data = path.read_bytes()
+    cut = split(data)
+    graph = tmp_path / "skeleton"
+    graph.write_bytes(cut.skeleton)
+    refs = tuple(
+        TensorRef(p.name, p.dtype, p.dims, hashlib.sha256(data[p.offset : p.offset + p.length]).hexdigest(),
+                  path, p.offset, p.length, "blob")
+        for p in cut.pieces
+    )  # fmt: skip
+    whole = OrtEngine(LoadRequest(name, "1", path, "sha"), share=share)
+    held = OrtEngine(
+        LoadRequest(name, "1", path, "sha", layout=TensorLayout(graph, refs)), share=share
+    )
+    inputs = whole.sample_inputs()
+    if name == "det":
+        inputs = {k: np.random.default_rng(1).random((1, 3, 64, 64), np.float32) for k in inputs}
+    else:
+        inputs = {k: np.random.default_rng(1).random((2, 16), np.float32) for k in inputs}
+    for a, b in zip(whole.run(inputs).values(), held.run(inputs).values(), strict=True):
+        assert np.array_equal(a, b)
+    if share:  # every tensor given to the session, none copied
+        assert held.weights is not None
+        assert len(held.weights.values) == len(cut.pieces)
+    else:  # a private session read them itself
+        assert held.weights is None
+        assert held.memory_bytes == sum(p.length for p in cut.pieces)
