@@ -82,6 +82,8 @@ def render(result: Mapping[str, Any]) -> str:
         detail = ", ".join(f"{k} {v:.2f} s" for k, v in secs.items())
         out.append(f"fixtures {how} ({detail})")
     out += [f"note: {note}" for note in result.get("notes", [])]
+    for table in result.get("tables", []):
+        out += ["", table["title"], _table(table["headers"], table["rows"])]
     rows = [
         [
             name,

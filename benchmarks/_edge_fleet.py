@@ -10,6 +10,7 @@ process's RSS sampled meanwhile (:class:`RssSampler`).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -57,9 +58,9 @@ class Fleet:
 
     def manifest(self, version: str) -> dict[str, Any]:
         """The tensor manifest CI signed for ``version`` (``graph``, ``tensors``)."""
-        doc = json.loads((self.repo / f"versions/{self.model}/{version}.json").read_text())
-        body = doc.get("signed", doc)
-        tensors = body.get("tensors")
+        folder = self.remote / "targets/versions" / self.model
+        (path,) = folder.glob(f"*.{version}.json")
+        tensors = json.loads(path.read_text()).get("tensors")
         if not isinstance(tensors, dict):
             raise BenchmarkError(f"{self.model} {version} has no tensor manifest")
         return tensors
@@ -147,7 +148,7 @@ def _copy_state(src: Path, dst: Path) -> None:
     unlink) are hard-linked, so that a 1 GB device is ready at once."""
 
     def link_or_copy(a: str, b: str) -> object:
-        if os.path.getsize(a) >= 1 << 20:
+        if Path(a).stat().st_size >= 1 << 20:
             os.link(a, b)
             return b
         return shutil.copy2(a, b)
@@ -156,7 +157,7 @@ def _copy_state(src: Path, dst: Path) -> None:
 
 
 def _status(key: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
+    with Path("/proc/self/status").open(encoding="ascii") as fh:
         for line in fh:
             if line.startswith(key):
                 return int(line.split()[1]) * 1024
@@ -214,6 +215,7 @@ def update(
     from edge_sync.state.store import StateDir
     from edge_sync.sync.updater import Updater
 
+    gc.collect()  # the engines of the last sync go now, not during this one
     cfg = load_edge_config(config_path)
     shutil.rmtree(cfg.state_path, ignore_errors=True)
     if state_from is not None:
@@ -240,7 +242,7 @@ def update(
     return {
         "latency_s": marks["commit:end"] - marks["detect:end"],
         "method": result.method,
-        "path": _path(result.method, stages),
+        "path": _path(str(result.method), stages),
         "bytes_fetched": result.bytes_fetched,
         "stages_ms": stages,
         "rss_growth": rss.growth,

@@ -16,8 +16,8 @@ The ONNX Runtime engine is ``edge_sync.engine.ort``, the in-process host
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
@@ -100,6 +100,9 @@ class TensorLayout:
 
     graph: Path
     tensors: tuple[TensorRef, ...]
+    check: Callable[[], None] | None = field(default=None, compare=False)
+    """Called before each build from it, a reload after an eviction too: raises
+    ``OSError`` when a blob it maps is no longer as verified."""
 
 
 @dataclass

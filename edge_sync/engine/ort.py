@@ -237,12 +237,14 @@ class OrtEngine:
         (``LoadRequest.layout``), added to ``options``.
 
         Raises:
-            OSError: a file cannot be read.
+            OSError: a file cannot be read, or a blob is no longer as verified.
             EngineError: its tensors do not fit their files (a store altered since
                 they were verified).
         """
         layout = self.request.layout
         assert layout is not None  # noqa: S101 - the caller checked
+        if layout.check is not None:
+            layout.check()  # every blob still as verified (a reload after eviction too)
         skeleton = layout.graph.read_bytes()
         if not self.shared:
             # a private session reads its weights itself (ONNX Runtime's optimizers

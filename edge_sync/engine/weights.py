@@ -159,6 +159,21 @@ class Held:
     array: npt.NDArray[Any]
     value: Any
     blob: str
+    source: tuple[Path, tuple[int, int, int, int]] | None = None
+    """The file it maps and that file's (device, inode, modification and change
+    times) when it was mapped (values shared by digest only)."""
+
+    def intact(self) -> bool:
+        """Whether the file it maps is still the one mapped, unwritten since: a value
+        whose file was replaced (the store removed it as altered) or written to is
+        never shared again."""
+        if self.source is None:
+            return True
+        path, stamp = self.source
+        try:
+            return _stamp(path.stat()) == stamp
+        except OSError:
+            return False
 
 
 @dataclass
@@ -233,10 +248,13 @@ class Weights:
         import onnxruntime as ort
 
         weights = cls()
-        views: dict[Path, mmap.mmap] = {}
+        views: dict[Path, tuple[mmap.mmap, tuple[int, int, int, int]]] = {}
         for ref in refs:
             dtype = np.dtype(ref.dtype)
             held = _BY_DIGEST.get(ref.sha256)
+            if held is not None and not held.intact():
+                _BY_DIGEST.pop(ref.sha256, None)  # its pages may no longer be the signed bytes
+                held = None
             if held is not None and held.array.dtype == dtype and held.array.shape == ref.dims:
                 weights.values[ref.name] = held
                 weights.shared_bytes += ref.length
@@ -244,14 +262,16 @@ class Weights:
             count = math.prod(ref.dims)
             if count * dtype.itemsize != ref.length:
                 raise WeightError(f"tensor {ref.name!r}: {ref.length} bytes do not fit {ref.dims}")
-            view = views.get(ref.path)
-            if view is None:
-                view = views[ref.path] = _map(ref.path)
+            found = views.get(ref.path)
+            if found is None:
+                found = views[ref.path] = _map(ref.path)
+            view, stamp = found
             if ref.offset + ref.length > len(view):
                 raise WeightError(f"tensor {ref.name!r}: its bytes lie past the end of its file")
             array = np.frombuffer(view, dtype=dtype, count=count, offset=ref.offset)
             array = array.reshape(ref.dims)
-            held = Held(array, ort.OrtValue.ortvalue_from_numpy(array), ref.blob)
+            value = ort.OrtValue.ortvalue_from_numpy(array)
+            held = Held(array, value, ref.blob, (ref.path, stamp))
             _BY_DIGEST[ref.sha256] = held
             weights.values[ref.name] = held
             weights.own_bytes += ref.length
@@ -263,13 +283,18 @@ _BY_DIGEST: weakref.WeakValueDictionary[str, Held] = weakref.WeakValueDictionary
 engine that holds it)."""
 
 
-def _map(path: Path) -> mmap.mmap:
-    """A read-only map of the whole file (its handle closed: the map keeps the pages)."""
+def _map(path: Path) -> tuple[mmap.mmap, tuple[int, int, int, int]]:
+    """A read-only map of the whole file (its handle closed: the map keeps the pages),
+    and the file's identity when mapped (see :meth:`Held.intact`)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
-        return mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+        return mmap.mmap(fd, 0, prot=mmap.PROT_READ), _stamp(os.fstat(fd))
     finally:
         os.close(fd)
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _same(fd: int, t: TensorSpan, old: npt.NDArray[Any]) -> bool:

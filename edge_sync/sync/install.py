@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
+from pydantic import ValidationError
+
 from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
 from edge_sync.decide import plan as planning
@@ -263,7 +265,7 @@ class Installer:
             if plan is None:
                 return None  # rejected before, and nothing signed changed since
             progress.plan = plan
-        path, method = self._obtain(trust, about, plan, stages)
+        path, method = self._obtain(trust, about, plan, progress)
         path, method, external = self._external_data(trust, about, (path, method, plan), stages)
         progress.plan = plan = Plan(method, plan.kind, plan.sha256, plan.path)
         layout, graph = self._lay_out(about, plan, stages)
@@ -325,6 +327,8 @@ class Installer:
         fetched = trust.fetch(path, self._work(name), model=name, version=version, kind="version")
         try:
             return VersionDoc.from_bytes(fetched.read_bytes()), info.sha256
+        except ValidationError as e:
+            raise _RejectedError(f"{path}: not a version description ({_said(e)})") from None
         except ValueError as e:
             raise _RejectedError(f"{path}: not a version description ({_one_line(e)})") from None
 
@@ -410,10 +414,12 @@ class Installer:
     # --- the bytes ----------------------------------------------------------------------
 
     def _obtain(
-        self, trust: DeviceTrust, about: _Version, plan: Plan, stages: Stages
+        self, trust: DeviceTrust, about: _Version, plan: Plan, progress: _Progress
     ) -> tuple[Path, Method]:
         """The plan's file in the blob store, verified; and the method that made it (a
-        failed delta falls back to the full file)."""
+        failed delta or tensor fetch falls back to the full file, which the record
+        then names, whatever its outcome)."""
+        stages = progress.stages
         blobs = self.state.blobs
         if plan.method == "cached":
             return blobs.path(plan.sha256), "cached"
@@ -428,13 +434,13 @@ class Installer:
                 return blobs.path(plan.sha256), "tensors"
             except (VerificationError, RegistryError, OSError):
                 # a remote serving a wrong or cut object: the whole file decides
-                plan = Plan("full", "artifact", plan.sha256, plan.path)
+                plan = progress.plan = Plan("full", "artifact", plan.sha256, plan.path)
         if plan.method == "delta":
             try:
                 return self._apply_chain(trust, name, plan, stages), "delta"
             except (VerificationError, RegistryError, OSError):
                 # A bad delta (or a remote serving garbage for it): the full file decides.
-                plan = Plan("full", "artifact", plan.sha256, plan.path)
+                plan = progress.plan = Plan("full", "artifact", plan.sha256, plan.path)
         with stages("fetch"):
             # DeviceTrust verifies length and SHA-256 while fetching (verify_bytes is
             # folded in: the bytes are hashed as they arrive).
@@ -518,7 +524,7 @@ class Installer:
                 raise _RejectedError(str(e)) from None
             graph = manifest.graph.sha256
             held_tensors.save_layout(root, about.name, about.version, graph, placed)
-        return held_tensors.tensor_layout(blobs, graph, placed), graph
+        return self._layout(graph, placed), graph
 
     # --- build, self-test, commit -------------------------------------------------------
 
@@ -544,7 +550,21 @@ class Installer:
             raise
         return engine
 
-    def _check_store(self, request: LoadRequest) -> None:
+    def _layout(self, graph: str, placed: list[held_tensors.Placed]) -> TensorLayout:
+        """The layout an engine is built from, checked before each build."""
+        blobs = self.state.blobs
+        wanted = list(dict.fromkeys([graph, *(p.blob for p in placed)]))
+
+        def check() -> None:
+            for blob in wanted:
+                if not blobs.checked(blob):
+                    blobs.discard(blob)
+                    raise OSError(f"blob {blob[:12]} was altered since it was verified")
+
+        return held_tensors.tensor_layout(blobs, graph, placed, check)
+
+    @staticmethod
+    def _check_store(request: LoadRequest) -> None:
         """Before a build from tensors: every blob it maps is as verified (one ``stat``
         each; hashed again when this process has not verified it).  An altered one is
         removed, to be fetched again.
@@ -553,13 +573,11 @@ class Installer:
             OSError: a blob was altered or is gone.
         """
         layout = request.layout
-        if layout is None:
-            return
-        blobs = self.state.blobs
-        for blob in dict.fromkeys([layout.graph.name, *(t.blob for t in layout.tensors)]):
-            if not blobs.checked(blob):
-                blobs.discard(blob)
-                raise OSError(f"blob {blob[:12]} of {request.model} {request.version} was altered")
+        if layout is not None and layout.check is not None:
+            try:
+                layout.check()
+            except OSError as e:
+                raise OSError(f"{request.model} {request.version}: {e}") from None
 
     def _goldens(
         self, trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
@@ -658,7 +676,7 @@ class Installer:
         layout = None
         if installed.graph is not None:  # held as tensors (edge_sync.sync.tensors)
             graph, placed = held_tensors.load_layout(self.state.root, name, installed.version)
-            layout = held_tensors.tensor_layout(self.state.blobs, graph, placed)
+            layout = self._layout(graph, placed)
         elif installed.external:  # the .onnx with its data files beside it
             path = model_view(self.state.root, self.state.blobs, installed.sha256,
                               installed.external)  # fmt: skip
@@ -773,6 +791,17 @@ def _refuse_deprecated(
     refused = Rejected(version=version, sha256="", signed=signed, reason=reason, at=now_iso())
     record = UpdateRecord(result="rejected", version=version, reason=reason, finished=now_iso())
     return record, model.with_rejected(refused)
+
+
+def _said(error: ValidationError) -> str:
+    """A schema refusal in one line: where and why, for the first few problems
+    (pydantic's own first line only counts them)."""
+    said = []
+    for found in error.errors()[:3]:
+        where = ".".join(str(part) for part in found["loc"])
+        said.append(f"{where}: {found['msg']}" if where else str(found["msg"]))
+    more = error.error_count() - len(said)
+    return reason_text("; ".join(said) + (f"; and {more} more" if more > 0 else ""))
 
 
 def _one_line(error: BaseException) -> str:

@@ -17,7 +17,7 @@ from edge_sync.config import EdgeConfig
 from edge_sync.decide.gate_state import after_restart, restored
 from edge_sync.engine.base import Engine
 from edge_sync.errors import EngineError
-from edge_sync.state.models import DeviceState, Installed, ModelState
+from edge_sync.state.models import DeviceState, Installed, ModelState, reason_text
 from edge_sync.state.store import StateDir
 from edge_sync.sync.gates import Gates, OpenGate, load_state
 from edge_sync.sync.install import Installer
@@ -54,6 +54,11 @@ def resume(
         if installed is not None and installed is not held.serving:
             served = served.with_model(name, held.model_copy(update={"serving": installed}))
     if served != settled:
+        # an older version serves: the next sync must not take the repository for
+        # unchanged and the device for current
+        why = "; ".join(f"{name}: {problem}" for name, problem in sorted(problems.items()))
+        sync = served.sync.model_copy(update={"result": "failed", "reason": reason_text(why)})
+        served = served.model_copy(update={"sync": sync})
         state.commit(served)
     _reopen_gates(state, installer, gates, served)
     return problems
@@ -80,7 +85,10 @@ def _serve_first(
         old = host.swap(name, engine)
         if old is not None:
             host.retire(old)
-        problems.pop(name, None)
+        if installed is model.serving:
+            problems.pop(name, None)
+        else:  # said: the daemon logs it, and the next sync installs the assigned one again
+            problems[name] = f"serving {installed.version} instead: {problems.get(name)}"
         return installed
     return None
 

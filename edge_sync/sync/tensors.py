@@ -283,8 +283,11 @@ def layout_from_artifact(
     ]
 
 
-def tensor_layout(blobs: BlobStore, graph: str, placed: list[Placed]) -> TensorLayout:
-    """What the engine is built from: the skeleton's blob and each tensor's span."""
+def tensor_layout(
+    blobs: BlobStore, graph: str, placed: list[Placed], check: Callable[[], None] | None = None
+) -> TensorLayout:
+    """What the engine is built from: the skeleton's blob and each tensor's span
+    (``check``: see ``TensorLayout.check``)."""
     return TensorLayout(
         blobs.path(graph),
         tuple(
@@ -293,6 +296,7 @@ def tensor_layout(blobs: BlobStore, graph: str, placed: list[Placed]) -> TensorL
             )
             for p in placed
         ),
+        check,
     )
 
 

@@ -124,6 +124,9 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),
     "edge status": ("modelreg edge status --config /etc/modelreg/edge.yaml --json",),
+    "edge export": (
+        "modelreg edge export detector --config /etc/modelreg/edge.yaml --out detector.onnx",
+    ),
     "edge unit": (
         (
             "modelreg edge unit --config /etc/modelreg/edge.yaml "

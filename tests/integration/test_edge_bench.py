@@ -1,5 +1,5 @@
 """The edge update benchmark runs at its quick size and reports what ``make bench``
-prints (keeps it honest: it must time real installs, full and by delta)."""
+prints (keeps it honest: it must time real installs, whole and by tensors)."""
 
 from __future__ import annotations
 
@@ -24,20 +24,25 @@ def test_the_edge_update_benchmark_times_real_installs(
     )
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(home / ".gitconfig"))
+    monkeypatch.setattr(edge_update, "RESULTS", tmp_path / "results")
     result = edge_update.run(quick=True)
-    latency = result["latency_s"]
-    assert min(latency["floor"], latency["full"], latency["delta"]) > 0
-    assert set(result["stages_ms"]["delta"]) >= {"fetch", "apply_delta", "build", "commit"}
-    assert "apply_delta" not in result["stages_ms"]["full"]
-    assert result["bytes"]["delta_fetched"] >= result["bytes"]["delta_signed"]
+    mlp, one = result["mlp"], result["one_tensor"]
+    # the fine-tune comes as tensors: only what changed is fetched, nothing is rebuilt
+    assert mlp["path"] == {"full": "full", "tensors": "tensors", "tensors, prepack on": "tensors"}
+    assert "layout" in mlp["stages_ms"]["tensors"]
+    assert "apply_delta" not in mlp["stages_ms"]["tensors"]
+    assert mlp["bytes_fetched"]["tensors"] < mlp["bytes_fetched"]["full"] / 2
+    assert (
+        one["changed_bytes"] <= one["bytes_fetched"]["tensors"] < 1.1 * one["changed_bytes"] + 65536
+    )
+    assert min(mlp["latency_s"].values()) > 0
+    assert 0 < mlp["floor_s"]["tensors"] < mlp["floor_s"]["full"]
+    # the sweep: every size and share, both paths; a whole new model takes the file
+    points = {(p["size"], p["version"]) for p in result["sweep"]}
+    assert len(points) == len(result["sweep"]) >= 6
+    assert all(p["tensors_path"] == "full" for p in result["sweep"] if p["changed_share"] == 1.0)
+    assert (tmp_path / "results/edge_update_sweep.quick.svg").read_text().startswith("<?xml")
     assert result["idle_poll"]["connections"] == 1
-    names = [g["name"] for g in result["goals"]]
-    assert names == [
-        "full update / floor",
-        "delta update / full update",
-        "delta bytes fetched / signed delta",
-        "idle poll round trips",
-        "idle poll KB on the git host",
-    ]
+    assert len(result["goals"]) == 8
     assert all(g["indicative"] for g in result["goals"])
-    assert "device update of mlp 1.1.0" in render(result)
+    assert "whole and by tensors" in render(result)

@@ -168,7 +168,8 @@ def test_invalid_golden_and_write_arguments_raise(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown example model"):
         write_examples(tmp_path, models=["rnn"])
     with pytest.raises(
-        ValueError, match=r"unknown size 'tiny'; choose one of \['huge', 'large', 'small'\]"
+        ValueError,
+        match=r"unknown size 'tiny'; choose one of \['huge', 'large', 'medium', 'small'\]",
     ):
         write_examples(tmp_path, size="tiny")
     with pytest.raises(ValueError, match="unknown size 'large' for example 'cnn'"):

@@ -47,6 +47,7 @@ PUBLIC: dict[str, set[str]] = {
         "NUMPY_DTYPES",
         "PrepackDecision",
         "SetupHost",
+        "TensorLayout",
         "TensorDecl",
     },
     "edge_sync.engine.ort": {
@@ -519,11 +520,16 @@ PUBLIC: dict[str, set[str]] = {
         "external_data_delta_path",
         "external_data_path",
         "golden_path",
+        "object_path",
         "version_path",
     },
     "signing.version_doc": {
         "GoldenCaseDoc",
+        "GraphDoc",
+        "MAX_TENSORS",
         "MAX_VERSION_DOC_BYTES",
+        "TensorDoc",
+        "TensorManifest",
         "VersionDoc",
     },
 }
