@@ -94,7 +94,8 @@ class Demo:
         """The whole story."""
         self.step("Example models (ONNX, built locally with onnx.helper)")
         examples = self.work / "examples"
-        for f in write_examples(examples, size="small"):
+        # medium: its weight matrices are large enough to travel as tensors
+        for f in write_examples(examples, size="medium"):
             print(f"  {f.path.relative_to(self.work)}  {f.path.stat().st_size:>6} bytes")
         ex = "../examples"
 
@@ -287,7 +288,8 @@ class Demo:
             wait_for("1.0.0")
             self.infer(edge)
             self.run("modelreg", "edge", "status", "--config", "edge.yaml", cwd=device)
-            self.step("v2 reaches production; under traffic, SIGHUP syncs at once; by delta")
+            self.step("v2 reaches production; under traffic, SIGHUP syncs at once; by the "
+                      "tensors it changed")  # fmt: skip
             self.run("modelreg", "promote", "mlp", "1.1.0", "--channel", "production")
             self.run("git", "commit", "-qam", "promote mlp 1.1.0 to production")
             self.run("modelreg", "ci", "release")
@@ -297,6 +299,9 @@ class Demo:
             self.under_traffic(edge, daemons[first], lambda: wait_for("1.1.0"))
             self.infer(edge)
             self.run("modelreg", "edge", "status", "--config", "edge.yaml", cwd=device)
+            self.step("The device never rebuilt the file; it can still write it, verified")
+            self.run("modelreg", "edge", "export", "mlp", "--config", "edge.yaml",
+                     "--out", "../mlp-1.1.0.exported.onnx", cwd=device)  # fmt: skip
             self.fleet(reports, devices)
         finally:
             for name, process in daemons.items():

@@ -150,4 +150,13 @@ def test_demo_runs_end_to_end_from_the_installed_wheel(tmp_path: Path) -> None:
     # the traffic step's client came with the wheel, and every request was answered
     assert "$ python -m modelreg.loadgen http://127.0.0.1:" in out
     assert re.search(r"traffic: \d+ requests \(1\.0\.0: \d+, 1\.1\.0: \d+\), 0 failed", out)
+    # the fine-tune came as its changed tensors, and the whole file can still be written
+    fetched = re.findall(r"last update: installed 1\.1\.0 via delta, (\d+) bytes", out)
+    full = len(re.findall(r"last update: installed 1\.0\.0 via full", out))
+    # 1.0.0 whole; 1.1.0 as the one matrix it changed (64 KiB) and its skeleton
+    assert fetched
+    assert full
+    assert all(64 * 1024 < int(n) < 160 * 1024 for n in fetched), fetched
+    assert re.search(r"stages \(ms\): .*layout", out)
+    assert re.search(r"mlp 1\.1\.0: \d+ bytes, sha256 [0-9a-f]{64} verified", out)
     assert "Traceback" not in out + proc.stderr
