@@ -43,6 +43,7 @@ __all__ = [
     "Piece",
     "Split",
     "TensorCutError",
+    "external_locations",
     "itemsize",
     "join",
     "joined",
@@ -202,7 +203,7 @@ def _message(
     return parts
 
 
-def _fields_of(buf: Any, tensor: _Tensor, spans: list[tuple[int, int]]) -> bytes:
+def _fields_of(buf: Any, spans: list[tuple[int, int]]) -> bytes:
     return b"".join(bytes(buf[s:e]) for s, e in spans)
 
 
@@ -388,7 +389,7 @@ def split(buf: Any) -> Split:
         if tensor is None or tensor.raw is None:
             return None
         a, b = tensor.raw
-        body = _fields_of(buf, tensor, tensor.before) + _fields_of(buf, tensor, tensor.after)
+        body = _fields_of(buf, tensor.before) + _fields_of(buf, tensor.after)
         pieces.append(Piece(tensor.name, tensor.dtype, tensor.dims, a, b - a))
         return _wrap(f.number, [body + _suffix(b - a)])
 
@@ -408,9 +409,9 @@ def joined(skeleton: bytes) -> Joined:
         if cut is None:
             return None
         tensor, length = cut
-        head = _fields_of(skeleton, tensor, tensor.before) + _len_field(_T_RAW, length)
+        head = _fields_of(skeleton, tensor.before) + _len_field(_T_RAW, length)
         piece = Piece(tensor.name, tensor.dtype, tensor.dims, 0, length)
-        return _wrap(f.number, [head, piece, _fields_of(skeleton, tensor, tensor.after)])
+        return _wrap(f.number, [head, piece, _fields_of(skeleton, tensor.after)])
 
     segments: list[bytes | int] = []
     pieces: list[Piece] = []
@@ -456,12 +457,61 @@ def relocate(skeleton: bytes, where: Callable[[int, Piece], tuple[str, int]]) ->
         tensor, length = cut
         location, offset = where(count, Piece(tensor.name, tensor.dtype, tensor.dims, 0, length))
         count += 1
-        body = _fields_of(skeleton, tensor, tensor.before) + _fields_of(
-            skeleton, tensor, tensor.after
-        )
+        body = _fields_of(skeleton, tensor.before) + _fields_of(skeleton, tensor.after)
         body += _entry("location", location) + _entry("offset", str(offset))
         body += _entry("length", str(length)) + _key(_T_LOCATION, _VARINT)
         body += encode_varint(_EXTERNAL)
         return _wrap(f.number, [body])
 
     return b"".join(p for p in _model(skeleton, move) if isinstance(p, bytes))
+
+
+# Where TensorProtos lie, by message: (field, message) pairs to descend into.
+_GRAPH_TENSORS: Final = {_GRAPH_INITIALIZER: "tensor", _GRAPH_NODE: "node", 15: "sparse"}
+_NODE_FIELDS: Final = {_N_ATTRIBUTE: "attribute"}
+# AttributeProto: t 5, g 6, tensors 10, graphs 11, sparse_tensor 22, sparse_tensors 23
+_ATTRIBUTE_FIELDS: Final = {_A_TENSOR: "tensor", 6: "graph", 10: "tensor", 11: "graph",
+                            22: "sparse", 23: "sparse"}  # fmt: skip
+_SPARSE_FIELDS: Final = {1: "tensor", 2: "tensor"}
+# FunctionProto: node 7, attribute_proto 11 (default attribute values)
+_FUNCTION_FIELDS: Final = {7: "node", 11: "attribute"}
+# TrainingInfoProto: initialization 1, algorithm 2
+_TRAINING_FIELDS: Final = {1: "graph", 2: "graph"}
+# ModelProto: graph 7, training_info 20, functions 25
+_MODEL_FIELDS: Final = {_MODEL_GRAPH: "graph", 20: "training", 25: "function"}
+_MAX_DEPTH: Final = 64
+_MESSAGES: Final = {
+    "model": _MODEL_FIELDS, "graph": _GRAPH_TENSORS, "node": _NODE_FIELDS,
+    "attribute": _ATTRIBUTE_FIELDS, "sparse": _SPARSE_FIELDS, "function": _FUNCTION_FIELDS,
+    "training": _TRAINING_FIELDS,
+}  # fmt: skip
+
+
+def external_locations(buf: Any) -> set[str]:
+    """Every external data ``location`` any tensor of the model names: initializers,
+    ``Constant`` and other attribute tensors, sparse tensors, subgraphs, functions.  A
+    skeleton names only :data:`STORE_LOCATION`; anything else would have ONNX Runtime
+    read a file the device never verified for it.
+
+    Raises:
+        TensorCutError: not a message this can walk, or nested too deep.
+    """
+    found: set[str] = set()
+
+    def visit(kind: str, start: int, end: int, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            raise TensorCutError("the model nests deeper than a graph may")
+        for f in _walk(buf, start, end):
+            if f.wire != _LEN:
+                continue
+            if kind != "tensor":
+                inner = _MESSAGES[kind].get(f.number)
+                if inner is not None:
+                    visit(inner, f.start, f.end, depth + 1)
+            elif f.number == _T_EXTERNAL:
+                entry = {e.number: bytes(buf[e.start : e.end]) for e in _walk(buf, f.start, f.end)}
+                if entry.get(_E_KEY) == b"location":
+                    found.add(entry.get(_E_VALUE, b"").decode("utf-8", "replace"))
+
+    visit("model", 0, len(buf), 0)
+    return found

@@ -51,7 +51,9 @@ about 250 bytes per tensor)."""
 MAX_TENSORS: Final = 1 << 15
 """Most tensors a manifest may list (a large language model has about a thousand)."""
 MAX_OBJECT_BYTES: Final = 1 << 40
-"""Largest graph or tensor a manifest may name."""
+"""Largest tensor a manifest may name."""
+MAX_SKELETON_BYTES: Final = (1 << 31) - 1
+"""Largest skeleton: a protobuf message (and ONNX Runtime) takes no more."""
 
 TargetPath = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
 
@@ -83,7 +85,7 @@ class GraphDoc(Strict):
     (``registry.tensors``), fetched as an object by its digest."""
 
     sha256: Sha256Hex
-    length: Annotated[int, Field(ge=1, le=MAX_OBJECT_BYTES)]
+    length: Annotated[int, Field(ge=1, le=MAX_SKELETON_BYTES)]
 
 
 Dtype = Literal[

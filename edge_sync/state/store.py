@@ -94,15 +94,18 @@ class BlobStore:
         """Whether the blob exists and still hashes to its name (a disk may rot)."""
         try:
             with self.path(sha256).open("rb") as fh:
+                before = _stamp(os.fstat(fh.fileno()))
                 hasher = hashlib.sha256()
                 while chunk := fh.read(_HASH_CHUNK):
                     hasher.update(chunk)
-            stamp = _stamp(self.path(sha256))
+                after = _stamp(os.fstat(fh.fileno()))
+            now = _stamp(self.path(sha256).lstat())
         except FileNotFoundError:
             return False
         if hasher.hexdigest() != sha256:
             return False
-        self._stamps[sha256] = stamp
+        if before == after == now:  # the file hashed is the one there, unwritten since
+            self._stamps[sha256] = now
         return True
 
     def unchanged(self, sha256: str) -> bool:
@@ -113,7 +116,7 @@ class BlobStore:
         not verified."""
         known = self._stamps.get(sha256)
         try:
-            return known is not None and _stamp(self.path(sha256)) == known
+            return known is not None and _stamp(self.path(sha256).lstat()) == known
         except FileNotFoundError:
             return False
 
@@ -129,7 +132,7 @@ class BlobStore:
         """
         self.folder.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
         path = replace_file(verified, self.path(sha256), mode=BLOB_MODE)
-        self._stamps[sha256] = _stamp(path)
+        self._stamps[sha256] = _stamp(path.lstat())
         return path
 
     def discard(self, sha256: str) -> None:
@@ -167,8 +170,7 @@ class BlobStore:
                     path.unlink()
 
 
-def _stamp(path: Path) -> tuple[int, int, int, int]:
-    st = path.lstat()
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 

@@ -38,7 +38,7 @@ from edge_sync.decide.plan import (
 )
 from edge_sync.engine.base import Engine, EngineHost, LoadRequest, TensorLayout
 from edge_sync.engine.selftest import GoldenArrays, self_test
-from edge_sync.errors import EngineError, StoppedError
+from edge_sync.errors import EngineError, StateError, StoppedError
 from edge_sync.state.models import (
     Attempt,
     DeviceState,
@@ -432,12 +432,16 @@ class Installer:
                     trust, blobs, plan.objects, work, self.state.partials, stages
                 )
                 return blobs.path(plan.sha256), "tensors"
+            except StoppedError:
+                raise
             except (VerificationError, RegistryError, OSError):
                 # a remote serving a wrong or cut object: the whole file decides
                 plan = progress.plan = Plan("full", "artifact", plan.sha256, plan.path)
         if plan.method == "delta":
             try:
                 return self._apply_chain(trust, name, plan, stages), "delta"
+            except StoppedError:
+                raise
             except (VerificationError, RegistryError, OSError):
                 # A bad delta (or a remote serving garbage for it): the full file decides.
                 plan = progress.plan = Plan("full", "artifact", plan.sha256, plan.path)
@@ -524,7 +528,7 @@ class Installer:
                 raise _RejectedError(str(e)) from None
             graph = manifest.graph.sha256
             held_tensors.save_layout(root, about.name, about.version, graph, placed)
-        return self._layout(graph, placed), graph
+        return self._layout(about.name, about.version, graph, placed), graph
 
     # --- build, self-test, commit -------------------------------------------------------
 
@@ -536,8 +540,7 @@ class Installer:
         Raises:
             EngineError: it cannot be built here, or it failed its self-test.
         """
-        with stages("build"):
-            self._check_store(request)
+        with stages("build"):  # a build from tensors checks its blobs first (_layout)
             engine = self.host.build(request)
         try:
             with stages("self_test"):
@@ -550,8 +553,13 @@ class Installer:
             raise
         return engine
 
-    def _layout(self, graph: str, placed: list[held_tensors.Placed]) -> TensorLayout:
-        """The layout an engine is built from, checked before each build."""
+    def _layout(
+        self, name: str, version: str, graph: str, placed: list[held_tensors.Placed]
+    ) -> TensorLayout:
+        """The layout an engine is built from.  Before each build from it (a reload
+        after an eviction too) every blob it maps must be as verified: one ``stat``
+        each, hashed again when this process has not verified it; an altered one is
+        removed, to be fetched again, and the build fails (``OSError``)."""
         blobs = self.state.blobs
         wanted = list(dict.fromkeys([graph, *(p.blob for p in placed)]))
 
@@ -559,25 +567,11 @@ class Installer:
             for blob in wanted:
                 if not blobs.checked(blob):
                     blobs.discard(blob)
-                    raise OSError(f"blob {blob[:12]} was altered since it was verified")
+                    raise OSError(
+                        f"{name} {version}: blob {blob[:12]} was altered since it was verified"
+                    )
 
         return held_tensors.tensor_layout(blobs, graph, placed, check)
-
-    @staticmethod
-    def _check_store(request: LoadRequest) -> None:
-        """Before a build from tensors: every blob it maps is as verified (one ``stat``
-        each; hashed again when this process has not verified it).  An altered one is
-        removed, to be fetched again.
-
-        Raises:
-            OSError: a blob was altered or is gone.
-        """
-        layout = request.layout
-        if layout is not None and layout.check is not None:
-            try:
-                layout.check()
-            except OSError as e:
-                raise OSError(f"{request.model} {request.version}: {e}") from None
 
     def _goldens(
         self, trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
@@ -676,15 +670,15 @@ class Installer:
         layout = None
         if installed.graph is not None:  # held as tensors (edge_sync.sync.tensors)
             graph, placed = held_tensors.load_layout(self.state.root, name, installed.version)
-            layout = self._layout(graph, placed)
+            if graph != installed.graph:
+                raise OSError(f"{name} {installed.version}: its layout names another skeleton")
+            layout = self._layout(name, installed.version, graph, placed)
         elif installed.external:  # the .onnx with its data files beside it
             path = model_view(self.state.root, self.state.blobs, installed.sha256,
                               installed.external)  # fmt: skip
-        request = LoadRequest(
+        return LoadRequest(
             name, installed.version, path, installed.sha256, installed.kind, target, layout
         )
-        self._check_store(request)
-        return request
 
     def verify_held(self, name: str, installed: Installed) -> bool:
         """Whether every blob ``installed`` is built from is held and hashes to its
@@ -699,9 +693,13 @@ class Installer:
                 return False
             wanted = list(dict.fromkeys([graph, *(p.blob for p in placed)]))
         for blob in wanted:
-            if not blobs.verify(blob):
+            try:
+                if blobs.verify(blob):
+                    continue
                 blobs.discard(blob)
-                return False
+            except StateError:  # a layout naming something that is no digest
+                pass
+            return False
         return True
 
     def kept_blobs(self, state: DeviceState) -> set[str]:

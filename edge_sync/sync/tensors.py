@@ -28,6 +28,9 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
+import os
+import re
+import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -38,7 +41,15 @@ from edge_sync.decide.plan import Signed, TensorFacts
 from edge_sync.engine.base import TensorLayout
 from edge_sync.engine.weights import TensorRef
 from registry.atomic import write_atomic
-from registry.tensors import TensorCutError, join, joined, split
+from registry.tensors import (
+    DTYPES,
+    STORE_LOCATION,
+    TensorCutError,
+    external_locations,
+    join,
+    joined,
+    split,
+)
 from signing.errors import VerificationError
 from signing.target_names import object_path
 
@@ -65,6 +76,7 @@ __all__ = [
 ]
 
 LAYOUTS_DIR: Final = "layouts"
+_HEX64: Final = re.compile(r"[0-9a-f]{64}")
 Stages = Callable[[str], AbstractContextManager[None]]
 
 
@@ -86,9 +98,20 @@ class Placed:
 
     @classmethod
     def from_json(cls, row: list[Any]) -> Placed:
+        """A row as :meth:`as_json` writes it.
+
+        Raises:
+            ValueError: it is not one (a digest that is no digest, a type numpy lacks,
+                a negative offset).
+        """
         name, dtype, dims, sha256, blob, offset, length = row
-        return cls(str(name), str(dtype), tuple(int(d) for d in dims), str(sha256), str(blob),
-                   int(offset), int(length))  # fmt: skip
+        placed = cls(str(name), str(dtype), tuple(int(d) for d in dims), str(sha256),
+                     str(blob), int(offset), int(length))  # fmt: skip
+        if not (_HEX64.fullmatch(placed.sha256) and _HEX64.fullmatch(placed.blob)):
+            raise ValueError(f"tensor {placed.name!r}: not a digest")
+        if placed.dtype not in DTYPES.values() or placed.offset < 0 or placed.length < 0:
+            raise ValueError(f"tensor {placed.name!r}: not a tensor's place")
+        return placed
 
 
 def _layout_file(root: Path, name: str, version: str) -> Path:
@@ -112,9 +135,12 @@ def load_layout(root: Path, name: str, version: str) -> tuple[str, list[Placed]]
     path = _layout_file(root, name, version)
     try:
         data = json.loads(path.read_bytes())
-        return str(data["graph"]), [Placed.from_json(row) for row in data["tensors"]]
+        graph, placed = str(data["graph"]), [Placed.from_json(row) for row in data["tensors"]]
     except (ValueError, KeyError, TypeError) as e:
         raise OSError(f"{path}: not a tensor layout ({e})") from None
+    if not _HEX64.fullmatch(graph):
+        raise OSError(f"{path}: not a tensor layout (its skeleton is not a digest)")
+    return graph, placed
 
 
 def _layouts(root: Path) -> Iterable[tuple[str, list[Placed]]]:
@@ -131,7 +157,11 @@ def _layouts(root: Path) -> Iterable[tuple[str, list[Placed]]]:
 
 def layout_blobs(root: Path, keep: Callable[[str], bool]) -> set[str]:
     """The blobs the layouts of kept versions (``keep(file stem)``) name: skeletons and
-    the blobs their tensors lie in."""
+    the blobs their tensors lie in.
+
+    Raises:
+        OSError: a kept version's layout cannot be read (collect nothing then).
+    """
     found: set[str] = set()
     folder = root / LAYOUTS_DIR
     if not folder.is_dir():
@@ -140,10 +170,8 @@ def layout_blobs(root: Path, keep: Callable[[str], bool]) -> set[str]:
         if not keep(path.stem):
             continue
         name, _, version = path.stem.rpartition("-")
-        try:
-            graph, placed = load_layout(root, name, version)
-        except OSError:
-            continue
+        # unreadable: raised, so that nothing its version maps is collected
+        graph, placed = load_layout(root, name, version)
         found.add(graph)
         found.update(p.blob for p in placed)
     return found
@@ -218,6 +246,20 @@ def _matches(manifest: TensorManifest, pieces: Iterable[Any]) -> bool:
     return got == want
 
 
+def _only_the_store(skeleton: bytes, where: str) -> None:
+    """Refuse a skeleton any of whose tensors names an external file other than the
+    tensor store's (ONNX Runtime would read it, unverified, in a private session).
+
+    Raises:
+        VerificationError: it names one.
+        TensorCutError: it does not walk.
+    """
+    foreign = external_locations(skeleton) - {STORE_LOCATION}
+    if foreign:
+        names = ", ".join(repr(n) for n in sorted(foreign)[:3])
+        raise VerificationError(f"the skeleton names external data files ({names})", where)
+
+
 def layout_from_objects(
     manifest: TensorManifest, artifact_length: int, root: Path, blobs: BlobStore
 ) -> list[Placed]:
@@ -231,7 +273,9 @@ def layout_from_objects(
     """
     graph = manifest.graph.sha256
     try:
-        layout = joined(blobs.path(graph).read_bytes())
+        skeleton = blobs.path(graph).read_bytes()
+        layout = joined(skeleton)
+        _only_the_store(skeleton, object_path(graph))
     except TensorCutError as e:
         raise VerificationError(f"the skeleton does not walk ({e})", object_path(graph)) from None
     if not _matches(manifest, layout.pieces) or layout.length != artifact_length:
@@ -272,6 +316,10 @@ def layout_from_artifact(
         raise VerificationError(
             "the signed tensor manifest does not describe the artifact", object_path(graph)
         )
+    try:
+        _only_the_store(cut.skeleton, str(path))
+    except TensorCutError as e:
+        raise VerificationError(f"the artifact does not walk ({e})", str(path)) from None
     if not blobs.has(graph):
         work.mkdir(parents=True, exist_ok=True)
         staged = work / f"{graph}.skeleton"
@@ -373,9 +421,10 @@ def _write_checked(path: Path, sha256: str, write: Callable[[Any], None]) -> Non
     """``write`` into a temporary file beside ``path``, renamed over it only when what
     was written hashes to ``sha256``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.partial")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # never a link
+    tmp = Path(name)
     try:
-        with tmp.open("wb") as fh:
+        with os.fdopen(fd, "wb") as fh:
             hashing = _Hashing(fh)
             write(hashing)
         got = hashing.hasher.hexdigest()

@@ -272,9 +272,13 @@ class Updater:
         loaded engine maps, descriptions of versions it does not name, temporary files,
         and partial downloads (unless a failed sync may resume them)."""
         committed = load_state(self.state)
-        pinned = self.host.mapped_blobs() | self.installer.kept_blobs(committed)
-        self.state.blobs.collect(committed.referenced_blobs() | pinned)
-        collect_views(self.state.root, committed.referenced_blobs() | pinned)
+        try:
+            pinned = self.host.mapped_blobs() | self.installer.kept_blobs(committed)
+        except OSError:  # a held version's layout unreadable: which blobs it maps is unknown
+            pinned = None
+        if pinned is not None:
+            self.state.blobs.collect(committed.referenced_blobs() | pinned)
+            collect_views(self.state.root, committed.referenced_blobs() | pinned)
         self.installer.collect_descriptions(committed)
         self.state.blobs.clear_tmp()
         if not resumable:

@@ -38,7 +38,7 @@ from signing.target_names import (
 )
 from signing.tuf_facts import TargetFacts, TargetKind
 from signing.tuf_repo import TrustRepo
-from signing.version_doc import GoldenCaseDoc, VersionDoc
+from signing.version_doc import MAX_VERSION_DOC_BYTES, GoldenCaseDoc, VersionDoc
 
 from ._tensors import ObjectSource, tensor_manifest
 
@@ -175,11 +175,16 @@ def stage_description(
     doc, files = describe(repo, entry, engines)
     spec = entry.manifest.spec
     if objects is not None and not spec.artifact.external_data:
-        found = tensor_manifest(repo.root / spec.artifact.path)
+        signed = trust.targets.get(artifact_path(entry.name, entry.version))
+        digest = signed.hashes.get("sha256") if signed is not None else None
+        found = tensor_manifest(repo.root / spec.artifact.path, digest)
         if found is not None:
             manifest, sources = found
-            doc = doc.model_copy(update={"tensors": manifest})
-            objects.update(sources)
+            described = doc.model_copy(update={"tensors": manifest})
+            # a description every device would refuse gets no manifest: whole files
+            if len(described.to_bytes()) <= MAX_VERSION_DOC_BYTES:
+                doc = described
+                objects.update(sources)
     added = []
     for path, data in files.items():
         # A golden file is only ever signed with its description, but should one be

@@ -221,16 +221,15 @@ class TargetStore:
             if self.local is not None:
                 dest = self.local / rel
                 if dest.is_file() and dest.stat().st_size == source.length:
-                    continue
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                write_atomic(dest, source.read(), mode=0o644)
+                    continue  # written whole before (renamed into place once complete)
+                source.copy_to(dest, digest)
             else:
                 remote = self._fs.join(self._base, rel)
                 if self._call("check", self._fs.exists, remote):
                     continue
                 with tempfile.TemporaryDirectory() as tmp:
                     staged = Path(tmp, digest)
-                    staged.write_bytes(source.read())
+                    source.copy_to(staged, digest)
                     self._call("upload", self._fs.put_file, str(staged), remote)
             written.append(rel)
         return written

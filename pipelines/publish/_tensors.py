@@ -12,10 +12,22 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from registry.tensors import TensorCutError, join, joined, split
+from pydantic import ValidationError
+
+from registry.tensors import (
+    STORE_LOCATION,
+    TensorCutError,
+    external_locations,
+    join,
+    joined,
+    split,
+)
 from signing.version_doc import MAX_TENSORS, GraphDoc, TensorDoc, TensorManifest
 
 __all__ = ["ObjectSource", "tensor_manifest"]
@@ -32,18 +44,61 @@ class ObjectSource:
     data: bytes | None = None
 
     def read(self) -> bytes:
-        """The object's bytes."""
+        """The object's bytes (a small one: tests, the skeleton)."""
+        return b"".join(self.chunks())
+
+    def chunks(self, size: int = 1 << 24) -> Iterator[bytes]:
+        """The object's bytes, ``size`` at a time (a tensor may be gigabytes)."""
         if self.data is not None:
-            return self.data
+            yield self.data
+            return
         assert self.path is not None  # noqa: S101 - one of the two is set
         with self.path.open("rb") as fh:
             fh.seek(self.offset)
-            return fh.read(self.length)
+            left = self.length
+            while left > 0:
+                chunk = fh.read(min(size, left))
+                if not chunk:
+                    raise OSError(f"{self.path}: ends {left} bytes early")
+                left -= len(chunk)
+                yield chunk
+
+    def copy_to(self, dest: Path, sha256: str) -> None:
+        """Write the object to ``dest`` atomically, checked against its digest as it
+        is written (a source changed since it was cut is never published).
+
+        Raises:
+            OSError: the source cannot be read, differs from ``sha256``, or ``dest``
+                cannot be written.
+        """
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+        try:
+            hasher = hashlib.sha256()
+            with os.fdopen(fd, "wb") as out:
+                for chunk in self.chunks():
+                    hasher.update(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            if hasher.hexdigest() != sha256:
+                raise OSError(f"{self.path}: changed since it was cut (sha256 differs)")
+            Path(tmp).chmod(0o644)
+            Path(tmp).replace(dest)
+        finally:
+            Path(tmp).unlink(missing_ok=True)
 
 
-def tensor_manifest(path: Path) -> tuple[TensorManifest, dict[str, ObjectSource]] | None:
+def tensor_manifest(
+    path: Path, signed_sha256: str | None = None
+) -> tuple[TensorManifest, dict[str, ObjectSource]] | None:
     """The tensor manifest of the ONNX file ``path`` and its objects by digest (the
     skeleton and each tensor); None when it gets none (see the module doc).
+
+    Args:
+        path: the artifact.
+        signed_sha256: the digest its target is signed with: the join must give
+            exactly those bytes (None: the file's own digest).
 
     Raises:
         OSError: the file cannot be read.
@@ -56,6 +111,9 @@ def tensor_manifest(path: Path) -> tuple[TensorManifest, dict[str, ObjectSource]
             try:
                 cut = split(view)
                 layout = joined(cut.skeleton)
+                # data files of its own: the whole-file route
+                if external_locations(cut.skeleton) != {STORE_LOCATION}:
+                    return None
             except TensorCutError:
                 return None
             if not cut.pieces or len(cut.pieces) > MAX_TENSORS or layout.length != size:
@@ -80,15 +138,21 @@ def tensor_manifest(path: Path) -> tuple[TensorManifest, dict[str, ObjectSource]
                 memory.release()
     if again.digest() != whole.digest():
         return None
+    if signed_sha256 is not None and whole.hexdigest() != signed_sha256:
+        return None  # not the bytes released under this version: never describe them
     graph_sha = hashlib.sha256(cut.skeleton).hexdigest()
-    manifest = TensorManifest(
-        graph=GraphDoc(sha256=graph_sha, length=len(cut.skeleton)),
-        tensors=[
-            TensorDoc.model_validate({"name": p.name, "dtype": p.dtype, "shape": list(p.dims),
-                                      "length": p.length, "sha256": d})
-            for p, d in zip(cut.pieces, digests, strict=True)
-        ],
-    )  # fmt: skip
+    try:
+        manifest = TensorManifest(
+            graph=GraphDoc(sha256=graph_sha, length=len(cut.skeleton)),
+            tensors=[
+                TensorDoc.model_validate({"name": p.name, "dtype": p.dtype,
+                                          "shape": list(p.dims), "length": p.length,
+                                          "sha256": d})
+                for p, d in zip(cut.pieces, digests, strict=True)
+            ],
+        )  # fmt: skip
+    except ValidationError:  # a name or rank the schema does not take: the whole file
+        return None
     objects = {graph_sha: ObjectSource(len(cut.skeleton), data=cut.skeleton)}
     for piece, digest in zip(cut.pieces, digests, strict=True):
         objects.setdefault(digest, ObjectSource(piece.length, path, piece.offset))

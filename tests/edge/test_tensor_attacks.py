@@ -103,7 +103,9 @@ def _unverified(request: LoadRequest) -> list[str]:
 
 
 class _CheckingHost(InProcessHost):
-    """An ONNX Runtime host that hashes every byte an engine is built from first."""
+    """An ONNX Runtime host that hashes every byte an engine is built from first, and
+    records each build that succeeded (``built``) and any that ran on bytes that are
+    not the signed ones (``unverified``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,10 +113,10 @@ class _CheckingHost(InProcessHost):
         self.unverified: list[str] = []
 
     def build(self, request: LoadRequest) -> Engine:
-        self.unverified += _unverified(request)
+        before = _unverified(request)  # the bytes as the build finds them
+        engine = super().build(request)  # refuses a store altered since it was verified
         self.built.append(request.version)
-        engine = super().build(request)
-        self.unverified += _mapped_wrong(request, engine)
+        self.unverified += before + _mapped_wrong(request, engine)
         return engine
 
 

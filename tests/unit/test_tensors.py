@@ -19,7 +19,17 @@ from edge_sync.engine.ort import OrtEngine
 from edge_sync.engine.weights import TensorRef
 from modelreg.examples import write_examples
 from pipelines.publish._tensors import tensor_manifest
-from registry.tensors import MIN_TENSOR_BYTES, TensorCutError, join, joined, split
+from registry.tensors import (
+    MIN_TENSOR_BYTES,
+    TensorCutError,
+    external_locations,
+    join,
+    joined,
+    split,
+)
+from registry.tensors import (
+    STORE_LOCATION as STORE,
+)
 from signing.version_doc import MAX_TENSORS, TensorManifest, VersionDoc
 from tests.edge.real_models import real_model_path
 
@@ -214,3 +224,83 @@ def test_an_engine_from_tensors_answers_as_the_whole_file(
     else:  # a private session read them itself
         assert held.weights is None
         assert held.memory_bytes == sum(p.length for p in cut.pieces)
+
+
+def test_every_external_location_is_found_wherever_the_tensor_is(tmp_path: Path) -> None:
+    """A skeleton may name only the tensor store: a tensor anywhere else in the model
+    (a Constant, a subgraph) naming another file would have ONNX Runtime read it."""
+    from edge_sync.sync.tensors import _only_the_store
+    from signing.errors import VerificationError
+
+    def external(name: str, location: str) -> TensorProto:
+        t = helper.make_tensor(name, TensorProto.FLOAT, [2], [0.0, 0.0])
+        t.ClearField("float_data")
+        t.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", location), ("length", "8")):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+        return t
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=external("deep", "../state.json"))],
+        "then", [], [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2])],
+    )  # fmt: skip
+    nodes = [
+        helper.make_node("Constant", [], ["k"], value=external("k", "other.bin")),
+        helper.make_node("If", ["cond"], ["z"], then_branch=branch, else_branch=branch),
+        helper.make_node("Add", ["x", "k"], ["y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [y], [external("w", STORE)])
+    data = helper.make_model(graph).SerializeToString()
+    assert external_locations(data) == {STORE, "other.bin", "../state.json"}
+    with pytest.raises(VerificationError, match="names external data files"):
+        _only_the_store(data, "skeleton")
+    assert external_locations(split(_model(numpy_helper.from_array(_weight(), "w"))).skeleton) == {
+        STORE
+    }
+
+
+def test_string_attributes_and_function_defaults_are_walked_as_what_they_are() -> None:
+    """A string list (sklearn-onnx's class labels) is no tensor; a function's default
+    attribute value is one, and may name a file."""
+    node = helper.make_node("Foo", ["x"], ["y"], domain="d", labels=["NOTSET", "abc"])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([node], "g", [x], [y])
+    assert external_locations(helper.make_model(graph).SerializeToString()) == set()
+    default = helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 2.0])
+    default.ClearField("float_data")
+    default.data_location = TensorProto.EXTERNAL
+    entry = default.external_data.add()
+    entry.key, entry.value = "location", "another-blob"
+    body = [helper.make_node("Identity", ["a"], ["b"])]
+    function = helper.make_function("d", "F", ["a"], ["b"], body, [helper.make_opsetid("", 17)])
+    attribute = function.attribute_proto.add()
+    attribute.name, attribute.type = "v", 4
+    attribute.t.CopyFrom(default)
+    model = helper.make_model(graph, functions=[function])
+    assert external_locations(model.SerializeToString()) == {"another-blob"}
+
+
+def test_no_manifest_describes_bytes_other_than_the_signed_ones(tmp_path: Path) -> None:
+    path = write_examples(tmp_path, "medium", models=["mlp"], goldens=False)[0].path
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert tensor_manifest(path, digest) is not None
+    assert tensor_manifest(path, "0" * 64) is None  # a local file that is not the release
+
+
+def test_a_layout_that_names_no_digest_is_refused(tmp_path: Path) -> None:
+    from edge_sync.sync.tensors import LAYOUTS_DIR, Placed, load_layout, save_layout
+
+    good = Placed("w", "float32", (2,), "a" * 64, "b" * 64, 0, 8)
+    save_layout(tmp_path, "mlp", "1.0.0", "c" * 64, [good])
+    assert load_layout(tmp_path, "mlp", "1.0.0") == ("c" * 64, [good])
+    for bad in (Placed("w", "float32", (2,), "a" * 64, "../../etc/passwd", 0, 8),
+                Placed("w", "complex", (2,), "a" * 64, "b" * 64, 0, 8),
+                Placed("w", "float32", (2,), "a" * 64, "b" * 64, -1, 8)):  # fmt: skip
+        save_layout(tmp_path, "mlp", "1.0.0", "c" * 64, [bad])
+        with pytest.raises(OSError, match="not a tensor layout"):
+            load_layout(tmp_path, "mlp", "1.0.0")
+    assert (tmp_path / LAYOUTS_DIR / "mlp-1.0.0.json").is_file()
