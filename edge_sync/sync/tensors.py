@@ -28,9 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -40,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 from edge_sync.decide.plan import Signed, TensorFacts
 from edge_sync.engine.base import TensorLayout
 from edge_sync.engine.weights import TensorRef
-from registry.atomic import write_atomic
+from registry.atomic import AtomicFile, write_atomic
 from registry.tensors import (
     DTYPES,
     STORE_LOCATION,
@@ -418,18 +416,12 @@ class _Hashing:
 
 
 def _write_checked(path: Path, sha256: str, write: Callable[[Any], None]) -> None:
-    """``write`` into a temporary file beside ``path``, renamed over it only when what
+    """``write`` into a temporary file beside ``path``, put in its place only when what
     was written hashes to ``sha256``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # never a link
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            hashing = _Hashing(fh)
-            write(hashing)
+    with AtomicFile(path, mode=0o644) as out:
+        hashing = _Hashing(out.file)
+        write(hashing)
         got = hashing.hasher.hexdigest()
-        if got != sha256:
+        if got != sha256:  # raised inside: nothing replaced
             raise VerificationError(f"sha256 {got} differs from the signed {sha256}", str(path))
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from registry.atomic import AtomicFile
 from registry.tensors import (
     STORE_LOCATION,
     TensorCutError,
@@ -72,21 +71,13 @@ class ObjectSource:
                 cannot be written.
         """
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-        try:
+        with AtomicFile(dest, mode=0o644) as out:
             hasher = hashlib.sha256()
-            with os.fdopen(fd, "wb") as out:
-                for chunk in self.chunks():
-                    hasher.update(chunk)
-                    out.write(chunk)
-                out.flush()
-                os.fsync(out.fileno())
-            if hasher.hexdigest() != sha256:
+            for chunk in self.chunks():
+                hasher.update(chunk)
+                out.write(chunk)
+            if hasher.hexdigest() != sha256:  # raised inside: nothing replaced
                 raise OSError(f"{self.path}: changed since it was cut (sha256 differs)")
-            Path(tmp).chmod(0o644)
-            Path(tmp).replace(dest)
-        finally:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def tensor_manifest(
