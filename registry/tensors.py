@@ -143,11 +143,14 @@ def _entry(key: str, value: str) -> bytes:
     return _len_field(_T_EXTERNAL, len(body)) + body
 
 
-def _suffix(length: int) -> bytes:
-    """What a cut tensor ends with in the skeleton: its location, length and
-    ``data_location = EXTERNAL``."""
+def _suffix(length: int, location: str = STORE_LOCATION, offset: int | None = None) -> bytes:
+    """What a cut tensor ends with: its location (the store's in a skeleton), offset
+    (a relocated one only), length and ``data_location = EXTERNAL``."""
+    where = _entry("location", location)
+    if offset is not None:
+        where += _entry("offset", str(offset))
     return (
-        _entry("location", STORE_LOCATION)
+        where
         + _entry("length", str(length))
         + _key(_T_LOCATION, _VARINT)
         + encode_varint(_EXTERNAL)
@@ -458,10 +461,7 @@ def relocate(skeleton: bytes, where: Callable[[int, Piece], tuple[str, int]]) ->
         location, offset = where(count, Piece(tensor.name, tensor.dtype, tensor.dims, 0, length))
         count += 1
         body = _fields_of(skeleton, tensor.before) + _fields_of(skeleton, tensor.after)
-        body += _entry("location", location) + _entry("offset", str(offset))
-        body += _entry("length", str(length)) + _key(_T_LOCATION, _VARINT)
-        body += encode_varint(_EXTERNAL)
-        return _wrap(f.number, [body])
+        return _wrap(f.number, [body + _suffix(length, location, offset)])
 
     return b"".join(p for p in _model(skeleton, move) if isinstance(p, bytes))
 

@@ -25,6 +25,7 @@ hashed again at start-up, and checked before each build (``BlobStore.checked``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import mmap
@@ -130,7 +131,10 @@ def load_layout(root: Path, name: str, version: str) -> tuple[str, list[Placed]]
     Raises:
         OSError: it is missing or unreadable.
     """
-    path = _layout_file(root, name, version)
+    return _read_layout(_layout_file(root, name, version))
+
+
+def _read_layout(path: Path) -> tuple[str, list[Placed]]:
     try:
         data = json.loads(path.read_bytes())
         graph, placed = str(data["graph"]), [Placed.from_json(row) for row in data["tensors"]]
@@ -141,16 +145,15 @@ def load_layout(root: Path, name: str, version: str) -> tuple[str, list[Placed]]
     return graph, placed
 
 
-def _layouts(root: Path) -> Iterable[tuple[str, list[Placed]]]:
+def _layout_files(root: Path) -> list[Path]:
     folder = root / LAYOUTS_DIR
-    if not folder.is_dir():
-        return
-    for path in sorted(folder.glob("*.json")):
-        name, _, version = path.stem.rpartition("-")
-        try:
-            yield load_layout(root, name, version)
-        except OSError:
-            continue
+    return sorted(folder.glob("*.json")) if folder.is_dir() else []
+
+
+def _layouts(root: Path) -> Iterable[tuple[str, list[Placed]]]:
+    for path in _layout_files(root):
+        with contextlib.suppress(OSError):  # unreadable: holds nothing usable
+            yield _read_layout(path)
 
 
 def layout_blobs(root: Path, keep: Callable[[str], bool]) -> set[str]:
@@ -161,27 +164,19 @@ def layout_blobs(root: Path, keep: Callable[[str], bool]) -> set[str]:
         OSError: a kept version's layout cannot be read (collect nothing then).
     """
     found: set[str] = set()
-    folder = root / LAYOUTS_DIR
-    if not folder.is_dir():
-        return found
-    for path in folder.glob("*.json"):
-        if not keep(path.stem):
-            continue
-        name, _, version = path.stem.rpartition("-")
-        # unreadable: raised, so that nothing its version maps is collected
-        graph, placed = load_layout(root, name, version)
-        found.add(graph)
-        found.update(p.blob for p in placed)
+    for path in _layout_files(root):
+        if keep(path.stem):
+            graph, placed = _read_layout(path)
+            found.add(graph)
+            found.update(p.blob for p in placed)
     return found
 
 
 def collect_layouts(root: Path, keep: Callable[[str], bool]) -> None:
     """Remove the layouts of versions no longer kept."""
-    folder = root / LAYOUTS_DIR
-    if folder.is_dir():
-        for path in folder.glob("*.json"):
-            if not keep(path.stem):
-                path.unlink(missing_ok=True)
+    for path in _layout_files(root):
+        if not keep(path.stem):
+            path.unlink(missing_ok=True)
 
 
 def held_digests(root: Path, blobs: BlobStore) -> dict[str, Placed]:

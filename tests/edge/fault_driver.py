@@ -57,7 +57,7 @@ from edge_sync.decide.health import GatePolicy
 from edge_sync.engine.host import InProcessHost
 from edge_sync.errors import StateError
 from edge_sync.serve.recorder import Recorder
-from edge_sync.state.models import DaemonInfo
+from edge_sync.state.models import DaemonInfo, DeviceState
 from edge_sync.state.store import StateDir
 from edge_sync.sync.updater import Updater
 
@@ -188,8 +188,29 @@ def _marks(log: Path) -> list[tuple[float, str]]:
     return found
 
 
-def _consistency(state_root: Path) -> str | None:
-    """Why the state dir is inconsistent (None when it is not)."""
+def drive(module: str, args: list[str], out: Path) -> dict[str, Any]:
+    """Run a fault driver (``python -m module ARGS``) from a test, and its JSON report
+    (written to ``out``); its figures go to stdout (``pytest -s``).
+
+    Raises:
+        AssertionError: the driver failed.
+    """
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=root, capture_output=True, text=True,
+        timeout=540, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    print(proc.stdout)
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
+def loaded_with_sound_blobs(state_root: Path) -> tuple[StateDir, DeviceState] | str:
+    """The state dir and its state when the state file loads and every blob hashes to
+    its name; else why not."""
     state_dir = StateDir(state_root)
     try:
         state = state_dir.load()
@@ -199,6 +220,15 @@ def _consistency(state_root: Path) -> str | None:
     for blob in blobs.glob("*") if blobs.is_dir() else []:
         if hashlib.sha256(blob.read_bytes()).hexdigest() != blob.name:
             return f"blob {blob.name[:12]} does not hash to its name"
+    return state_dir, state
+
+
+def _consistency(state_root: Path) -> str | None:
+    """Why the state dir is inconsistent (None when it is not)."""
+    loaded = loaded_with_sound_blobs(state_root)
+    if isinstance(loaded, str):
+        return loaded
+    state_dir, state = loaded
     for sha in state.referenced_blobs():
         if not state_dir.blobs.has(sha):
             return f"the state names blob {sha[:12]}, which is missing"

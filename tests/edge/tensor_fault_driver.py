@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from edge_sync.config import load_edge_config
-from edge_sync.errors import StateError
 from edge_sync.state.models import Installed
 from edge_sync.state.store import StateDir
 from edge_sync.sync import tensors as held_tensors
@@ -130,15 +129,10 @@ def _whole(state_dir: StateDir, installed: Installed) -> str | None:
 
 def consistency(state_root: Path) -> str | None:
     """Why the state dir is inconsistent (None when it is not)."""
-    state_dir = StateDir(state_root)
-    try:
-        state = state_dir.load()
-    except StateError as e:
-        return f"state file: {e}"
-    folder = state_dir.blobs.folder
-    for blob in folder.glob("*") if folder.is_dir() else []:
-        if hashlib.sha256(blob.read_bytes()).hexdigest() != blob.name:
-            return f"blob {blob.name[:12]} does not hash to its name"
+    loaded = fault_driver.loaded_with_sound_blobs(state_root)
+    if isinstance(loaded, str):
+        return loaded
+    state_dir, state = loaded
     for model in state.models.values():
         for installed in model.held():
             problem = _whole(state_dir, installed)

@@ -7,16 +7,13 @@ asks for more: the issue's figures come from 60, run by hand)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
 from tests.edge.conftest import EdgeRig
+from tests.edge.fault_driver import drive
 
 pytestmark = pytest.mark.integration
 
@@ -30,14 +27,10 @@ def test_random_kills_blame_no_version_and_crashing_versions_are_rejected(rig: E
     shutil.copytree(rig.tmp / "device/state", snapshot, symlinks=True)
     rig.release_version("1.1.0", "1.0.0")
     out = rig.tmp / "faults.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.edge.fault_driver", str(config), str(snapshot),
-         str(RUNS), "20261204", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540, check=False,
+    report = drive(
+        "tests.edge.fault_driver",
+        [str(config), str(snapshot), str(RUNS), "20261204", str(out)], out,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    print(proc.stdout)  # the figures (pytest -s)
-    report = json.loads(out.read_text())
     runs = report["runs"]
     assert len(runs) == RUNS
     assert [r for r in runs if r["problem"]] == []
