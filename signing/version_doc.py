@@ -32,7 +32,7 @@ from registry.schema import (
     Tolerance,
     file_name_problem,
 )
-from registry.tensors import itemsize
+from registry.tensors import MIN_TENSOR_BYTES, itemsize
 from signing.tuf_facts import Sha256Hex
 
 __all__ = [
@@ -102,7 +102,7 @@ class TensorDoc(Strict):
     name: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     dtype: Dtype
     shape: list[Annotated[int, Field(ge=0, le=1 << 62)]] = Field(max_length=64)
-    length: Annotated[int, Field(ge=0, le=MAX_OBJECT_BYTES)]
+    length: Annotated[int, Field(ge=MIN_TENSOR_BYTES, le=MAX_OBJECT_BYTES)]
     sha256: Sha256Hex
 
     @model_validator(mode="after")

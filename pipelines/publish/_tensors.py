@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from registry.atomic import AtomicFile
+from registry.safe_io import open_regular
 from registry.tensors import (
     STORE_LOCATION,
     TensorCutError,
@@ -80,6 +82,13 @@ class ObjectSource:
                 raise OSError(f"{self.path}: changed since it was cut (sha256 differs)")
 
 
+def _sha256(memory: memoryview, size: int) -> str:
+    hasher = hashlib.sha256()
+    for start in range(0, size, 1 << 24):
+        hasher.update(memory[start : start + (1 << 24)])
+    return hasher.hexdigest()
+
+
 def tensor_manifest(
     path: Path, signed_sha256: str | None = None
 ) -> tuple[TensorManifest, dict[str, ObjectSource]] | None:
@@ -93,9 +102,10 @@ def tensor_manifest(
 
     Raises:
         OSError: the file cannot be read.
+        UnsafeFileError: it is a link or not a regular file.
     """
-    with path.open("rb") as fh:
-        size = path.stat().st_size
+    with open_regular(path) as fh:  # never through a link a pull request planted
+        size = os.fstat(fh.fileno()).st_size
         if not size:
             return None
         with mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
@@ -119,18 +129,16 @@ def tensor_manifest(
                     hashlib.sha256(memory[p.offset : p.offset + p.length]).hexdigest()
                     for p in cut.pieces
                 ]
-                whole, again = hashlib.sha256(), hashlib.sha256()
+                again = hashlib.sha256()
                 spans = [(p.offset, p.offset + p.length) for p in cut.pieces]
                 for chunk in join(layout, lambda i, _piece: memory[spans[i][0] : spans[i][1]]):
                     again.update(chunk)
-                for start in range(0, size, 1 << 24):
-                    whole.update(memory[start : start + (1 << 24)])
+                if signed_sha256 is None:  # no signed digest to hold it to: the file's
+                    signed_sha256 = _sha256(memory, size)
             finally:
                 memory.release()
-    if again.digest() != whole.digest():
-        return None
-    if signed_sha256 is not None and whole.hexdigest() != signed_sha256:
-        return None  # not the bytes released under this version: never describe them
+    if again.hexdigest() != signed_sha256:
+        return None  # the join is not the bytes released under this version
     graph_sha = hashlib.sha256(cut.skeleton).hexdigest()
     try:
         manifest = TensorManifest(

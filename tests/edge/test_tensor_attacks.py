@@ -29,8 +29,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -55,8 +53,8 @@ from signing.tuf_facts import TargetFacts
 from signing.tuf_repo import TrustRepo
 from signing.tuf_roles import TARGETS_DIR, stored_name, target_file
 from signing.version_doc import MAX_TENSORS, MAX_VERSION_DOC_BYTES, TensorDoc, TensorManifest
-from tests.conftest import REPO_ROOT
 from tests.edge.conftest import EdgeRig
+from tests.edge.fault_driver import drive
 from tests.trust_sim import online_signers, sign_online
 
 pytestmark = pytest.mark.integration
@@ -279,11 +277,14 @@ def _cause_in(reason: str | None, cause: str) -> None:
 
 
 def _spoil(data: bytes, how: str) -> bytes:
-    """Other bytes of the same length, or the bytes cut short."""
-    return bytes(b ^ 0x5A for b in data) if how == "wrong" else data[: len(data) // 2]
+    """Other bytes of the same length, the bytes cut short, or the bytes and a endless
+    tail (a store that streams more than was signed)."""
+    if how == "wrong":
+        return bytes(b ^ 0x5A for b in data)
+    return data[: len(data) // 2] if how == "truncated" else data + bytes(64 << 20)
 
 
-@pytest.mark.parametrize("how", ["wrong", "truncated"])
+@pytest.mark.parametrize("how", ["wrong", "truncated", "longer"])
 def test_a_wrong_or_cut_object_falls_back_to_the_full_file(
     rig: EdgeRig, medium: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
@@ -303,11 +304,16 @@ def test_a_wrong_or_cut_object_falls_back_to_the_full_file(
             f"{object_path(tensor.sha256)}: sha256 {hashlib.sha256(spoiled).hexdigest()} "
             f"differs from the signed {tensor.sha256}"
         )
-    else:
+    elif how == "truncated":
         assert isinstance(error, TrustFetchError)
         assert f"the remote sent {len(spoiled)} of {tensor.length} bytes" in str(error)
+    else:  # read no further than the signed length (and a chunk)
+        assert isinstance(error, DigestMismatchError)
+        assert f"longer than the {tensor.length} bytes signed" in str(error)
     full = medium / "1.1.0.onnx"
-    assert update.bytes_fetched >= full.stat().st_size + len(spoiled)  # both count
+    object_bytes = min(len(spoiled), tensor.length + (1 << 20))
+    assert update.bytes_fetched >= full.stat().st_size + min(len(spoiled), tensor.length)
+    assert update.bytes_fetched < full.stat().st_size + object_bytes + (1 << 20)
     _serves(rig, host, "1.2.0", full)
     held = _held(rig)
     assert hashlib.sha256(spoiled).hexdigest() not in held
@@ -806,14 +812,10 @@ def test_random_kills_on_the_tensor_path_leave_consistent_states(
     shutil.copytree(rig.tmp / "device/state", snapshot, symlinks=True)
     rig.release_version("1.2.0", "1.1.0", artifact=medium / "1.1.0.onnx")
     out = rig.tmp / "tensor-faults.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.edge.tensor_fault_driver", str(config), str(snapshot),
-         str(RUNS), "20261225", str(out), "1.1.0", "1.2.0"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540, check=False,
+    report = drive(
+        "tests.edge.tensor_fault_driver",
+        [str(config), str(snapshot), str(RUNS), "20261225", str(out), "1.1.0", "1.2.0"], out,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    print(proc.stdout)  # the figures (pytest -s)
-    report = json.loads(out.read_text())
     runs = report["runs"]
     assert len(runs) == RUNS
     assert report["dry_run_method"] == "delta"  # 1.2.0 came as tensors

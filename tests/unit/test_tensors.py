@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx import load_from_string as onnx_model
 
 from edge_sync.engine.base import LoadRequest, TensorLayout
 from edge_sync.engine.ort import OrtEngine
@@ -159,9 +160,9 @@ def _doc(tensors: list[dict[str, Any]]) -> bytes:
 
 
 def _entry(
-    name: str = "w", sha: str = "b", length: int = 16, shape: list[int] | None = None
+    name: str = "w", sha: str = "b", length: int = 65536, shape: list[int] | None = None
 ) -> dict[str, Any]:
-    return {"name": name, "dtype": "float32", "shape": shape or [2, 2], "length": length,
+    return {"name": name, "dtype": "float32", "shape": shape or [128, 128], "length": length,
             "sha256": sha * 64}  # fmt: skip
 
 
@@ -169,7 +170,8 @@ def _entry(
     ("tensors", "reason"),
     [
         pytest.param([_entry(), _entry(sha="c")], "listed twice", id="a tensor listed twice with different digests"),
-        pytest.param([_entry(length=15)], "do not fit", id="a length that does not fit the shape"),
+        pytest.param([_entry(length=65540)], "do not fit", id="a length that does not fit the shape"),
+        pytest.param([_entry(length=16, shape=[2, 2])], "greater than or equal to 65536", id="a tensor split would never cut (an empty one would map nothing)"),
         pytest.param([_entry(name=f"t{i}") for i in range(MAX_TENSORS + 1)], "at most 32768", id="too many tensors"),
     ],
 )  # fmt: skip
@@ -304,3 +306,31 @@ def test_a_layout_that_names_no_digest_is_refused(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="not a tensor layout"):
             load_layout(tmp_path, "mlp", "1.0.0")
     assert (tmp_path / LAYOUTS_DIR / "mlp-1.0.0.json").is_file()
+
+
+def test_ci_describes_no_file_a_pull_request_could_point_elsewhere(tmp_path: Path) -> None:
+    """A pull request's artifact that is a link (to a CI secret, say) is never read to
+    publish its bytes as objects; a model whose tensors name an external file gets no
+    manifest (devices take the whole file)."""
+    from registry.errors import UnsafeFileError
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(_model(numpy_helper.from_array(_weight(), "w")))
+    link = tmp_path / "model.onnx"
+    link.symlink_to(secret)
+    with pytest.raises(UnsafeFileError):
+        tensor_manifest(link)
+    assert tensor_manifest(secret) is not None  # the same bytes, as a file: described
+    outside = TensorProto()
+    outside.CopyFrom(numpy_helper.from_array(_weight(), "w2"))
+    outside.ClearField("raw_data")
+    outside.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("length", str(128 * 128 * 4))):
+        entry = outside.external_data.add()
+        entry.key, entry.value = key, value
+    model = onnx_model(_model(numpy_helper.from_array(_weight(), "w")))
+    model.graph.initializer.append(outside)
+    mixed = tmp_path / "mixed.onnx"
+    mixed.write_bytes(model.SerializeToString())
+    assert len(split(mixed.read_bytes()).pieces) == 1  # "w" alone is cut
+    assert tensor_manifest(mixed) is None
