@@ -202,13 +202,24 @@ class RssSampler:
         """Bytes the peak RSS rose over the RSS at the start."""
         return self.peak - self.baseline
 
+    def growth_so_far(self) -> int:
+        """Bytes the peak RSS rose over the RSS at the start, until now."""
+        peak = max(self.peak, _status("VmRSS:"))
+        if self.hwm_reset:
+            peak = max(peak, _status("VmHWM:"))
+        return peak - self.baseline
+
 
 def update(
     config_path: Path, state_from: Path | None, model: str, prepack: str = "off"
 ) -> dict[str, Any]:
     """One sync of a device (its state copied from ``state_from``, and what that state
     serves loaded and run once first, as a running daemon holds it), timed from "new
-    metadata seen" to "committed"; RSS sampled over the sync."""
+    metadata seen" to "committed" (``latency_s``: the version serves from its swap, and
+    a restart serves it from its commit); the ``confirm`` after it, which checks a
+    version that replaced another in its other session setups, is timed apart
+    (``confirm_s``).  RSS is sampled over the sync: its growth until the commit
+    (``rss_growth``) and over the whole sync (``rss_growth_sync``)."""
     from edge_sync.config import load_edge_config
     from edge_sync.daemon import provision
     from edge_sync.engine.host import InProcessHost
@@ -221,9 +232,13 @@ def update(
     if state_from is not None:
         _copy_state(state_from, cfg.state_path)
     marks: dict[str, float] = {}
+    grown: dict[str, int] = {}
+    sampler: list[RssSampler] = []
 
     def observer(stage: str, phase: str) -> None:
         marks[f"{stage}:{phase}"] = time.perf_counter()
+        if (stage, phase) == ("commit", "end") and sampler:
+            grown["commit"] = sampler[0].growth_so_far()
 
     state = StateDir(cfg.state_path)
     host = InProcessHost(prepack=prepack)
@@ -234,6 +249,7 @@ def update(
         _warm(host, model)
         marks.clear()
         with RssSampler() as rss:
+            sampler.append(rss)
             report = updater.sync()
     result = report.updates.get(model)
     if result is None or result.result != "installed":
@@ -245,7 +261,9 @@ def update(
         "path": _path(str(result.method), stages),
         "bytes_fetched": result.bytes_fetched,
         "stages_ms": stages,
-        "rss_growth": rss.growth,
+        "confirm_s": stages.get("confirm", 0.0) / 1000,
+        "rss_growth": grown.get("commit", rss.growth),
+        "rss_growth_sync": rss.growth,
     }
 
 

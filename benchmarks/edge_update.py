@@ -6,7 +6,11 @@ release``, which signs each version's tensor manifest and writes its skeleton an
 tensors as objects by digest.  A device then runs the real
 :class:`~edge_sync.sync.updater.Updater` in this process (``benchmarks._edge_fleet``),
 timed from "new metadata seen" (the end of the git detect stage) to the end of the
-commit stage, side by side in one run:
+commit stage (the version serves from its swap), side by side in one run.  A version
+replacing a serving one is checked in its other session setup after the commit
+(``confirm``: a private prepacked copy of every weight, the replaced engine still
+loaded); the stage tables show it, and the RSS of the whole sync beside the RSS until
+the commit:
 
 1. **mlp**: the ~100 MB MLP example, 1.0.0 then its 1.1.0 fine-tune (17 % of the weight
    bytes changed): a fresh device installs 1.1.0 whole (**full**); a device serving
@@ -179,6 +183,10 @@ def _summary(
             k: statistics.median(r["bytes_fetched"] for r in v) for k, v in samples.items()
         },
         "rss_growth_max": {k: max(r["rss_growth"] for r in v) for k, v in samples.items()},
+        "rss_growth_sync_max": {
+            k: max(r["rss_growth_sync"] for r in v) for k, v in samples.items()
+        },
+        "confirm_s": {k: statistics.median(r["confirm_s"] for r in v) for k, v in samples.items()},
         "floor_s": {"full": statistics.median(full_floors), "tensors": sum(floor_parts.values())},
         "tensor_floor_parts_s": floor_parts,
         "changed_bytes": parts[0]["changed_bytes"],
@@ -195,8 +203,11 @@ def _stage_table(title: str, case: dict[str, Any]) -> dict[str, Any]:
         ["latency (s, median)", *(f"{case['latency_s'][k]:.3f}" for k in kinds)],
         ["path taken", *(case["path"][k] for k in kinds)],
         ["bytes fetched", *(f"{case['bytes_fetched'][k]:,.0f}" for k in kinds)],
-        ["RSS growth (MB, max)", *(f"{case['rss_growth_max'][k] / 1e6:.1f}" for k in kinds)],
-    ]
+        ["RSS growth to commit (MB, max)",
+         *(f"{case['rss_growth_max'][k] / 1e6:.1f}" for k in kinds)],
+        ["RSS growth, whole sync (MB, max)",
+         *(f"{case['rss_growth_sync_max'][k] / 1e6:.1f}" for k in kinds)],
+    ]  # fmt: skip
     return {"title": title, "headers": ["stage (ms)", *kinds], "rows": rows}
 
 
@@ -327,6 +338,11 @@ def _notes(m: dict[str, Any], svg: Path) -> list[str]:
             f"{b['latency_s']['full']:.3f} s, tensors {b['latency_s']['tensors']:.3f} s, "
             f"floors: full {b['floor_s']['full']:.3f} s, tensors "
             f"{b['floor_s']['tensors']:.3f} s (medians of {b['runs']})"
+        ),
+        (
+            f"{m['large_label']}, one tensor: then the other session setup is confirmed in "
+            f"{b['confirm_s']['tensors']:.3f} s, the whole sync's RSS growing by "
+            f"{b['rss_growth_sync_max']['tensors'] / 1e6:.0f} MB"
         ),
         f"idle poll: {m['idle']['connections']} connection(s), {m['idle']['bytes']} bytes",
         f"sweep figure: {svg.relative_to(REPO_ROOT) if svg.is_relative_to(REPO_ROOT) else svg}",

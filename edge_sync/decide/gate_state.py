@@ -8,10 +8,15 @@ module turns those decisions into the next :class:`~edge_sync.state.models.Model
 ==========================  ==========================================================
 event                       the model afterwards
 ==========================  ==========================================================
+confirmed                   its goldens passed in every session setup after its swap:
+                            the gate record says so, or is gone (no health gate: the
+                            version is last known good)
 gate passed                 the version is last known good, the gate record is gone
                             (unless another version is served by now: unchanged)
 gate failed                 the version is rejected; what it replaced is served again
                             (only rejected when a newer install replaced it since)
+start-up: unconfirmed       what it replaced serves again, and the version is an
+                            attempt again (``keep``, counted) or rejected (``reject``)
 start-up: ``stand``         gates are off now: the version served is known good
 start-up: ``reopen``        the gate record stays, with its unclean stops counted
 start-up: ``reject``        rejected; the gate's record of what it replaced is served
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from edge_sync.decide.restarts import after_stop, rejection_reason
 from edge_sync.state.models import (
+    Attempt,
     GateRecord,
     Installed,
     ModelState,
@@ -31,7 +37,15 @@ from edge_sync.state.models import (
     reason_text,
 )
 
-__all__ = ["after_restart", "baseline_span", "kept", "rejected", "restored", "rolled_back"]
+__all__ = [
+    "after_restart",
+    "baseline_span",
+    "confirmed",
+    "kept",
+    "rejected",
+    "restored",
+    "rolled_back",
+]
 
 
 def baseline_span(
@@ -55,6 +69,18 @@ def kept(model: ModelState, installed: Installed) -> ModelState | None:
     None when it no longer serves ``installed`` (nothing to record)."""
     if model.serving != installed:
         return None
+    return model.model_copy(update={"last_known_good": installed, "gate": None})
+
+
+def confirmed(model: ModelState, installed: Installed, *, gated: bool) -> ModelState:
+    """``model`` after ``installed``, swapped in, passed its goldens in the other session
+    setups: its gate record says so (``gated``: a health gate watches it now), or with
+    no health gate it is known good; unchanged when it no longer serves ``installed``."""
+    gate = model.gate
+    if model.serving != installed or gate is None or gate.sha256 != installed.sha256:
+        return model
+    if gated:
+        return model.model_copy(update={"gate": gate.model_copy(update={"confirmed": True})})
     return model.model_copy(update={"last_known_good": installed, "gate": None})
 
 
@@ -103,6 +129,16 @@ def after_restart(model: ModelState, *, unclean: bool, gated: bool, at: str) -> 
         else:
             counted = attempt.model_copy(update={"unclean_stops": stops})
             model = model.model_copy(update={"attempt": counted})
+    if gate is not None and not gate.confirmed:
+        # swapped in, not yet checked in every setup: as if it had not been committed
+        decision, stops = after_stop("attempt", gate.unclean_stops, unclean=unclean)
+        if decision == "reject":
+            reason = rejection_reason("attempt", stops)
+            model = rejected(model, gate.version, gate.sha256, gate.signed, reason, at)
+            return restored(model, gate)
+        again = Attempt(version=gate.version, signed=gate.signed, sha256=gate.sha256,
+                        started=at, unclean_stops=stops)  # fmt: skip
+        return restored(model, gate).model_copy(update={"attempt": again})
     if gate is not None:
         decision, stops = after_stop("gate", gate.unclean_stops, unclean=unclean, gated=gated)
         if decision == "stand":

@@ -19,6 +19,10 @@ gate               unclean, 2nd         ``reject``: "stopped twice during its he
 gate, no gate      clean or unclean     ``stand``: gates were turned off; the version
 configured any                          is kept as known good
 more
+gate, unconfirmed  clean or unclean     as ``attempt`` (below): the version swapped in
+                                        but not yet checked in every session setup is
+                                        taken back, what it replaced serves, and it is
+                                        loaded again (or rejected) like an attempt
 attempt            clean                ``keep``, count unchanged (a clean stop ends
                                         the sync at a stage boundary, which takes the
                                         attempt back: none is left but by accident)

@@ -117,6 +117,11 @@ class GateRecord(_Model):
     restore_last_known_good: Installed | None = None
     unclean_stops: int = 0
     """Unclean stops of the daemon while this gate was open (``edge_sync.decide.restarts``)."""
+    confirmed: bool = True
+    """Whether the version's goldens passed in every session setup.  False from its swap
+    until the setups other than the one serving it are checked (right after the swap:
+    ``edge_sync.engine.selftest.confirm_setups``); a restart meanwhile serves what it
+    replaced again and tries the version anew (``edge_sync.decide.gate_state``)."""
 
 
 class Attempt(_Model):

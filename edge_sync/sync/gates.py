@@ -128,17 +128,26 @@ class Gates:
         return carried.old, carried
 
     def record(
-        self, installed: Installed, signed: str, before: ModelState, stops: int
+        self,
+        installed: Installed,
+        signed: str,
+        before: ModelState,
+        stops: int,
+        *,
+        confirmed: bool = True,
     ) -> GateRecord | None:
         """The gate kept in the state for a version about to be committed (a daemon that
-        dies while it watches does not trust the version); None with no gate."""
-        if self.policy is None:
+        dies while it watches does not trust the version); None with no health gate,
+        unless the version is not ``confirmed`` in every session setup yet (then a
+        restart must know what to serve again too)."""
+        if self.policy is None and confirmed:
             return None
         return GateRecord(
             version=installed.version, sha256=installed.sha256, signed=signed,
             opened=now_iso(), restore_serving=before.serving,
             restore_previous=before.previous,
             restore_last_known_good=before.last_known_good, unclean_stops=stops,
+            confirmed=confirmed,
         )  # fmt: skip
 
     def watch_or_retire(self, gate: OpenGate) -> None:

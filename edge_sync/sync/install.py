@@ -1,5 +1,6 @@
 """One model's install within a sync (docs/reference/daemon.md, "The loop"): plan, fetch, verify
-bytes, apply the delta chain, external data, build, self-test, swap, commit.
+bytes, apply the delta chain, external data, build, self-test, swap, commit, and (replacing
+a serving version) confirm: the goldens in the session setups other than its own.
 
 :class:`Installer` gathers the facts the plan needs (I/O: the signed metadata, the blob
 store), lets :func:`edge_sync.decide.plan.plan_update` decide, then acts on the plan.
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 from edge_sync.clock import now_iso
 from edge_sync.config import EdgeConfig
 from edge_sync.decide import plan as planning
+from edge_sync.decide.gate_state import confirmed, restored, rolled_back
 from edge_sync.decide.plan import (
     DeltaLink,
     Method,
@@ -37,7 +39,7 @@ from edge_sync.decide.plan import (
     worst,
 )
 from edge_sync.engine.base import Engine, EngineHost, LoadRequest, TensorLayout
-from edge_sync.engine.selftest import GoldenArrays, self_test
+from edge_sync.engine.selftest import GoldenArrays, confirm_setups, other_setups, self_test
 from edge_sync.errors import EngineError, StateError, StoppedError
 from edge_sync.state.models import (
     Attempt,
@@ -279,21 +281,78 @@ class Installer:
         self._keep_description(name, version, about.doc)
         progress.model, attempt = _attempt(model, installed, about.signed, commit)
         request = LoadRequest(name, version, path, plan.sha256, plan.kind, about.target, layout)
-        engine = self._build_and_test(trust, request, about.doc, stages)
+        # Replacing a serving version, only the new engine's own session setup is
+        # checked before the swap; the others right after it (_confirm).
+        replacing = self.host.current(name) is not None
+        engine, cases = self._build_and_test(trust, request, about.doc, stages, whole=not replacing)
         with stages("swap"):
             old, carried = self.gates.swap_in(name, engine)
+        swapped = time.monotonic()
+        unconfirmed = old is not None and replacing and bool(other_setups(engine, cases, self.host))
         with stages("commit"):
             before = carried.before if carried is not None else progress.model
             progress.model = self._commit_install(
                 progress.model, installed, progress.record(trust, "installed", version),
                 (old, engine), commit, before=before, signed=about.signed,
-                stops=attempt.unclean_stops,
+                stops=attempt.unclean_stops, confirmed=not unconfirmed,
             )  # fmt: skip
-        if old is not None:
-            now = time.monotonic()
-            self.gates.watch_or_retire(OpenGate(
-                name, version, engine, old, before, installed, about.signed, now, now))  # fmt: skip
+        if old is None:
+            return progress.record(trust, "installed", version)
+        signed = about.signed
+        gate = OpenGate(name, version, engine, old, before, installed, signed, swapped, swapped)
+        if unconfirmed:
+            refused = self._confirm(trust, gate, cases, progress, commit)
+            if refused is not None:
+                return refused
+        # the health gate's window opens now; the old version's baseline ends at the swap
+        self.gates.watch_or_retire(replace(gate, swapped=time.monotonic()))
         return progress.record(trust, "installed", version)
+
+    def _confirm(
+        self,
+        trust: DeviceTrust,
+        gate: OpenGate,
+        cases: list[GoldenArrays],
+        progress: _Progress,
+        commit: Commit,
+    ) -> UpdateRecord | None:
+        """Check ``gate.new``, serving since its swap, in the session setups other than
+        its own (``confirm_setups``) while ``gate.old`` is still loaded; None when it
+        passes (committed as confirmed).  A version that fails is swapped back and
+        rejected with the reason a device serving it in the failing setup gives; any
+        other failure swaps it back unjudged and is raised (the next sync tries again).
+        """
+        try:
+            with progress.stages("confirm"):
+                confirm_setups(gate.new, cases, self.host)
+        except EngineError as e:
+            self._take_back(gate)
+            reason = _one_line(e)
+            record = progress.record(trust, "rejected", gate.version, reason)
+            rejection = Rejected(
+                version=gate.version, sha256=gate.installed.sha256, signed=gate.signed,
+                reason=reason, at=record.finished,
+            )  # fmt: skip
+            progress.model = rolled_back(progress.model, gate.before, gate.installed,
+                                         rejection, record)  # fmt: skip
+            commit(progress.model)
+            return record
+        except BaseException:
+            self._take_back(gate)
+            if progress.model.gate is not None:
+                progress.model = restored(progress.model, progress.model.gate)
+                with contextlib.suppress(OSError):  # else a restart does the same
+                    commit(progress.model)
+            raise
+        progress.model = confirmed(progress.model, gate.installed, gated=self.gates.enabled)
+        commit(progress.model)
+        return None
+
+    def _take_back(self, gate: OpenGate) -> None:
+        """Serve ``gate.old`` again and release ``gate.new`` (its requests finish first)."""
+        with self.gates.lock:
+            self.host.swap(gate.model, gate.old)
+        self.host.retire(gate.new)
 
     # --- what is signed, and the plan ---------------------------------------------------
 
@@ -533,9 +592,18 @@ class Installer:
     # --- build, self-test, commit -------------------------------------------------------
 
     def _build_and_test(
-        self, trust: DeviceTrust, request: LoadRequest, doc: VersionDoc | None, stages: Stages
-    ) -> Engine:
-        """An engine for ``request`` that passed its self-test (not yet serving).
+        self,
+        trust: DeviceTrust,
+        request: LoadRequest,
+        doc: VersionDoc | None,
+        stages: Stages,
+        *,
+        whole: bool,
+    ) -> tuple[Engine, list[GoldenArrays]]:
+        """An engine for ``request`` that passed its self-test (not yet serving), and
+        the golden cases it passed.  ``whole``: in every session setup this host may
+        switch the version to (one verdict on every device of the target:
+        ``registry.sessions``); else in its own, the others left to :meth:`_confirm`.
 
         Raises:
             EngineError: it cannot be built here, or it failed its self-test.
@@ -545,13 +613,11 @@ class Installer:
         try:
             with stages("self_test"):
                 cases = self._goldens(trust, request.model, request.version, doc)
-                # in every session setup this host may switch the version to: one
-                # verdict on every device of the target (registry.sessions)
-                self_test(engine, cases, host=self.host)
+                self_test(engine, cases, host=self.host, confirm=whole)
         except BaseException:
             engine.close()
             raise
-        return engine
+        return engine, cases
 
     def _layout(
         self, name: str, version: str, graph: str, placed: list[held_tensors.Placed]
@@ -613,12 +679,18 @@ class Installer:
         before: ModelState,
         signed: str,
         stops: int = 0,
+        confirmed: bool = True,
     ) -> ModelState:
         """Commit ``installed`` as the version served (``engines``: the old and the new
         one, already swapped: swapped back when the commit fails); with a health gate,
-        the gate is kept in the state with what to serve again."""
+        or while it is not ``confirmed`` in every session setup, the gate is kept in the
+        state with what to serve again."""
         old, new = engines
-        gate = None if old is None else self.gates.record(installed, signed, before, stops)
+        gate = (
+            None
+            if old is None
+            else self.gates.record(installed, signed, before, stops, confirmed=confirmed)
+        )
         committed = model.model_copy(
             update={
                 "serving": installed,

@@ -55,7 +55,7 @@ __all__ = ["STAGES", "StoppedError", "SyncOutcome", "Updater", "in_cohort"]
 
 STAGES: Final = (
     "detect", "verify_metadata", "plan", "fetch", "verify_bytes", "apply_delta", "layout",
-    "build", "self_test", "swap", "commit",
+    "build", "self_test", "swap", "commit", "confirm",
 )  # fmt: skip
 
 
@@ -194,6 +194,7 @@ class Updater:
         model serves what the state names, and trust has not expired)."""
         pending = any(
             (m.last_update is not None and m.last_update.result == "failed")
+            or m.attempt is not None  # a version to load again (decide.restarts)
             for m in state.models.values()
         )
         return (

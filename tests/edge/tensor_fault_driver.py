@@ -15,7 +15,7 @@ requests, sync, gate, idle, clean stop) and SIGKILLs it, in turn:
 * **at a stage boundary**: the life kills itself as a stage of the install starts or
   ends (the n-th time: the skeleton's fetch and the tensor's are both boundaries),
   each boundary of the dry run in turn, the tensor path's own first (``layout``,
-  ``build``, ``swap``, ``commit``, ``fetch``, ``verify_bytes``, ``self_test``, then
+  ``build``, ``swap``, ``commit``, ``confirm``, ``fetch``, ``verify_bytes``, ``self_test``, then
   ``plan``, ``detect``, ``verify_metadata``): stages of a few milliseconds, which a
   kill from outside rarely lands in;
 * **at a random time**: this process kills it a random time into a stage of the
@@ -57,7 +57,9 @@ from tests.edge import fault_driver
 from tests.edge.fault_driver import GATE_WINDOW_S, _fork, _killed_at, _life, _marks
 
 MODEL = "mlp"
-FIRST: Final = ("layout", "build", "swap", "commit", "fetch", "verify_bytes", "self_test")
+FIRST: Final = (
+    "layout", "build", "swap", "commit", "confirm", "fetch", "verify_bytes", "self_test",
+)  # fmt: skip
 """The stages whose boundaries are killed first (then the others, in the dry run's
 order)."""
 

@@ -13,6 +13,7 @@ happened to run (a timing measurement, with ``auto``).
 from __future__ import annotations
 
 import hashlib
+import shutil
 import json
 import re
 from pathlib import Path
@@ -173,6 +174,9 @@ def test_ci_and_every_tuned_device_give_a_borderline_version_the_same_verdict(
     for name in DEVICES:
         update = rig.sync(name).updates["mlp"]
         assert update.result == "rejected", (name, update)
+        # one serving in the prepacked setup swapped 1.1.0 in and back: its own goldens
+        # passed, the shared setup's failed right after the swap
+        assert ("confirm" in update.stages_ms) == (SERVED_IN[name] == PREPACKED), name
         reasons[name] = update.reason
         assert rig.hosts[name].current("mlp").version == "1.0.0"
     assert len(set(reasons.values())) == 1, reasons  # the same words on every device
@@ -192,3 +196,59 @@ def test_ci_and_every_tuned_device_give_a_borderline_version_the_same_verdict(
         assert isinstance(serving, OrtEngine)
         assert serving.version == "1.2.0"
         assert serving.setup.name == SERVED_IN[name], name
+
+
+def test_a_replacing_version_serves_before_its_other_setups_are_checked(rig: EdgeRig) -> None:
+    """A device serving 1.0.0 in the prepacked setup installs 1.2.0: it serves once its
+    own setup's goldens pass, and the shared setup is checked right after the swap
+    (``confirm``), the state saying so meanwhile.  A daemon killed during that check
+    serves 1.0.0 again at its restart and loads 1.2.0 anew, blaming no version."""
+    from edge_sync.state.store import StateDir
+
+    _device(rig, "on")
+    assert rig.sync("on").updates["mlp"].result == "installed"
+    _add(rig, "1.2.0", borderline(2), exact=False)
+    rig.promote("1.2.0")
+    host, killed = rig.hosts["on"], rig.tmp / "killed-while-confirming"
+    seen: list[tuple[str, str]] = []
+
+    def observer(stage: str, edge: str) -> None:
+        seen.append((stage, edge))
+        if (stage, edge) == ("confirm", "start"):
+            assert host.current("mlp").version == "1.2.0"  # serving already
+            model = StateDir(rig.tmp / "on/state").load().models["mlp"]
+            assert model.serving is not None and model.serving.version == "1.2.0"
+            assert model.gate is not None and not model.gate.confirmed
+            assert model.gate.restore_serving is not None
+            assert model.gate.restore_serving.version == "1.0.0"
+            shutil.copytree(rig.tmp / "on/state", killed, symlinks=True)  # as a kill leaves it
+
+    rig.updater_options = {"observer": observer}
+    update = rig.sync("on").updates["mlp"]
+    rig.updater_options = {}
+    assert update.result == "installed", update
+    assert seen.index(("commit", "end")) < seen.index(("confirm", "start"))
+    assert "confirm" in update.stages_ms
+    model = rig.state("on").models["mlp"]
+    assert model.last_known_good == model.serving
+    assert model.serving is not None and model.serving.version == "1.2.0"
+    assert model.gate is None  # no health gate here: confirmed is known good
+
+    # the kill during the check, replayed on a copy of the state it left
+    rig.config("again")
+    shutil.copytree(killed, rig.tmp / "again/state", symlinks=True)
+    rig.hosts["again"] = InProcessHost(prepack="on")
+    with rig.updater("again") as up:
+        assert up.resume(unclean=True) == {}
+        restarted = rig.state("again").models["mlp"]
+        assert rig.hosts["again"].current("mlp").version == "1.0.0"
+        assert restarted.serving is not None and restarted.serving.version == "1.0.0"
+        assert restarted.gate is None
+        assert restarted.attempt is not None and restarted.attempt.version == "1.2.0"
+        assert restarted.attempt.unclean_stops == 1
+        again = up.sync().updates["mlp"]
+    assert again.result == "installed", again
+    model = rig.state("again").models["mlp"]
+    assert model.serving is not None and model.serving.version == "1.2.0"
+    assert (model.attempt, model.gate, model.rejected) == (None, None, [])
+    assert rig.hosts["again"].current("mlp").version == "1.2.0"

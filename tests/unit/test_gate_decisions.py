@@ -11,6 +11,7 @@ import pytest
 from edge_sync.decide.gate_state import (
     after_restart,
     baseline_span,
+    confirmed,
     kept,
     rejected,
     restored,
@@ -93,17 +94,19 @@ V0 = Installed(version="0.9.0", sha256="c" * 64, artifact_sha256="c" * 64)
 AT = "2026-01-01T00:00:00Z"
 
 
-def _gate(stops: int = 0) -> GateRecord:
+def _gate(stops: int = 0, *, confirmed: bool = True) -> GateRecord:
     return GateRecord(
         version="1.1.0", sha256=V2.sha256, signed="s2", opened=AT, restore_serving=V1,
         restore_previous=V0, restore_last_known_good=V1, unclean_stops=stops,
+        confirmed=confirmed,
     )  # fmt: skip
 
 
-def _gated(stops: int = 0) -> ModelState:
-    """1.1.0 served under an open gate; 1.0.0 served and known good before it."""
+def _gated(stops: int = 0, *, confirmed: bool = True) -> ModelState:
+    """1.1.0 served under an open gate; 1.0.0 served and known good before it
+    (``confirmed``: 1.1.0's goldens passed in every session setup)."""
     return ModelState(channel="stable", serving=V2, previous=V1, last_known_good=V1,
-                      gate=_gate(stops))  # fmt: skip
+                      gate=_gate(stops, confirmed=confirmed))  # fmt: skip
 
 
 def _attempting(stops: int = 0) -> ModelState:
@@ -137,6 +140,10 @@ def _shape(model: ModelState) -> tuple[object, ...]:
         pytest.param(_gated(1), False, True, ("1.1.0", "1.0.0", "1.0.0", 1, None, [], None), id="gate, a clean stop after an unclean one: reopened"),
         pytest.param(_gated(), True, False, ("1.1.0", "1.0.0", "1.1.0", None, None, [], None), id="gates turned off: the version stands, known good"),
         pytest.param(_gated(1), True, False, ("1.0.0", "0.9.0", "1.0.0", None, None, ["1.1.0"], "rejected"), id="gates off, second unclean stop: still rejected"),
+        pytest.param(_gated(confirmed=False), False, True, ("1.0.0", "0.9.0", "1.0.0", None, 0, [], None), id="unconfirmed, clean stop: what it replaced serves, an attempt again"),
+        pytest.param(_gated(confirmed=False), True, True, ("1.0.0", "0.9.0", "1.0.0", None, 1, [], None), id="unconfirmed, first unclean stop: an attempt, counted"),
+        pytest.param(_gated(confirmed=False), True, False, ("1.0.0", "0.9.0", "1.0.0", None, 1, [], None), id="unconfirmed, gates off: never stands unchecked"),
+        pytest.param(_gated(1, confirmed=False), True, True, ("1.0.0", "0.9.0", "1.0.0", None, None, ["1.1.0"], "rejected"), id="unconfirmed, second unclean stop: rejected, what it replaced served"),
         pytest.param(_attempting(), False, True, ("1.0.0", None, "1.0.0", None, 0, [], None), id="attempt, clean stop: kept"),
         pytest.param(_attempting(), True, True, ("1.0.0", None, "1.0.0", None, 1, [], None), id="attempt, first unclean stop: counted"),
         pytest.param(_attempting(1), True, True, ("1.0.0", None, "1.0.0", None, None, ["1.1.0"], "rejected"), id="attempt, second unclean stop: rejected, dropped"),
@@ -177,6 +184,19 @@ def test_a_passed_gate_makes_the_version_known_good() -> None:
     assert _shape(after) == ("1.1.0", "1.0.0", "1.1.0", None, None, [], None)
     replaced = _gated().model_copy(update={"serving": NEWER})
     assert kept(replaced, V2) is None  # another version served by now: nothing recorded
+
+
+@pytest.mark.parametrize(
+    ("model", "gated", "expected"),
+    [
+        pytest.param(_gated(confirmed=False), True, (("1.1.0", "1.0.0", "1.0.0", 0, None, [], None), True), id="health gate on: the gate stays open, confirmed"),
+        pytest.param(_gated(confirmed=False), False, (("1.1.0", "1.0.0", "1.1.0", None, None, [], None), None), id="no health gate: known good, no gate"),
+        pytest.param(_gated(confirmed=False).model_copy(update={"serving": NEWER}), True, (("1.2.0", "1.0.0", "1.0.0", 0, None, [], None), False), id="another version served by now: unchanged"),
+    ],
+)  # fmt: skip
+def test_confirmed(model: ModelState, gated: bool, expected: tuple[object, ...]) -> None:
+    after = confirmed(model, V2, gated=gated)
+    assert (_shape(after), after.gate.confirmed if after.gate else None) == expected
 
 
 def test_restored_serves_the_gate_record() -> None:

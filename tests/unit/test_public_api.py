@@ -58,6 +58,8 @@ PUBLIC: dict[str, set[str]] = {
         "GoldenArrays",
         "WARMUP_RUNS",
         "check_goldens",
+        "confirm_setups",
+        "other_setups",
         "self_test",
     },
     "edge_sync.sync.limits": {
