@@ -14,10 +14,12 @@ digests describe the same bytes, and a device can write the verified whole file 
 its tensors (``modelreg edge export``).
 
 A tensor is cut out only when all of these hold, else it stays in the skeleton (part
-of the graph, never guessed): it is a top-level initializer of the main graph (tensors
-in ``Constant`` nodes and subgraphs stay); it holds ``raw_data`` of at least
-:data:`MIN_TENSOR_BYTES` of a type numpy has (:data:`DTYPES`), whose length is its
-shape's; it has a name; and its fields are in protobuf's canonical order around
+of the graph, never guessed): it is an initializer or a ``Constant`` node's value, of
+the main graph or of a subgraph a node holds (``If``, ``Loop``, ``Scan``; other
+attribute tensors, sparse tensors and function bodies stay); no other such tensor of
+the model has its name (a device gives ONNX Runtime each tensor by name); it holds
+``raw_data`` of at least :data:`MIN_TENSOR_BYTES` of a type numpy has (:data:`DTYPES`),
+whose length is its shape's; it has a name; and its fields are in protobuf's canonical order around
 ``raw_data`` (every writer of ONNX files writes them so), so the join knows where the
 bytes go back.  External data files keep their own path (a version that has them
 takes the whole-file route).
@@ -29,6 +31,7 @@ copied by :func:`split`).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
@@ -72,6 +75,7 @@ _ITEMSIZE: Final = {
 _MODEL_GRAPH, _GRAPH_NODE, _GRAPH_INITIALIZER = 7, 1, 5
 _N_OUTPUT, _N_OP_TYPE, _N_ATTRIBUTE, _N_DOMAIN = 2, 4, 5, 7
 _A_NAME, _A_TENSOR = 1, 5
+_A_GRAPHS = frozenset({6, 11})  # AttributeProto.g, .graphs
 _T_DIMS, _T_TYPE, _T_NAME, _T_RAW, _T_EXTERNAL, _T_LOCATION = 1, 2, 8, 9, 13, 14
 _T_TYPED = frozenset({4, 5, 6, 7, 10, 11})  # float_data ... uint64_data
 _E_KEY, _E_VALUE = 1, 2
@@ -334,13 +338,15 @@ def _constant(buf: Any, start: int, end: int) -> tuple[str, Any, Any] | None:
 
 
 def _model(buf: Any, tensor: Callable[[Any, str | None], list[Part] | None]) -> list[Part]:
-    """The model's bytes with each top-level initializer and each ``Constant`` node's
-    tensor as ``tensor(field, alias)`` gives it (None: as it is)."""
+    """The model's bytes with each initializer and each ``Constant`` node's tensor, of
+    the main graph and of every subgraph a node's attribute holds, as ``tensor(field,
+    alias)`` gives it (None: as it is).  A message none of whose tensors changed keeps
+    its bytes as they are."""
 
-    def node(f: Any) -> list[Part] | None:
+    def node(f: Any, depth: int) -> list[Part] | None:
         constant = _constant(buf, f.start, f.end)
         if constant is None:
-            return None
+            return subgraphs(f, depth)
         output, attribute, value = constant
         new = tensor(value, output)
         if new is None:
@@ -356,12 +362,49 @@ def _model(buf: Any, tensor: Callable[[Any, str | None], list[Part] | None]) -> 
 
         return _wrap(f.number, _message(buf, f.start, f.end, in_node))
 
-    def in_graph(g: Any) -> list[Part] | None:
-        if g.wire != _LEN:
-            return None
-        if g.number == _GRAPH_INITIALIZER:
-            return tensor(g, None)
-        return node(g) if g.number == _GRAPH_NODE else None
+    def subgraphs(f: Any, depth: int) -> list[Part] | None:
+        """A node with the graphs its attributes hold (``If``, ``Loop``, ``Scan``) as
+        :func:`graph` gives them; None when none changed."""
+        changed = False
+
+        def in_attribute(a: Any) -> list[Part] | None:
+            if a.wire != _LEN or a.number not in _A_GRAPHS:
+                return None
+            return graph(a, depth + 1)
+
+        def in_node(n: Any) -> list[Part] | None:
+            nonlocal changed
+            if n.number != _N_ATTRIBUTE or n.wire != _LEN:
+                return None
+            parts = _message(buf, n.start, n.end, in_attribute)
+            if len(parts) == 1 and parts[0] == bytes(buf[n.start : n.end]):
+                return None
+            changed = True
+            return _wrap(n.number, parts)
+
+        parts = _message(buf, f.start, f.end, in_node)
+        return _wrap(f.number, parts) if changed else None
+
+    def graph(g: Any, depth: int) -> list[Part] | None:
+        if depth > _MAX_DEPTH:
+            raise TensorCutError("the model nests deeper than a graph may")
+        changed = False
+
+        def in_graph(x: Any) -> list[Part] | None:
+            nonlocal changed
+            if x.wire != _LEN:
+                return None
+            if x.number == _GRAPH_INITIALIZER:
+                new = tensor(x, None)
+            elif x.number == _GRAPH_NODE:
+                new = node(x, depth)
+            else:
+                return None
+            changed = changed or new is not None
+            return new
+
+        parts = _message(buf, g.start, g.end, in_graph)
+        return _wrap(g.number, parts) if changed else None
 
     found = False
 
@@ -370,12 +413,29 @@ def _model(buf: Any, tensor: Callable[[Any, str | None], list[Part] | None]) -> 
         if f.number != _MODEL_GRAPH or f.wire != _LEN:
             return None
         found = True
-        return _wrap(f.number, _message(buf, f.start, f.end, in_graph))
+        return graph(f, 0)
 
     parts = _message(buf, 0, len(buf), in_model)
     if not found:
         raise TensorCutError("no graph in the model")
     return parts
+
+
+def _tensor_names(buf: Any) -> Counter[str]:
+    """How many times each name of a tensor :func:`_model` reaches occurs (an
+    initializer's name, a ``Constant``'s output), in every graph."""
+    counted: Counter[str] = Counter()
+
+    def note(f: Any, alias: str | None) -> None:
+        if alias is not None:
+            counted[alias] += 1
+            return
+        for t in _walk(buf, f.start, f.end):
+            if t.number == _T_NAME and t.wire == _LEN:
+                counted[bytes(buf[t.start : t.end]).decode("utf-8", "replace")] += 1
+
+    _model(buf, note)
+    return counted
 
 
 def split(buf: Any) -> Split:
@@ -386,11 +446,12 @@ def split(buf: Any) -> Split:
         TensorCutError: not a protobuf message with a graph.
     """
     pieces: list[Piece] = []
+    names = _tensor_names(buf)
 
     def cut(f: Any, alias: str | None) -> list[Part] | None:
         tensor = _read_tensor(buf, f.start, f.end, alias)
-        if tensor is None or tensor.raw is None:
-            return None
+        if tensor is None or tensor.raw is None or names[tensor.name] != 1:
+            return None  # a name two tensors share: a device could not tell them apart
         a, b = tensor.raw
         body = _fields_of(buf, tensor.before) + _fields_of(buf, tensor.after)
         pieces.append(Piece(tensor.name, tensor.dtype, tensor.dims, a, b - a))

@@ -36,8 +36,9 @@ __all__ = [
 ]
 
 WARMUP_RUNS: Final = 1
-"""Runs after the goldens before a version serves: one brings its pages in and lets ONNX
-Runtime settle its allocations; more only measured the same thing again (issue 25)."""
+"""Runs of the model before a version serves, its golden cases' runs counted: one brings
+its pages in and lets ONNX Runtime settle its allocations; more only measured the same
+thing again (issue 25).  A version with golden cases makes no run of its own."""
 
 
 @dataclass(frozen=True)
@@ -153,9 +154,9 @@ def self_test(
 ) -> dict[str, float]:
     """Prove ``engine`` before it serves: every golden case within its tolerances in
     its own session setup and, with ``confirm``, in every other one the device may run
-    the version in (see the module doc), then ``warmup_runs`` runs (of the first case's
-    inputs, or of :meth:`~edge_sync.engine.base.Engine.sample_inputs` when the version
-    has none).
+    the version in (see the module doc), then warm-up runs until the engine ran
+    ``warmup_runs`` times (of the first case's inputs; of
+    :meth:`~edge_sync.engine.base.Engine.sample_inputs` when the version has none).
 
     Whatever ``confirm`` says, a failure names the first setup in the fixed order that
     fails, so identical devices tuned apart give the same reason: when the engine's own
@@ -164,7 +165,8 @@ def self_test(
     Args:
         engine: the candidate.
         cases: its signed golden cases.
-        warmup_runs: runs after the goldens.
+        warmup_runs: runs of the engine before it serves, each golden case's run
+            counted.
         host: what builds engines in the other setups (None, or an engine that names
             no setup: only ``engine`` is checked).
         confirm: check the other setups here too (False: the caller runs
@@ -193,7 +195,7 @@ def self_test(
     timings["goldens"] = (time.perf_counter() - start) * 1000
     start = time.perf_counter()
     warm = cases[0].inputs if cases else engine.sample_inputs()
-    for _ in range(warmup_runs):
+    for _ in range(max(0, warmup_runs - len(cases))):
         try:
             engine.run(warm)
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs

@@ -13,9 +13,9 @@ happened to run (a timing measurement, with ``auto``).
 from __future__ import annotations
 
 import hashlib
-import shutil
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -217,8 +217,10 @@ def test_a_replacing_version_serves_before_its_other_setups_are_checked(rig: Edg
         if (stage, edge) == ("confirm", "start"):
             assert host.current("mlp").version == "1.2.0"  # serving already
             model = StateDir(rig.tmp / "on/state").load().models["mlp"]
-            assert model.serving is not None and model.serving.version == "1.2.0"
-            assert model.gate is not None and not model.gate.confirmed
+            assert model.serving is not None
+            assert model.serving.version == "1.2.0"
+            assert model.gate is not None
+            assert not model.gate.confirmed
             assert model.gate.restore_serving is not None
             assert model.gate.restore_serving.version == "1.0.0"
             shutil.copytree(rig.tmp / "on/state", killed, symlinks=True)  # as a kill leaves it
@@ -231,7 +233,8 @@ def test_a_replacing_version_serves_before_its_other_setups_are_checked(rig: Edg
     assert "confirm" in update.stages_ms
     model = rig.state("on").models["mlp"]
     assert model.last_known_good == model.serving
-    assert model.serving is not None and model.serving.version == "1.2.0"
+    assert model.serving is not None
+    assert model.serving.version == "1.2.0"
     assert model.gate is None  # no health gate here: confirmed is known good
 
     # the kill during the check, replayed on a copy of the state it left
@@ -242,13 +245,16 @@ def test_a_replacing_version_serves_before_its_other_setups_are_checked(rig: Edg
         assert up.resume(unclean=True) == {}
         restarted = rig.state("again").models["mlp"]
         assert rig.hosts["again"].current("mlp").version == "1.0.0"
-        assert restarted.serving is not None and restarted.serving.version == "1.0.0"
+        assert restarted.serving is not None
+        assert restarted.serving.version == "1.0.0"
         assert restarted.gate is None
-        assert restarted.attempt is not None and restarted.attempt.version == "1.2.0"
+        assert restarted.attempt is not None
+        assert restarted.attempt.version == "1.2.0"
         assert restarted.attempt.unclean_stops == 1
         again = up.sync().updates["mlp"]
     assert again.result == "installed", again
     model = rig.state("again").models["mlp"]
-    assert model.serving is not None and model.serving.version == "1.2.0"
+    assert model.serving is not None
+    assert model.serving.version == "1.2.0"
     assert (model.attempt, model.gate, model.rejected) == (None, None, [])
     assert rig.hosts["again"].current("mlp").version == "1.2.0"

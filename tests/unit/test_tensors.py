@@ -49,11 +49,11 @@ def _roundtrip(data: bytes) -> tuple[int, bytes]:
 
 @pytest.mark.parametrize(
     ("name", "cut_some"),
-    [("det", True), ("cls", False), ("silero", False)],
+    [("det", True), ("cls", False), ("silero", True)],
 )
 def test_real_models_cut_and_join_back_byte_for_byte(name: str, cut_some: bool) -> None:
     """PP-OCR keeps every weight in Constant nodes (cut by their output name); silero
-    keeps its weights in an If node's subgraphs (left in the skeleton)."""
+    keeps its weights in an If node's subgraphs (cut there, each by its own name)."""
     data = real_model_path(name).read_bytes()
     pieces, whole = _roundtrip(data)
     assert whole == data
@@ -115,6 +115,37 @@ def test_a_constant_node_is_cut_by_its_output_name() -> None:
     (piece,) = split(data).pieces
     assert (piece.name, piece.dims) == ("w", (128, 128))
     assert _roundtrip(data)[1] == data
+
+
+def _branching(then_name: str, else_name: str) -> bytes:
+    """``y = x @ w`` in either branch of an If, each branch holding its own weight as an
+    initializer named ``then_name`` / ``else_name``."""
+
+    def branch(label: str, weight: str, seed: int) -> Any:
+        out = helper.make_tensor_value_info(f"y_{label}", TensorProto.FLOAT, [1, 128])
+        tensor = numpy_helper.from_array(_weight() + seed, weight)
+        node = helper.make_node("MatMul", ["x", weight], [f"y_{label}"])
+        return helper.make_graph([node], label, [], [out], [tensor])
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])
+    c = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])
+    node = helper.make_node("If", ["c"], ["y"], then_branch=branch("then", then_name, 0),
+                            else_branch=branch("else", else_name, 1))  # fmt: skip
+    graph = helper.make_graph([node], "g", [x, c], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+def test_subgraph_tensors_are_cut_only_by_a_name_no_other_tensor_has() -> None:
+    data = _branching("w_then", "w_else")
+    assert sorted(p.name for p in split(data).pieces) == ["w_else", "w_then"]
+    assert _roundtrip(data) == (2, data)
+    # one name in both branches: given by name, a device could not tell them apart
+    shared = _branching("w", "w")
+    assert split(shared).pieces == ()
+    assert _roundtrip(shared) == (0, shared)
 
 
 def test_a_skeleton_whose_length_does_not_fit_its_shape_is_refused() -> None:
@@ -189,15 +220,15 @@ def test_a_description_without_a_manifest_reads_as_before() -> None:
     assert TensorManifest.model_fields.keys() == {"graph", "tensors"}
 
 
-@pytest.mark.parametrize("name", ["det", "medium"])
+@pytest.mark.parametrize("name", ["det", "medium", "silero"])
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "prepacked"])
 def test_an_engine_from_tensors_answers_as_the_whole_file(
     tmp_path: Path, name: str, share: bool
 ) -> None:
     """Built from the skeleton and memory-mapped tensors, in the shared and the
     prepacked setup, the session gives the whole file's answers bit for bit."""
-    if name == "det":
-        path = real_model_path("det")
+    if name in ("det", "silero"):
+        path = real_model_path(name)
     else:
         path = write_examples(tmp_path, "medium", models=["mlp"], goldens=False)[0].path
     data = path.read_bytes()
@@ -213,13 +244,19 @@ def test_an_engine_from_tensors_answers_as_the_whole_file(
     held = OrtEngine(
         LoadRequest(name, "1", path, "sha", layout=TensorLayout(graph, refs)), share=share
     )
-    inputs = whole.sample_inputs()
-    if name == "det":
-        inputs = {k: np.random.default_rng(1).random((1, 3, 64, 64), np.float32) for k in inputs}
-    else:
-        inputs = {k: np.random.default_rng(1).random((2, 16), np.float32) for k in inputs}
-    for a, b in zip(whole.run(inputs).values(), held.run(inputs).values(), strict=True):
-        assert np.array_equal(a, b)
+    rng = np.random.default_rng(1)
+    cases = [{k: rng.random((1, 3, 64, 64), np.float32) for k in whole.sample_inputs()}]
+    if name == "medium":
+        cases = [{k: rng.random((2, 16), np.float32) for k in whole.sample_inputs()}]
+    elif name == "silero":  # each rate runs the weights of one branch of its If
+        cases = [
+            {"input": rng.random((1, 512 if sr == 16000 else 256), np.float32) - 0.5,
+             "state": rng.random((2, 1, 128), np.float32) * 0.1, "sr": np.array(sr, np.int64)}
+            for sr in (16000, 8000)
+        ]  # fmt: skip
+    for inputs in cases:
+        for a, b in zip(whole.run(inputs).values(), held.run(inputs).values(), strict=True):
+            assert np.array_equal(a, b)
     if share:  # every tensor given to the session, none copied
         assert held.weights is not None
         assert len(held.weights.values) == len(cut.pieces)
