@@ -19,9 +19,9 @@ the main graph or of a subgraph a node holds (``If``, ``Loop``, ``Scan``; other
 attribute tensors, sparse tensors and function bodies stay); no other such tensor of
 the model has its name (a device gives ONNX Runtime each tensor by name); it holds
 ``raw_data`` of at least :data:`MIN_TENSOR_BYTES` of a type numpy has (:data:`DTYPES`),
-whose length is its shape's; it has a name; and its fields are in protobuf's canonical order around
-``raw_data`` (every writer of ONNX files writes them so), so the join knows where the
-bytes go back.  External data files keep their own path (a version that has them
+whose length is its shape's; it has a name; and its fields are in protobuf's canonical
+order around ``raw_data`` (every writer of ONNX files writes them so), so the join knows
+where the bytes go back.  External data files keep their own path (a version that has them
 takes the whole-file route).
 
 Pure: bytes in, bytes out (a memory map works as the input: tensor bytes are never
@@ -367,18 +367,23 @@ def _model(buf: Any, tensor: Callable[[Any, str | None], list[Part] | None]) -> 
         :func:`graph` gives them; None when none changed."""
         changed = False
 
-        def in_attribute(a: Any) -> list[Part] | None:
-            if a.wire != _LEN or a.number not in _A_GRAPHS:
-                return None
-            return graph(a, depth + 1)
-
         def in_node(n: Any) -> list[Part] | None:
             nonlocal changed
             if n.number != _N_ATTRIBUTE or n.wire != _LEN:
                 return None
+            inner = False
+
+            def in_attribute(a: Any) -> list[Part] | None:
+                nonlocal inner
+                if a.wire != _LEN or a.number not in _A_GRAPHS:
+                    return None
+                new = graph(a, depth + 1)
+                inner = inner or new is not None
+                return new
+
             parts = _message(buf, n.start, n.end, in_attribute)
-            if len(parts) == 1 and parts[0] == bytes(buf[n.start : n.end]):
-                return None
+            if not inner:
+                return None  # kept as written
             changed = True
             return _wrap(n.number, parts)
 

@@ -82,13 +82,6 @@ class ObjectSource:
                 raise OSError(f"{self.path}: changed since it was cut (sha256 differs)")
 
 
-def _sha256(memory: memoryview, size: int) -> str:
-    hasher = hashlib.sha256()
-    for start in range(0, size, 1 << 24):
-        hasher.update(memory[start : start + (1 << 24)])
-    return hasher.hexdigest()
-
-
 def tensor_manifest(
     path: Path, signed_sha256: str | None = None
 ) -> tuple[TensorManifest, dict[str, ObjectSource]] | None:
@@ -134,7 +127,7 @@ def tensor_manifest(
                 for chunk in join(layout, lambda i, _piece: memory[spans[i][0] : spans[i][1]]):
                     again.update(chunk)
                 if signed_sha256 is None:  # no signed digest to hold it to: the file's
-                    signed_sha256 = _sha256(memory, size)
+                    signed_sha256 = hashlib.sha256(memory).hexdigest()
             finally:
                 memory.release()
     if again.hexdigest() != signed_sha256:

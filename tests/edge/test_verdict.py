@@ -258,3 +258,32 @@ def test_a_replacing_version_serves_before_its_other_setups_are_checked(rig: Edg
     assert model.serving.version == "1.2.0"
     assert (model.attempt, model.gate, model.rejected) == (None, None, [])
     assert rig.hosts["again"].current("mlp").version == "1.2.0"
+
+
+def test_a_confirm_that_breaks_off_blames_no_version(
+    rig: EdgeRig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check in the other setup that fails for no fault of the version (the disk, a
+    blob gone) swaps the version back unjudged: what it replaced serves, as the state
+    says, nothing is rejected, and the next sync installs it."""
+    _device(rig, "on")
+    assert rig.sync("on").updates["mlp"].result == "installed"
+    _add(rig, "1.2.0", borderline(2), exact=False)
+    rig.promote("1.2.0")
+
+    def broken(*_args: object) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr("edge_sync.sync.install.confirm_setups", broken)
+    update = rig.sync("on").updates["mlp"]
+    assert update.result == "failed", update
+    assert update.reason is not None
+    assert "No space left on device" in update.reason
+    assert rig.hosts["on"].current("mlp").version == "1.0.0"
+    model = rig.state("on").models["mlp"]
+    assert model.serving is not None
+    assert model.serving.version == "1.0.0"
+    assert (model.gate, model.rejected) == (None, [])
+    monkeypatch.undo()
+    assert rig.sync("on").updates["mlp"].result == "installed"
+    assert rig.hosts["on"].current("mlp").version == "1.2.0"

@@ -371,3 +371,32 @@ def test_ci_describes_no_file_a_pull_request_could_point_elsewhere(tmp_path: Pat
     mixed.write_bytes(model.SerializeToString())
     assert len(split(mixed.read_bytes()).pieces) == 1  # "w" alone is cut
     assert tensor_manifest(mixed) is None
+
+
+def test_a_node_without_cut_tensors_keeps_its_bytes_as_written() -> None:
+    """A node none of whose attributes holds a cut tensor is left byte for byte, even
+    written with a length prefix longer than it needs (protobuf allows it): the file
+    still joins back exactly, so CI still describes it."""
+    from onnx import AttributeProto, GraphProto, ModelProto, NodeProto
+
+    attribute = helper.make_attribute("to", TensorProto.FLOAT).SerializeToString()
+    assert len(attribute) < 0x80
+    padded = bytes([len(attribute) | 0x80, 0])  # the same length in two bytes
+    node = helper.make_node("Cast", ["y0"], ["y"]).SerializeToString()
+    node += b"\x2a" + padded + attribute  # field 5 (attribute), length-delimited
+    parsed = NodeProto()
+    parsed.ParseFromString(node)
+    assert parsed.attribute[0].type == AttributeProto.INT
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 128])
+    weight = numpy_helper.from_array(_weight(), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y0"])], "g", [x], [y], [weight]
+    )
+    graph_bytes = graph.SerializeToString() + b"\x0a" + _varint(len(node)) + node
+    GraphProto().ParseFromString(graph_bytes)
+    model = helper.make_model(helper.make_graph([], "empty", [], []))
+    model.ClearField("graph")
+    data = model.SerializeToString() + b"\x3a" + _varint(len(graph_bytes)) + graph_bytes
+    ModelProto().ParseFromString(data)
+    assert _roundtrip(data) == (1, data)
