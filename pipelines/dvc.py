@@ -130,8 +130,7 @@ def init(root: Path, *, subdir: bool = False) -> None:
         try:
             if not (root / ".dvc").is_dir():
                 Repo.init(str(root), subdir=subdir)
-            repo = Repo(str(root))
-            with repo.config.edit() as conf:
+            with Repo(str(root)) as repo, repo.config.edit() as conf:
                 conf["core"]["analytics"] = False
                 conf["core"]["autostage"] = True
         except DvcException as e:
@@ -148,8 +147,7 @@ def set_remote(root: Path, name: str, url: str) -> None:
 
     with quiet():
         try:
-            repo = open_repo(root)
-            with repo.config.edit() as conf:
+            with open_repo(root) as repo, repo.config.edit() as conf:
                 conf["remote"][name] = {"url": url}
                 conf["core"]["remote"] = name
         except DvcException as e:
@@ -167,8 +165,8 @@ def add(root: Path, path: Path, *more: Path) -> None:
 
     with quiet():
         try:
-            repo = open_repo(root)
-            repo.add([str(p) for p in (path, *more)] if more else str(path))
+            with open_repo(root) as repo:  # closed: its state databases hold files open
+                repo.add([str(p) for p in (path, *more)] if more else str(path))
         except DvcException as e:
             raise ToolError(f"dvc add {path} failed: {e}") from None
 
@@ -179,8 +177,8 @@ def has_remote(root: Path, name: str | None = None) -> bool:
     Raises:
         ToolError: DVC is missing.
     """
-    with quiet():
-        config = open_repo(root).config
+    with quiet(), open_repo(root) as repo:
+        config = repo.config
         remote = name or config["core"].get("remote")
         return bool(remote) and remote in config["remote"]
 
@@ -191,8 +189,8 @@ def remote_url(root: Path, name: str | None = None) -> str:
     Raises:
         ToolError: DVC is missing, or no such remote is configured.
     """
-    with quiet():
-        config = open_repo(root).config
+    with quiet(), open_repo(root) as repo:
+        config = repo.config
         remote = name or config["core"].get("remote")
         remotes = config["remote"]
         if not remote or remote not in remotes:

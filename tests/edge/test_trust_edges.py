@@ -189,8 +189,9 @@ class _Bursts:
 
             def _hung_up(self, wait_s: float) -> bool:
                 conn: socket.socket = self.connection
-                ready, _, _ = select.select([conn], [], [], wait_s)
-                if not ready:
+                poller = select.poll()  # not select(): any descriptor number works
+                poller.register(conn, select.POLLIN)
+                if not poller.poll(wait_s * 1000):
                     return False
                 try:
                     return conn.recv(1, socket.MSG_PEEK) == b""
