@@ -428,18 +428,39 @@ def _model(buf: Any, tensor: Callable[[Any, str | None], list[Part] | None]) -> 
 
 def _tensor_names(buf: Any) -> Counter[str]:
     """How many times each name of a tensor :func:`_model` reaches occurs (an
-    initializer's name, a ``Constant``'s output), in every graph."""
+    initializer's name, a ``Constant``'s output), in every graph.  Read in place: no
+    field is copied (a tensor's bytes are never touched)."""
     counted: Counter[str] = Counter()
 
-    def note(f: Any, alias: str | None) -> None:
-        if alias is not None:
-            counted[alias] += 1
-            return
-        for t in _walk(buf, f.start, f.end):
-            if t.number == _T_NAME and t.wire == _LEN:
-                counted[bytes(buf[t.start : t.end]).decode("utf-8", "replace")] += 1
+    def text(f: Any) -> str:
+        return bytes(buf[f.start : f.end]).decode("utf-8", "replace")
 
-    _model(buf, note)
+    def graph(g: Any, depth: int) -> None:
+        if depth > _MAX_DEPTH:
+            raise TensorCutError("the model nests deeper than a graph may")
+        for x in _walk(buf, g.start, g.end):
+            if x.wire != _LEN:
+                continue
+            if x.number == _GRAPH_INITIALIZER:
+                counted.update(
+                    text(t)
+                    for t in _walk(buf, x.start, x.end)
+                    if t.number == _T_NAME and t.wire == _LEN
+                )
+            elif x.number == _GRAPH_NODE:
+                constant = _constant(buf, x.start, x.end)
+                if constant is not None:
+                    counted[constant[0]] += 1
+                    continue
+                for n in _walk(buf, x.start, x.end):
+                    if n.number == _N_ATTRIBUTE and n.wire == _LEN:
+                        for a in _walk(buf, n.start, n.end):
+                            if a.wire == _LEN and a.number in _A_GRAPHS:
+                                graph(a, depth + 1)
+
+    for f in _walk(buf, 0, len(buf)):
+        if f.number == _MODEL_GRAPH and f.wire == _LEN:
+            graph(f, 0)
     return counted
 
 

@@ -400,3 +400,30 @@ def test_a_node_without_cut_tensors_keeps_its_bytes_as_written() -> None:
     data = model.SerializeToString() + b"\x3a" + _varint(len(graph_bytes)) + graph_bytes
     ModelProto().ParseFromString(data)
     assert _roundtrip(data) == (1, data)
+
+
+class _NoBulkReads:
+    """A model's bytes that refuse any read longer than ``limit``: what :func:`split`
+    copies (a tensor's bytes must never be)."""
+
+    def __init__(self, data: bytes, limit: int) -> None:
+        self.data, self.limit = memoryview(data), limit
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(len(self.data))
+            if stop - start > self.limit:
+                raise AssertionError(f"read {stop - start} bytes at {start}")
+        return self.data[key]
+
+
+def test_the_cut_reads_no_tensor_bytes() -> None:
+    """Cutting a model (a device cuts a 1 GB file it installed whole) walks its fields
+    in place: no tensor's bytes are read, in the main graph or in a subgraph."""
+    for data in (_branching("w_then", "w_else"), _model(numpy_helper.from_array(_weight(), "w"))):
+        cut = split(_NoBulkReads(data, MIN_TENSOR_BYTES // 2))
+        assert cut.pieces
+        assert cut == split(data)
