@@ -21,8 +21,15 @@ the model has its name (a device gives ONNX Runtime each tensor by name); it hol
 ``raw_data`` of at least :data:`MIN_TENSOR_BYTES` of a type numpy has (:data:`DTYPES`),
 whose length is its shape's; it has a name; and its fields are in protobuf's canonical
 order around ``raw_data`` (every writer of ONNX files writes them so), so the join knows
-where the bytes go back.  External data files keep their own path (a version that has them
-takes the whole-file route).
+where the bytes go back.
+
+A model stored with **external data** is cut the same way when :func:`split` is told its
+data files: a tensor whose bytes lie in one of them (``location``, ``offset``, ``length``
+as ONNX writes them, then ``data_location = EXTERNAL``, nothing after) is cut whatever its
+size, its piece naming the file and the offset in it.  :func:`joined` with the pieces'
+places gives the ``.onnx`` back, :func:`join_data` each data file (its tensors in offset
+order, zeros between them); a file that holds anything else is not described by its
+tensors, and the caller keeps it whole.
 
 Pure: bytes in, bytes out (a memory map works as the input: tensor bytes are never
 copied by :func:`split`).
@@ -46,9 +53,11 @@ __all__ = [
     "Piece",
     "Split",
     "TensorCutError",
+    "data_files",
     "external_locations",
     "itemsize",
     "join",
+    "join_data",
     "joined",
     "relocate",
     "split",
@@ -95,14 +104,16 @@ def itemsize(dtype: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """One cut tensor: its name, numpy dtype and shape, and where its bytes lie in the
-    whole file (``offset``, ``length``)."""
+    """One cut tensor: its name, numpy dtype and shape, and where its bytes lie
+    (``offset``, ``length``): in the model file itself, or in external data file
+    ``file``."""
 
     name: str
     dtype: str
     dims: tuple[int, ...]
     offset: int
     length: int
+    file: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +127,9 @@ class Split:
 @dataclass(frozen=True, slots=True)
 class Joined:
     """How a skeleton and its tensors make the whole file: the file's bytes in order,
-    each a run of skeleton bytes or the index of a piece, the pieces (offsets in the
-    whole file) and the whole file's length."""
+    each a run of skeleton bytes or the index of a piece, every cut tensor in skeleton
+    order (offsets in the whole file; a piece put back as external data names its file
+    and offset there and is in no segment) and the whole file's length."""
 
     segments: tuple[bytes | int, ...]
     pieces: tuple[Piece, ...]
@@ -269,6 +281,49 @@ def _read_tensor(buf: Any, start: int, end: int, alias: str | None) -> _Tensor |
     return tensor
 
 
+def _read_external(
+    buf: Any, start: int, end: int, alias: str | None, files: frozenset[str]
+) -> tuple[_Tensor, str, int, int] | None:
+    """A tensor whose bytes lie in one of ``files`` as ONNX writes it (see the module
+    doc): the tensor (``after`` without its place), the file, offset and length; None
+    when it is not one to cut."""
+    scanned = _scan(buf, start, end, alias)
+    if scanned is None:
+        return None
+    tensor, found = scanned
+    if tensor.raw is not None or len(found) < 4:
+        return None
+    *rest, loc, off, size, where = found
+    if where.number != _T_LOCATION or where.wire != _VARINT or where.value != _EXTERNAL:
+        return None
+    if any(f.number in (_T_EXTERNAL, _T_LOCATION) for f in rest):
+        return None
+    values = []
+    for f, key in ((loc, "location"), (off, "offset"), (size, "length")):
+        if f.number != _T_EXTERNAL or f.wire != _LEN:
+            return None
+        entry = _walk(buf, f.start, f.end)
+        try:
+            value = bytes(buf[entry[-1].start : entry[-1].end]).decode("utf-8") if entry else ""
+        except UnicodeDecodeError:
+            return None
+        if bytes(buf[f.key_at : f.end]) != _entry(key, value):
+            return None  # other keys, other order, or not as ONNX writes them
+        values.append(value)
+    file, offset, length = values
+    if file not in files or not all(_plain_number(v) for v in (offset, length)):
+        return None
+    if not 0 < int(length) == math.prod(tensor.dims) * _ITEMSIZE[tensor.dtype]:
+        return None
+    kept = _Tensor(tensor.before, tensor.after[:-4], None, tensor.name, tensor.dtype, tensor.dims)
+    return kept, file, int(offset), int(length)
+
+
+def _plain_number(text: str) -> bool:
+    """Whether ``text`` is a number as ``str(int)`` writes it (so it joins back)."""
+    return text.isdigit() and text.isascii() and len(text) <= 18 and str(int(text)) == text
+
+
 def _cut_tensor(buf: Any, start: int, end: int, alias: str | None) -> tuple[_Tensor, int] | None:
     """A skeleton tensor that was cut (``raw`` None) and its length; None for a
     tensor left whole.
@@ -288,11 +343,9 @@ def _cut_tensor(buf: Any, start: int, end: int, alias: str | None) -> tuple[_Ten
         raise TensorCutError("a cut tensor without its length")
     entry = _walk(buf, size.start, size.end)
     text = bytes(buf[entry[-1].start : entry[-1].end]) if entry else b""
-    if (
-        not text.isdigit()
-        or len(text) > 18
-        or bytes(buf[size.key_at : size.end]) != _entry("length", text.decode())
-    ):
+    if not _plain_number(text.decode("ascii", "replace")) or bytes(
+        buf[size.key_at : size.end]
+    ) != _entry("length", text.decode()):
         raise TensorCutError("a cut tensor's length is not a plain number")
     length = int(text)
     scanned = _scan(buf, start, loc.key_at, alias)
@@ -464,9 +517,9 @@ def _tensor_names(buf: Any) -> Counter[str]:
     return counted
 
 
-def split(buf: Any) -> Split:
+def split(buf: Any, files: frozenset[str] = frozenset()) -> Split:
     """Cut the serialized model ``buf`` into its skeleton and its large tensors (see
-    the module doc).
+    the module doc); ``files``: the external data files whose tensors are cut too.
 
     Raises:
         TensorCutError: not a protobuf message with a graph.
@@ -476,40 +529,63 @@ def split(buf: Any) -> Split:
 
     def cut(f: Any, alias: str | None) -> list[Part] | None:
         tensor = _read_tensor(buf, f.start, f.end, alias)
-        if tensor is None or tensor.raw is None or names[tensor.name] != 1:
+        if tensor is not None and tensor.raw is not None:
+            a, b = tensor.raw
+            piece = Piece(tensor.name, tensor.dtype, tensor.dims, a, b - a)
+        elif files and (external := _read_external(buf, f.start, f.end, alias, files)):
+            tensor, file, offset, length = external
+            piece = Piece(tensor.name, tensor.dtype, tensor.dims, offset, length, file)
+        else:
+            return None
+        if names[tensor.name] != 1:
             return None  # a name two tensors share: a device could not tell them apart
-        a, b = tensor.raw
+        pieces.append(piece)
         body = _fields_of(buf, tensor.before) + _fields_of(buf, tensor.after)
-        pieces.append(Piece(tensor.name, tensor.dtype, tensor.dims, a, b - a))
-        return _wrap(f.number, [body + _suffix(b - a)])
+        return _wrap(f.number, [body + _suffix(piece.length)])
 
     parts = _model(buf, cut)
     return Split(b"".join(p for p in parts if isinstance(p, bytes)), tuple(pieces))
 
 
-def joined(skeleton: bytes) -> Joined:
-    """How ``skeleton`` and its tensors make the whole file (see :class:`Joined`).
+Place = Callable[[int, Piece], tuple[str, int] | None]
+"""Where the ``index``-th cut tensor of a skeleton goes back: an external data file and
+the offset in it, or None for its bytes in the file itself."""
+
+
+def joined(skeleton: bytes, where: Place | None = None) -> Joined:
+    """How ``skeleton`` and its tensors make the whole file (see :class:`Joined`);
+    ``where`` puts tensors back as external data (None: every one in the file).
 
     Raises:
         TensorCutError: not a skeleton :func:`split` makes.
     """
+    pieces: list[Piece] = []
+    index: dict[int, int] = {}
 
     def put_back(f: Any, alias: str | None) -> list[Part] | None:
         cut = _cut_tensor(skeleton, f.start, f.end, alias)
         if cut is None:
             return None
         tensor, length = cut
-        head = _fields_of(skeleton, tensor.before) + _len_field(_T_RAW, length)
         piece = Piece(tensor.name, tensor.dtype, tensor.dims, 0, length)
+        place = where(len(pieces), piece) if where is not None else None
+        if place is not None:
+            location, offset = place
+            pieces.append(Piece(piece.name, piece.dtype, piece.dims, offset, length, location))
+            body = _fields_of(skeleton, tensor.before) + _fields_of(skeleton, tensor.after)
+            return _wrap(f.number, [body + _suffix(length, location, offset)])
+        index[id(piece)] = len(pieces)
+        pieces.append(piece)
+        head = _fields_of(skeleton, tensor.before) + _len_field(_T_RAW, length)
         return _wrap(f.number, [head, piece, _fields_of(skeleton, tensor.after)])
 
     segments: list[bytes | int] = []
-    pieces: list[Piece] = []
     pos = 0
     for part in _model(skeleton, put_back):
         if isinstance(part, Piece):
-            pieces.append(Piece(part.name, part.dtype, part.dims, pos, part.length))
-            segments.append(len(pieces) - 1)
+            at = index[id(part)]
+            pieces[at] = Piece(part.name, part.dtype, part.dims, pos, part.length)
+            segments.append(at)
             pos += part.length
         elif part:
             segments.append(part)
@@ -537,20 +613,45 @@ def relocate(skeleton: bytes, where: Callable[[int, Piece], tuple[str, int]]) ->
     Raises:
         TensorCutError: not a skeleton :func:`split` makes.
     """
-    count = 0
+    layout = joined(skeleton, where)
+    return b"".join(s for s in layout.segments if isinstance(s, bytes))
 
-    def move(f: Any, alias: str | None) -> list[Part] | None:
-        nonlocal count
-        cut = _cut_tensor(skeleton, f.start, f.end, alias)
-        if cut is None:
-            return None
-        tensor, length = cut
-        location, offset = where(count, Piece(tensor.name, tensor.dtype, tensor.dims, 0, length))
-        count += 1
-        body = _fields_of(skeleton, tensor.before) + _fields_of(skeleton, tensor.after)
-        return _wrap(f.number, [body + _suffix(length, location, offset)])
 
-    return b"".join(p for p in _model(skeleton, move) if isinstance(p, bytes))
+def data_files(pieces: tuple[Piece, ...]) -> dict[str, tuple[int, ...]]:
+    """The pieces in each external data file, by index in offset order.
+
+    Raises:
+        TensorCutError: two pieces of a file overlap.
+    """
+    found: dict[str, list[int]] = {}
+    for i, piece in enumerate(pieces):
+        if piece.file is not None:
+            found.setdefault(piece.file, []).append(i)
+    ordered = {}
+    for file, indices in sorted(found.items()):
+        indices.sort(key=lambda i: pieces[i].offset)
+        end = 0
+        for i in indices:
+            if pieces[i].offset < end:
+                raise TensorCutError(f"tensor {pieces[i].name!r} overlaps another in {file!r}")
+            end = pieces[i].offset + pieces[i].length
+        ordered[file] = tuple(indices)
+    return ordered
+
+
+def join_data(pieces: tuple[Piece, ...], order: tuple[int, ...], read: Callable[[int, Piece], Any]
+              ) -> Iterator[Any]:  # fmt: skip
+    """An external data file's bytes, in order: the pieces ``order`` names (one entry
+    of :func:`data_files`) as ``read(index, piece)`` gives them, zeros between them."""
+    pos = 0
+    for i in order:
+        piece = pieces[i]
+        while pos < piece.offset:
+            gap = min(piece.offset - pos, 1 << 20)
+            yield bytes(gap)
+            pos += gap
+        yield read(i, piece)
+        pos = piece.offset + piece.length
 
 
 # Where TensorProtos lie, by message: (field, message) pairs to descend into.

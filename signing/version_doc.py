@@ -16,6 +16,7 @@ again signs nothing new.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from typing import Annotated, Final, Literal
@@ -97,19 +98,29 @@ Dtype = Literal[
 class TensorDoc(Strict):
     """One weight tensor cut out of the model: its name (a ``Constant`` node's output
     for a tensor of a node), numpy dtype, shape, byte length and the SHA-256 of its
-    bytes."""
+    bytes; for a tensor of a model stored with external data, the data ``file`` its
+    bytes lie in and their ``offset`` there (both absent otherwise, and then left out
+    of the document)."""
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
     dtype: Dtype
     shape: list[Annotated[int, Field(ge=0, le=1 << 62)]] = Field(max_length=64)
-    length: Annotated[int, Field(ge=MIN_TENSOR_BYTES, le=MAX_OBJECT_BYTES)]
+    length: Annotated[int, Field(ge=1, le=MAX_OBJECT_BYTES)]
     sha256: Sha256Hex
+    file: DataFile | None = None
+    offset: Annotated[int, Field(ge=0, le=MAX_OBJECT_BYTES)] | None = None
 
     @model_validator(mode="after")
     def _fits(self) -> TensorDoc:
         if math.prod(self.shape) * itemsize(self.dtype) != self.length:
             raise ValueError(
                 f"tensor {self.name!r}: {self.length} bytes do not fit {self.shape} {self.dtype}"
+            )
+        if (self.file is None) != (self.offset is None):
+            raise ValueError(f"tensor {self.name!r}: a data file needs an offset, and back")
+        if self.file is None and self.length < MIN_TENSOR_BYTES:
+            raise ValueError(
+                f"tensor {self.name!r}: {self.length} bytes, under the {MIN_TENSOR_BYTES} cut out"
             )
         return self
 
@@ -129,6 +140,14 @@ class TensorManifest(Strict):
                 raise ValueError(f"tensor {tensor.name!r} is listed twice")
             seen.add(tensor.name)
         return self
+
+    def placed(self) -> dict[int, tuple[str, int]]:
+        """Where each tensor stored as external data lies (file, offset), by index."""
+        return {
+            i: (t.file, t.offset)
+            for i, t in enumerate(self.tensors)
+            if t.file is not None and t.offset is not None
+        }
 
     @property
     def weight_bytes(self) -> int:
@@ -153,9 +172,9 @@ class VersionDoc(Strict):
             left out of the document when empty, so a single-file version's description
             is byte for byte what it always was.
         tensors: the tensor manifest (``registry.tensors``): the skeleton's and each
-            large weight tensor's digest; absent for releases made before it was
-            published, for models stored with external data, and for models whose
-            file does not cut and join back byte for byte.
+            large weight tensor's digest (and, stored as external data, its data
+            file and offset); absent for releases made before it was published, and
+            for models whose files do not cut and join back byte for byte.
     """
 
     model: Name
@@ -170,12 +189,40 @@ class VersionDoc(Strict):
     external_data: dict[DataFile, TargetPath] = Field(default_factory=dict, max_length=64)
     tensors: TensorManifest | None = None
 
+    @model_validator(mode="after")
+    def _tensors_in_data_files(self) -> VersionDoc:
+        """A tensor stored as external data lies in one of the version's data files,
+        clear of every other tensor there."""
+        if self.tensors is None:
+            return self
+        ends: dict[str, list[tuple[int, int, str]]] = {}
+        for tensor in self.tensors.tensors:
+            if tensor.file is None or tensor.offset is None:
+                continue
+            if tensor.file not in self.external_data:
+                raise ValueError(
+                    f"tensor {tensor.name!r} lies in {tensor.file!r}, no data file of the version"
+                )
+            ends.setdefault(tensor.file, []).append(
+                (tensor.offset, tensor.offset + tensor.length, tensor.name)
+            )
+        for file, spans in ends.items():
+            spans.sort()
+            for (_, end, name), (start, _, other) in itertools.pairwise(spans):
+                if start < end:
+                    raise ValueError(f"tensors {name!r} and {other!r} overlap in {file!r}")
+        return self
+
     def to_bytes(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace variation."""
         data = self.model_dump(mode="json", by_alias=True)
         for key in ("external_data", "tensors"):
             if not data[key]:
                 del data[key]
+        for tensor in data.get("tensors", {}).get("tensors", []):
+            for key in ("file", "offset"):
+                if tensor[key] is None:
+                    del tensor[key]
         return (json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
 
     @classmethod

@@ -105,11 +105,14 @@ class TensorFacts:
         graph: the skeleton.
         tensors: each tensor, in manifest order (a digest may repeat).
         held: the digests the device holds (skeletons and tensors, verified).
+        whole: the bytes a whole install fetches, for a model stored with external
+            data: the artifact and its data files (0: the artifact's length).
     """
 
     graph: Signed
     tensors: tuple[Signed, ...]
     held: frozenset[str] = frozenset()
+    whole: int = 0
 
     def missing(self) -> tuple[Signed, ...]:
         """The objects to fetch: the skeleton and each tensor not held, each digest once."""
@@ -221,7 +224,7 @@ def plan_update(facts: PlanFacts) -> Plan | Refusal | None:
     tensors = facts.tensors
     if tensors is not None and facts.engine in (None, "onnxruntime") and tensors.held_bytes():
         objects = tensors.missing()
-        if sum(o.length for o in objects) < art.length:
+        if sum(o.length for o in objects) < (tensors.whole or art.length):
             return Plan("tensors", "artifact", art.sha256, art.path, objects=objects)
     chain = delta_chain(facts.version, facts.links, facts.bases(), art.length)
     if chain is not None:

@@ -35,7 +35,7 @@ from signing.target_names import external_data_delta_path
 
 if TYPE_CHECKING:
     from edge_sync.state.store import BlobStore
-    from edge_sync.sync.trust import DeviceTrust
+    from edge_sync.sync.trust import DeviceTrust, SignedTarget
     from signing.version_doc import VersionDoc
 
 VIEWS_DIR: Final = "views"
@@ -69,19 +69,11 @@ def obtain_data(  # noqa: PLR0917 - one private call site, all needed
         FetchError: a file cannot be fetched.
         OSError: a file cannot be stored.
     """
-    from edge_sync.sync.trust import expect_facts
-
     if doc is None or not doc.external_data:
         return {}, None
     found: dict[str, str] = {}
     methods: set[Method] = set()
-    for file, target in sorted(doc.external_data.items()):
-        if file_name_problem(file) is not None:  # the description's schema checked it too
-            raise VerificationError(f"external data file {file!r} is not a plain name", target)
-        info = trust.target_info(target)
-        expect_facts(info, model=name, version=version, kind="external_data")
-        if info.facts.file != file:
-            raise VerificationError(f"signed as file {info.facts.file!r}, not {file!r}", target)
+    for file, (target, info) in signed_data(trust, name, version, doc).items():
         if held_verified(blobs, info.sha256):
             methods.add("cached")
         elif parent is not None and _by_delta(
@@ -100,6 +92,31 @@ def obtain_data(  # noqa: PLR0917 - one private call site, all needed
         found[file] = info.sha256
     method: Method = "full" if "full" in methods else "delta" if "delta" in methods else "cached"
     return found, method
+
+
+def signed_data(
+    trust: DeviceTrust, name: str, version: str, doc: VersionDoc | None
+) -> dict[str, tuple[str, SignedTarget]]:
+    """Each external data file of a version, by the name its graph uses: its target
+    path and what is signed for it (checked: this model, version, kind and file).
+
+    Raises:
+        TargetMismatchError: a file is signed for another model, version or kind.
+        VerificationError: a file's name is no plain name, or is signed as another.
+        FileSetError: a file is not signed.
+    """
+    from edge_sync.sync.trust import expect_facts
+
+    found = {}
+    for file, target in sorted((doc.external_data if doc is not None else {}).items()):
+        if file_name_problem(file) is not None:  # the description's schema checked it too
+            raise VerificationError(f"external data file {file!r} is not a plain name", target)
+        info = trust.target_info(target)
+        expect_facts(info, model=name, version=version, kind="external_data")
+        if info.facts.file != file:
+            raise VerificationError(f"signed as file {info.facts.file!r}, not {file!r}", target)
+        found[file] = (target, info)
+    return found
 
 
 def held_verified(blobs: BlobStore, sha256: str) -> bool:

@@ -52,7 +52,7 @@ from edge_sync.state.models import (
 )
 from edge_sync.state.store import StateDir
 from edge_sync.sync import tensors as held_tensors
-from edge_sync.sync.external import held_verified, model_view, obtain_data
+from edge_sync.sync.external import held_verified, model_view, obtain_data, signed_data
 from edge_sync.sync.gates import Gates, OpenGate
 from edge_sync.sync.trust import DeviceTrust, SignedTarget, expect_facts
 from registry.cohort import in_cohort
@@ -270,7 +270,7 @@ class Installer:
         path, method = self._obtain(trust, about, plan, progress)
         path, method, external = self._external_data(trust, about, (path, method, plan), stages)
         progress.plan = plan = Plan(method, plan.kind, plan.sha256, plan.path)
-        layout, graph = self._lay_out(about, plan, stages)
+        layout, graph = self._lay_out(about, plan, stages, external)
         whole = plan.kind == "artifact" and method != "tensors"
         installed = Installed(
             version=version, sha256=plan.sha256,
@@ -427,7 +427,11 @@ class Installer:
         held |= set(installed.values())
         links = _links(trust, about.name, about.version, set(installed))
         manifest = self._manifest(about)
-        tensors = held_tensors.tensor_facts(manifest, self.state.root, blobs) if manifest else None
+        tensors = None
+        if manifest is not None:
+            data = signed_data(trust, about.name, about.version, about.doc)
+            whole = about.art.length + sum(info.length for _, info in data.values())
+            tensors = held_tensors.tensor_facts(manifest, self.state.root, blobs, whole)
         return replace(
             facts, held=frozenset(held), installed=installed, links=links, tensors=tensors
         )
@@ -435,9 +439,9 @@ class Installer:
     @staticmethod
     def _manifest(about: _Version) -> TensorManifest | None:
         """The version's tensor manifest, when this device builds it from tensors: an
-        ONNX Runtime target (TensorRT reads a whole file) and no external data files."""
+        ONNX Runtime target (TensorRT reads a whole file)."""
         doc = about.doc
-        if doc is None or doc.tensors is None or doc.external_data:
+        if doc is None or doc.tensors is None:
             return None
         if about.target is not None and about.target.engine != "onnxruntime":
             return None
@@ -550,6 +554,9 @@ class Installer:
         if plan.kind != "artifact":  # a prebuilt engine is one self-contained file
             return path, method, {}
         name, version = about.name, about.version
+        if method == "tensors":  # its data files' tensors came as tensors (_lay_out)
+            signed = signed_data(trust, name, version, about.doc)
+            return path, method, {file: info.sha256 for file, (_, info) in signed.items()}
         external, data_method = obtain_data(
             trust, self.state.blobs, name, version, about.doc, about.art.facts.parent,
             self._work(name), self.state.partials, stages,
@@ -560,10 +567,11 @@ class Installer:
         return view, worst(method, data_method), external
 
     def _lay_out(
-        self, about: _Version, plan: Plan, stages: Stages
+        self, about: _Version, plan: Plan, stages: Stages, external: dict[str, str]
     ) -> tuple[TensorLayout | None, str | None]:
         """The version as tensors (``edge_sync.sync.tensors``), kept with its layout;
-        (None, None) for a version built from its whole file.
+        (None, None) for a version built from its whole file.  ``external``: its data
+        files' blobs by name (installed whole, their tensors are spans of them).
 
         Raises:
             _RejectedError: the signed manifest does not describe the artifact.
@@ -581,7 +589,7 @@ class Installer:
                     )
                 else:
                     placed = held_tensors.layout_from_artifact(
-                        manifest, plan.sha256, blobs, self._work(about.name)
+                        manifest, plan.sha256, blobs, self._work(about.name), external
                     )
             except VerificationError as e:
                 raise _RejectedError(str(e)) from None

@@ -40,12 +40,17 @@ from edge_sync.decide.plan import Signed, TensorFacts
 from edge_sync.engine.base import TensorLayout
 from edge_sync.engine.weights import TensorRef
 from registry.atomic import AtomicFile, write_atomic
+from registry.schema import file_name_problem
 from registry.tensors import (
     DTYPES,
     STORE_LOCATION,
+    Joined,
+    Piece,
     TensorCutError,
+    data_files,
     external_locations,
     join,
+    join_data,
     joined,
     split,
 )
@@ -81,7 +86,9 @@ Stages = Callable[[str], AbstractContextManager[None]]
 
 @dataclass(frozen=True)
 class Placed:
-    """One tensor of a version on the device: what it is and where its bytes lie."""
+    """One tensor of a version on the device: what it is and where its bytes lie; for
+    a model stored with external data, also where they lie in the version's data
+    ``file`` (``file_offset``), to write that file again (:func:`export_version`)."""
 
     name: str
     dtype: str
@@ -90,10 +97,13 @@ class Placed:
     blob: str
     offset: int
     length: int
+    file: str | None = None
+    file_offset: int = 0
 
     def as_json(self) -> list[Any]:
-        return [self.name, self.dtype, list(self.dims), self.sha256, self.blob, self.offset,
-                self.length]  # fmt: skip
+        row = [self.name, self.dtype, list(self.dims), self.sha256, self.blob, self.offset,
+               self.length]  # fmt: skip
+        return row if self.file is None else [*row, self.file, self.file_offset]
 
     @classmethod
     def from_json(cls, row: list[Any]) -> Placed:
@@ -101,15 +111,21 @@ class Placed:
 
         Raises:
             ValueError: it is not one (a digest that is no digest, a type numpy lacks,
-                a negative offset).
+                a negative offset, a data file that is no plain name).
         """
-        name, dtype, dims, sha256, blob, offset, length = row
+        name, dtype, dims, sha256, blob, offset, length, *rest = row
+        file, file_offset = (str(rest[0]), int(rest[1])) if len(rest) == 2 else (None, 0)
+        if len(rest) not in (0, 2):
+            raise ValueError(f"tensor {name!r}: not a tensor's place")
         placed = cls(str(name), str(dtype), tuple(int(d) for d in dims), str(sha256),
-                     str(blob), int(offset), int(length))  # fmt: skip
+                     str(blob), int(offset), int(length), file, file_offset)  # fmt: skip
         if not (_HEX64.fullmatch(placed.sha256) and _HEX64.fullmatch(placed.blob)):
             raise ValueError(f"tensor {placed.name!r}: not a digest")
-        if placed.dtype not in DTYPES.values() or placed.offset < 0 or placed.length < 0:
+        if placed.dtype not in DTYPES.values() or min(placed.offset, placed.length,
+                                                      placed.file_offset) < 0:  # fmt: skip
             raise ValueError(f"tensor {placed.name!r}: not a tensor's place")
+        if file is not None and file_name_problem(file) is not None:
+            raise ValueError(f"tensor {placed.name!r}: data file {file!r} is not a plain name")
         return placed
 
 
@@ -195,8 +211,11 @@ def held_digests(root: Path, blobs: BlobStore) -> dict[str, Placed]:
     return found
 
 
-def tensor_facts(manifest: TensorManifest, root: Path, blobs: BlobStore) -> TensorFacts:
-    """The plan's facts about a version's tensors: each object, and which it holds."""
+def tensor_facts(
+    manifest: TensorManifest, root: Path, blobs: BlobStore, whole: int = 0
+) -> TensorFacts:
+    """The plan's facts about a version's tensors: each object, and which it holds
+    (``whole``: see ``TensorFacts``)."""
     held = held_digests(root, blobs)
     wanted = {t.sha256 for t in manifest.tensors} | {manifest.graph.sha256}
     have = {d for d in wanted if d in held or (blobs.has(d) and blobs.checked(d))}
@@ -205,6 +224,7 @@ def tensor_facts(manifest: TensorManifest, root: Path, blobs: BlobStore) -> Tens
         graph=Signed(object_path(graph.sha256), graph.sha256, graph.length),
         tensors=tuple(Signed(object_path(t.sha256), t.sha256, t.length) for t in manifest.tensors),
         held=frozenset(have),
+        whole=whole,
     )
 
 
@@ -232,10 +252,16 @@ def fetch_missing(  # noqa: PLR0917 - one private call site
 
 
 def _matches(manifest: TensorManifest, pieces: Iterable[Any]) -> bool:
-    """Whether the cut's tensors are the manifest's: names, types, shapes, lengths, in
-    order."""
-    got = [(p.name, p.dtype, tuple(p.dims), p.length) for p in pieces]
-    want = [(t.name, t.dtype, tuple(t.shape), t.length) for t in manifest.tensors]
+    """Whether the cut's tensors are the manifest's: names, types, shapes, lengths and,
+    for tensors stored as external data, the file and offset, in order."""
+    got = [
+        (p.name, p.dtype, tuple(p.dims), p.length, p.file, p.offset if p.file else None)
+        for p in pieces
+    ]
+    want = [
+        (t.name, t.dtype, tuple(t.shape), t.length, t.file, t.offset if t.file else None)
+        for t in manifest.tensors
+    ]
     return got == want
 
 
@@ -265,9 +291,10 @@ def layout_from_objects(
         OSError: a tensor is not held (removed since the plan).
     """
     graph = manifest.graph.sha256
+    places = manifest.placed()
     try:
         skeleton = blobs.path(graph).read_bytes()
-        layout = joined(skeleton)
+        layout = joined(skeleton, lambda i, _piece: places.get(i))
         _only_the_store(skeleton, object_path(graph))
     except TensorCutError as e:
         raise VerificationError(f"the skeleton does not walk ({e})", object_path(graph)) from None
@@ -284,24 +311,30 @@ def layout_from_objects(
         if where is None or where.length != t.length:
             raise OSError(f"tensor {t.name!r} ({t.sha256[:12]}) is not held")
         placed.append(Placed(t.name, t.dtype, tuple(t.shape), t.sha256, where.blob,
-                             where.offset, t.length))  # fmt: skip
+                             where.offset, t.length, t.file, t.offset or 0))  # fmt: skip
     return placed
 
 
 def layout_from_artifact(
-    manifest: TensorManifest, artifact: str, blobs: BlobStore, work: Path
+    manifest: TensorManifest,
+    artifact: str,
+    blobs: BlobStore,
+    work: Path,
+    external: dict[str, str] | None = None,
 ) -> list[Placed]:
-    """The version's tensors as spans of its verified artifact blob; its skeleton
-    (which must hash to the signed one) kept as a blob.
+    """The version's tensors as spans of its verified artifact blob (and of its
+    verified data file blobs, ``external`` naming each by file); its skeleton (which
+    must hash to the signed one) kept as a blob.
 
     Raises:
         VerificationError: the artifact's cut is not what the manifest signs.
         OSError: the blob cannot be read.
     """
+    external = external or {}
     path = blobs.path(artifact)
     with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, prot=mmap.PROT_READ) as view:
         try:
-            cut = split(view)
+            cut = split(view, frozenset(external))
         except TensorCutError as e:
             raise VerificationError(f"the artifact does not cut ({e})", str(path)) from None
     graph = manifest.graph.sha256
@@ -319,7 +352,17 @@ def layout_from_artifact(
         staged.write_bytes(cut.skeleton)
         blobs.adopt(staged, graph)
     return [
-        Placed(t.name, t.dtype, tuple(t.shape), t.sha256, artifact, p.offset, p.length)
+        Placed(
+            t.name,
+            t.dtype,
+            tuple(t.shape),
+            t.sha256,
+            artifact if p.file is None else external[p.file],
+            p.offset,
+            p.length,
+            p.file,
+            p.offset if p.file is not None else 0,
+        )
         for t, p in zip(manifest.tensors, cut.pieces, strict=True)
     ]
 
@@ -343,43 +386,72 @@ def tensor_layout(
 
 def export_version(root: Path, blobs: BlobStore, name: str, installed: Installed, out: Path) -> int:
     """Write the whole file ``installed`` stands for to ``out`` (its data files beside
-    it, under the names its graph uses), checked against its signed whole-file digest
-    while it is written: from its blob, or joined from its skeleton and tensors when it
-    is held as tensors.  Nothing is left at ``out`` when the digest differs.
+    it, under the names its graph uses), each checked against its signed digest while
+    it is written: from its blobs, or joined from its skeleton and tensors when it is
+    held as tensors.  Nothing is left at a path whose digest differs.
 
     Returns:
         The bytes written (the ``.onnx``).
 
     Raises:
-        VerificationError: the bytes written do not hash to ``installed.sha256`` (the
+        VerificationError: the bytes written do not hash to the signed digest (the
             store was altered), or the skeleton does not walk.
         OSError: a blob is missing, or ``out`` cannot be written.
     """
     files: list[tuple[Path, str, Callable[[Any], None]]] = []
+    pieces: tuple[Piece, ...] = ()
+    placed: list[Placed] = []
     if installed.graph is not None and not blobs.has(installed.sha256):
         graph, placed = load_layout(root, name, installed.version)
+        places = {i: (p.file, p.file_offset) for i, p in enumerate(placed) if p.file is not None}
         try:
-            layout = joined(blobs.path(graph).read_bytes())
+            layout = joined(blobs.path(graph).read_bytes(), lambda i, _piece: places.get(i))
         except TensorCutError as e:
             raise VerificationError(f"the skeleton does not walk ({e})", str(out)) from None
-
-        def write_joined(fh: Any) -> None:
-            views: dict[str, mmap.mmap] = {}
-            try:
-                for chunk in join(layout, lambda i, _piece: _span(blobs, views, placed[i])):
-                    fh.write(chunk)
-            finally:
-                for view in views.values():
-                    view.close()
-
-        files.append((out, installed.sha256, write_joined))
+        files.append((out, installed.sha256, _joining(blobs, placed, layout.pieces, layout)))
+        pieces = layout.pieces
     else:
         files.append((out, installed.sha256, _copier(blobs.path(installed.sha256))))
+    try:
+        in_files = data_files(pieces)
+    except TensorCutError as e:
+        raise VerificationError(str(e), str(out)) from None
     for file, digest in sorted(installed.external.items()):
-        files.append((out.parent / file, digest, _copier(blobs.path(digest))))
+        if blobs.has(digest) or file not in in_files:
+            write = _copier(blobs.path(digest))
+        else:
+            write = _joining(blobs, placed, pieces, in_files[file])
+        files.append((out.parent / file, digest, write))
     for path, digest, write in files:
         _write_checked(path, digest, write)
     return out.stat().st_size
+
+
+def _joining(
+    blobs: BlobStore,
+    placed: list[Placed],
+    pieces: tuple[Piece, ...],
+    what: Joined | tuple[int, ...],
+) -> Callable[[Any], None]:
+    """A writer of a file joined from held tensors: the ``.onnx`` (``what`` its
+    layout) or a data file (``what`` its pieces in order: ``registry.tensors.data_files``)."""
+
+    def write(fh: Any) -> None:
+        views: dict[str, mmap.mmap] = {}
+
+        def read(i: int, _piece: Piece) -> memoryview:
+            return _span(blobs, views, placed[i])
+
+        try:
+            chunks = join(what, read) if isinstance(what, Joined) else join_data(pieces, what, read)
+            for chunk in chunks:
+                fh.write(chunk)
+            del chunk, chunks  # no view left: the maps close
+        finally:
+            for view in views.values():
+                view.close()
+
+    return write
 
 
 def _span(blobs: BlobStore, views: dict[str, mmap.mmap], placed: Placed) -> memoryview:

@@ -174,10 +174,19 @@ def stage_description(
             engines[target.name] = path
     doc, files = describe(repo, entry, engines)
     spec = entry.manifest.spec
-    if objects is not None and not spec.artifact.external_data:
-        signed = trust.targets.get(artifact_path(entry.name, entry.version))
-        digest = signed.hashes.get("sha256") if signed is not None else None
-        found = tensor_manifest(repo.root / spec.artifact.path, digest)
+    if objects is not None:
+
+        def signed(path: str) -> str | None:
+            target = trust.targets.get(path)
+            return target.hashes.get("sha256") if target is not None else None
+
+        artifact = spec.artifact
+        data_files = {
+            file: (repo.root / rel, signed(external_data_path(entry.name, entry.version, file)))
+            for file, rel in zip(artifact.external_data, artifact.files()[1:], strict=True)
+        }
+        digest = signed(artifact_path(entry.name, entry.version))
+        found = tensor_manifest(repo.root / artifact.path, digest, data_files)
         if found is not None:
             manifest, sources = found
             described = doc.model_copy(update={"tensors": manifest})

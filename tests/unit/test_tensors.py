@@ -202,7 +202,9 @@ def _entry(
     [
         pytest.param([_entry(), _entry(sha="c")], "listed twice", id="a tensor listed twice with different digests"),
         pytest.param([_entry(length=65540)], "do not fit", id="a length that does not fit the shape"),
-        pytest.param([_entry(length=16, shape=[2, 2])], "greater than or equal to 65536", id="a tensor split would never cut (an empty one would map nothing)"),
+        pytest.param([_entry(length=16, shape=[2, 2])], "under the 65536 cut out", id="a tensor split would never cut"),
+        pytest.param([_entry(length=0, shape=[0])], "greater than or equal to 1", id="an empty tensor (it would map nothing)"),
+        pytest.param([{**_entry(), "file": "w.data"}], "needs an offset", id="a data file without an offset"),
         pytest.param([_entry(name=f"t{i}") for i in range(MAX_TENSORS + 1)], "at most 32768", id="too many tensors"),
     ],
 )  # fmt: skip
@@ -336,9 +338,14 @@ def test_a_layout_that_names_no_digest_is_refused(tmp_path: Path) -> None:
     good = Placed("w", "float32", (2,), "a" * 64, "b" * 64, 0, 8)
     save_layout(tmp_path, "mlp", "1.0.0", "c" * 64, [good])
     assert load_layout(tmp_path, "mlp", "1.0.0") == ("c" * 64, [good])
+    external = Placed("w", "float32", (2,), "a" * 64, "b" * 64, 0, 8, "m.data", 64)
+    save_layout(tmp_path, "mlp", "1.0.0", "c" * 64, [external])
+    assert load_layout(tmp_path, "mlp", "1.0.0") == ("c" * 64, [external])
     for bad in (Placed("w", "float32", (2,), "a" * 64, "../../etc/passwd", 0, 8),
                 Placed("w", "complex", (2,), "a" * 64, "b" * 64, 0, 8),
-                Placed("w", "float32", (2,), "a" * 64, "b" * 64, -1, 8)):  # fmt: skip
+                Placed("w", "float32", (2,), "a" * 64, "b" * 64, -1, 8),
+                Placed("w", "float32", (2,), "a" * 64, "b" * 64, 0, 8, "../m.data", 0),
+                Placed("w", "float32", (2,), "a" * 64, "b" * 64, 0, 8, "m.data", -8)):  # fmt: skip
         save_layout(tmp_path, "mlp", "1.0.0", "c" * 64, [bad])
         with pytest.raises(OSError, match="not a tensor layout"):
             load_layout(tmp_path, "mlp", "1.0.0")
@@ -427,3 +434,102 @@ def test_the_cut_reads_no_tensor_bytes() -> None:
         cut = split(_NoBulkReads(data, MIN_TENSOR_BYTES // 2))
         assert cut.pieces
         assert cut == split(data)
+
+
+def _external(tmp_path: Path, *, gap: int = 0, tail: bytes = b"") -> tuple[Path, Path]:
+    """A model stored with external data as ONNX writes it (tensors from 1 KiB in
+    ``m.data``, a 12-byte one inline), optionally with ``gap`` zero bytes before each
+    tensor (as writers that align offsets leave) and ``tail`` after the last."""
+    import onnx
+    from onnx.external_data_helper import set_external_data
+
+    rng = np.random.default_rng(3)
+    weights = {
+        "w": rng.random((64, 300), dtype=np.float32),
+        "b": rng.random(300, dtype=np.float32),
+        "s": rng.random(3, dtype=np.float32),
+    }
+    inits = [numpy_helper.from_array(a, n) for n, a in weights.items()]
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 300])],
+        inits,
+    )
+    model = helper.make_model(graph)
+    data = bytearray()
+    for tensor in model.graph.initializer:
+        if len(tensor.raw_data) < 1024:
+            continue
+        data += bytes(gap)
+        set_external_data(tensor, "m.data", offset=len(data), length=len(tensor.raw_data))
+        data += tensor.raw_data
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+    folder = tmp_path / f"ext-{gap}-{len(tail)}"
+    folder.mkdir()
+    (folder / "m.data").write_bytes(bytes(data) + tail)
+    onnx.save_model(model, folder / "m.onnx")
+    return folder / "m.onnx", folder / "m.data"
+
+
+@pytest.mark.parametrize("gap", [0, 4000], ids=["packed", "aligned"])
+def test_a_model_with_external_data_is_cut_and_both_files_join_back(
+    tmp_path: Path, gap: int
+) -> None:
+    from registry.tensors import data_files, join_data
+
+    onnx_file, data_file = _external(tmp_path, gap=gap)
+    found = tensor_manifest(onnx_file, None, {"m.data": (data_file, None)})
+    assert found is not None
+    manifest, objects = found
+    # every tensor of the data file, whatever its size; the 12-byte inline one stays
+    assert [(t.name, t.file) for t in manifest.tensors] == [("w", "m.data"), ("b", "m.data")]
+    assert manifest.tensors[1].offset == gap * 2 + 64 * 300 * 4
+    data = data_file.read_bytes()
+    for t in manifest.tensors:
+        assert objects[t.sha256].read() == data[t.offset :][: t.length]
+    places = manifest.placed()
+    layout = joined(objects[manifest.graph.sha256].read(), lambda i, _p: places.get(i))
+    assert b"".join(bytes(c) for c in join(layout, lambda i, _p: b"")) == onnx_file.read_bytes()
+    (order,) = data_files(layout.pieces).values()
+    read = lambda i, _p: objects[manifest.tensors[i].sha256].read()  # noqa: E731
+    assert b"".join(bytes(c) for c in join_data(layout.pieces, order, read)) == data
+    # the description that carries it reads back; its bytes are canonical
+    doc = VersionDoc(model="mlp", version="1.0.0", artifact="a", tensors=manifest,
+                     external_data={"m.data": "t"})  # fmt: skip
+    assert VersionDoc.from_bytes(doc.to_bytes()) == doc
+    assert b'"file": "m.data"' in doc.to_bytes()
+
+
+def test_external_data_that_holds_more_than_its_tensors_gets_no_manifest(tmp_path: Path) -> None:
+    onnx_file, data_file = _external(tmp_path, tail=b"\x01")
+    assert tensor_manifest(onnx_file, None, {"m.data": (data_file, None)}) is None
+    onnx_file, data_file = _external(tmp_path, gap=8)
+    digest = hashlib.sha256(data_file.read_bytes()).hexdigest()
+    assert tensor_manifest(onnx_file, None, {"m.data": (data_file, digest)}) is not None
+    spoiled = bytearray(data_file.read_bytes())
+    spoiled[3] = 1  # a byte between tensors that is not zero
+    data_file.write_bytes(bytes(spoiled))
+    assert tensor_manifest(onnx_file, None, {"m.data": (data_file, None)}) is None
+    # a data file the version does not declare: its tensors stay external, so none
+    assert tensor_manifest(onnx_file, None, {}) is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        pytest.param({"file": "other.data"}, "no data file of the version", id="an undeclared file"),
+        pytest.param({"offset": 100}, "overlap", id="two tensors over the same bytes"),
+    ],
+)  # fmt: skip
+def test_a_manifest_that_places_tensors_wrongly_is_refused(
+    edit: dict[str, Any], reason: str
+) -> None:
+    first = {**_entry(), "file": "m.data", "offset": 0}
+    second = {**_entry(name="v", sha="c"), "file": "m.data", "offset": 65536, **edit}
+    doc = json.loads(_doc([first, second]))
+    doc["external_data"] = {"m.data": "models/mlp/1.0.0.data/m.data"}
+    with pytest.raises(ValueError, match=reason):
+        VersionDoc.from_bytes(json.dumps(doc).encode())

@@ -131,6 +131,8 @@ def _names(plan: Plan) -> tuple[str, ...]:
         pytest.param(_facts(tensors=_tensors("graph")), ("full", ()), id="only the skeleton held: no weights to reuse, full"),
         pytest.param(_facts(tensors=_tensors("t1")), ("tensors", ("graph", "t2", "t3", "t4")), id="one tensor held, 810 of 1000 bytes missing: tensors"),
         pytest.param(_facts(tensors=_tensors("t1", tensors=(*TENSORS, _obj("t5", 200), _obj("t6", 200)))), ("full", ()), id="missing objects (1010) longer than the file: full"),
+        pytest.param(_facts(tensors=replace(_tensors("t1"), whole=5000)), ("tensors", ("graph", "t2", "t3", "t4")), id="external data: 810 bytes missing of 5000 with its data files (the .onnx alone: 1000)"),
+        pytest.param(_facts(tensors=replace(_tensors("t1"), whole=600)), ("full", ()), id="external data: missing objects (610) longer than the .onnx and its data files (600): full"),
         pytest.param(_facts(tensors=_tensors("t1", tensors=(_obj("t1", 200), _obj("t2", 400), _obj("t2", 400)))), ("tensors", ("graph", "t2")), id="a digest listed twice is fetched once"),
         pytest.param(_facts(tensors=_tensors("t1", "t2", "t3"), held=_held("1.1")), ("cached", ()), id="the artifact held beats tensors"),
         pytest.param(_facts(engine="onnxruntime", tensors=_tensors("t1", "t2", "t3")), ("tensors", ("graph", "t4")), id="an onnxruntime target builds from tensors"),
