@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint format bench examples lock clean
+.PHONY: install demo test lint format bench examples lock proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,12 @@ $(MLSERVER_STAMP): $(STAMP)
 		$(MLSERVER_VENV)/bin/python -m pip install --quiet \
 			mlserver==1.7.1 "onnxruntime==$$ort" uvloop==0.21.0
 	touch $@
+
+# The gRPC protocol's Python modules, from edge_sync/serve/proto/oip_v2.proto (committed;
+# tests/edge/test_grpc.py checks they are up to date).
+proto: $(STAMP)
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. \
+		edge_sync/serve/proto/oip_v2.proto
 
 # Rebuild this repository's DVC-tracked example models (byte-identical to the pointers).
 examples: $(STAMP)

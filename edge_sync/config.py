@@ -263,6 +263,9 @@ class ServeConfig(Strict):
     listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:8000"
     management_listen: Annotated[str, AfterValidator(_listen)] | None = None
     """Serve ``/status`` and ``/metrics`` here, and no longer on ``listen``."""
+    grpc_listen: Annotated[str, AfterValidator(_listen)] | None = None
+    """Serve the protocol over gRPC here too (``edge_sync.serve.grpc_server``; off when
+    unset), within the same ``limits`` as REST."""
     limits: ServeLimitsConfig = ServeLimitsConfig()
     memory_budget: Size | None = None
     threads: Annotated[int, Field(ge=1, le=256)] = 1

@@ -312,7 +312,9 @@ class Daemon:
         unclean = state.daemon_info() is not None
         if server is not None:
             listen = server.start()
-        state.announce(DaemonInfo(pid=os.getpid(), listen=listen, started=now_iso()))
+        grpc_listen = server.grpc_address if server is not None else None
+        state.announce(DaemonInfo(pid=os.getpid(), listen=listen, grpc_listen=grpc_listen,
+                                  started=now_iso()))  # fmt: skip
         gate = self.config.serve.health_gate
         updater = self._updater = Updater(
             self.config,

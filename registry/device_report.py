@@ -209,6 +209,8 @@ class DaemonStatus(Strict):
     running: bool
     pid: Annotated[int, Field(ge=0)] | None = None
     listen: Word | None = None
+    grpc_listen: Word | None = None
+    """Where it serves the protocol over gRPC (``serve.grpc_listen``), if it does."""
     started: Stamp | None = None
 
 

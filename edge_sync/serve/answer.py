@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from edge_sync.engine.base import Engine
     from edge_sync.serve.codec import Parsed
 
-__all__ = ["BYTES_ELEMENT_COST", "answer", "json_response"]
+__all__ = ["BYTES_ELEMENT_COST", "answer", "json_response", "outputs", "raw_tensor"]
 
 BYTES_ELEMENT_COST: Final = 64 + 48
 """Bytes one BYTES element may cost beyond its text: a Python string (its object and
@@ -43,17 +43,7 @@ def answer(engine: Engine, parsed: Parsed, results: Mapping[str, Any]) -> Respon
         RefusedError: the outputs hold more values than the model's cap (413), or
             what the request's account raises.
     """
-    import numpy as np
-
-    arrays = {name: np.asarray(value) for name, value in results.items()}
-    values = sum(a.size for a in arrays.values())
-    if values > parsed.max_output_elements:
-        raise RefusedError(
-            413,
-            f"the outputs hold {values} values, over this model's {parsed.max_output_elements}",
-            engine.version,
-        )
-    parsed.charge(sum(_answer_cost(a, n in parsed.binary_outputs) for n, a in arrays.items()))
+    arrays = outputs(engine, parsed, results)
     tail = bytearray()
     answer: dict[str, Any] = {
         "model_name": engine.model,
@@ -72,6 +62,44 @@ def answer(engine: Engine, parsed: Parsed, results: Mapping[str, Any]) -> Respon
     headers[HEADER_LENGTH] = str(len(header))
     return Response(header + bytes(tail), media_type="application/octet-stream",
                     headers=headers)  # fmt: skip
+
+
+def outputs(
+    engine: Engine, parsed: Parsed, results: Mapping[str, Any], *, binary: bool = False
+) -> dict[str, Any]:
+    """The run's outputs as arrays, within the model's cap of output values and
+    charged to the request (as they will be encoded: ``binary`` all of them, else as
+    the request asked).
+
+    Raises:
+        RefusedError: over the cap (413), or what the request's account raises.
+    """
+    import numpy as np
+
+    arrays = {name: np.asarray(value) for name, value in results.items()}
+    values = sum(a.size for a in arrays.values())
+    if values > parsed.max_output_elements:
+        raise RefusedError(
+            413,
+            f"the outputs hold {values} values, over this model's {parsed.max_output_elements}",
+            engine.version,
+        )
+    parsed.charge(
+        sum(_answer_cost(a, binary or n in parsed.binary_outputs) for n, a in arrays.items())
+    )
+    return arrays
+
+
+def raw_tensor(name: str, value: Any) -> tuple[str, list[int], bytes]:
+    """One output's datatype, shape and raw little-endian bytes (BYTES: each element a
+    4-byte length and its bytes), as the binary data extension and gRPC carry it.
+
+    Raises:
+        TypeError: an array of a type the protocol has no name for (a server bug).
+    """
+    data = bytearray()
+    tensor = _tensor_json(name, value, data)
+    return tensor["datatype"], tensor["shape"], bytes(data)
 
 
 def _answer_cost(array: Any, binary: bool) -> int:

@@ -30,8 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from starlette.applications import Starlette
@@ -43,8 +42,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from edge_sync.engine.base import DATATYPES
-from edge_sync.engine.heap import keep_heap_small, trim_heap
-from edge_sync.serve.admission import Budget, Slots, Ticket
+from edge_sync.engine.heap import trim_heap
+from edge_sync.serve.admission import Ticket
 from edge_sync.serve.body import HEADER_LENGTH, Charge
 from edge_sync.serve.codec import (
     MAX_BODY_BYTES,
@@ -56,18 +55,21 @@ from edge_sync.serve.codec import (
     json_response,
     read_request,
 )
+from edge_sync.serve.core import Inference, Work, quick
 from edge_sync.serve.metrics import CONTENT_TYPE, Metrics
 
 if TYPE_CHECKING:
     from edge_sync.engine.base import Engine, EngineHost, TensorDecl
     from edge_sync.serve.recorder import Recorder
 
-__all__ = ["MAX_BODY_BYTES", "ServeLimits", "create_app", "create_management_app"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "ServeLimits",
+    "create_app",
+    "create_management_app",
+    "create_rest_app",
+]
 
-INLINE_RUN_S: Final = 0.0005
-"""An engine whose typical run takes at most this long runs on the event loop (with a
-body of at most :data:`INLINE_BODY_BYTES`); a slower one in a worker thread, so the loop
-keeps answering while it computes."""
 INLINE_BODY_BYTES: Final = 64 << 10
 SETTLE_AFTER_BYTES: Final = 1 << 20
 """A request that held more is given back only once its answer is sent (a background
@@ -108,11 +110,24 @@ def create_app(
         management: serve ``/status`` and ``/metrics`` too (False: they are on a
             listener of their own, :func:`create_management_app`).
     """
-    api = _Api(host, models, status, version, metrics or Metrics(), request_sync)
-    api.recorder = recorder
+    core = Inference(host, models, metrics or Metrics(), recorder, limits)
+    return create_rest_app(core, status, version, request_sync=request_sync,
+                           remote_sync=remote_sync, management=management)  # fmt: skip
+
+
+def create_rest_app(
+    core: Inference,
+    status: Callable[[], Mapping[str, Any]],
+    version: str,
+    *,
+    request_sync: Callable[[], None] | None = None,
+    remote_sync: bool = False,
+    management: bool = True,
+) -> Starlette:
+    """The OIP v2 application over ``core`` (which a gRPC server may share: one budget,
+    one set of run slots, one recorder); see :func:`create_app` for the rest."""
+    api = _Api(core, status, version, request_sync)
     api.remote_sync = remote_sync
-    if limits is not None:
-        api.bound(limits)
     routes = [  # inference first: routes are matched in order, on every request
         Route("/v2/models/{model}/infer", api.infer, methods=["POST"]),
         Route("/v2/models/{model}/versions/{version}/infer", api.infer, methods=["POST"]),
@@ -165,60 +180,30 @@ async def _server_error(_: Request, exc: Exception) -> Response:
 
 
 class _Api:
-    """The route handlers, over one host and its subscribed models."""
+    """The route handlers, over one serving core."""
 
-    def __init__(  # noqa: PLR0917 - built once, by create_app
+    def __init__(
         self,
-        host: EngineHost,
-        models: list[str],
+        core: Inference,
         status: Callable[[], Mapping[str, Any]],
         version: str,
-        metrics: Metrics,
         request_sync: Callable[[], None] | None,
     ) -> None:
-        self.host, self.models, self.status, self.version = host, models, status, version
-        self.metrics, self.request_sync = metrics, request_sync
-        self.recorder: Recorder | None = None
+        self.core, self.host, self.models = core, core.host, core.models
+        self.status, self.version, self.request_sync = status, version, request_sync
+        self.metrics = core.metrics
         self.remote_sync = False
-        self.bound(ServeLimits())
 
-    def bound(self, limits: ServeLimits) -> None:
-        """Serve within ``limits`` (before the first request)."""
-        self.limits = limits
-        self.budget = Budget(limits.inflight_bytes)
-        self.slots = Slots(limits.max_concurrent, limits.max_queued, limits.queue_timeout_s)
-        keep_heap_small()  # what a burst allocated is given back, not kept
-
-    @contextlib.contextmanager
-    def engine_for(self, request: Request) -> Iterator[Engine]:
+    def engine_for(self, request: Request) -> contextlib.AbstractContextManager[Engine]:
         """The engine for the request's model (and version, when named), held until the
-        request is done: a swap never releases it under a request.
-
-        Raises:
-            RefusedError: unknown model (404), not loaded yet (503), no such version
-                loaded (404).
-        """
-        name = request.path_params["model"]
-        if name not in self.models:
-            raise RefusedError(404, f"unknown model {name!r}")
-        wanted = request.path_params.get("version")
-        try:
-            lease = self.host.lease(name, wanted)
-            engine = lease.__enter__()
-        except LookupError:
-            if wanted is None or self.host.current(name) is None:
-                raise RefusedError(503, f"model {name!r} is not loaded yet") from None
-            raise RefusedError(404, f"model {name!r} has no loaded version {wanted!r}") from None
-        try:
-            yield engine
-        finally:
-            lease.__exit__(None, None, None)
+        request is done (:meth:`Inference.engine`)."""
+        return self.core.engine(request.path_params["model"], request.path_params.get("version"))
 
     async def live(self, _: Request) -> Response:
         return json_response({"live": True})
 
     async def ready(self, _: Request) -> Response:
-        ok = all(self.host.current(m) is not None for m in self.models)
+        ok = self.core.ready()
         return json_response({"ready": ok}, 200 if ok else 503)
 
     async def server(self, _: Request) -> Response:
@@ -281,40 +266,32 @@ class _Api:
 
     async def infer(self, request: Request) -> Response:
         start = time.perf_counter()
-        name = request.path_params["model"]
-        work = _Work()
+        work = Work()
         response = await self._infer(request, work)
         version = response.headers.get("x-model-version", "")
-        outcome = "ok" if response.status_code == 200 else f"http_{response.status_code}"
         seconds = time.perf_counter() - start
-        if name in self.models:  # unknown names are not label values
-            self.metrics.request(name, version, outcome, seconds)
-            code = response.status_code
-            if self.recorder is not None and version and (code == 200 or code >= 500):
-                # the gate compares the engine's run by request size, never the time a
-                # client took to send its body (edge_sync.decide.health)
-                self.recorder.record(name, version, error=code >= 500,
-                                     seconds=work.run_s if work.run_s is not None else seconds,
-                                     units=work.units)  # fmt: skip
+        name = request.path_params["model"]
+        self.core.settle(name, version, response.status_code, seconds, work, "rest")
         return response
 
-    async def _infer(self, request: Request, work: _Work) -> Response:
-        ticket = self.budget.ticket(self.limits.max_request_bytes)
+    async def _infer(self, request: Request, work: Work) -> Response:
+        core = self.core
+        ticket = core.budget.ticket(core.limits.max_request_bytes)
         headers = _headers(request)
         try:
-            body = await _read_body(request, self.limits.max_body_bytes, ticket.charge, headers)
+            body = await _read_body(request, core.limits.max_body_bytes, ticket.charge, headers)
             with self.engine_for(request) as engine:  # held until it answered
                 plain = headers.get("content-encoding", "identity") in ("identity", "")
-                if len(body) <= INLINE_BODY_BYTES and plain and _quick(engine):
+                if len(body) <= INLINE_BODY_BYTES and plain and quick(engine):
                     response = self._answer(body, headers, engine, ticket, work)
                 else:
-                    await self.slots.acquire()
+                    await core.slots.acquire()
                     try:
                         response = await run_in_threadpool(
                             self._answer, body, headers, engine, ticket, work
                         )
                     finally:
-                        self.slots.release()
+                        core.slots.release()
         except RefusedError as e:
             response = error_response(e.status, str(e), e.version, e.retry_after)
         except ClientDisconnect:  # mid-body (or closed for a stalled body): no one reads it
@@ -335,57 +312,17 @@ class _Api:
         headers: Mapping[str, str],
         engine: Engine,
         ticket: Ticket,
-        work: _Work,
+        work: Work,
     ) -> Response:
         """Read the request, run it on ``engine``, write the answer (or the refusal)."""
         try:
-            parsed = read_request(body, headers, engine, self.limits, ticket.charge)
+            parsed = read_request(body, headers, engine, self.core.limits, ticket.charge)
             del body  # the arrays are what the run needs
-            work.units = sum(int(a.size) for a in parsed.inputs.values())
-            clock = _run_clock(engine)
-            ran = clock()
-            try:
-                results = engine.run(parsed.inputs, parsed.wanted)
-            except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
-                first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-                # ONNX Runtime's InvalidArgument: the input's fault; else the engine's,
-                # unless every other loaded version fails on it too
-                theirs = type(e).__name__ == "InvalidArgument" or self._fails_everywhere(
-                    engine, parsed.inputs, parsed.wanted
-                )
-                raise RefusedError(
-                    400 if theirs else 500, f"inference failed: {first}", engine.version
-                ) from None
-            work.run_s = clock() - ran
+            results = self.core.run(engine, parsed.inputs, parsed.wanted, work)
             parsed.inputs.clear()
             return answer(engine, parsed, results)
         except RefusedError as e:
             return error_response(e.status, str(e), e.version, e.retry_after)
-
-    def _fails_everywhere(self, engine: Engine, inputs: Any, wanted: list[str] | None) -> bool:
-        """Whether every other loaded version of ``engine``'s model fails on the request
-        too (False when none is loaded).
-
-        A run can fail on valid-looking inputs (symbolic sizes that do not broadcast:
-        ONNX Runtime's ``Fail``); counted as the version's server error, any client
-        told of a swap by ``x-model-version`` could fail its health gate.  During the
-        gate the previous version is still loaded: a request it fails on as well says
-        nothing about the new one.  A request that fails costs a run per version.
-        """
-        compared = 0
-        for version in self.host.versions(engine.model):
-            if version == engine.version:
-                continue
-            try:
-                with self.host.lease(engine.model, version) as other:
-                    compared += 1
-                    other.run(inputs, wanted)
-            except LookupError:
-                continue  # released meanwhile: nothing compared
-            except Exception:  # noqa: BLE001, S112 - any failure: it fails there too
-                continue
-            return False  # another version answers it: this one's fault
-        return compared > 0
 
     async def repository_index(self, request: Request) -> Response:
         """Every subscribed model's loaded versions and whether it is served (Triton's
@@ -400,14 +337,8 @@ class _Api:
         ready = doc.get("ready", False) if isinstance(doc, dict) else None
         if not isinstance(ready, bool):
             return error_response(400, 'a repository index request is {"ready": true|false}')
-        index = []
-        for name in self.models:
-            versions = self.host.versions(name) if self.host.current(name) else []
-            index += [{"name": name, "version": v, "state": "READY", "reason": ""}
-                      for v in versions]  # fmt: skip
-            if not versions and not ready:
-                index.append({"name": name, "version": "", "state": "UNAVAILABLE",
-                              "reason": "not installed yet"})  # fmt: skip
+        index = [{"name": n, "version": v, "state": state, "reason": why}
+                 for n, v, state, why in self.core.index(ready)]  # fmt: skip
         return json_response(index)
 
     async def repository_sync(self, request: Request) -> Response:
@@ -472,34 +403,6 @@ def _headers(request: Request) -> dict[str, str]:
         if key is not None:
             found[key] = value.decode("latin-1").strip().lower()
     return found
-
-
-@dataclass
-class _Work:
-    """What one inference request cost, for the health gate: its decoded input
-    elements (the size no encoding, compression or padding of the body changes) and the
-    engine's run (no upload, queue or encoding time a client could stretch; see
-    :func:`_run_clock`)."""
-
-    units: int | None = None
-    run_s: float | None = None
-
-
-def _run_clock(engine: Engine) -> Callable[[], float]:
-    """How an engine's run is timed for the health gate: the CPU time of this thread
-    when ONNX Runtime computes on it alone (the CPU provider with one intra-op thread,
-    the default), which a flood of other requests competing for the CPU does not
-    stretch; else the wall clock (a GPU, or a pool of threads)."""
-    on_this_thread = engine.providers == ["CPUExecutionProvider"] and engine.intra_op_threads == 1
-    return time.thread_time if on_this_thread else time.perf_counter
-
-
-def _quick(engine: Engine) -> bool:
-    """Whether ``engine`` answers fast enough to run on the event loop (handing a
-    request to a worker thread costs more than a small model's run: measured with
-    ``benchmarks/serving.py``, 396 against 282 us of server CPU per request)."""
-    run_s = engine.run_s
-    return run_s is not None and run_s <= INLINE_RUN_S and engine.loaded
 
 
 def _specs(specs: Sequence[TensorDecl]) -> list[dict[str, Any]]:

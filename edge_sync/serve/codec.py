@@ -174,6 +174,25 @@ def read_request(
     return _parse_request(doc, engine, binary, reading)
 
 
+def parse_request(
+    doc: Mapping[str, Any],
+    engine: Engine,
+    binary: memoryview | bytes,
+    limits: ServeLimits,
+    charge: Charge | None = None,
+) -> Parsed:
+    """An inference request already in the protocol's JSON form (``doc``; binary data
+    in ``binary``, in input order), read for ``engine`` as :func:`read_request` reads a
+    body's (the gRPC server's requests: ``edge_sync.serve.grpc_server``).
+
+    Raises:
+        RefusedError: see the module docstring.
+    """
+    return _parse_request(
+        doc, engine, binary, _Reading(limits.caps(engine.model), charge or _no_charge)
+    )
+
+
 def _no_charge(_: int) -> None:
     return None
 

@@ -112,8 +112,9 @@ def _connection_limits(serve: ServeConfig, management: int) -> ConnectionLimits:
 
 class Listeners:
     """uvicorn serving the OIP v2 app in a thread beside the update loop (and, with
-    ``serve.management_listen``, ``/status`` and ``/metrics`` in another), each within
-    ``serve.limits``."""
+    ``serve.management_listen``, ``/status`` and ``/metrics`` in another; with
+    ``serve.grpc_listen``, the protocol over gRPC on the same serving core), each
+    within ``serve.limits``."""
 
     def __init__(
         self,
@@ -137,23 +138,30 @@ class Listeners:
             request_sync: asks the daemon to sync now.
             recorder: where answers go for the health gate.
         """
-        from edge_sync.serve.app import create_app, create_management_app
+        from edge_sync.serve.app import create_management_app, create_rest_app
         from edge_sync.serve.codec import ServeLimits
+        from edge_sync.serve.core import Inference
         from edge_sync.serve.metrics import Metrics
 
         self.metrics = Metrics(host)
-        app = create_app(
-            host,
-            [m.name for m in models],
+        core = Inference(
+            host, [m.name for m in models], self.metrics, recorder,
+            ServeLimits.from_config(serve.limits),
+        )  # fmt: skip
+        app = create_rest_app(
+            core,
             status,
             version,
-            metrics=self.metrics,
             request_sync=request_sync,
-            recorder=recorder,
             remote_sync=serve.remote_sync,
-            limits=ServeLimits.from_config(serve.limits),
             management=serve.management_listen is None,
         )
+        self.grpc = None
+        if serve.grpc_listen is not None:
+            from edge_sync.serve.grpc_server import GrpcServer
+
+            self.grpc = GrpcServer(core, version, serve.grpc_listen)
+        self.grpc_address: str | None = None
         management = MANAGEMENT_CONNECTIONS if serve.management_listen else 0
         limits = _connection_limits(serve, management)
         address, _, port = serve.listen.rpartition(":")
@@ -187,6 +195,12 @@ class Listeners:
                     self.stop()
                     raise OSError(f"cannot serve on {self.address}: the server did not start")
                 time.sleep(0.02)
+        if self.grpc is not None:
+            try:
+                self.grpc_address = self.grpc.start()
+            except OSError:
+                self.stop()
+                raise
         port = self._servers[0].servers[0].sockets[0].getsockname()[1]
         return f"{self.address}:{port}"
 
@@ -201,6 +215,8 @@ class Listeners:
 
     def stop(self) -> None:
         """Finish the requests in flight, then stop."""
+        if self.grpc is not None and self.grpc_address is not None:
+            self.grpc.stop()
         for each in self._servers:
             each.should_exit = True
         for thread in self._threads:

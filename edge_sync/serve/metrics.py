@@ -43,8 +43,9 @@ class Metrics:
             self.registry.register(_EngineCollector(host))
             self.registry.register(_ServingCollector(host))
         self.requests = Counter(
-            "modelreg_requests", "Inference requests by model, version and outcome.",
-            ["model", "version", "outcome"], registry=self.registry,
+            "modelreg_requests",
+            "Inference requests by model, version, outcome and protocol (rest, grpc).",
+            ["model", "version", "outcome", "protocol"], registry=self.registry,
         )  # fmt: skip
         self.request_seconds = Histogram(
             "modelreg_request_seconds", "Inference latency, request to answer.",
@@ -70,9 +71,11 @@ class Metrics:
             ["model"], registry=self.registry,
         )  # fmt: skip
 
-    def request(self, model: str, version: str, outcome: str, seconds: float) -> None:
-        """Count one inference request (``outcome``: ok, bad_request, error ...)."""
-        self.requests.labels(model, version, outcome).inc()
+    def request(
+        self, model: str, version: str, outcome: str, seconds: float, protocol: str = "rest"
+    ) -> None:
+        """Count one inference request (``outcome``: ok, http_400 ...)."""
+        self.requests.labels(model, version, outcome, protocol).inc()
         self.request_seconds.labels(model).observe(seconds)
 
     def update(self, model: str, record: UpdateRecord) -> None:

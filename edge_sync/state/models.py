@@ -212,4 +212,5 @@ class DaemonInfo(_Model):
 
     pid: int
     listen: str | None = None
+    grpc_listen: str | None = None
     started: str

@@ -142,6 +142,7 @@ def build_status(
         running=running,
         pid=info.pid if info else None,
         listen=info.listen if info else None,
+        grpc_listen=info.grpc_listen if info else None,
         started=info.started if info else None,
     )
     return StatusDocument.model_construct(

@@ -260,8 +260,8 @@ def test_the_budget_in_flight_answers_503_with_retry_after(host: InProcessHost) 
 
 
 def _api(app: Any) -> Any:
-    """The server's own handlers (its budget and slots)."""
-    return getattr(app.routes[0], "endpoint").__self__  # noqa: B009 - a bound method's owner
+    """The server's serving core (its budget and slots, shared by every protocol)."""
+    return getattr(app.routes[0], "endpoint").__self__.core  # noqa: B009 - a bound method's owner
 
 
 def test_a_body_that_stalls_is_closed_and_gives_its_bytes_back(host: InProcessHost) -> None:

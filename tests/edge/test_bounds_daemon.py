@@ -94,7 +94,10 @@ def test_management_listen_moves_status_and_metrics_off_the_inference_port(
         assert status.json()["models"]["mlp"]["serving"]["version"] == "1.0.0"
         assert _infer(base).status_code == 200
         metrics = httpx.get(f"{management}/metrics", timeout=30)
-        assert 'modelreg_requests_total{model="mlp",outcome="ok",version="1.0.0"} 1' in metrics.text
+        assert (
+            'modelreg_requests_total{model="mlp",outcome="ok",protocol="rest",version="1.0.0"} 1'
+            in metrics.text
+        )
         for path in ("/status", "/metrics"):
             gone = httpx.get(f"{base}{path}", timeout=30)
             assert gone.status_code == 404

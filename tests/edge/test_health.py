@@ -585,7 +585,7 @@ def test_a_cpu_run_on_one_thread_is_timed_by_its_cpu_time(tmp_path: Path) -> Non
 
     from edge_sync.engine.base import LoadRequest
     from edge_sync.engine.host import InProcessHost
-    from edge_sync.serve.app import _run_clock
+    from edge_sync.serve.core import run_clock as _run_clock
     from tests.edge import models
 
     path = models.save(models.mlp(), tmp_path / "m.onnx")

@@ -49,8 +49,31 @@ def _wait_listen(config: Path) -> str:
         time.sleep(0.1)
 
 
+def _grpc_round_trip(config: Path, x: np.ndarray, expected: np.ndarray) -> None:
+    """The same model over gRPC (``serve.grpc_listen``), through Triton's gRPC client."""
+    import tritonclient.grpc as tgrpc  # type: ignore[import-untyped]
+
+    from edge_sync.config import load_edge_config
+    from edge_sync.daemon import status_document
+
+    where = status_document(load_edge_config(config))["daemon"]["grpc_listen"]
+    assert where.startswith("127.0.0.1:")
+    assert not where.endswith(":0")
+    with tgrpc.InferenceServerClient(where) as client:
+        assert client.is_server_ready()
+        tensor = tgrpc.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer("mlp", [tensor], request_id="g1")
+        response = result.get_response()
+        assert (response.model_name, response.model_version, response.id) == ("mlp", "1.0.0", "g1")
+        np.testing.assert_allclose(result.as_numpy("probs"), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
-    config = rig.config(repository={"url": str(rig.root), "poll_interval": "1h"})
+    config = rig.config(
+        repository={"url": str(rig.root), "poll_interval": "1h"},
+        serve={"listen": "127.0.0.1:0", "grpc_listen": "127.0.0.1:0"},
+    )
     with config.with_suffix(".log").open("w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "modelreg", "edge", "run", "--config", str(config)],
@@ -91,6 +114,7 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         wrong = {"inputs": [dict(request["inputs"][0], datatype="INT64")]}  # type: ignore[arg-type]
         assert _call(base, "/v2/models/mlp/infer", wrong)[0] == 400
         _binary_round_trip(base, x, expected)
+        _grpc_round_trip(config, x, expected)
         code, config_doc = _call(base, "/v2/models/mlp/config")
         assert code == 200
         assert config_doc["input"] == [
@@ -118,10 +142,17 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
             for line in text.splitlines()
             if line and not line.startswith("#")
         }
-        ok = 'modelreg_requests_total{model="mlp",outcome="ok",version="1.0.0"}'
+        ok = 'modelreg_requests_total{model="mlp",outcome="ok",protocol="rest",version="1.0.0"}'
         assert samples[ok] == 3.0  # JSON, JSON by version, binary
-        assert samples['modelreg_requests_total{model="mlp",outcome="http_400",version=""}'] == 3.0
-        assert samples['modelreg_request_seconds_count{model="mlp"}'] == 7.0
+        rest_400 = (
+            'modelreg_requests_total{model="mlp",outcome="http_400",protocol="rest",version=""}'
+        )
+        assert samples[rest_400] == 3.0
+        grpc_ok = (
+            'modelreg_requests_total{model="mlp",outcome="ok",protocol="grpc",version="1.0.0"}'
+        )
+        assert samples[grpc_ok] == 1.0
+        assert samples['modelreg_request_seconds_count{model="mlp"}'] == 8.0
         assert samples['modelreg_updates_total{model="mlp",result="installed"}'] == 1.0
         assert samples['modelreg_swaps_total{model="mlp"}'] == 1.0
         assert samples['modelreg_update_stage_seconds_count{stage="fetch"}'] == 1.0
