@@ -162,6 +162,7 @@ class Daemon:
             self._alive()
             self._closed_gates(updater.settled, server)
             if server is not None:
+                server.metrics.sync(report)
                 for model, record in report.updates.items():
                     server.metrics.update(model, record)
             if self.on_sync is not None:
@@ -311,6 +312,7 @@ class Daemon:
         # an announcement left behind: the last daemon did not stop cleanly
         unclean = state.daemon_info() is not None
         if server is not None:
+            server.metrics.watch_trust(state.root)
             listen = server.start()
         grpc_listen = server.grpc_address if server is not None else None
         state.announce(DaemonInfo(pid=os.getpid(), listen=listen, grpc_listen=grpc_listen,
@@ -436,7 +438,7 @@ def _guarded(updater: Updater) -> SyncOutcome:
     except Exception as e:  # noqa: BLE001 - the daemon outlives its bugs
         reason = reason_text(f"internal error: {type(e).__name__}: {e}")
         print(f"modelreg edge: {reason}", file=sys.stderr, flush=True)
-        return SyncOutcome("failed", reason)
+        return SyncOutcome("failed", reason, failure="internal")
 
 
 def provision(config: EdgeConfig, state: StateDir) -> None:

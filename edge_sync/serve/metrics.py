@@ -1,10 +1,12 @@
 """What a device exports at ``/metrics`` (Prometheus text; names prefixed ``modelreg_``).
 
 One :class:`Metrics` per daemon, on its own registry (no global state): requests by
-model, version and outcome with their latency, updates by model and result with the
-time of each stage, engine swaps and their duration, health-gate rollbacks, the
-engines loaded (bytes of weights each holds and shares), the memory budget's hits,
-misses and evictions, the process's memory and CPU (``modelreg_process_*``), and
+model, version, outcome and protocol with their latency, updates by model and result
+with the time of each stage, failed syncs by what failed and the time of the last good
+one, when each trusted metadata role expires, engine swaps and their duration,
+health-gate rollbacks, the engines loaded (bytes of weights each holds and shares),
+the memory budget's hits, misses and evictions, the process's memory and CPU
+(``modelreg_process_*``), and
 ``modelreg_model_info{model,version,sha256} 1`` for what each model serves now, so that a
 Prometheus scraping the fleet counts the devices on each version
 (``count by (model, version) (modelreg_model_info)``).  Made with ``prometheus_client``.
@@ -12,10 +14,12 @@ Prometheus scraping the fleet counts the devices on each version
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -23,6 +27,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from edge_sync.engine.base import EngineHost
     from edge_sync.state.models import UpdateRecord
+    from edge_sync.sync.updater import SyncOutcome
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -66,6 +71,16 @@ class Metrics:
             "modelreg_swap_seconds", "Time of each engine swap (the reference assignment).",
             ["model"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
+        self.sync_failures = Counter(
+            "modelreg_sync_failures",
+            "Failed syncs by what failed (repository, trust, model, internal).",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
+        self.last_success = Gauge(
+            "modelreg_last_successful_sync_timestamp_seconds",
+            "When a sync last ended without failing (Unix time; 0: none since start).",
+            registry=self.registry,
+        )  # fmt: skip
         self.rollbacks = Counter(
             "modelreg_rollbacks", "Versions swapped back out by the health gate, by model.",
             ["model"], registry=self.registry,
@@ -87,6 +102,19 @@ class Metrics:
             self.swaps.labels(model).inc()
         if "swap" in record.stages_ms:
             self.swap_seconds.labels(model).observe(record.stages_ms["swap"] / 1000)
+
+    def sync(self, outcome: SyncOutcome, at: float | None = None) -> None:
+        """Count one sync: a failure by what failed, else the time of the success."""
+        if outcome.result == "failed":
+            if outcome.failure is not None:
+                self.sync_failures.labels(outcome.failure).inc()
+        else:
+            self.last_success.set(time.time() if at is None else at)
+
+    def watch_trust(self, state_root: Path) -> None:
+        """Export when each trusted role of the state dir at ``state_root`` expires, read
+        at each scrape (``modelreg_trust_expiry_timestamp_seconds{role}``)."""
+        self.registry.register(_TrustCollector(state_root))
 
     def text(self) -> bytes:
         """The Prometheus text exposition."""
@@ -135,6 +163,33 @@ class _EngineCollector(Collector):
             for name, family in families.items():
                 family.add_metric([model], counts[name])
         yield from families.values()
+
+
+class _TrustCollector(Collector):
+    """The trusted metadata's expiry, per role, as the device last verified it."""
+
+    def __init__(self, state_root: Path) -> None:
+        self.state_root = state_root
+
+    def collect(self) -> Iterator[Any]:
+        from edge_sync.sync.trust import trusted_role
+        from signing.errors import VerificationError
+        from signing.tuf_roles import ONLINE_ROLES
+
+        expiry = GaugeMetricFamily(
+            "modelreg_trust_expiry_timestamp_seconds",
+            "When each trusted metadata role expires (Unix time): a device whose "
+            "timestamp is near it cannot reach its repository's signer.",
+            labels=["role"],
+        )
+        for role in ("root", *ONLINE_ROLES):
+            try:
+                held = trusted_role(self.state_root, role)
+            except VerificationError:
+                continue  # unreadable: the next sync says so
+            if held is not None:
+                expiry.add_metric([role], held.expires.timestamp())
+        yield expiry
 
 
 class _ServingCollector(Collector):

@@ -59,6 +59,9 @@ STAGES: Final = (
 )  # fmt: skip
 
 
+FailureKind = Literal["repository", "trust", "model", "internal"]
+
+
 @dataclass
 class SyncOutcome:
     """What one sync did.
@@ -73,6 +76,10 @@ class SyncOutcome:
     result: Literal["current", "updated", "failed"]
     reason: str | None = None
     updates: dict[str, UpdateRecord] = field(default_factory=dict)
+    failure: FailureKind | None = None
+    """What failed, in a word (``/metrics`` counts sync failures by it): the
+    ``repository`` (the source of metadata), ``trust`` (its verification), a ``model``'s
+    update, or ``internal`` (a bug the daemon outlived)."""
 
     def add(self, name: str, record: UpdateRecord) -> str | None:
         """Count one model's record; the reason when it failed."""
@@ -81,6 +88,7 @@ class SyncOutcome:
             self.result = "updated" if self.result != "failed" else "failed"
         elif record.result == "failed":
             self.result = "failed"
+            self.failure = self.failure or "model"
             return f"{name}: {record.reason}"
         return None
 
@@ -173,7 +181,7 @@ class Updater:
                 head = self.watcher.sync()
         except SourceError as e:
             stop_if_stopping(self.should_stop, e)
-            return self._device_failure(state, f"repository: {e}")
+            return self._device_failure(state, f"repository: {e}", kind="repository")
         if self._idle(state, head):
             # Nothing new: the idle poll leaves state.json alone (flash wears), and
             # notes the check in sync.json, which a power cut may lose harmlessly.
@@ -186,7 +194,7 @@ class Updater:
         except (SigningError, ValueError) as e:
             stop_if_stopping(self.should_stop, e)
             said = str(e) if str(e).startswith("trust metadata") else f"trust metadata: {e}"
-            return self._device_failure(state, said, commit=head.commit)
+            return self._device_failure(state, said, commit=head.commit, kind="trust")
         return self._update_all(state, head, trust, channels, stages)
 
     def _idle(self, state: DeviceState, head: Head) -> bool:
@@ -298,7 +306,12 @@ class Updater:
             return True  # unreadable: verify
 
     def _device_failure(
-        self, state: DeviceState, reason: str, commit: str | None = None
+        self,
+        state: DeviceState,
+        reason: str,
+        commit: str | None = None,
+        *,
+        kind: FailureKind = "trust",
     ) -> SyncOutcome:
         """Record a failure of the whole sync (the models keep what they serve)."""
         reason = reason_text(reason)
@@ -306,7 +319,7 @@ class Updater:
             last_checked=now_iso(), result="failed", reason=reason,
             commit=commit or state.sync.commit)})  # fmt: skip
         commit_quietly(self.state, state)
-        return SyncOutcome("failed", reason)
+        return SyncOutcome("failed", reason, failure=kind)
 
 
 def _attempting(model: ModelState, entry: ChannelEntry | None) -> ModelState:

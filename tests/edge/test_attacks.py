@@ -73,6 +73,7 @@ def test_stolen_online_keys_cannot_give_a_device_another_models_file(rig: EdgeRi
     report = rig.sync()
     update = report.updates["mlp"]
     assert update.result == "failed"
+    assert report.failure == "model"
     assert "signed as model 'cnn', expected 'mlp'" in (update.reason or "")
     assert rig.state().models["mlp"].serving.version == "1.1.0"
 
@@ -94,6 +95,7 @@ def test_a_new_timestamp_over_an_old_snapshot_is_refused(rig: EdgeRig) -> None:
     rig.push("rewind the snapshot")
     report = rig.sync()
     assert report.result == "failed"
+    assert report.failure == "trust"  # counted by it at /metrics
     assert "snapshot" in (report.reason or "")
     assert rig.state().models["mlp"].serving.version == "1.1.0"
 

@@ -56,6 +56,7 @@ def test_the_repository_unreachable(rig: EdgeRig) -> None:
     report = rig.sync(repository={"url": str(rig.tmp / "nowhere.git"), "branch": "main"})
     assert report.result == "failed"
     assert (report.reason or "").startswith("repository: git ls-remote")
+    assert report.failure == "repository"
     state = rig.state()
     assert state.sync.result == "failed"
     assert state.models["mlp"].serving.version == "1.0.0"
@@ -159,3 +160,32 @@ def test_a_full_disk_fails_the_update_and_keeps_serving(rig: EdgeRig) -> None:
         assert not [p for p in (state / "tmp").rglob("*") if p.is_file()]
         filler.unlink()
         assert rig.sync(**overrides).updates["mlp"].version == "1.1.0"
+
+
+def test_metrics_count_failed_syncs_by_what_failed_and_time_the_last_good_one(
+    rig: EdgeRig,
+) -> None:
+    from edge_sync.serve.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.watch_trust(rig.tmp / "device/state")
+    good = rig.sync()
+    metrics.sync(good, at=1000.0)
+    bad = rig.sync(repository={"url": str(rig.tmp / "nowhere.git"), "branch": "main"})
+    metrics.sync(bad)
+    metrics.sync(bad)
+    samples = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.text().decode().splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples['modelreg_sync_failures_total{reason="repository"}'] == 2.0
+    assert samples["modelreg_last_successful_sync_timestamp_seconds"] == 1000.0  # kept
+    import time
+
+    timestamp = samples['modelreg_trust_expiry_timestamp_seconds{role="timestamp"}']
+    assert time.time() < timestamp < samples['modelreg_trust_expiry_timestamp_seconds{role="root"}']
+    assert {k for k in samples if k.startswith("modelreg_trust_expiry")} == {
+        f'modelreg_trust_expiry_timestamp_seconds{{role="{r}"}}'
+        for r in ("root", "timestamp", "snapshot", "targets")
+    }

@@ -157,6 +157,11 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         assert samples['modelreg_swaps_total{model="mlp"}'] == 1.0
         assert samples['modelreg_update_stage_seconds_count{stage="fetch"}'] == 1.0
         assert samples["modelreg_process_resident_memory_bytes"] > 0
+        # the sync's health: when it last went well, and how long trust holds
+        assert time.time() - 600 < samples["modelreg_last_successful_sync_timestamp_seconds"]
+        assert samples['modelreg_trust_expiry_timestamp_seconds{role="timestamp"}'] > time.time()
+        assert samples['modelreg_trust_expiry_timestamp_seconds{role="root"}'] > time.time()
+        assert not any(k.startswith("modelreg_sync_failures_total") for k in samples)
         assert all(
             name.startswith("modelreg_")
             for name in (line.split("{")[0].split(" ")[0] for line in text.splitlines())
