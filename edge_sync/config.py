@@ -23,6 +23,7 @@ are plain paths, are relative to the config file's folder.  See docs/reference/d
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlparse
@@ -46,6 +47,7 @@ from registry.yamlsrc import read_yaml
 
 __all__ = [
     "ArtifactsConfig",
+    "BatchingConfig",
     "DeviceConfig",
     "EdgeConfig",
     "ModelLimits",
@@ -55,6 +57,7 @@ __all__ = [
     "ServeLimitsConfig",
     "Subscription",
     "TrustAnchorConfig",
+    "batching_of",
     "load_edge_config",
     "parse_duration",
     "parse_size",
@@ -185,11 +188,34 @@ class ArtifactsConfig(Strict):
     url: Annotated[Text, _url(_ARTIFACT_SCHEMES)]
 
 
+class BatchingConfig(Strict):
+    """Dynamic batching (``edge_sync.serve.batching``): requests to a model whose inputs
+    leave their first dimension open, arriving within ``max_queue_delay`` of each other
+    with the same shapes past it, datatypes and outputs asked for, are stacked into one
+    run of at most ``max_batch_size`` rows on one engine, and split again."""
+
+    max_batch_size: Annotated[int, Field(ge=2, le=4096)] = 8
+    max_queue_delay: Annotated[Duration, Field(gt=0, le=1)] = 0.002
+
+
 class Subscription(Strict):
-    """One model the device runs, and the channel it follows."""
+    """One model the device runs, and the channel it follows (``batching``: this
+    model's own, over ``serve.batching``; ``false`` turns it off for this model)."""
 
     name: Name
     channel: Name
+    batching: BatchingConfig | Literal[False] | None = None
+
+
+def batching_of(serve: ServeConfig, models: Sequence[Subscription]) -> dict[str, BatchingConfig]:
+    """The models served with dynamic batching and how: a model's own ``batching``, else
+    ``serve.batching`` (``false`` for a model: none)."""
+    found = {}
+    for sub in models:
+        chosen = serve.batching if sub.batching is None else sub.batching
+        if chosen:
+            found[sub.name] = chosen
+    return found
 
 
 class HealthGateConfig(Strict):
@@ -263,6 +289,9 @@ class ServeConfig(Strict):
     listen: Annotated[str, AfterValidator(_listen)] = "127.0.0.1:8000"
     management_listen: Annotated[str, AfterValidator(_listen)] | None = None
     """Serve ``/status`` and ``/metrics`` here, and no longer on ``listen``."""
+    batching: BatchingConfig | None = None
+    """Batch the requests of every model that can be (off when unset; a model's own
+    ``batching`` in ``models`` wins)."""
     grpc_listen: Annotated[str, AfterValidator(_listen)] | None = None
     """Serve the protocol over gRPC here too (``edge_sync.serve.grpc_server``; off when
     unset), within the same ``limits`` as REST."""
@@ -343,6 +372,10 @@ class EdgeConfig(Strict):
     serve: ServeConfig = ServeConfig()
     report: ReportConfig | None = None
     """Send the device's report to a fleet sink (``modelreg fleet status`` reads them)."""
+
+    def batching(self) -> dict[str, BatchingConfig]:
+        """The models served with dynamic batching and how (:func:`batching_of`)."""
+        return batching_of(self.serve, self.models)
 
     @model_validator(mode="after")
     def _limits_name_models(self) -> EdgeConfig:

@@ -282,7 +282,8 @@ class _Api:
             body = await _read_body(request, core.limits.max_body_bytes, ticket.charge, headers)
             with self.engine_for(request) as engine:  # held until it answered
                 plain = headers.get("content-encoding", "identity") in ("identity", "")
-                if len(body) <= INLINE_BODY_BYTES and plain and quick(engine):
+                inline = quick(engine) and not core.batched(engine.model)
+                if len(body) <= INLINE_BODY_BYTES and plain and inline:
                     response = self._answer(body, headers, engine, ticket, work)
                 else:
                     await core.slots.acquire()

@@ -11,14 +11,16 @@ bytes in flight and one pool of run slots, and judge a failed run alike.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from edge_sync.engine.heap import keep_heap_small
 from edge_sync.errors import RefusedError
 from edge_sync.serve.admission import Budget, Slots
+from edge_sync.serve.batching import Batcher, BatchPolicy, batchable
 from edge_sync.serve.codec import ServeLimits
 
 if TYPE_CHECKING:
@@ -47,16 +49,49 @@ class Work:
 class Inference:
     """Serving over one host and its subscribed models, for every protocol."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - built once per server
         self,
         host: EngineHost,
         models: list[str],
         metrics: Metrics,
         recorder: Recorder | None = None,
         limits: ServeLimits | None = None,
+        batching: Mapping[str, BatchPolicy] | None = None,
     ) -> None:
+        """Serve ``models`` from ``host`` (``batching``: the models whose requests are
+        batched, and how: ``edge_sync.serve.batching``)."""
         self.host, self.models, self.metrics, self.recorder = host, models, metrics, recorder
+        self.batching = dict(batching or {})
+        self._batchers: dict[str, Batcher] = {}
+        self._batchers_lock = threading.Lock()
         self.bound(limits or ServeLimits())
+
+    def batched(self, model: str) -> bool:
+        """Whether ``model``'s requests may wait for a batch (never run on an event
+        loop then)."""
+        return model in self.batching
+
+    def close(self) -> None:
+        """Stop the batch runners (what they hold queued runs first)."""
+        with self._batchers_lock:
+            batchers, self._batchers = list(self._batchers.values()), {}
+        for batcher in batchers:
+            batcher.close()
+
+    def _batcher(self, engine: Engine) -> Batcher | None:
+        """The batcher of ``engine``'s model, started on first use; None when its
+        requests are not batched (not configured, or a model that cannot be)."""
+        policy = self.batching.get(engine.model)
+        if policy is None or not batchable(engine):
+            return None
+        with self._batchers_lock:
+            batcher = self._batchers.get(engine.model)
+            if batcher is None:
+                batcher = self._batchers[engine.model] = Batcher(
+                    engine.model, policy, run_clock,
+                    observe=self.metrics.batch, depth=self.metrics.queue_depth,
+                )  # fmt: skip
+        return batcher
 
     def bound(self, limits: ServeLimits) -> None:
         """Serve within ``limits`` (before the first request)."""
@@ -116,20 +151,34 @@ class Inference:
                 too), else 500.
         """
         work.units = sum(int(a.size) for a in inputs.values())
+        batcher = self._batcher(engine)
+        queued = batcher.submit(engine, inputs, wanted) if batcher is not None else None
+        if queued is not None:
+            try:
+                results, work.run_s = queued.result()
+            except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
+                raise self._judged(engine, inputs, wanted, e) from None
+            return results
         clock = run_clock(engine)
         ran = clock()
         try:
             results = engine.run(inputs, wanted)
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
-            first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
-            theirs = type(e).__name__ == "InvalidArgument" or self._fails_everywhere(
-                engine, inputs, wanted
-            )
-            raise RefusedError(
-                400 if theirs else 500, f"inference failed: {first}", engine.version
-            ) from None
+            raise self._judged(engine, inputs, wanted, e) from None
         work.run_s = clock() - ran
         return results
+
+    def _judged(
+        self, engine: Engine, inputs: dict[str, Any], wanted: list[str] | None, error: Exception
+    ) -> RefusedError:
+        """A failed run as the refusal it is: the request's fault (400) when ONNX
+        Runtime says the input is invalid or every other loaded version fails on it too,
+        else the version's (500)."""
+        first = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        theirs = type(error).__name__ == "InvalidArgument" or self._fails_everywhere(
+            engine, inputs, wanted
+        )
+        return RefusedError(400 if theirs else 500, f"inference failed: {first}", engine.version)
 
     def _fails_everywhere(self, engine: Engine, inputs: Any, wanted: list[str] | None) -> bool:
         """Whether every other loaded version of ``engine``'s model fails on the request

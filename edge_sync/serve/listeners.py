@@ -138,15 +138,21 @@ class Listeners:
             request_sync: asks the daemon to sync now.
             recorder: where answers go for the health gate.
         """
+        from edge_sync.config import batching_of
         from edge_sync.serve.app import create_management_app, create_rest_app
+        from edge_sync.serve.batching import BatchPolicy
         from edge_sync.serve.codec import ServeLimits
         from edge_sync.serve.core import Inference
         from edge_sync.serve.metrics import Metrics
 
         self.metrics = Metrics(host)
-        core = Inference(
+        batching = {
+            name: BatchPolicy(c.max_batch_size, c.max_queue_delay)
+            for name, c in batching_of(serve, models).items()
+        }
+        self.core = core = Inference(
             host, [m.name for m in models], self.metrics, recorder,
-            ServeLimits.from_config(serve.limits),
+            ServeLimits.from_config(serve.limits), batching,
         )  # fmt: skip
         app = create_rest_app(
             core,
@@ -222,3 +228,4 @@ class Listeners:
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(timeout=30)
+        self.core.close()

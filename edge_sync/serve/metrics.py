@@ -81,6 +81,18 @@ class Metrics:
             "When a sync last ended without failing (Unix time; 0: none since start).",
             registry=self.registry,
         )  # fmt: skip
+        self.batch_rows = Histogram(
+            "modelreg_batch_rows", "Rows of each batched run (serve.batching), by model.",
+            ["model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=self.registry,
+        )  # fmt: skip
+        self.batch_requests = Histogram(
+            "modelreg_batch_requests", "Requests in each batched run, by model.",
+            ["model"], buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=self.registry,
+        )  # fmt: skip
+        self.batch_queue = Gauge(
+            "modelreg_batch_queue_depth", "Requests waiting for a batch, by model.",
+            ["model"], registry=self.registry,
+        )  # fmt: skip
         self.rollbacks = Counter(
             "modelreg_rollbacks", "Versions swapped back out by the health gate, by model.",
             ["model"], registry=self.registry,
@@ -102,6 +114,15 @@ class Metrics:
             self.swaps.labels(model).inc()
         if "swap" in record.stages_ms:
             self.swap_seconds.labels(model).observe(record.stages_ms["swap"] / 1000)
+
+    def batch(self, model: str, requests: int, rows: int) -> None:
+        """Count one batched run."""
+        self.batch_requests.labels(model).observe(requests)
+        self.batch_rows.labels(model).observe(rows)
+
+    def queue_depth(self, model: str, waiting: int) -> None:
+        """How many requests to ``model`` wait for a batch now."""
+        self.batch_queue.labels(model).set(waiting)
 
     def sync(self, outcome: SyncOutcome, at: float | None = None) -> None:
         """Count one sync: a failure by what failed, else the time of the success."""

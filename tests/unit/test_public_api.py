@@ -25,6 +25,7 @@ PACKAGES = (
 PUBLIC: dict[str, set[str]] = {
     "edge_sync.config": {
         "ArtifactsConfig",
+        "BatchingConfig",
         "DeviceConfig",
         "EdgeConfig",
         "ModelLimits",
@@ -34,6 +35,7 @@ PUBLIC: dict[str, set[str]] = {
         "ServeLimitsConfig",
         "Subscription",
         "TrustAnchorConfig",
+        "batching_of",
         "load_edge_config",
         "parse_duration",
         "parse_size",
