@@ -296,19 +296,12 @@ def _judge(
     version = str(version) if version is not None else None
     if status != 200:
         return version, f"HTTP {status}: {str(doc.get('error', ''))[:80]}"
-    if check is not None:
-        try:
-            problem = check(doc)
-        except Exception as e:  # noqa: BLE001 - a check that breaks fails the answer, not the run
-            problem = f"the check raised {type(e).__name__}: {e}"
-        if problem is not None:
-            return version, f"check: {problem}"
-    return version, None
+    return version, checked(doc, check)
 
 
 @dataclass(frozen=True)
 class _Plan:
-    target: _Target
+    target: _Target | None
     concurrency: int
     duration_s: float | None
     count: int | None
@@ -336,15 +329,47 @@ class _Recorder:
         self.finished.append(at)
 
 
+Exchange = Callable[[], Awaitable[tuple[int, str | None, str | None]]]
+"""One request and its answer: (status, the answer's version, what was wrong or None);
+a status of 0 when no answer came."""
+
+
 async def _run(plan: _Plan) -> LoadResult:
-    connections = [_Connection(plan.target) for _ in range(plan.concurrency)]
+    target = plan.target
+    assert target is not None  # noqa: S101 - an HTTP plan has one
+    connections = [_Connection(target) for _ in range(plan.concurrency)]
     try:
         await asyncio.gather(*(c.open() for c in connections))
     except OSError as e:
         for c in connections:
             c.close()
-        where = f"{plan.target.host}:{plan.target.port}"
+        where = f"{target.host}:{target.port}"
         raise LoadError(f"cannot connect to {where}: {e}") from None
+
+    def exchange(conn: _Connection) -> Exchange:
+        async def one() -> tuple[int, str | None, str | None]:
+            try:
+                async with asyncio.timeout(plan.timeout_s):
+                    status, headers, body = await conn.exchange()
+            except (OSError, EOFError, ValueError, asyncio.IncompleteReadError,
+                    asyncio.LimitOverrunError, TimeoutError) as e:  # fmt: skip
+                conn.close()
+                return 0, None, f"no response: {type(e).__name__}"
+            version, error = _judge(status, headers, body, plan.check)
+            return status, version, error
+
+        return one
+
+    try:
+        return await closed_loop([exchange(c) for c in connections], plan)
+    finally:
+        for c in connections:
+            c.close()
+
+
+async def closed_loop(exchanges: Sequence[Exchange], plan: _Plan) -> LoadResult:
+    """Each exchange repeated back to back (one request in flight each) for the plan's
+    duration or count, after its warm-up; what was recorded."""
     rec = _Recorder()
     clock = time.perf_counter
     # shared by the workers (one event loop: no lock needed)
@@ -353,31 +378,18 @@ async def _run(plan: _Plan) -> LoadResult:
     recording = plan.warmup_s <= 0
     origin, cpu, unix = clock(), time.process_time(), time.time()
 
-    async def one(conn: _Connection) -> None:
-        record, sent = recording, clock()  # a request sent during warm-up is not kept
-        version: str | None = None
-        error: str | None = None
-        try:
-            async with asyncio.timeout(plan.timeout_s):
-                status, headers, body = await conn.exchange()
-        except (OSError, EOFError, ValueError, asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError, TimeoutError) as e:  # fmt: skip
-            conn.close()
-            status, error = 0, f"no response: {type(e).__name__}"
-        else:
-            version, error = _judge(status, headers, body, plan.check)
-        done = clock()
-        if record:
-            rec.add(done - sent, status, version, error, done - origin)
-
-    async def worker(conn: _Connection) -> None:
+    async def worker(exchange: Exchange) -> None:
         nonlocal budget
         while clock() < stop_at:
             if recording and budget >= 0:
                 if budget == 0:
                     return
                 budget -= 1
-            await one(conn)
+            record, sent = recording, clock()  # a request sent during warm-up is not kept
+            status, version, error = await exchange()
+            done = clock()
+            if record:
+                rec.add(done - sent, status, version, error, done - origin)
 
     async def start_recording() -> None:
         nonlocal origin, cpu, unix, recording, stop_at
@@ -388,13 +400,9 @@ async def _run(plan: _Plan) -> LoadResult:
         if plan.duration_s is not None:
             stop_at = origin + plan.duration_s
 
-    try:
-        await asyncio.gather(start_recording(), *(worker(c) for c in connections))
-    finally:
-        for c in connections:
-            c.close()
+    await asyncio.gather(start_recording(), *(worker(e) for e in exchanges))
     return LoadResult(
-        concurrency=plan.concurrency,
+        concurrency=len(exchanges),
         elapsed_s=max(rec.finished, default=0.0),
         latencies_s=tuple(rec.latencies),
         statuses=tuple(rec.statuses),
@@ -404,6 +412,17 @@ async def _run(plan: _Plan) -> LoadResult:
         client_cpu_s=time.process_time() - cpu,
         started_unix_s=unix,
     )
+
+
+def checked(doc: Mapping[str, Any], check: Check | None) -> str | None:
+    """What ``check`` finds wrong with an answer (None: nothing, or no check)."""
+    if check is None:
+        return None
+    try:
+        problem = check(doc)
+    except Exception as e:  # noqa: BLE001 - a check that breaks fails the answer, not the run
+        problem = f"the check raised {type(e).__name__}: {e}"
+    return None if problem is None else f"check: {problem}"
 
 
 def _validate(concurrency: int, duration_s: float | None, count: int | None) -> None:
@@ -433,7 +452,9 @@ def run_load(
     (its own event loop: call it from a thread that runs none).
 
     Args:
-        url: ``http://host:port/path``.
+        url: ``http://host:port/path``; or ``grpc://host:port/MODEL``: the protocol's
+            ``ModelInfer`` over gRPC, the body's tensors sent as raw contents
+            (``modelreg.loadgen_grpc``).
         body: the JSON request body, sent as is every time.
         concurrency: requests kept in flight (one connection each, opened before the
             clock starts).
@@ -452,6 +473,12 @@ def run_load(
         LoadError: a bad URL, or the server refuses connections.
     """
     _validate(concurrency, duration_s, count)
+    if url.startswith("grpc://"):  # the protocol over gRPC (modelreg.loadgen_grpc)
+        from modelreg.loadgen_grpc import grpc_target, run_grpc
+
+        address, request = grpc_target(url, body)
+        plan = _Plan(None, concurrency, duration_s, count, check, timeout_s, warmup_s)
+        return asyncio.run(run_grpc(address, request, plan))
     plan = _Plan(_target(url, body, headers), concurrency, duration_s, count, check,
                  timeout_s, warmup_s)  # fmt: skip
     return asyncio.run(_run(plan))

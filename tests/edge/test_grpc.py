@@ -282,3 +282,25 @@ def test_typed_values_are_only_taken_from_their_datatype_field(client: Any) -> N
     with pytest.raises(grpc.RpcError, match="INT32 values go in int_contents, not fp32_contents"):
         client._client_stub.ModelInfer(request)
     assert NUMPY["INT32"] is np.int32
+
+
+def test_the_load_generator_speaks_grpc_too(served: _Served) -> None:
+    """``modelreg.loadgen`` with a grpc:// URL: the serving benchmark's gRPC runs."""
+    import json
+
+    from modelreg.loadgen import run_load
+
+    x = np.random.default_rng(2).standard_normal((2, 16), dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [2, 16], "datatype": "FP32",
+                                   "data": x.reshape(-1).tolist()}]}).encode()  # fmt: skip
+    want = run_onnxruntime(build_model("mlp", "1.1.0").SerializeToString(), {"input": x})["probs"]
+
+    def check(doc: Any) -> str | None:
+        got = np.asarray(doc["outputs"][0]["data"], np.float32).reshape(2, 4)
+        return None if np.allclose(got, want, rtol=1e-5, atol=1e-6) else "not its answer"
+
+    result = run_load(f"grpc://{served.address}/mlp", body, concurrency=40, count=200, check=check)
+    assert (result.requests, result.failed) == (200, 0), result.failures
+    assert result.version_counts() == {"1.1.0": 200}
+    bad = run_load(f"grpc://{served.address}/nope", body, concurrency=2, count=4)
+    assert bad.failures == {"gRPC NOT_FOUND: unknown model 'nope'": 4}
