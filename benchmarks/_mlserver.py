@@ -22,6 +22,7 @@ from typing import Final
 
 from benchmarks._serving_fixture import MODEL, ORT_SETTINGS, SWAP_EVERY_S, V1, V2, Models
 from benchmarks._serving_process import Server, Swaps, free_port, spawn
+from benchmarks._serving_runner import BATCH_DELAY_S, BATCH_SIZE
 from benchmarks._util import BENCH_DIR
 
 MLSERVER_VENV: Final = BENCH_DIR / "mlserver-venv"
@@ -60,24 +61,29 @@ class OrtRuntime(MLModel):
 '''
 
 
-def _mlserver_settings(folder: Path, models: Models, version: str) -> None:
-    settings = {
+def _mlserver_settings(folder: Path, models: Models, version: str, batching: bool) -> None:
+    settings: dict[str, object] = {
         "name": MODEL,
         "implementation": "ort_runtime.OrtRuntime",
         "parameters": {
             "uri": str(models.path(version)),
-            "extra": {**ORT_SETTINGS, "served_version": version},
+            "extra": {**ORT_SETTINGS, "served_version": version, "batching": batching},
         },
     }
+    if batching:  # its adaptive batching, with our batch bounds
+        settings |= {"max_batch_size": BATCH_SIZE, "max_batch_time": BATCH_DELAY_S}
     path = folder / MODEL / "model-settings.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".tmp").write_text(json.dumps(settings))
     path.with_suffix(".tmp").replace(path)
 
 
-def start_mlserver(models: Models, work: Path, workers: int, cpus: set[int] | None) -> Server:
-    """MLServer with ``parallel_workers=workers`` serving 1.0.0 (pinned to ``cpus``)."""
-    folder = work / f"mlserver-pw{workers}"
+def start_mlserver(
+    models: Models, work: Path, workers: int, cpus: set[int] | None, *, batching: bool = False
+) -> Server:
+    """MLServer with ``parallel_workers=workers`` serving 1.0.0 (pinned to ``cpus``), REST
+    and gRPC, with its adaptive batching when asked."""
+    folder = work / f"mlserver-pw{workers}{'-batching' if batching else ''}"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ort_runtime.py").write_text(_MLSERVER_RUNTIME)
     port, grpc, metrics = free_port(), free_port(), free_port()
@@ -90,10 +96,10 @@ def start_mlserver(models: Models, work: Path, workers: int, cpus: set[int] | No
         "parallel_workers": workers,
     }
     (folder / "settings.json").write_text(json.dumps(settings))
-    _mlserver_settings(folder, models, V1)
+    _mlserver_settings(folder, models, V1, batching)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     argv = [str(MLSERVER_VENV / "bin" / "mlserver"), "start", "."]
-    proc = spawn(argv, cpus, folder, work / f"mlserver-pw{workers}.log", env)
+    proc = spawn(argv, cpus, folder, work / f"{folder.name}.log", env)
     base = f"http://127.0.0.1:{port}"
 
     @contextlib.contextmanager
@@ -106,7 +112,7 @@ def start_mlserver(models: Models, work: Path, workers: int, cpus: set[int] | No
             while not stop.is_set():
                 start = time.perf_counter()
                 current = _mlserver_settings_version(folder)
-                _mlserver_settings(folder, models, V2 if current == V1 else V1)
+                _mlserver_settings(folder, models, V2 if current == V1 else V1, batching)
                 try:
                     request = urllib.request.Request(url, data=b"", method="POST")  # noqa: S310
                     with urllib.request.urlopen(request, timeout=60) as r:  # noqa: S310
@@ -124,7 +130,8 @@ def start_mlserver(models: Models, work: Path, workers: int, cpus: set[int] | No
             stop.set()
             thread.join(timeout=120)
 
-    return Server(f"MLServer (parallel_workers={workers})", proc, base, swapping)
+    label = f"MLServer (parallel_workers={workers}{', adaptive batching' if batching else ''})"
+    return Server(label, proc, base, swapping, f"127.0.0.1:{grpc}", batching)
 
 
 def _mlserver_settings_version(folder: Path) -> str:

@@ -80,6 +80,17 @@ class Server:
     swapping: Callable[[], contextlib.AbstractContextManager[Swaps]]
     """Swap versions every :data:`~benchmarks._serving_fixture.SWAP_EVERY_S` while the
     context lasts (filled at its end)."""
+    grpc: str | None = None
+    """host:port of the protocol over gRPC (None: REST only)."""
+    batching: bool = False
+    """Whether it batches concurrent requests (ours: ``serve.batching``; MLServer: its
+    adaptive batching)."""
+
+    def url(self, protocol: str) -> str:
+        """Where the load goes: the model's REST ``infer`` or its gRPC ``grpc://`` URL."""
+        if protocol == "grpc":
+            return f"grpc://{self.grpc}/{MODEL}"
+        return f"{self.base}/v2/models/{MODEL}/infer"
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         """Wait until the model answers ready.

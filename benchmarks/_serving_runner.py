@@ -2,11 +2,11 @@
 
 Each runs in a process of its own, ``python -m benchmarks._serving_runner COMMAND``:
 
-* ``serve``: ``edge_sync.serve.app.create_app`` over an ``InProcessHost`` (shared-weight
-  sessions, ``prepack="off"``) on the daemon's uvicorn listener; SIGUSR1 starts swapping
-  1.0.0 <-> 1.1.0 every
-  0.5 s (build beside the serving engine, self-test on the signed goldens, swap, retire),
-  SIGUSR2 stops it and writes the timings;
+* ``serve``: the daemon's serving core (``edge_sync.serve.core``) over an
+  ``InProcessHost`` (shared-weight sessions, ``prepack="off"``), REST on the daemon's
+  uvicorn listener and gRPC beside it, optionally with dynamic batching; SIGUSR1 starts
+  swapping 1.0.0 <-> 1.1.0 every 0.5 s (build beside the serving engine, self-test on
+  the signed goldens, swap, retire), SIGUSR2 stops it and writes the timings;
 * ``ceiling``: ``session.run`` on the golden input in a loop;
 * ``memory``: RSS across one swap while requests run, then the timings of more swaps.
 
@@ -36,6 +36,11 @@ from benchmarks._serving_process import Server, Swaps, free_port, pinned, spawn
 from benchmarks._util import REPO_ROOT, BenchmarkError
 
 _RUNNER: Final = (sys.executable, "-m", "benchmarks._serving_runner")
+BATCH_SIZE: Final = 32
+"""Both servers' batch bounds when batching: at most this many rows ..."""
+BATCH_DELAY_S: Final = 0.002
+"""... gathered for at most this long (MLServer's ``max_batch_time``, ours
+``max_queue_delay``)."""
 
 # --- the runner: our server, the ceiling and the memory figures, each in a process ----
 
@@ -111,10 +116,14 @@ class _Swapper:
             partial.replace(stats)
 
 
-def _serve(models: Models, port: int, stats: Path) -> None:
+def _serve(models: Models, port: int, stats: Path, grpc_port: int, batching: bool) -> None:
     from edge_sync.engine.host import InProcessHost
-    from edge_sync.serve.app import create_app
+    from edge_sync.serve.app import create_rest_app
+    from edge_sync.serve.batching import BatchPolicy
+    from edge_sync.serve.core import Inference
+    from edge_sync.serve.grpc_server import GrpcServer
     from edge_sync.serve.listeners import ConnectionLimits, connection_cap, server
+    from edge_sync.serve.metrics import Metrics
 
     host = InProcessHost(intra_op_threads=ORT_SETTINGS["intra_op_threads"], prepack="off")
     swapper = _Swapper(host, models)
@@ -123,8 +132,11 @@ def _serve(models: Models, port: int, stats: Path) -> None:
     signal.signal(signal.SIGUSR1, lambda *_: go.set())
     signal.signal(signal.SIGUSR2, lambda *_: stop.set())
     threading.Thread(target=swapper.loop, args=(go, stop, stats), daemon=True).start()
-    app = create_app(host, [MODEL], dict, "bench")
-    # the daemon's listener, with its bounds (the default serve.limits)
+    # the daemon's serving core (the default serve.limits), REST and gRPC over it
+    policy = {MODEL: BatchPolicy(BATCH_SIZE, BATCH_DELAY_S)} if batching else None
+    core = Inference(host, [MODEL], Metrics(host), batching=policy)
+    GrpcServer(core, "bench", f"127.0.0.1:{grpc_port}").start()
+    app = create_rest_app(core, dict, "bench")
     server(app, "127.0.0.1", port, ConnectionLimits(connection_cap(None))).run()
 
 
@@ -213,12 +225,18 @@ def _memory(models: Models, prepack: str, swaps: int, settle_s: float) -> dict[s
 # --- the benchmark's side: starting the runner ------------------------------------------
 
 
-def start_ours(models: Models, work: Path, cpus: set[int] | None) -> Server:
-    """Our server (``serve``, pinned to ``cpus``); it swaps on SIGUSR1 until SIGUSR2."""
-    port, stats = free_port(), work / "ours-swaps.json"
+def start_ours(
+    models: Models, work: Path, cpus: set[int] | None, *, batching: bool = False
+) -> Server:
+    """Our server (``serve``, pinned to ``cpus``), REST and gRPC, batching when asked;
+    it swaps on SIGUSR1 until SIGUSR2."""
+    port, grpc_port = free_port(), free_port()
+    name = "ours-batching" if batching else "ours"
+    stats = work / f"{name}-swaps.json"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    argv = [*_RUNNER, "serve", "--models", str(models.folder), "--port", str(port)]
-    proc = spawn([*argv, "--stats", str(stats)], cpus, REPO_ROOT, work / "ours.log", env)
+    argv = [*_RUNNER, "serve", "--models", str(models.folder), "--port", str(port),
+            "--grpc-port", str(grpc_port), *(["--batching"] if batching else [])]  # fmt: skip
+    proc = spawn([*argv, "--stats", str(stats)], cpus, REPO_ROOT, work / f"{name}.log", env)
 
     @contextlib.contextmanager
     def swapping() -> Iterator[Swaps]:
@@ -240,7 +258,9 @@ def start_ours(models: Models, work: Path, cpus: set[int] | None) -> Server:
             ]
             found.errors += doc["errors"]
 
-    return Server("ours", proc, f"http://127.0.0.1:{port}", swapping)
+    label = "ours (batching)" if batching else "ours"
+    return Server(label, proc, f"http://127.0.0.1:{port}", swapping, f"127.0.0.1:{grpc_port}",
+                  batching)  # fmt: skip
 
 
 def run_runner(models: Models, command: str, *args: str, cpus: set[int] | None) -> Any:
@@ -270,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="our server; SIGUSR1/SIGUSR2 start/stop swapping")
     serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--grpc-port", type=int, required=True)
+    serve.add_argument("--batching", action="store_true")
     serve.add_argument("--stats", type=Path, required=True)
     ceiling = sub.add_parser("ceiling", help="session.run in a loop")
     ceiling.add_argument("--seconds", type=float, default=5.0)
@@ -282,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     models = Models(args.models)
     if args.command == "serve":
-        _serve(models, args.port, args.stats)
+        _serve(models, args.port, args.stats, args.grpc_port, args.batching)
     elif args.command == "ceiling":
         print(json.dumps(_ceiling(models, args.seconds)))
     else:

@@ -1,25 +1,31 @@
 """The device server against MLServer, under the same load on the same machine.
 
-Two servers answer the Open Inference Protocol v2 (REST) for the MLP example, each in its
-own process:
+Both answer the Open Inference Protocol v2 over REST and over gRPC for the MLP example,
+each server in its own process:
 
-* **ours**: ``edge_sync.serve.app.create_app`` over an ``InProcessHost`` (shared-weight
-  sessions, ``prepack="off"``) on the daemon's bounded uvicorn listener
-  (``edge_sync.serve.listeners``), run by ``benchmarks._serving_runner``
-  (``python -m benchmarks._serving_runner serve``); SIGUSR1 starts swapping 1.0.0 <-> 1.1.0
-  every 0.5 s in the server process (build beside the serving engine, self-test on the
-  signed goldens, swap, retire), SIGUSR2 stops it and writes the timings;
+* **ours**: the daemon's serving core (``edge_sync.serve.core``) over an
+  ``InProcessHost`` (shared-weight sessions, ``prepack="off"``), REST on the daemon's
+  bounded uvicorn listener (``edge_sync.serve.listeners``) and gRPC
+  (``edge_sync.serve.grpc_server``), run by ``benchmarks._serving_runner`` (``python -m
+  benchmarks._serving_runner serve``), without and with dynamic batching (``ours
+  (batching)``); SIGUSR1 starts swapping 1.0.0 <-> 1.1.0 every 0.5 s in the server
+  process (build beside the serving engine, self-test on the signed goldens, swap,
+  retire), SIGUSR2 stops it and writes the timings;
 * **MLServer** 1.7.1 (its own venv, ``make bench`` builds ``.bench/mlserver-venv``) with a
   custom runtime around one ONNX Runtime session with the same settings (1 intra-op and
   1 inter-op thread, graph optimizations and prepacking off: what our shared-weight
-  sessions use), in two configurations: ``parallel_workers=0`` (inference in the server
-  process, as ours) and its default ``parallel_workers=1`` (a worker process); it swaps
-  by its repository API (the model's settings rewritten, then ``POST
-  /v2/repository/models/mlp/load``, every 0.5 s).
+  sessions use), in three configurations: ``parallel_workers=0`` (inference in the server
+  process, as ours), its default ``parallel_workers=1`` (a worker process), and
+  ``parallel_workers=0`` with its adaptive batching (the same batch bounds as ours:
+  ``_serving_runner.BATCH_SIZE`` rows, ``BATCH_DELAY_S``); it swaps by its repository
+  API (the model's settings rewritten, then ``POST /v2/repository/models/mlp/load``,
+  every 0.5 s).
 
 The load comes from ``modelreg.loadgen`` in its own process (16 and 200 requests in
 flight, the golden input of 2 x 16 floats; every answer is checked against the goldens of
-the version it names).  With two or more CPUs, the servers are pinned to the first, the
+the version it names), over REST and over gRPC (``grpc://``: the same request as raw
+contents, a few HTTP/2 channels).  Batching servers are compared with batching servers,
+the others with the others.  With two or more CPUs, the servers are pinned to the first, the
 generator to the second: each server gets one core, the generator never takes it.  The
 rounds rotate the servers' order, so that other work on the machine spreads over all;
 the server's CPU time per request (its process tree, from ``/proc``) is reported beside
@@ -66,7 +72,6 @@ from typing import Any, Final
 from benchmarks._mlserver import MLSERVER_VENV, mlserver_versions, start_mlserver
 from benchmarks._serving_fixture import (
     EXPECTED_ENV,
-    MODEL,
     ORT_SETTINGS,
     SWAP_EVERY_S,
     V1,
@@ -74,12 +79,13 @@ from benchmarks._serving_fixture import (
     make_models,
 )
 from benchmarks._serving_process import Server, Swaps, tree_cpu_s
-from benchmarks._serving_runner import run_runner, start_ours
+from benchmarks._serving_runner import BATCH_DELAY_S, BATCH_SIZE, run_runner, start_ours
 from benchmarks._util import BENCH_DIR, BenchmarkError, busy_warning, machine_info
 from modelreg.loadgen import LoadError, LoadResult, run_load_subprocess
 
 NAME: Final = "serving"
 CONCURRENCY: Final = (16, 200)
+PROTOCOLS: Final = ("rest", "grpc")
 
 
 @dataclass(frozen=True)
@@ -96,14 +102,19 @@ class _Plan:
     settle_s: float
 
 
-def _generate(
-    server: Server, body: bytes, concurrency: int, seconds: float, cpus: set[int] | None
+def _generate(  # noqa: PLR0917 - one private call per run kind
+    server: Server,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    cpus: set[int] | None,
+    protocol: str = "rest",
 ) -> LoadResult:
     """Raises:
     BenchmarkError: the load could not be generated at all."""
     try:
         return run_load_subprocess(
-            f"{server.base}/v2/models/{MODEL}/infer",
+            server.url(protocol),
             body,
             concurrency=concurrency,
             duration_s=seconds,
@@ -111,15 +122,20 @@ def _generate(
             check="benchmarks._serving_fixture:check_answer",
         )
     except LoadError as e:
-        raise BenchmarkError(f"{server.label}: {e}") from None
+        raise BenchmarkError(f"{server.label}, {protocol}: {e}") from None
 
 
-def _steady(
-    server: Server, body: bytes, concurrency: int, seconds: float, cpus: set[int] | None
+def _steady(  # noqa: PLR0917 - one private call per run
+    server: Server,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    cpus: set[int] | None,
+    protocol: str,
 ) -> dict[str, Any]:
     """(a): the generator's summary of a steady run, and the server's CPU per request."""
     cpu = tree_cpu_s(server.proc.pid)
-    result = _generate(server, body, concurrency, seconds, cpus)
+    result = _generate(server, body, concurrency, seconds, cpus, protocol)
     summary = result.summary()
     used = tree_cpu_s(server.proc.pid) - cpu
     summary["server_cpu_us_per_request"] = round(used / max(result.requests, 1) * 1e6, 1)
@@ -131,8 +147,13 @@ def _percentile_ms(latencies: list[float], q: float) -> float:
     return latencies[max(0, math.ceil(q / 100 * len(latencies)) - 1)] * 1000 if latencies else 0.0
 
 
-def _alternating(
-    server: Server, body: bytes, concurrency: int, plan: _Plan, cpus: set[int] | None
+def _alternating(  # noqa: PLR0917 - one private call per run
+    server: Server,
+    body: bytes,
+    concurrency: int,
+    plan: _Plan,
+    cpus: set[int] | None,
+    protocol: str,
 ) -> dict[str, Any]:
     """(b): one run with swapping on in every other window of ``window_s`` (off first).
     A request in flight at any moment of a swapping window counts as during swaps; the
@@ -142,7 +163,8 @@ def _alternating(
 
     def generate() -> None:
         try:
-            found.append(_generate(server, body, concurrency, plan.window_s * plan.windows, cpus))
+            seconds = plan.window_s * plan.windows
+            found.append(_generate(server, body, concurrency, seconds, cpus, protocol))
         except BenchmarkError as e:
             found.append(e)
 
@@ -215,23 +237,31 @@ def _measure(
     cpus: tuple[set[int] | None, set[int] | None],
     ceiling: Callable[[], dict[str, float]],
 ) -> tuple[dict[str, Any], dict[str, float]]:
-    """Steady and alternating runs of every server at every concurrency; the rounds
-    rotate the servers' order."""
+    """Steady and alternating runs of every server at every concurrency, over each
+    protocol; the rounds rotate the servers' order."""
     for server in servers:
         server.wait_ready()
-        _generate(server, body, CONCURRENCY[-1], min(plan.seconds, 2.0), cpus[1])  # warm-up
-    runs: dict[str, dict[str, dict[str, list[Any]]]] = {
-        f"{c}": {s.label: {"steady": [], "alternating": []} for s in servers} for c in CONCURRENCY
-    }
+        for protocol in PROTOCOLS:  # warm-up
+            _generate(server, body, CONCURRENCY[-1], min(plan.seconds, 2.0), cpus[1], protocol)
+    runs: dict[str, dict[str, dict[str, dict[str, list[Any]]]]] = {
+        p: {f"{c}": {s.label: {"steady": [], "alternating": []} for s in servers}
+            for c in CONCURRENCY}
+        for p in PROTOCOLS
+    }  # fmt: skip
     ceilings = []
     for r in range(plan.rounds):
         ceilings.append(ceiling())
         order = [*servers[r % len(servers) :], *servers[: r % len(servers)]]
-        for c in CONCURRENCY:
-            for s in order:
-                runs[f"{c}"][s.label]["steady"].append(_steady(s, body, c, plan.seconds, cpus[1]))
-                runs[f"{c}"][s.label]["alternating"].append(_alternating(s, body, c, plan, cpus[1]))
-    out = {c: {label: _aggregate(entry) for label, entry in by.items()} for c, by in runs.items()}
+        for p in PROTOCOLS:
+            for c in CONCURRENCY:
+                for s in order:
+                    entry = runs[p][f"{c}"][s.label]
+                    entry["steady"].append(_steady(s, body, c, plan.seconds, cpus[1], p))
+                    entry["alternating"].append(_alternating(s, body, c, plan, cpus[1], p))
+    out = {
+        p: {c: {label: _aggregate(entry) for label, entry in by.items()} for c, by in per.items()}
+        for p, per in runs.items()
+    }
     return out, {k: _median(ceilings, k) for k in ceilings[0]}
 
 
@@ -278,64 +308,123 @@ def _goal(name: str, value: float, comparison: str, target: float, quick: bool) 
     }
 
 
+def _best(by_server: Mapping[str, Any], batching: bool) -> dict[str, Any] | None:
+    """MLServer's best steady figures among its configurations that batch (or not):
+    the highest throughput, the lowest p99 and CPU per request, each of any."""
+    others = [v["steady"] for k, v in by_server.items()
+              if k.startswith("MLServer") and ("batching" in k) == batching]  # fmt: skip
+    if not others:
+        return None
+    return {
+        "throughput_rps": max(o["throughput_rps"] for o in others),
+        "p99_ms": min(o["p99_ms"] for o in others),
+        "server_cpu_us_per_request": min(o["server_cpu_us_per_request"] for o in others),
+    }
+
+
 def _load_goals(
     runs: Mapping[str, Any], ceiling: Mapping[str, float], quick: bool
 ) -> tuple[dict[str, float], list[dict[str, Any]], list[str]]:
+    """The ratios and goals of issue 26, per protocol and concurrency."""
     ratios: dict[str, float] = {}
     goals: list[dict[str, Any]] = []
     notes: list[str] = []
-    for c, by_server in runs.items():
-        for label, entry in by_server.items():
-            st, alt = entry["steady"], entry["alternating"]
-            swap_ratio = alt["swapping_p99_ms"] / max(alt["steady_p99_ms"], 1e-9)
-            ratios[f"p99 swapping / steady, {label}, {c} in flight"] = swap_ratio
-            notes.append(
-                f"{c} in flight, {label}: {st['throughput_rps']:,.0f} req/s, p50 "
-                f"{st['p50_ms']:.1f} ms, p99 {st['p99_ms']:.1f} ms, server CPU "
-                f"{st['server_cpu_us_per_request']:.0f} us/req; alternating run: p99 steady "
-                f"{alt['steady_p99_ms']:.1f} ms, swapping {alt['swapping_p99_ms']:.1f} ms, "
-                f"{alt['swaps']} swaps of {alt['swap_median_ms']:.1f} ms (median), failed: "
-                f"{alt['failed_swapping']} requests while swapping, {alt['failed_steady']} "
-                f"steady, {alt['failed_swaps']} swaps"
-                + (f"; {entry['failures']}" if entry["failures"] else "")
-            )
-        ours = by_server["ours"]
-        ratios[f"session.run ceiling / ours, throughput, {c} in flight"] = (
-            ceiling["throughput_rps"] / ours["steady"]["throughput_rps"]
-        )
-        alt = ours["alternating"]
-        goals.append(
-            _goal(
-                f"p99 swapping / steady, ours, {c} in flight",
-                ratios[f"p99 swapping / steady, ours, {c} in flight"],
-                "<=",
-                1.5,
-                quick,
-            )
-        )
-        goals.append(
-            _goal(
-                f"failed requests + swaps, alternating run, ours, {c} in flight",
-                alt["failed_swapping"] + alt["failed_steady"] + alt["failed_swaps"],
-                "<=",
-                0,
-                quick,
-            )
-        )
-        others = [v["steady"] for k, v in by_server.items() if k != "ours"]
-        if not others:
-            continue
-        rps = ours["steady"]["throughput_rps"] / max(o["throughput_rps"] for o in others)
-        p99 = ours["steady"]["p99_ms"] / min(o["p99_ms"] for o in others)
-        cpu = min(o["server_cpu_us_per_request"] for o in others)
-        ratios[f"throughput ours / MLServer best, {c} in flight"] = rps
-        ratios[f"p99 ours / MLServer best, {c} in flight"] = p99
-        ratios[f"server CPU per request, MLServer best / ours, {c} in flight"] = (
-            cpu / ours["steady"]["server_cpu_us_per_request"]
-        )
-        goals.append(_goal(f"throughput ours / MLServer, {c} in flight", rps, ">=", 2.0, quick))
-        goals.append(_goal(f"p99 ours / MLServer, {c} in flight", p99, "<=", 0.5, quick))
+    for protocol, per in runs.items():
+        for c, by_server in per.items():
+            where = f"{protocol.upper()}, {c} in flight"
+            _swap_goals(by_server, where, ratios, goals, notes, quick)
+            ours = by_server.get("ours")
+            if ours is not None:
+                ratios[f"session.run ceiling / ours, {where}"] = (
+                    ceiling["throughput_rps"] / ours["steady"]["throughput_rps"]
+                )
+            for batching in (False, True):
+                mine = by_server.get("ours (batching)" if batching else "ours")
+                best = _best(by_server, batching)
+                if mine is None or best is None:
+                    continue
+                tag = f"{where}{', both batching' if batching else ''}"
+                rps = mine["steady"]["throughput_rps"] / best["throughput_rps"]
+                p99 = mine["steady"]["p99_ms"] / best["p99_ms"]
+                ratios[f"throughput ours / MLServer best, {tag}"] = rps
+                ratios[f"p99 ours / MLServer best, {tag}"] = p99
+                ratios[f"server CPU per request, MLServer best / ours, {tag}"] = (
+                    best["server_cpu_us_per_request"] / mine["steady"]["server_cpu_us_per_request"]
+                )
+                goals.extend(
+                    _goal(f"{name}, {tag}", value, comparison, target, quick)
+                    for name, value, comparison, target in _issue_goals(
+                        protocol, int(c), batching, rps, p99
+                    )
+                )
+            if protocol == "rest" and c == f"{CONCURRENCY[0]}" and ours is not None:
+                cpu = ours["steady"]["server_cpu_us_per_request"]
+                goals.append(
+                    _goal(f"server CPU per request (us), ours, {where}", cpu, "<=", 100, quick)
+                )
+                ceiling_ratio = ratios[f"session.run ceiling / ours, {where}"]
+                goals.append(
+                    _goal(f"session.run ceiling / ours, {where}", ceiling_ratio, "<=", 5, quick)
+                )
     return ratios, goals, notes
+
+
+def _issue_goals(
+    protocol: str, concurrency: int, batching: bool, rps: float, p99: float
+) -> list[tuple[str, float, str, float]]:
+    """Issue 26's goals for one comparison: (name, value, comparison, target)."""
+    if batching:
+        if concurrency != CONCURRENCY[-1]:
+            return []
+        return [
+            ("throughput ours / MLServer", rps, ">=", 2.0),
+            ("p99 ours / MLServer", p99, "<=", 1.0),
+        ]
+    if protocol == "grpc":
+        return (
+            [("throughput ours / MLServer", rps, ">=", 2.0)]
+            if concurrency == CONCURRENCY[-1]
+            else []
+        )
+    if concurrency == CONCURRENCY[-1]:
+        return [
+            ("throughput ours / MLServer", rps, ">=", 2.5),
+            ("p99 ours / MLServer", p99, "<=", 0.5),
+        ]
+    return [("p99 ours / MLServer", p99, "<=", 0.5)]
+
+
+def _swap_goals(  # noqa: PLR0917 - fills the caller's lists
+    by_server: Mapping[str, Any],
+    where: str,
+    ratios: dict[str, float],
+    goals: list[dict[str, Any]],
+    notes: list[str],
+    quick: bool,
+) -> None:
+    """Each server's line, and for ours the swap goals: no failed request, p99 while
+    swapping <= 1.5x steady."""
+    for label, entry in by_server.items():
+        st, alt = entry["steady"], entry["alternating"]
+        swap_ratio = alt["swapping_p99_ms"] / max(alt["steady_p99_ms"], 1e-9)
+        ratios[f"p99 swapping / steady, {label}, {where}"] = swap_ratio
+        notes.append(
+            f"{where}, {label}: {st['throughput_rps']:,.0f} req/s, p50 "
+            f"{st['p50_ms']:.1f} ms, p99 {st['p99_ms']:.1f} ms, server CPU "
+            f"{st['server_cpu_us_per_request']:.0f} us/req; alternating run: p99 steady "
+            f"{alt['steady_p99_ms']:.1f} ms, swapping {alt['swapping_p99_ms']:.1f} ms, "
+            f"{alt['swaps']} swaps of {alt['swap_median_ms']:.1f} ms (median), failed: "
+            f"{alt['failed_swapping']} requests while swapping, {alt['failed_steady']} "
+            f"steady, {alt['failed_swaps']} swaps"
+            + (f"; {entry['failures']}" if entry["failures"] else "")
+        )
+        if not label.startswith("ours"):
+            continue
+        goals.append(_goal(f"p99 swapping / steady, {label}, {where}", swap_ratio, "<=", 1.5,
+                           quick))  # fmt: skip
+        failed = alt["failed_swapping"] + alt["failed_steady"] + alt["failed_swaps"]
+        failed += sum(entry["failures"].values()) if entry["failures"] else 0
+        goals.append(_goal(f"failed requests + swaps, {label}, {where}", failed, "<=", 0, quick))
 
 
 def _memory_goals(
@@ -410,6 +499,7 @@ def run(quick: bool) -> dict[str, Any]:
         notes.append(warning)
     versions = mlserver_versions()
     workers = [] if versions is None else [0] if quick else [0, 1]
+    batching_workers = workers[:1]  # its adaptive batching, in the server process as ours
     if versions is None:
         notes.append(f"MLServer not measured: no venv at {MLSERVER_VENV} (make bench makes it)")
     elif versions["onnxruntime"] != ort.__version__:
@@ -417,14 +507,17 @@ def run(quick: bool) -> dict[str, Any]:
             f"MLServer not measured: its onnxruntime {versions['onnxruntime']} is not "
             f"ours ({ort.__version__}); rebuild {MLSERVER_VENV}"
         )
-        workers = []
+        workers = batching_workers = []
     expected = work / "expected.json"
     expected.write_text(json.dumps(small.expected()))
     saved = os.environ.get(EXPECTED_ENV)
     os.environ[EXPECTED_ENV] = str(expected)  # the generator's check reads it
     servers = [start_ours(small, work, server_cpus)]
     try:
+        servers.append(start_ours(small, work, server_cpus, batching=True))
         servers += [start_mlserver(small, work, w, server_cpus) for w in workers]
+        servers += [start_mlserver(small, work, w, server_cpus, batching=True)
+                    for w in batching_workers]  # fmt: skip
         runs, ceiling = _measure(
             servers,
             small.body(),
@@ -466,6 +559,8 @@ def run(quick: bool) -> dict[str, Any]:
         "params": {
             **asdict(plan),
             "concurrency": list(CONCURRENCY),
+            "protocols": list(PROTOCOLS),
+            "batching": {"max_batch_size": BATCH_SIZE, "max_queue_delay_s": BATCH_DELAY_S},
             "swap_every_s": SWAP_EVERY_S,
             "ort_settings": ORT_SETTINGS,
             "onnxruntime": ort.__version__,
