@@ -5,9 +5,11 @@ request's account before it is encoded."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+import orjson
 from starlette.responses import Response
 
 from edge_sync.engine.base import NUMPY_DTYPES
@@ -24,6 +26,14 @@ BYTES_ELEMENT_COST: Final = 64 + 48
 """Bytes one BYTES element may cost beyond its text: a Python string (its object and
 its slot in the array) and ONNX Runtime's own string."""
 _JSON_MEDIA: Final = "application/json"
+
+
+def _dumps(doc: object, finite: bool) -> bytes:
+    """``doc`` as compact JSON: by orjson when every float in it is finite (ten times
+    faster), else as :func:`json_response` writes NaN and infinities."""
+    if finite:
+        return orjson.dumps(doc)
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def json_response(
@@ -56,9 +66,14 @@ def answer(engine: Engine, parsed: Parsed, results: Mapping[str, Any]) -> Respon
     if parsed.request_id is not None:
         answer["id"] = parsed.request_id
     headers = {"x-model-version": engine.version}
+    # a sum is finite only when every value is (an overflow just takes the slow path)
+    finite = all(
+        n in parsed.binary_outputs or a.dtype.kind != "f" or math.isfinite(a.sum())
+        for n, a in arrays.items()
+    )
+    header = _dumps(answer, finite)
     if not tail:
-        return json_response(answer, headers=headers)
-    header = json.dumps(answer, separators=(",", ":"), ensure_ascii=False).encode()
+        return Response(header, headers=headers, media_type=_JSON_MEDIA)
     headers[HEADER_LENGTH] = str(len(header))
     return Response(header + bytes(tail), media_type="application/octet-stream",
                     headers=headers)  # fmt: skip

@@ -64,6 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_BODY_BYTES",
+    "RestApp",
     "ServeLimits",
     "create_app",
     "create_management_app",
@@ -92,7 +93,7 @@ def create_app(
     remote_sync: bool = False,
     limits: ServeLimits | None = None,
     management: bool = True,
-) -> Starlette:
+) -> RestApp:
     """The OIP v2 application serving ``models`` from ``host``.
 
     Args:
@@ -123,7 +124,7 @@ def create_rest_app(
     request_sync: Callable[[], None] | None = None,
     remote_sync: bool = False,
     management: bool = True,
-) -> Starlette:
+) -> RestApp:
     """The OIP v2 application over ``core`` (which a gRPC server may share: one budget,
     one set of run slots, one recorder); see :func:`create_app` for the rest."""
     api = _Api(core, status, version, request_sync)
@@ -146,7 +147,52 @@ def create_rest_app(
     if management:
         routes += _management_routes(api.status, api.metrics)
     handlers = {HTTPException: _http_error, Exception: _server_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    return RestApp(api, Starlette(routes=routes, exception_handlers=handlers))
+
+
+class RestApp:
+    """The REST application: inference requests answered straight from the ASGI call
+    (the hot path: no router, middleware or exception handlers between the server and
+    :meth:`_Api.infer`, which answers every failure itself), every other request by
+    Starlette."""
+
+    def __init__(self, api: _Api, app: Starlette) -> None:
+        self.api, self.app, self.core = api, app, api.core
+
+    @property
+    def routes(self) -> list[Any]:
+        """Starlette's routes (inference first)."""
+        return self.app.routes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            params = _infer_params(scope["path"])
+            if params is not None:
+                scope["path_params"] = params
+                request = Request(scope, receive)
+                try:
+                    response = await self.api.infer(request)
+                except Exception as e:
+                    # as Starlette's error middleware does: one JSON line, then raised
+                    # for the server's log
+                    await (await _server_error(request, e))(scope, receive, send)
+                    raise
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _infer_params(path: str) -> dict[str, str] | None:
+    """The path parameters of ``/v2/models/{model}[/versions/{version}]/infer``; None
+    for any other path."""
+    if not (path.startswith("/v2/models/") and path.endswith("/infer")):
+        return None
+    parts = path[len("/v2/models/") : -len("/infer")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return {"model": parts[0]}
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return {"model": parts[0], "version": parts[2]}
+    return None
 
 
 def create_management_app(status: Callable[[], Mapping[str, Any]], metrics: Metrics) -> Starlette:

@@ -17,11 +17,13 @@ import zlib
 from collections.abc import Callable
 from typing import Final
 
+import orjson
+
 from edge_sync.errors import RefusedError
 
 __all__ = [
     "HEADER_LENGTH", "TEXT_COST", "Charge", "Inflating", "RefusedError", "depth", "inflate",
-    "json_cost", "split",
+    "json_cost", "loads", "split",
 ]  # fmt: skip
 
 HEADER_LENGTH: Final = "inference-header-content-length"
@@ -177,8 +179,28 @@ def split(
         charge(json_cost(header) - least)
     if depth(header, max_depth) > max_depth:
         raise RefusedError(400, f"the request's JSON nests deeper than {max_depth} levels")
+    return loads(header), memoryview(body)[cut:]
+
+
+_LONG_NUMBER: Final = re.compile(rb"[0-9]{19}")
+"""Digits enough for an integer past 64 bits (or a float written longer than needed)."""
+
+
+def loads(text: bytes | bytearray) -> object:
+    """JSON text as Python values: by orjson (ten times faster), or by ``json`` where
+    orjson refuses or reads otherwise what the standard library reads (``NaN``, a lone
+    surrogate escape, an integer past 64 bits), so the answer never depends on which
+    one read it.
+
+    Raises:
+        RefusedError: it is not JSON (400).
+    """
+    if not _LONG_NUMBER.search(text):  # orjson reads an integer past 64 bits as a float
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:
+            pass
     try:
-        doc = json.loads(header)
+        return json.loads(text)
     except (ValueError, RecursionError):
         raise RefusedError(400, "the request's JSON header is not JSON") from None
-    return doc, memoryview(body)[cut:]

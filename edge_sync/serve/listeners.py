@@ -92,6 +92,9 @@ def server(app: Any, host: str, port: int, limits: ConnectionLimits) -> Any:
         uvicorn.Config(
             app, host=host, port=port, http=protocol, log_level="warning", lifespan="off",
             access_log=False, timeout_keep_alive=max(1, round(limits.keepalive_timeout_s)),
+            # no forwarded-for rewriting (a device trusts no proxy's word for a client's
+            # address: POST /v2/repository/sync is for loopback) and no server header
+            proxy_headers=False, server_header=False,
             h11_max_incomplete_event_size=limits.max_header_bytes,
         )
     )  # fmt: skip
