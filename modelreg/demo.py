@@ -254,7 +254,7 @@ class Demo:
                 f"artifacts: {{url: {self.repo / '.modelreg/remote/modelreg'}}}\n"
                 "models: [{name: mlp, channel: production}]\n"
                 "state_dir: state\n"
-                "serve: {listen: 127.0.0.1:0}\n"
+                "serve: {listen: 127.0.0.1:0, grpc_listen: 127.0.0.1:0}\n"
                 f"report: {{url: {reports}, heartbeat: 1h}}\n",
                 encoding="utf-8",
             )
@@ -410,6 +410,31 @@ class Demo:
             answer = json.loads(response.read())
         probs = ", ".join(f"{v:.3f}" for v in answer["outputs"][0]["data"])
         print(f"  model_version {answer['model_version']}: probs [{probs}]")
+        self.infer_grpc(status_document(edge)["daemon"]["grpc_listen"], x)
+
+    @staticmethod
+    def infer_grpc(where: str, x: Any) -> None:
+        """The same request over gRPC (``serve.grpc_listen``), as a client generated from
+        the protocol's ``.proto`` (or ``tritonclient.grpc``) sends it."""
+        import grpc
+        import numpy as np
+
+        from edge_sync.serve.proto import oip_v2_pb2 as pb
+
+        request = pb.ModelInferRequest(model_name="mlp")
+        request.inputs.add(name="input", datatype="FP32", shape=list(x.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(x, "<f4").tobytes())
+        print(f"$ grpcurl -plaintext {where} inference.GRPCInferenceService/ModelInfer  # ...")
+        with grpc.insecure_channel(where) as channel:
+            call = channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer",
+                request_serializer=pb.ModelInferRequest.SerializeToString,
+                response_deserializer=pb.ModelInferResponse.FromString,
+            )
+            answer = call(request, timeout=30)
+        values = np.frombuffer(answer.raw_output_contents[0], "<f4")
+        probs = ", ".join(f"{v:.3f}" for v in values)
+        print(f"  gRPC: model_version {answer.model_version}: probs [{probs}]")
 
 
 def _vm(proc: Path, field: str) -> int:

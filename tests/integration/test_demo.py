@@ -159,4 +159,5 @@ def test_demo_runs_end_to_end_from_the_installed_wheel(tmp_path: Path) -> None:
     assert all(64 * 1024 < int(n) < 160 * 1024 for n in fetched), fetched
     assert re.search(r"stages \(ms\): .*layout", out)
     assert re.search(r"mlp 1\.1\.0: \d+ bytes, sha256 [0-9a-f]{64} verified", out)
+    assert re.search(r"  gRPC: model_version 1\.\d\.0: probs \[", out)  # serve.grpc_listen
     assert "Traceback" not in out + proc.stderr
