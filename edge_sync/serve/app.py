@@ -328,8 +328,11 @@ class _Api:
             body = await _read_body(request, core.limits.max_body_bytes, ticket.charge, headers)
             with self.engine_for(request) as engine:  # held until it answered
                 plain = headers.get("content-encoding", "identity") in ("identity", "")
-                inline = quick(engine) and not core.batched(engine.model)
-                if len(body) <= INLINE_BODY_BYTES and plain and inline:
+                small = len(body) <= INLINE_BODY_BYTES and plain
+                if small and core.batched(engine.model):
+                    # read and answered here, the run waiting for its batch (no thread)
+                    response = await self._batched(body, headers, engine, ticket, work)
+                elif small and quick(engine):
                     response = self._answer(body, headers, engine, ticket, work)
                 else:
                     await core.slots.acquire()
@@ -352,6 +355,25 @@ class _Api:
         elif ticket.release():  # a small answer: as good as sent
             await run_in_threadpool(trim_heap)
         return response
+
+    async def _batched(
+        self,
+        body: bytes | bytearray,
+        headers: Mapping[str, str],
+        engine: Engine,
+        ticket: Ticket,
+        work: Work,
+    ) -> Response:
+        """:meth:`_answer` for a small request to a batched model: read and answered on
+        the event loop, its run awaited from its batch."""
+        try:
+            parsed = read_request(body, headers, engine, self.core.limits, ticket.charge)
+            del body
+            results = await self.core.run_async(engine, parsed.inputs, parsed.wanted, work)
+            parsed.inputs.clear()
+            return answer(engine, parsed, results)
+        except RefusedError as e:
+            return error_response(e.status, str(e), e.version, e.retry_after)
 
     def _answer(
         self,

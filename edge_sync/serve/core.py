@@ -10,6 +10,7 @@ bytes in flight and one pool of run slots, and judge a failed run alike.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 import time
@@ -166,6 +167,28 @@ class Inference:
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
             raise self._judged(engine, inputs, wanted, e) from None
         work.run_s = clock() - ran
+        return results
+
+    async def run_async(
+        self, engine: Engine, inputs: dict[str, Any], wanted: list[str] | None, work: Work
+    ) -> dict[str, Any]:
+        """:meth:`run` from an event loop, for a model whose requests are batched: the
+        request waits for its batch without holding a thread (the batch runs on the
+        batcher's); a request that cannot join a batch runs in a worker thread.
+
+        Raises:
+            RefusedError: see :meth:`run`.
+        """
+        work.units = sum(int(a.size) for a in inputs.values())
+        batcher = self._batcher(engine)
+        queued = batcher.submit(engine, inputs, wanted) if batcher is not None else None
+        if queued is None:
+            return await asyncio.to_thread(self.run, engine, inputs, wanted, work)
+        try:
+            results, run_s = await asyncio.wrap_future(queued)
+        except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
+            raise await asyncio.to_thread(self._judged, engine, inputs, wanted, e) from None
+        work.run_s = run_s
         return results
 
     def _judged(
