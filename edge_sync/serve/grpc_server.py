@@ -185,10 +185,11 @@ class GrpcServer:
 
 
 class _LateError(RefusedError):
-    """The call's deadline passed before its run."""
+    """The call's deadline passed before its run: the client's clock, never counted
+    against the version (408, as REST answers a request that comes too slowly)."""
 
     def __init__(self) -> None:
-        super().__init__(504, "the call's deadline passed before it ran")
+        super().__init__(408, "the call's deadline passed before it ran")
 
 
 def _abort(context: Any, error: RefusedError) -> None:

@@ -304,3 +304,41 @@ def test_the_load_generator_speaks_grpc_too(served: _Served) -> None:
     assert result.version_counts() == {"1.1.0": 200}
     bad = run_load(f"grpc://{served.address}/nope", body, concurrency=2, count=4)
     assert bad.failures == {"gRPC NOT_FOUND: unknown model 'nope'": 4}
+
+
+class _Context:
+    """A servicer context whose deadline has passed."""
+
+    def __init__(self) -> None:
+        self.aborted: tuple[Any, str] | None = None
+
+    def time_remaining(self) -> float:
+        return -0.1
+
+    def set_trailing_metadata(self, _: Any) -> None:
+        return None
+
+    def abort(self, code: Any, details: str) -> None:
+        self.aborted = (code, details)
+        raise grpc.RpcError(details)
+
+
+def test_a_call_past_its_deadline_is_not_run_nor_counted_against_the_version(
+    served: _Served,
+) -> None:
+    from edge_sync.serve.grpc_server import GrpcServer
+    from edge_sync.serve.proto import oip_v2_pb2 as pb
+
+    server = GrpcServer(served.core, "9.9", "127.0.0.1:0")  # not started: its calls only
+    request = pb.ModelInferRequest(model_name="mlp")
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 16])
+    request.raw_input_contents.append(np.ones((1, 16), np.float32).tobytes())
+    recorder = served.core.recorder
+    assert recorder is not None
+    before = recorder.window("mlp", "1.1.0", 0.0, time.monotonic() + 1).requests
+    context = _Context()
+    with pytest.raises(grpc.RpcError):
+        server.model_infer(request, context)
+    assert context.aborted is not None
+    assert context.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert recorder.window("mlp", "1.1.0", 0.0, time.monotonic() + 1).requests == before
