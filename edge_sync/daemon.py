@@ -49,7 +49,7 @@ from edge_sync.state.store import StateDir
 from edge_sync.sync.gates import GATE_CHECK_S
 from edge_sync.sync.limits import TrustLimits
 from edge_sync.sync.report import LAST_REPORT_S, Reporter
-from edge_sync.sync.trust import DeviceTrust, Freshness, freshness
+from edge_sync.sync.trust import DeviceTrust, Freshness, freshness, trust_expiries
 from edge_sync.sync.updater import SyncOutcome, Updater
 from registry.about import modelreg_version
 from registry.device_report import StatusDocument
@@ -162,7 +162,7 @@ class Daemon:
             self._alive()
             self._closed_gates(updater.settled, server)
             if server is not None:
-                server.metrics.sync(report)
+                server.metrics.sync(report.result == "failed", report.failure)
                 for model, record in report.updates.items():
                     server.metrics.update(model, record)
             if self.on_sync is not None:
@@ -312,7 +312,7 @@ class Daemon:
         # an announcement left behind: the last daemon did not stop cleanly
         unclean = state.daemon_info() is not None
         if server is not None:
-            server.metrics.watch_trust(state.root)
+            server.metrics.watch_trust(lambda: trust_expiries(state.root))
             listen = server.start()
         grpc_listen = server.grpc_address if server is not None else None
         state.announce(DaemonInfo(pid=os.getpid(), listen=listen, grpc_listen=grpc_listen,

@@ -15,8 +15,7 @@ Prometheus scraping the fleet counts the devices on each version
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -27,7 +26,6 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from edge_sync.engine.base import EngineHost
     from edge_sync.state.models import UpdateRecord
-    from edge_sync.sync.updater import SyncOutcome
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
 
@@ -124,18 +122,19 @@ class Metrics:
         """How many requests to ``model`` wait for a batch now."""
         self.batch_queue.labels(model).set(waiting)
 
-    def sync(self, outcome: SyncOutcome, at: float | None = None) -> None:
-        """Count one sync: a failure by what failed, else the time of the success."""
-        if outcome.result == "failed":
-            if outcome.failure is not None:
-                self.sync_failures.labels(outcome.failure).inc()
+    def sync(self, failed: bool, failure: str | None = None, at: float | None = None) -> None:
+        """Count one sync: a failure by what failed (``failure``: repository, trust, model
+        or internal; None: a stop, not counted), else the time of the success."""
+        if failed:
+            if failure is not None:
+                self.sync_failures.labels(failure).inc()
         else:
             self.last_success.set(time.time() if at is None else at)
 
-    def watch_trust(self, state_root: Path) -> None:
-        """Export when each trusted role of the state dir at ``state_root`` expires, read
-        at each scrape (``modelreg_trust_expiry_timestamp_seconds{role}``)."""
-        self.registry.register(_TrustCollector(state_root))
+    def watch_trust(self, expiries: Callable[[], Mapping[str, float]]) -> None:
+        """Export when each trusted role expires (``expiries()``: Unix time by role, read
+        at each scrape: ``modelreg_trust_expiry_timestamp_seconds{role}``)."""
+        self.registry.register(_TrustCollector(expiries))
 
     def text(self) -> bytes:
         """The Prometheus text exposition."""
@@ -189,27 +188,18 @@ class _EngineCollector(Collector):
 class _TrustCollector(Collector):
     """The trusted metadata's expiry, per role, as the device last verified it."""
 
-    def __init__(self, state_root: Path) -> None:
-        self.state_root = state_root
+    def __init__(self, expiries: Callable[[], Mapping[str, float]]) -> None:
+        self.expiries = expiries
 
     def collect(self) -> Iterator[Any]:
-        from edge_sync.sync.trust import trusted_role
-        from signing.errors import VerificationError
-        from signing.tuf_roles import ONLINE_ROLES
-
         expiry = GaugeMetricFamily(
             "modelreg_trust_expiry_timestamp_seconds",
             "When each trusted metadata role expires (Unix time): a device whose "
             "timestamp is near it cannot reach its repository's signer.",
             labels=["role"],
         )
-        for role in ("root", *ONLINE_ROLES):
-            try:
-                held = trusted_role(self.state_root, role)
-            except VerificationError:
-                continue  # unreadable: the next sync says so
-            if held is not None:
-                expiry.add_metric([role], held.expires.timestamp())
+        for role, at in self.expiries().items():
+            expiry.add_metric([role], at)
         yield expiry
 
 

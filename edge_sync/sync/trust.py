@@ -584,6 +584,20 @@ def expired_roles(state_dir: Path, now: datetime) -> list[str]:
     return expired
 
 
+def trust_expiries(state_dir: Path) -> dict[str, float]:
+    """When each trusted role the state dir holds expires (Unix time, root first); an
+    unreadable one is left out (the next refresh says why)."""
+    found = {}
+    for role in ("root", *ONLINE_ROLES):
+        try:
+            held = trusted_role(state_dir, role)
+        except VerificationError:
+            continue
+        if held is not None:
+            found[role] = held.expires.timestamp()
+    return found
+
+
 @dataclass(frozen=True)
 class Freshness:
     """How fresh the device's trusted metadata is (``edge status``, the idle poll).
@@ -672,6 +686,7 @@ __all__ = [
     "expired_roles",
     "freshness",
     "last_channels",
+    "trust_expiries",
     "trusted_role",
     "trusted_targets",
 ]

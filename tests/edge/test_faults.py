@@ -166,14 +166,15 @@ def test_metrics_count_failed_syncs_by_what_failed_and_time_the_last_good_one(
     rig: EdgeRig,
 ) -> None:
     from edge_sync.serve.metrics import Metrics
+    from edge_sync.sync.trust import trust_expiries
 
     metrics = Metrics()
-    metrics.watch_trust(rig.tmp / "device/state")
+    metrics.watch_trust(lambda: trust_expiries(rig.tmp / "device/state"))
     good = rig.sync()
-    metrics.sync(good, at=1000.0)
+    metrics.sync(good.result == "failed", good.failure, at=1000.0)
     bad = rig.sync(repository={"url": str(rig.tmp / "nowhere.git"), "branch": "main"})
-    metrics.sync(bad)
-    metrics.sync(bad)
+    metrics.sync(bad.result == "failed", bad.failure)
+    metrics.sync(bad.result == "failed", bad.failure)
     samples = {
         line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
         for line in metrics.text().decode().splitlines()

@@ -230,7 +230,7 @@ def test_a_clean_stop_sends_a_last_report_and_fleet_status_sees_the_device_stopp
     # on disk once the daemon has exited: sent before it, not left to a thread
     (stopped,) = load_reports(str(reports)).reports
     assert stopped.daemon.model_dump() == {
-        "running": False, "pid": None, "listen": None, "started": None,
+        "running": False, "pid": None, "listen": None, "grpc_listen": None, "started": None,
         "version": running.daemon.version,
     }  # fmt: skip
     assert stopped.reported > running.reported

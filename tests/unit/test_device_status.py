@@ -98,7 +98,7 @@ FULL_SHOWN: dict[str, Any] = {
     ],
     "gate": {"version": "1.1.0", "opened": AT},
 }
-NOT_RUNNING = {"running": False, "pid": None, "listen": None, "started": None}
+NOT_RUNNING = {"running": False, "pid": None, "listen": None, "grpc_listen": None, "started": None}
 NO_TRUST_SHOWN: dict[str, Any] = {"timestamp_version": None, "timestamp_expires": None,
                                   "stale": None, "expired": []}  # fmt: skip
 NEVER_SYNCED_SHOWN = {"last_checked": None, "result": None, "reason": None, "commit": None}
@@ -138,7 +138,13 @@ def test_before_the_first_run_the_device_serves_nothing() -> None:
         (
             True,
             ANNOUNCED,
-            {"running": True, "pid": 42, "listen": "127.0.0.1:8000", "started": AT},
+            {
+                "running": True,
+                "pid": 42,
+                "listen": "127.0.0.1:8000",
+                "grpc_listen": None,
+                "started": AT,
+            },
         ),
         (True, None, {**NOT_RUNNING, "running": True}),  # running, announcement unreadable
     ],

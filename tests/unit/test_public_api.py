@@ -115,6 +115,7 @@ PUBLIC: dict[str, set[str]] = {
         "expired_roles",
         "freshness",
         "last_channels",
+        "trust_expiries",
         "trusted_role",
         "trusted_targets",
     },
