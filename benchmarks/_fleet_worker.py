@@ -92,8 +92,10 @@ def main(argv: list[str]) -> int:
     # a lock, a wake-up pipe and a few files per device
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda _sig, _frame: stop.set())
+    # a flag, never a lock: SIGTERM landing while this thread holds an Event's lock
+    # (inside Event.wait) made Event.set() in the handler wait for it forever
+    stopping: list[bool] = []
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: stopping.append(True))
     configs: list[EdgeConfig] = [load_edge_config(Path(p)) for p in spec["configs"]]
     hosts = {c.device.id: InProcessHost(intra_op_threads=1, prepack="off") for c in configs}
     failed: list[str] = []
@@ -110,7 +112,8 @@ def main(argv: list[str]) -> int:
         ]
         for thread in threads:
             thread.start()
-        stop.wait()
+        while not stopping:
+            time.sleep(0.1)
         for daemon in daemons:
             daemon.stop()
         deadline = time.monotonic() + 60
