@@ -533,3 +533,20 @@ def test_a_manifest_that_places_tensors_wrongly_is_refused(
     doc["external_data"] = {"m.data": "models/mlp/1.0.0.data/m.data"}
     with pytest.raises(ValueError, match=reason):
         VersionDoc.from_bytes(json.dumps(doc).encode())
+
+
+def test_a_pull_request_whose_tensors_overlap_in_a_data_file_gets_no_manifest(
+    tmp_path: Path,
+) -> None:
+    """Two initializers pointing at the same bytes of the data file: CI publishes no
+    manifest (the whole-file route), and never fails on it."""
+    import onnx
+
+    onnx_file, data_file = _external(tmp_path)
+    model = onnx.load(str(onnx_file), load_external_data=False)
+    b = next(t for t in model.graph.initializer if t.name == "b")
+    for entry in b.external_data:
+        if entry.key == "offset":
+            entry.value = "0"  # over w's first bytes
+    onnx.save_model(model, str(onnx_file))
+    assert tensor_manifest(onnx_file, None, {"m.data": (data_file, None)}) is None
