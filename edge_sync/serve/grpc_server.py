@@ -12,8 +12,10 @@ recording; every request is read by REST's own checks (``edge_sync.serve.codec``
 
 Bounds: messages over ``serve.limits.max_body`` are refused by gRPC itself
 (RESOURCE_EXHAUSTED), as are calls over ``max_concurrent`` running plus ``max_queued``
-waiting; a call whose deadline has passed is not run (DEADLINE_EXCEEDED); idle
-connections are closed and each connection's streams are capped.  Refusals carry the
+waiting; a call whose deadline has passed is not run (DEADLINE_EXCEEDED); connections
+are capped (``serve.limits.max_connections``, as REST's), one that has not finished its
+handshake within ``header_timeout`` is closed, as is one idle for 5 minutes, and each
+connection's streams are capped.  Refusals carry the
 gRPC status of the HTTP status REST answers (:data:`STATUS`), and the version in the
 ``x-model-version`` trailer when one was involved.
 """
@@ -65,8 +67,18 @@ _STREAMS_PER_CONNECTION: Final = 64
 class GrpcServer:
     """The gRPC listener over a serving core (:meth:`start`, :meth:`stop`)."""
 
-    def __init__(self, core: Inference, version: str, address: str) -> None:
-        """Build the server (``address``: HOST:PORT, port 0 for any free one)."""
+    def __init__(
+        self,
+        core: Inference,
+        version: str,
+        address: str,
+        *,
+        max_connections: int = 1024,
+        handshake_timeout_s: float = 10.0,
+    ) -> None:
+        """Build the server (``address``: HOST:PORT, port 0 for any free one; at most
+        ``max_connections`` open, each refused that has not finished its HTTP/2
+        handshake within ``handshake_timeout_s``)."""
         limits = core.limits
         self.core, self.version, self.address = core, version, address
         workers = limits.max_concurrent
@@ -79,6 +91,8 @@ class GrpcServer:
                 ("grpc.max_send_message_length", limits.max_request_bytes),
                 ("grpc.max_concurrent_streams", _STREAMS_PER_CONNECTION),
                 ("grpc.max_connection_idle_ms", _IDLE_MS),
+                ("grpc.max_allowed_incoming_connections", max_connections),
+                ("grpc.server_handshake_timeout_ms", round(handshake_timeout_s * 1000)),
                 ("grpc.so_reuseport", 0),
             ],
         )

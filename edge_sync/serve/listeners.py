@@ -169,7 +169,10 @@ class Listeners:
         if serve.grpc_listen is not None:
             from edge_sync.serve.grpc_server import GrpcServer
 
-            self.grpc = GrpcServer(core, version, serve.grpc_listen)
+            bounds = _connection_limits(serve, 0)
+            self.grpc = GrpcServer(core, version, serve.grpc_listen,
+                                   max_connections=bounds.max_connections,
+                                   handshake_timeout_s=bounds.header_timeout_s)  # fmt: skip
         self.grpc_address: str | None = None
         management = MANAGEMENT_CONNECTIONS if serve.management_listen else 0
         limits = _connection_limits(serve, management)

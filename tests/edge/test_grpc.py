@@ -342,3 +342,51 @@ def test_a_call_past_its_deadline_is_not_run_nor_counted_against_the_version(
     assert context.aborted is not None
     assert context.aborted[0] == grpc.StatusCode.DEADLINE_EXCEEDED
     assert recorder.window("mlp", "1.1.0", 0.0, time.monotonic() + 1).requests == before
+
+
+def _live(address: str, channel_id: int) -> Any:
+    """ServerLive over a channel of its own (a connection each): the answer, or the
+    status code it failed with."""
+    from edge_sync.serve.proto import oip_v2_pb2 as pb
+
+    channel = grpc.insecure_channel(address, options=[("grpc.channel_id", channel_id)])
+    call = channel.unary_unary(
+        "/inference.GRPCInferenceService/ServerLive",
+        request_serializer=pb.ServerLiveRequest.SerializeToString,
+        response_deserializer=pb.ServerLiveResponse.FromString,
+    )
+    try:
+        return channel, call(pb.ServerLiveRequest(), timeout=5).live
+    except grpc.RpcError as e:
+        return channel, e.code()
+
+
+def test_connections_over_the_cap_are_refused_and_a_silent_one_is_closed(
+    served: _Served,
+) -> None:
+    """A client that opens connections and sends nothing holds none for long, and
+    cannot hold more than the cap (REST's serve.limits.max_connections)."""
+    import socket
+
+    from edge_sync.serve.grpc_server import GrpcServer
+
+    server = GrpcServer(served.core, "9.9", "127.0.0.1:0", max_connections=2,
+                        handshake_timeout_s=0.5)  # fmt: skip
+    address = server.start()
+    try:
+        host, port = address.rsplit(":", 1)
+        silent = socket.create_connection((host, int(port)))  # no HTTP/2 preface, ever
+        silent.settimeout(10)
+        started = time.monotonic()
+        while silent.recv(4096):  # the server's settings, then the close ...
+            pass
+        assert time.monotonic() - started < 5  # ... once its handshake time ran out
+        silent.close()
+        opened = [_live(address, i) for i in range(4)]
+        assert [answer for _, answer in opened] == [
+            True, True, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE,
+        ]  # fmt: skip
+        for channel, _ in opened:
+            channel.close()
+    finally:
+        server.stop(0)
