@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 import grpc
 
+from edge_sync.engine.base import NUMPY_DTYPES
 from edge_sync.errors import RefusedError
-from edge_sync.serve.answer import outputs, raw_tensor
+from edge_sync.serve.answer import BYTES_ELEMENT_COST, outputs, raw_tensor
+from edge_sync.serve.body import Charge
 from edge_sync.serve.codec import dims, parse_request
 from edge_sync.serve.core import Work
 from edge_sync.serve.proto import oip_v2_pb2 as pb
@@ -184,7 +186,7 @@ class GrpcServer:
         try:
             ticket.charge(request.ByteSize(), "received")
             with core.engine(request.model_name, request.model_version or None) as engine:
-                doc, binary = _as_doc(request)
+                doc, binary = _as_doc(request, ticket.charge)
                 parsed = parse_request(doc, engine, binary, core.limits, ticket.charge)
                 del binary
                 left = context.time_remaining()
@@ -231,33 +233,33 @@ def _param(value: Any) -> object:
     return getattr(value, which) if which else None
 
 
-def _as_doc(request: Any) -> tuple[dict[str, Any], bytes]:
-    """The request in the protocol's JSON form and the raw contents after each other
-    (what ``edge_sync.serve.codec`` reads).
+def _as_doc(request: Any, charge: Charge) -> tuple[dict[str, Any], bytes]:
+    """The request in the protocol's JSON form with every input as binary data, and
+    that data after each other (what ``edge_sync.serve.codec`` reads and checks).
+    Typed contents are turned into raw bytes here, each charged to ``charge`` before
+    anything is made of it (a message of 64 MiB of tiny values would otherwise become
+    gigabytes of Python objects).
 
     Raises:
-        RefusedError: raw contents that are not one per input, or an input with both
-            or neither of typed and raw contents (400).
+        RefusedError: raw contents that are not one per input, an input with both or
+            neither of typed and raw contents, typed values in the wrong field or out
+            of their datatype's range (400); and what ``charge`` raises.
     """
-    raw = request.raw_input_contents
+    raw = list(request.raw_input_contents)
     if raw and len(raw) != len(request.inputs):
         raise RefusedError(
             400, f"{len(raw)} raw_input_contents for {len(request.inputs)} inputs: one each"
         )
-    items = []
+    items, data = [], []
     for i, tensor in enumerate(request.inputs):
-        item: dict[str, Any] = {
-            "name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype,
-            "parameters": {k: _param(v) for k, v in tensor.parameters.items()},
-        }  # fmt: skip
-        typed = tensor.HasField("contents")
-        if raw:
-            if typed:
-                raise RefusedError(400, f"input {tensor.name!r}: both contents and raw contents")
-            item["parameters"]["binary_data_size"] = len(raw[i])
-        else:
-            item["data"] = _values(tensor)
-        items.append(item)
+        if raw and tensor.HasField("contents"):
+            raise RefusedError(400, f"input {tensor.name!r}: both contents and raw contents")
+        part = raw[i] if raw else _typed_bytes(tensor, charge)
+        parameters = {k: _param(v) for k, v in tensor.parameters.items()}
+        parameters["binary_data_size"] = len(part)
+        items.append({"name": tensor.name, "shape": list(tensor.shape),
+                      "datatype": tensor.datatype, "parameters": parameters})  # fmt: skip
+        data.append(part)
     doc: dict[str, Any] = {
         "inputs": items,
         "parameters": {k: _param(v) for k, v in request.parameters.items()},
@@ -269,36 +271,50 @@ def _as_doc(request: Any) -> tuple[dict[str, Any], bytes]:
         ]
     if request.id:
         doc["id"] = request.id
-    return doc, b"".join(raw)
+    charge(sum(len(d) for d in data))  # the copy below
+    return doc, b"".join(data)
 
 
-def _values(tensor: Any) -> list[Any]:
-    """An input's typed contents, from the field its datatype takes.
+def _typed_bytes(tensor: Any, charge: Charge) -> bytes:
+    """An input's typed contents as the binary data extension writes them, from the
+    field its datatype takes (little-endian; BYTES: each a 4-byte length and its
+    bytes), charged before they are read.
 
     Raises:
-        RefusedError: no such field for the datatype, values in another field, or
-            BYTES that are not UTF-8 text (400).
+        RefusedError: no such field for the datatype, values in another field, or a
+            value out of the datatype's range (400).
     """
-    field = _CONTENTS.get(tensor.datatype)
+    import numpy as np
+
+    datatype = tensor.datatype
+    field = _CONTENTS.get(datatype)
     if field is None:
         raise RefusedError(
-            400, f"input {tensor.name!r}: {tensor.datatype} values travel as raw_input_contents"
+            400, f"input {tensor.name!r}: {datatype} values travel as raw_input_contents"
         )
     contents = tensor.contents
     others = [f.name for f, _ in contents.ListFields() if f.name != field]
     if others:
         raise RefusedError(
-            400, f"input {tensor.name!r}: {tensor.datatype} values go in {field}, not {others[0]}"
+            400, f"input {tensor.name!r}: {datatype} values go in {field}, not {others[0]}"
         )
-    values = list(getattr(contents, field))
-    if tensor.datatype == "BYTES":
-        try:
-            return [v.decode("utf-8") for v in values]
-        except UnicodeDecodeError:
+    values = getattr(contents, field)
+    count = len(values)
+    if datatype == "BYTES":
+        charge(count * BYTES_ELEMENT_COST)  # a bytes object and its length, each
+        return b"".join(len(v).to_bytes(4, "little") + v for v in values)
+    charge(count * 8 * 3)  # read wide, narrowed, written out
+    dtype = np.dtype(NUMPY_DTYPES[datatype])
+    if dtype.kind in "iu":  # 8- and 16-bit values travel widened: in range?
+        wide = np.asarray(values, dtype=np.int64 if dtype.kind == "i" else np.uint64)
+        info = np.iinfo(dtype)
+        if count and (wide.min() < info.min or wide.max() > info.max):
             raise RefusedError(
-                400, f"input {tensor.name!r}: a BYTES element is not UTF-8 text"
-            ) from None
-    return values
+                400, f"input {tensor.name!r}: data is not {datatype} (a value out of its range)"
+            )
+    else:
+        wide = np.asarray(values, dtype=dtype)
+    return wide.astype(dtype.newbyteorder("<")).tobytes()
 
 
 def _response(engine: Engine, request_id: str, arrays: dict[str, Any]) -> Any:

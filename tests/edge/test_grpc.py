@@ -390,3 +390,31 @@ def test_connections_over_the_cap_are_refused_and_a_silent_one_is_closed(
             channel.close()
     finally:
         server.stop(0)
+
+
+def test_typed_contents_are_charged_before_anything_is_made_of_them(served: _Served) -> None:
+    """A 2 MB message of a million empty BYTES elements: refused over the request's cap
+    before a million Python objects exist (measured: the peak of what Python allocated
+    while the call was served)."""
+    import tracemalloc
+
+    from edge_sync.serve.grpc_server import GrpcServer
+
+    core = Inference(served.host, ["id_bytes"], Metrics(),
+                     limits=ServeLimits(max_body_bytes=8 << 20, max_request_bytes=16 << 20))  # fmt: skip
+    server = GrpcServer(core, "9.9", "127.0.0.1:0")
+    address = server.start()
+    request = service_pb2.ModelInferRequest(model_name="id_bytes")
+    tensor = request.inputs.add(name="x", datatype="BYTES", shape=[1000, 1000])
+    tensor.contents.bytes_contents.extend([b""] * 1_000_000)
+    try:
+        with tgrpc.InferenceServerClient(address) as client:
+            tracemalloc.start()
+            with pytest.raises(grpc.RpcError) as e:
+                client._client_stub.ModelInfer(request)
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+    finally:
+        server.stop(0)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+    assert peak < 10 << 20, peak  # 6 MB here; 18 MB when the list was made first
