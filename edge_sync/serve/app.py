@@ -365,12 +365,23 @@ class _Api:
         work: Work,
     ) -> Response:
         """:meth:`_answer` for a small request to a batched model: read and answered on
-        the event loop, its run awaited from its batch."""
+        the event loop, its run awaited from its batch; one that cannot join a batch
+        runs in a worker thread, within the run slots as any other request."""
+        core = self.core
         try:
-            parsed = read_request(body, headers, engine, self.core.limits, ticket.charge)
+            parsed = read_request(body, headers, engine, core.limits, ticket.charge)
             del body
-            results = await self.core.run_async(engine, parsed.inputs, parsed.wanted, work)
-            parsed.inputs.clear()
+            inputs, wanted = parsed.inputs, parsed.wanted
+            queued = core.submit(engine, inputs, wanted, work)
+            if queued is not None:
+                results = await core.collect(engine, inputs, wanted, queued, work)
+            else:
+                await core.slots.acquire()
+                try:
+                    results = await run_in_threadpool(core.run, engine, inputs, wanted, work)
+                finally:
+                    core.slots.release()
+            inputs.clear()
             return answer(engine, parsed, results)
         except RefusedError as e:
             return error_response(e.status, str(e), e.version, e.retry_after)

@@ -26,6 +26,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from edge_sync.errors import RefusedError
+
 if TYPE_CHECKING:
     from edge_sync.engine.base import Engine
 
@@ -74,6 +76,7 @@ class Batcher:
         clock: Callable[[Engine], Callable[[], float]],
         *,
         runners: int = 2,
+        max_waiting: int = 256,
         observe: Callable[[str, int, int], None] | None = None,
         depth: Callable[[str, int], None] | None = None,
     ) -> None:
@@ -84,10 +87,13 @@ class Batcher:
             policy: the batch bounds.
             clock: how an engine's run is timed (``edge_sync.serve.core.run_clock``).
             runners: threads forming and running batches.
+            max_waiting: requests that may wait for a batch at once (503 beyond:
+                ``serve.limits.max_queued``).
             observe: told (model, requests, rows) of every batch run.
             depth: told (model, requests waiting) whenever that changes.
         """
         self.model, self.policy, self.clock = model, policy, clock
+        self.max_waiting = max_waiting
         self._observe, self._depth = observe, depth
         self._lock = threading.Condition()
         self._queues: dict[Hashable, deque[_Item]] = {}
@@ -106,7 +112,11 @@ class Batcher:
     ) -> Future[Ran] | None:
         """Queue a request; the future of its outputs (None: it cannot join a batch,
         run it alone: inputs that disagree on their first dimension, or more rows than
-        a batch holds)."""
+        a batch holds).
+
+        Raises:
+            RefusedError: ``max_waiting`` requests wait already (503, retry after 1 s).
+        """
         rows = {a.shape[0] if a.ndim else -1 for a in inputs.values()}
         if len(rows) != 1:
             return None
@@ -122,6 +132,11 @@ class Batcher:
         with self._lock:
             if self._closed:
                 return None
+            if self._waiting >= self.max_waiting:
+                raise RefusedError(
+                    503, f"{self._waiting} requests wait for a batch of {self.model}; retry later",
+                    retry_after=1,
+                )  # fmt: skip
             self._queues.setdefault(key, deque()).append(item)
             self._waiting += 1
             self._lock.notify_all()

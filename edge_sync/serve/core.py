@@ -15,13 +15,14 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from edge_sync.engine.heap import keep_heap_small
 from edge_sync.errors import RefusedError
 from edge_sync.serve.admission import Budget, Slots
-from edge_sync.serve.batching import Batcher, BatchPolicy, batchable
+from edge_sync.serve.batching import Batcher, BatchPolicy, Ran, batchable
 from edge_sync.serve.codec import ServeLimits
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class Inference:
             batcher = self._batchers.get(engine.model)
             if batcher is None:
                 batcher = self._batchers[engine.model] = Batcher(
-                    engine.model, policy, run_clock,
+                    engine.model, policy, run_clock, max_waiting=self.limits.max_queued,
                     observe=self.metrics.batch, depth=self.metrics.queue_depth,
                 )  # fmt: skip
         return batcher
@@ -169,21 +170,35 @@ class Inference:
         work.run_s = clock() - ran
         return results
 
-    async def run_async(
+    def submit(
         self, engine: Engine, inputs: dict[str, Any], wanted: list[str] | None, work: Work
+    ) -> Future[Ran] | None:
+        """Queue a request to a batched model for its batch (:meth:`collect` waits for
+        it from an event loop); None when it runs alone (:meth:`run`, within the run
+        slots as any other request).
+
+        Raises:
+            RefusedError: too many requests wait for a batch (503).
+        """
+        batcher = self._batcher(engine)
+        if batcher is None:
+            return None
+        work.units = sum(int(a.size) for a in inputs.values())
+        return batcher.submit(engine, inputs, wanted)
+
+    async def collect(
+        self,
+        engine: Engine,
+        inputs: dict[str, Any],
+        wanted: list[str] | None,
+        queued: Future[Ran],
+        work: Work,
     ) -> dict[str, Any]:
-        """:meth:`run` from an event loop, for a model whose requests are batched: the
-        request waits for its batch without holding a thread (the batch runs on the
-        batcher's); a request that cannot join a batch runs in a worker thread.
+        """A queued request's outputs, awaited without holding a thread.
 
         Raises:
             RefusedError: see :meth:`run`.
         """
-        work.units = sum(int(a.size) for a in inputs.values())
-        batcher = self._batcher(engine)
-        queued = batcher.submit(engine, inputs, wanted) if batcher is not None else None
-        if queued is None:
-            return await asyncio.to_thread(self.run, engine, inputs, wanted, work)
         try:
             results, run_s = await asyncio.wrap_future(queued)
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs

@@ -6,6 +6,7 @@ batches are visible at /metrics; REST and gRPC both batch."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,3 +283,69 @@ def test_rest_and_grpc_requests_batch_together(core: Inference, host: InProcessH
     text = core.metrics.text().decode()
     assert 'outcome="ok",protocol="grpc"' in text
     assert 'outcome="ok",protocol="rest"' in text
+
+
+class _Held(_Fake):
+    """A fake engine whose runs wait until released."""
+
+    def __init__(self) -> None:
+        super().__init__("1")
+        self.release = threading.Event()
+
+    def run(self, inputs: dict[str, Any], wanted: list[str] | None) -> dict[str, Any]:
+        assert self.release.wait(30)
+        return super().run(inputs, wanted)
+
+
+def test_requests_waiting_for_a_batch_are_capped() -> None:
+    """A client flooding a batched model whose runs are slow gets 503 with Retry-After
+    once serve.limits.max_queued requests wait (never an unbounded queue); what waited
+    is answered once the runs go on."""
+    from edge_sync.errors import RefusedError
+
+    engine: Any = _Held()
+    batcher = Batcher("fake", BatchPolicy(1, 0.001), run_clock, runners=1, max_waiting=2)
+    try:
+        first = batcher.submit(engine, {"x": np.zeros((1, 2), np.float32)}, None)
+        deadline = time.monotonic() + 10
+        while not engine.runs and time.monotonic() < deadline:  # the runner holds it
+            time.sleep(0.01)
+        waiting = [batcher.submit(engine, {"x": np.full((1, 2), i, np.float32)}, None)
+                   for i in (1, 2)]  # fmt: skip
+        with pytest.raises(RefusedError, match="2 requests wait for a batch") as e:
+            batcher.submit(engine, {"x": np.zeros((1, 2), np.float32)}, None)
+        assert (e.value.status, e.value.retry_after) == (503, 1)
+        engine.release.set()
+        assert first is not None
+        first.result(timeout=30)
+        for i, future in zip((1, 2), waiting, strict=True):
+            assert future is not None
+            np.testing.assert_array_equal(
+                future.result(timeout=30)[0]["y"], np.full((1, 2), i + 1.0)
+            )
+    finally:
+        engine.release.set()
+        batcher.close()
+
+
+def test_a_request_too_large_for_a_batch_is_answered_alone_over_rest(
+    core: Inference, host: InProcessHost
+) -> None:
+    """Over REST, a request to a batched model that cannot join a batch (more rows
+    than one holds) runs alone, within the run slots, and is answered as any other."""
+    import httpx
+
+    from edge_sync.serve.app import create_rest_app
+    from tests.edge.test_conformance import loopback_server
+
+    x = np.random.default_rng(9).standard_normal((20, 16), dtype=np.float32)  # > 16 rows
+    body = {"inputs": [{"name": "input", "shape": [20, 16], "datatype": "FP32",
+                        "data": x.reshape(-1).tolist()}]}  # fmt: skip
+    with loopback_server(create_rest_app(core, dict, "t")) as address:
+        response = httpx.post(f"http://{address}/v2/models/mlp/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    engine = host.current("mlp")
+    assert engine is not None
+    got = np.asarray(response.json()["outputs"][0]["data"], np.float32).reshape(20, 4)
+    np.testing.assert_allclose(got, engine.run({"input": x}, None)["probs"], rtol=1e-5, atol=1e-6)
+    assert "modelreg_batch_rows_count" not in core.metrics.text().decode()
