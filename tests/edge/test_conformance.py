@@ -111,6 +111,17 @@ def serve_file(host: InProcessHost, name: str, version: str, path: Path) -> None
     host.swap(name, host.build(LoadRequest(name, version, path, digest)))
 
 
+def serve_datatype_models(host: InProcessHost, folder: Path) -> list[str]:
+    """Serve an Identity model per datatype (``id_<datatype>``), the Cast model and the
+    two-input model on ``host`` (version "1"); their names."""
+    made = {f"id_{d.lower()}": identity_model(d) for d in DATATYPES}
+    made |= {"cast": cast_model(), "pair": two_inputs_model()}
+    for name, data in made.items():
+        (folder / f"{name}.onnx").write_bytes(data)
+        serve_file(host, name, "1", folder / f"{name}.onnx")
+    return list(made)
+
+
 @contextlib.contextmanager
 def loopback_server(app: Any) -> Iterator[str]:
     """``app`` under a real uvicorn server on 127.0.0.1 (a free port); its host:port."""
@@ -140,13 +151,8 @@ def app(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Any:
     """The server over the example models (mlp 1.0.0 and 1.1.0 loaded, 1.1.0 serving),
     an Identity model per datatype, the Cast model, a two-input model, and ``later``,
     subscribed but not loaded yet."""
-    folder = tmp_path_factory.mktemp("oip-models")
     host = InProcessHost(prepack="on")
-    made = {f"id_{d.lower()}": identity_model(d) for d in DATATYPES}
-    made |= {"cast": cast_model(), "pair": two_inputs_model()}
-    for name, data in made.items():
-        (folder / f"{name}.onnx").write_bytes(data)
-        serve_file(host, name, "1", folder / f"{name}.onnx")
+    made = serve_datatype_models(host, tmp_path_factory.mktemp("oip-models"))
     serve_file(host, "mlp", "1.0.0", example_models / "mlp/1.0.0.onnx")
     old = host.current("mlp")
     serve_file(host, "mlp", "1.1.0", example_models / "mlp/1.1.0.onnx")

@@ -32,11 +32,9 @@ from modelreg.examples import build_model, run_onnxruntime
 from tests.edge.test_conformance import (
     DATATYPES,
     NUMPY,
-    cast_model,
-    identity_model,
     samples,
+    serve_datatype_models,
     serve_file,
-    two_inputs_model,
 )
 
 pytestmark = pytest.mark.integration
@@ -56,13 +54,8 @@ class _Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, example_models: Path) -> Iterator[_Served]:
-    folder = tmp_path_factory.mktemp("grpc-models")
     host = InProcessHost(prepack="on")
-    made = {f"id_{d.lower()}": identity_model(d) for d in DATATYPES}
-    made |= {"cast": cast_model(), "pair": two_inputs_model()}
-    for name, data in made.items():
-        (folder / f"{name}.onnx").write_bytes(data)
-        serve_file(host, name, "1", folder / f"{name}.onnx")
+    made = serve_datatype_models(host, tmp_path_factory.mktemp("grpc-models"))
     serve_file(host, "mlp", "1.0.0", example_models / "mlp/1.0.0.onnx")
     serve_file(host, "mlp", "1.1.0", example_models / "mlp/1.1.0.onnx")
     core = Inference(
