@@ -17,7 +17,8 @@ loaded version makes too: the health gate does not count it against a new versio
 Runs on Starlette (ASGI) under uvicorn (with uvloop and httptools; the connection
 bounds are ``edge_sync.serve.listeners``). A request to a model whose runs are short
 (:data:`INLINE_RUN_S`) with a small body sent as it is (no content coding) is answered
-on the event loop; others are decoded, run and encoded in a worker thread, within
+on the event loop (by :meth:`RestApp.answer_now` from the listener's protocol when its
+body came with its head); others are decoded, run and encoded in a worker thread, within
 ``edge_sync.serve.admission``'s concurrency limit and budget of decoded bytes in flight (503
 with ``Retry-After`` over them), so the loop keeps answering health and metadata while
 large requests are read or a model computes.  With ``management=False`` (the daemon's
@@ -27,6 +28,7 @@ large requests are read or a model computes.  With ``management=False`` (the dae
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -72,6 +74,9 @@ __all__ = [
 ]
 
 INLINE_BODY_BYTES: Final = 64 << 10
+ANSWER_KEY: Final = "modelreg.answer"
+"""In an ASGI scope: the answer :meth:`RestApp.answer_now` computed, for the ASGI call
+to send (one too large to write at once)."""
 SETTLE_AFTER_BYTES: Final = 1 << 20
 """A request that held more is given back only once its answer is sent (a background
 task); a smaller one at once (its answer is small)."""
@@ -164,7 +169,54 @@ class RestApp:
         """Starlette's routes (inference first)."""
         return self.app.routes
 
+    def answer_now(
+        self, path: str, raw_headers: Sequence[tuple[bytes, bytes]], body: bytes | bytearray
+    ) -> Response | None:
+        """The answer to an inference request whose whole body was read, computed at
+        once on the event loop, with no ASGI call (the listener writes it:
+        ``edge_sync.serve.http_bounds``); None when the request is not one that may be
+        answered so (another route, a content coding, a large body, a model whose runs
+        are not quick or whose requests wait for a batch), before anything is held.
+        Answers, refusals and what is counted are those of the ASGI route."""
+        params = _infer_params(path)
+        if params is None or len(body) > INLINE_BODY_BYTES:
+            return None
+        headers = _read_headers(raw_headers)
+        if headers.get("content-encoding", "identity") not in ("identity", ""):
+            return None
+        core, name = self.core, params["model"]
+        if core.batched(name):
+            return None
+        start = time.perf_counter()
+        work = Work()
+        ticket = core.budget.ticket(core.limits.max_request_bytes)
+        try:
+            try:
+                _check_length(headers, len(body), core.limits.max_body_bytes)
+                ticket.charge(len(body))
+                with core.engine(name, params.get("version")) as engine:
+                    if not quick(engine):
+                        ticket.release()
+                        return None
+                    response = self.api._answer(body, headers, engine, ticket, work)
+            except RefusedError as e:
+                response = error_response(e.status, str(e), e.version, e.retry_after)
+        except Exception:
+            ticket.release()
+            raise
+        version = response.headers.get("x-model-version", "")
+        core.settle(name, version, response.status_code, time.perf_counter() - start, work, "rest")
+        if ticket.held > SETTLE_AFTER_BYTES:
+            return _Paced(response, BackgroundTask(_settle, ticket))
+        if ticket.release():
+            asyncio.get_running_loop().run_in_executor(None, trim_heap)
+        return response
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        ready = scope.get(ANSWER_KEY)
+        if ready is not None:  # computed by answer_now, sent here (a large answer)
+            await ready(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             params = _infer_params(scope["path"])
             if params is not None:
@@ -477,8 +529,12 @@ def _headers(request: Request) -> dict[str, str]:
     """The headers an inference request is read by, in one pass over the scope's (a
     body with a content coding is never inflated on the event loop: its size is not
     known until it is)."""
+    return _read_headers(request.scope["headers"])
+
+
+def _read_headers(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
     found = {}
-    for name, value in request.scope["headers"]:
+    for name, value in raw:
         key = _READ_HEADERS.get(name.lower())
         if key is not None:
             found[key] = value.decode("latin-1").strip().lower()
@@ -491,6 +547,17 @@ def _specs(specs: Sequence[TensorDecl]) -> list[dict[str, Any]]:
 
 
 # --- reading a request ---------------------------------------------------------------
+
+
+def _check_length(headers: Mapping[str, str], read: int, cap: int) -> None:
+    """Refuse a body over ``cap`` bytes, declared or ``read``.
+
+    Raises:
+        RefusedError: 413.
+    """
+    declared = headers.get("content-length", "")
+    if read > cap or (declared.isascii() and declared.isdigit() and int(declared) > cap):
+        raise RefusedError(413, f"request body over {cap} bytes")
 
 
 async def _read_body(
@@ -507,8 +574,7 @@ async def _read_body(
         RefusedError: larger (413); and what ``charge`` raises.
     """
     declared = (headers if headers is not None else request.headers).get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > cap:
-        raise RefusedError(413, f"request body over {cap} bytes")
+    _check_length({"content-length": declared}, 0, cap)
     body = bytearray()
     async for chunk in request.stream():
         if charge is not None:

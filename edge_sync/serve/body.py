@@ -182,8 +182,11 @@ def split(
     return loads(header), memoryview(body)[cut:]
 
 
-_LONG_NUMBER: Final = re.compile(rb"[0-9]{19}")
-"""Digits enough for an integer past 64 bits (or a float written longer than needed)."""
+_DIGITS: Final = bytes.maketrans(b"0123456789", b"0" * 10)
+_LONG_NUMBER: Final = b"0" * 19
+"""Digits enough for an integer past 64 bits (or a float written longer than needed),
+once every digit reads ``0`` (a translation and a substring search: a regular
+expression took 12 us of a request's ~200 on a body of 32 floats)."""
 
 
 def loads(text: bytes | bytearray) -> object:
@@ -195,7 +198,8 @@ def loads(text: bytes | bytearray) -> object:
     Raises:
         RefusedError: it is not JSON (400).
     """
-    if not _LONG_NUMBER.search(text):  # orjson reads an integer past 64 bits as a float
+    # orjson reads an integer past 64 bits as a float
+    if _LONG_NUMBER not in text.translate(_DIGITS):
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
