@@ -26,7 +26,7 @@ from typing import Any, Final, NamedTuple
 
 import semver
 
-from registry.cohort import in_cohort
+from registry.cohort import cohort_draw, in_cohort
 from registry.device_report import DeviceReport, ModelReport
 
 __all__ = [
@@ -69,6 +69,9 @@ class ChannelProgress:
             last sync failed (an unreachable repository, say), else None.
         stale: cohort devices whose last report is older than the stale limit
             (counted above by what that report says).
+        lowest_draw: the lowest cohort draw of the subscribed devices
+            (``registry.cohort.cohort_draw``): a rollout above it reaches one; None
+            with no subscribed device.
     """
 
     model: str
@@ -81,6 +84,7 @@ class ChannelProgress:
     failed: tuple[tuple[str, str], ...] = ()
     pending: tuple[tuple[str, str | None], ...] = ()
     stale: tuple[str, ...] = ()
+    lowest_draw: float | None = None
 
     @property
     def failure_share(self) -> float:
@@ -202,6 +206,7 @@ def _progress(
         model, channel, version, percent, subscribed=len(members), cohort=cohort,
         on_target=on_target, failed=tuple(sorted(failed)), pending=tuple(sorted(pending)),
         stale=tuple(sorted(stale_members)),
+        lowest_draw=min((cohort_draw(r.device, model, version) for r in members), default=None),
     )  # fmt: skip
 
 

@@ -20,7 +20,8 @@ The rules, in the order they are applied::
     failed / cohort > stop.failure_share    -> Stop              fleet advance holds it
     the wave is not released yet            -> Wait(until=None)
     released less than its soak ago         -> Wait(until=start + soak)
-    on_target < stop.min_reports            -> Wait(until=None)
+    on_target < stop.min_reports            -> Wait(until=None)   (an empty wave of
+                                               a small fleet says how to go on)
     otherwise                               -> Advance(next wave's percent)
 
 A rollout only ever goes forward one wave at a time, and never back: a tripped stop
@@ -60,11 +61,16 @@ class Progress:
         on_target: of those, devices that run the version.
         failed: of those, devices whose last update to the version failed, was
             rejected, or was rolled back by the health gate.
+        subscribed: reporting devices that follow the channel, in the cohort or not.
+        lowest_draw: their lowest cohort draw (a wave above it holds one), None when
+            none reports.
     """
 
     cohort: int
     on_target: int
     failed: int
+    subscribed: int = 0
+    lowest_draw: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse counts that cannot come from one fleet.
@@ -139,6 +145,19 @@ def share_text(share: float) -> str:
     return f"{share * 100:.3g}%"
 
 
+def _empty_wave(percent: float, version: str, progress: Progress, needed: int) -> str:
+    """Why a wave no device falls in waits, and the two ways on (a small fleet)."""
+    draw = progress.lowest_draw
+    holds = f"a wave of {math.floor(draw) + 1}% or more holds one" if draw is not None else ""
+    return (
+        f"the {percent:g}% wave holds none of the {progress.subscribed} reporting devices "
+        f"of the channel (each falls in a wave by its cohort draw), so none can report "
+        f"running {version}; {needed} needed: widen the wave in the channel's "
+        f"rollout.waves ({holds}), or set rollout.stop.min_reports: 0 to let a wave "
+        f"no device falls in advance once it soaked"
+    ).replace(" ()", "")
+
+
 def decide(
     rollout: Rollout,
     started: datetime | None,
@@ -191,6 +210,8 @@ def decide(
             f"(of {format_duration(soak)})",
             until=ends,
         )
+    if progress.on_target < stop.min_reports and progress.cohort == 0 and progress.subscribed:
+        return Wait(_empty_wave(percent, version, progress, stop.min_reports))
     if progress.on_target < stop.min_reports:
         return Wait(
             f"{progress.on_target} of {progress.cohort} devices of the {percent:g}% wave "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["in_cohort"]
+__all__ = ["cohort_draw", "in_cohort"]
 
 
 def in_cohort(device_id: str, model: str, version: str, percent: float | None) -> bool:
@@ -24,5 +24,11 @@ def in_cohort(device_id: str, model: str, version: str, percent: float | None) -
         return True
     if percent <= 0:
         return False
+    return cohort_draw(device_id, model, version) < percent
+
+
+def cohort_draw(device_id: str, model: str, version: str) -> float:
+    """The device's draw in [0, 100) for ``version`` of ``model``: it is in every
+    rollout of a percent above it."""
     digest = hashlib.sha256(f"{device_id}\0{model}\0{version}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 * 100 < percent
+    return int.from_bytes(digest[:8], "big") / 2**64 * 100

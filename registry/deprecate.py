@@ -11,15 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from registry.atomic import write_atomic
 from registry.edit import set_deprecated
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
 from registry.gitinfo import stage
 from registry.loader import load_manifest
-from registry.repository import load_repository
+from registry.repository import load_repository, parse_version
 from registry.schema import ModelVersion
 from registry.yamlsrc import parse_yaml
+
+if TYPE_CHECKING:
+    from registry.history import ChannelHistory
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,34 @@ class DeprecateResult:
     reason: str
     previous: str | None
     changed: bool
+
+
+def _move(  # noqa: PLR0917 - the facts one hint weighs
+    file: str,
+    name: str,
+    channel: str,
+    version: str,
+    history: ChannelHistory,
+    declared: set[str],
+    deprecated: dict[str, str],
+) -> str:
+    """The command that moves ``channel`` off ``version``: a rollback when there is a
+    version to go back to, else a promotion of the newest version above it, else
+    what to edit."""
+    from registry.promote import rollback_target
+
+    back = rollback_target(history, channel, version, declared, deprecated)
+    if back is not None:
+        return f"modelreg rollback {name} --channel {channel} (to {back})"
+    newer = [
+        v for v in declared if v not in deprecated and parse_version(v) > parse_version(version)
+    ]
+    if newer:
+        return f"modelreg promote {name} {max(newer, key=parse_version)} --channel {channel}"
+    return (
+        f"no other version may serve {channel!r}: declare one (modelreg version add) or "
+        f"remove the channel from spec.channels in {file}"
+    )
 
 
 def deprecate(start: Path, name: str, version: str, reason: str) -> DeprecateResult:
@@ -54,15 +86,18 @@ def deprecate(start: Path, name: str, version: str, reason: str) -> DeprecateRes
         raise UsageError("--reason must be one line of 1 to 500 characters")
     repo = load_repository(start, jobs=1)
     model = declared_model(repo, name)
-    declared, _ = declared_versions(repo, model)
+    declared, deprecated = declared_versions(repo, model)
     entry = repo.versions.get(name, {}).get(version)
     if entry is None:
         from registry.inspect import suggest
 
         raise suggest(version, sorted(declared), "version", f" for model {name!r}")
     serving = sorted(c for c, a in model.manifest.spec.channels.items() if a.version == version)
+    history = served_history(repo, model)
     if serving:
-        moves = "; ".join(f"modelreg rollback {name} --channel {c}" for c in serving)
+        moves = "; ".join(
+            _move(model.file, name, c, version, history, declared, deprecated) for c in serving
+        )
         raise PolicyError([Problem(
             model.file,
             f"version {version} of {name!r} still serves channel(s) {', '.join(serving)}; "
@@ -70,7 +105,6 @@ def deprecate(start: Path, name: str, version: str, reason: str) -> DeprecateRes
         )])  # fmt: skip
     # A partial rollout leaves the devices outside its share on what the channel
     # served before: deprecating that version would strand them on it.
-    history = served_history(repo, model)
     for channel, assignment in sorted(model.manifest.spec.channels.items()):
         if assignment.rollout is None or assignment.rollout.percent >= 100:
             continue

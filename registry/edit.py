@@ -84,11 +84,13 @@ def _key(name: str) -> str:
 def set_channel(text: str, file: str, channel: str, version: str, percent: float | None) -> str:
     """Point ``spec.channels[channel]`` at ``version``.
 
-    Without ``percent`` the channel serves the version to all of its devices (any
-    rollout is removed and the short form ``channel: version`` is kept when used);
-    with it, ``rollout.percent`` is set, and the rest of the rollout (waves, stop
-    conditions) is kept.  A ``rollout.hold`` concerns the version it stopped: it is
-    removed when the channel moves to another version.
+    Without ``percent`` the channel serves the version to all of its devices: a
+    rollout whose waves end at 100 % stays, at its last wave (its waves and stop
+    conditions are the channel's policy for the next promotion), any other rollout is
+    removed (and the short form ``channel: version`` is kept when used); with
+    ``percent``, ``rollout.percent`` is set, and the rest of the rollout is kept.  A
+    ``rollout.hold`` concerns the version it stopped: it is removed when the channel
+    moves to another version.
 
     Args:
         text: the RegisteredModel YAML.
@@ -117,16 +119,19 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
     if isinstance(current, CommentedMap):
         moved = current.get("version") != version
         current["version"] = version
-        if percent is None:
+        rollout = current.get("rollout")
+        if percent is None and isinstance(rollout, CommentedMap) and _waves_end_at_all(rollout):
+            rollout["percent"] = 100
+            if moved:
+                rollout.pop("hold", None)
+        elif percent is None:
             current.pop("rollout", None)
+        elif isinstance(rollout, CommentedMap):
+            rollout["percent"] = _number(percent)
+            if moved:
+                rollout.pop("hold", None)
         else:
-            rollout = current.get("rollout")
-            if isinstance(rollout, CommentedMap):
-                rollout["percent"] = _number(percent)
-                if moved:
-                    rollout.pop("hold", None)
-            else:
-                current["rollout"] = CommentedMap(percent=_number(percent))
+            current["rollout"] = CommentedMap(percent=_number(percent))
     elif percent is None:
         channels[channel] = version
     else:
@@ -136,6 +141,12 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
         entry["rollout"] = rollout
         channels[channel] = entry
     return _dump(yaml, data)
+
+
+def _waves_end_at_all(rollout: CommentedMap) -> bool:
+    waves = rollout.get("waves")
+    last = waves[-1] if isinstance(waves, list) and waves else None
+    return isinstance(last, dict) and last.get("percent") == 100
 
 
 def set_hold(text: str, file: str, channel: str, reason: str | None) -> str:

@@ -1,10 +1,11 @@
-"""A model's history from git: versions added, promotions, rollbacks and releases.
+"""A model's history from git: versions added and deprecated, promotions, rollbacks,
+rollout holds, and releases (of versions and of deprecations).
 
 Like ``gto history``, every event is read from the commits of the branch, never from a
 separate store: the manifests are the registry.  The cost does not grow with one git
 process per commit: one ``git log --name-status`` lists every commit that touched the
 model's folder or the trust metadata, and one ``git cat-file --batch`` reads each
-``model.yaml`` the log names, whatever the number of commits or versions.
+``model.yaml`` and version file the log names, whatever the number of commits or versions.
 
 The log follows the first parent (``--first-parent``, merges diffed against it), so a
 merged pull request is one event carrying the merge commit's PR number, as a reviewer
@@ -32,7 +33,7 @@ from registry.yamlsrc import parse_yaml
 
 EventKind = Literal[
     "version added", "version removed", "promotion", "rollback", "rollout", "channel removed",
-    "released",
+    "released", "deprecated", "deprecation released", "hold", "hold lifted",
 ]  # fmt: skip
 
 _START: Final = "\x01"
@@ -94,12 +95,18 @@ class Event:
     previous_percent: float | None = None
     percent: float | None = None
     ci_run: str | None = None
+    reason: str | None = None
+    """A deprecation's or a hold's reason."""
 
     def summary(self) -> str:
         """What changed, in a few words: ``channel production: 1.0.0 -> 1.1.0``."""
+        why = f": {self.reason}" if self.reason else ""
+        if self.kind in ("hold", "hold lifted"):
+            state = "held" if self.kind == "hold" else "resumed"
+            return f"channel {self.channel}: rollout {state}{why}"
         if self.channel is None:
             run = f" by CI run {self.ci_run}" if self.ci_run else ""
-            return f"version {self.version} {self.kind.removeprefix('version ')}{run}"
+            return f"version {self.version} {self.kind.removeprefix('version ')}{run}{why}"
         before = Assignment(self.previous, self.previous_percent).text() if self.previous else "-"
         after = Assignment(self.version, self.percent).text() if self.version else "-"
         return f"channel {self.channel}: {before} -> {after}"
@@ -130,6 +137,8 @@ class ModelLog:
     model_dir: str
     trust_dir: str | None = None
     releases: Mapping[str, Release] = field(default_factory=dict)
+    deprecations: Mapping[str, Release] = field(default_factory=dict)
+    """Version -> the trust file that first lists its signed deprecation."""
 
     @property
     def model_file(self) -> str:
@@ -260,6 +269,53 @@ def channel_map(raw: bytes | None, file: str) -> dict[str, Assignment]:
     return out
 
 
+def channel_holds(raw: bytes | None, file: str) -> dict[str, str]:
+    """The channels a ``model.yaml`` holds (``rollout.hold``), with the reason, read
+    leniently as :func:`channel_map`."""
+    data = _lenient(raw, file)
+    spec = data.get("spec") if isinstance(data, dict) else None
+    channels = spec.get("channels") if isinstance(spec, dict) else None
+    out: dict[str, str] = {}
+    for name, value in channels.items() if isinstance(channels, dict) else ():
+        rollout = value.get("rollout") if isinstance(value, dict) else None
+        hold = rollout.get("hold") if isinstance(rollout, dict) else None
+        if isinstance(name, str) and isinstance(hold, str) and hold:
+            out[name] = hold
+    return out
+
+
+def deprecation_of(raw: bytes | None, file: str) -> str | None:
+    """The deprecation reason a version file declares (None: none, or unreadable)."""
+    data = _lenient(raw, file)
+    spec = data.get("spec") if isinstance(data, dict) else None
+    found = spec.get("deprecated") if isinstance(spec, dict) else None
+    reason = found.get("reason") if isinstance(found, dict) else None
+    return reason if isinstance(reason, str) else None
+
+
+def _lenient(raw: bytes | None, file: str) -> object:
+    if raw is None:
+        return None
+    try:
+        return parse_yaml(raw, file).data
+    except ManifestError:
+        return None
+
+
+def _hold_events(
+    commit: LogCommit, before: Mapping[str, str], after: Mapping[str, str]
+) -> list[Event]:
+    base = (commit.sha, commit.author, commit.date, commit.subject, commit.pr)
+    events = []
+    for channel in sorted(set(before) | set(after)):
+        old, new = before.get(channel), after.get(channel)
+        if new is not None and new != old:
+            events.append(Event("hold", *base, channel=channel, reason=new))
+        elif new is None and old is not None:
+            events.append(Event("hold lifted", *base, channel=channel, reason=old))
+    return events
+
+
 def _channel_events(
     commit: LogCommit, before: Mapping[str, Assignment], after: Mapping[str, Assignment]
 ) -> list[Event]:
@@ -303,10 +359,16 @@ def derive_events(
         models: ``<sha>:<model.yaml>`` -> the file's bytes at that commit.
     """
     manifests, _, model = log.model_dir.rpartition("/")
-    by_file: dict[str, list[str]] = {}
-    for version, release in log.releases.items():
-        by_file.setdefault(release.targets_file, []).append(version)
+    by_file: dict[str, list[tuple[EventKind, str, Release]]] = {}
+    sources: tuple[tuple[EventKind, Mapping[str, Release]], ...] = (
+        ("released", log.releases), ("deprecation released", log.deprecations)
+    )  # fmt: skip
+    for what, found_in in sources:
+        for version, release in found_in.items():
+            by_file.setdefault(release.targets_file, []).append((what, version, release))
     channels: dict[str, Assignment] = {}
+    holds: dict[str, str] = {}
+    deprecated: dict[str, str | None] = {}
     timeline: list[list[Event]] = []
     for commit in reversed(commits):
         here: list[Event] = []
@@ -315,19 +377,31 @@ def derive_events(
             found = parse_manifest_path(path, manifests)
             if found is not None and found.model == model and found.version is not None:
                 version = found.version
-                if is_semver(version) and status in "AD":
+                if not is_semver(version):
+                    continue
+                if status in "AD":
                     kind: EventKind = "version added" if status == "A" else "version removed"
                     here.append(Event(kind, *base, version=version))
-            elif status == "A" and path in by_file:
-                for version in sorted(by_file[path], key=parse_version):
-                    run = log.releases[version].ci_run
-                    here.append(Event("released", *base, version=version, ci_run=run))
-            elif path == log.model_file:
-                after = {} if status == "D" else channel_map(
+                reason = None if status == "D" else deprecation_of(
                     models.get(f"{commit.sha}:{path}"), path
                 )  # fmt: skip
+                if reason is not None and deprecated.get(version) is None:
+                    here.append(Event("deprecated", *base, version=version, reason=reason))
+                deprecated[version] = reason
+            elif status == "A" and path in by_file:
+                listed = sorted(by_file[path], key=lambda e: (parse_version(e[1]), e[0]))
+                here += [
+                    Event(what, *base, version=version, ci_run=release.ci_run)
+                    for what, version, release in listed
+                ]
+            elif path == log.model_file:
+                raw = None if status == "D" else models.get(f"{commit.sha}:{path}")
+                after = channel_map(raw, path)
                 here.extend(_channel_events(commit, channels, after))
                 channels = after
+                held = channel_holds(raw, path)
+                here.extend(_hold_events(commit, holds, held))
+                holds = held
         timeline.append(here)
     return [event for here in reversed(timeline) for event in here]
 
@@ -340,12 +414,18 @@ def model_history(root: Path, log: ModelLog) -> list[Event]:
     """
     paths = [log.model_dir] + ([log.trust_dir] if log.trust_dir else [])
     commits = read_log(root, paths)
+    manifests, _, model = log.model_dir.rpartition("/")
+
+    def wanted(path: str) -> bool:  # model.yaml and the version files
+        if path == log.model_file:
+            return True
+        found = parse_manifest_path(path, manifests)
+        return found is not None and found.model == model and found.version is not None
+
     specs = [
-        f"{c.sha}:{path}"
-        for c in commits
-        for status, path in c.changes
-        if path == log.model_file and status != "D"
-    ]
+        f"{c.sha}:{path}" for c in commits for status, path in c.changes
+        if status != "D" and wanted(path)
+    ]  # fmt: skip
     return derive_events(commits, log, read_blobs(root, specs))
 
 

@@ -35,6 +35,9 @@ class PromoteResult:
     percent: float | None
     changed: bool
     previous_percent: float | None = None
+    waves_kept: bool = False
+    """Without a percent: the channel's waves (and stop conditions) stay, at the last
+    wave, for the next promotion."""
 
 
 def _model_problems(repo: Repository, name: str) -> list[Problem]:
@@ -172,7 +175,8 @@ def _write_channel(
     previous = model.manifest.spec.channels.get(channel)
     text = model.path.read_text(encoding="utf-8")
     new_text = set_channel(text, model.file, channel, version, percent)
-    load_manifest(parse_yaml(new_text.encode(), model.file), "RegisteredModel")
+    written = load_manifest(parse_yaml(new_text.encode(), model.file), "RegisteredModel")
+    now = written.spec.channels.get(channel)  # type: ignore[attr-defined]
     changed = new_text != text
     if changed:
         write_atomic(model.path, new_text.encode())
@@ -187,6 +191,7 @@ def _write_channel(
         percent=percent,
         changed=changed,
         previous_percent=previous.rollout.percent if previous and previous.rollout else None,
+        waves_kept=percent is None and now is not None and bool(now.rollout and now.rollout.waves),
     )
 
 

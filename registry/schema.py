@@ -43,6 +43,7 @@ __all__ = [
     "KINDS",
     "LABEL_KEY_RE",
     "MAX_DIM",
+    "MAX_RANK",
     "SYMBOL_RE",
     "Artifact",
     "Channel",
@@ -187,6 +188,8 @@ DType = Literal[
 ]  # fmt: skip
 
 MAX_DIM: Final = (1 << 63) - 1
+MAX_RANK: Final = 16
+"""The most dimensions a declared tensor may have."""
 """The largest dimension ONNX can state (an int64)."""
 
 Dim = Annotated[int, Field(ge=0, le=MAX_DIM)] | Symbol | None
@@ -204,7 +207,7 @@ class TensorSpec(Strict):
 
     name: Annotated[str, StringConstraints(min_length=1, max_length=256)]
     dtype: DType
-    shape: Annotated[list[Dim], Field(max_length=16)]
+    shape: Annotated[list[Dim], Field(max_length=MAX_RANK)]
 
 
 def _unique_names(tensors: list[TensorSpec], what: str) -> list[TensorSpec]:

@@ -36,7 +36,9 @@ def _progress_from(
     def progress_of(model: str, channel: str, version: str, percent: float) -> Progress:
         found = channel_progress(loaded.reports, model, channel, version, percent, now=now)
         seen[model, channel] = found
-        return Progress(found.cohort, found.on_target, len(found.failed))
+        return Progress(
+            found.cohort, found.on_target, len(found.failed), found.subscribed, found.lowest_draw
+        )
 
     return progress_of
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,8 +63,12 @@ def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> None:
 
 
 def _problems_note(repo: Repository) -> None:
+    """Each manifest that did not load, one line each, then exit 1 (what was shown
+    leaves them out)."""
     if repo.problems:
+        error_lines(str(p) for p in repo.problems)
         error_lines([f"{len(repo.problems)} manifest problem(s); run `modelreg validate`"])
+        sys.exit(1)
 
 
 @click.command()
@@ -72,7 +77,8 @@ def _problems_note(repo: Repository) -> None:
 @_JSON
 @_NO_CACHE
 def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> None:
-    """Every version added, promotion, rollback and release of model NAME, newest first.
+    """Every version added or deprecated, promotion, rollback, rollout hold and release
+    of model NAME, newest first.
 
     Read from the git history of the model's manifests and the trust metadata on the
     current branch (first parent: a merged pull request is one entry with its number).
@@ -82,7 +88,7 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
     from registry.inspect import model_entry, suggest
     from registry.layout import model_dir
     from signing.release_log import first_listed
-    from signing.target_names import artifact_path
+    from signing.target_names import artifact_path, deprecation_path
     from signing.workspace import trust_paths
 
     repo = _load(no_cache, name)
@@ -95,14 +101,24 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
         released = {
             v: s for (m, v), s in _releases(repo).items() if m == name and (s.published or s.signed)
         }
-        first = first_listed(metadata, [artifact_path(name, v) for v in released])
+        declared = list(repo.versions.get(name, {}))
+        first = first_listed(
+            metadata,
+            [artifact_path(name, v) for v in released]
+            + [deprecation_path(name, v) for v in declared],
+        )
         releases = {
             v: Release(f"{trust_dir}/{first[artifact_path(name, v)]}.targets.json", s.ci_run)
             for v, s in released.items()
             if artifact_path(name, v) in first
         }
+        deprecations = {
+            v: Release(f"{trust_dir}/{first[deprecation_path(name, v)]}.targets.json")
+            for v in declared
+            if deprecation_path(name, v) in first
+        }
         folder = _git_relative(top, model_dir(repo.root / repo.config.manifests, name))
-        events = model_history(top, ModelLog(folder, trust_dir, releases))
+        events = model_history(top, ModelLog(folder, trust_dir, releases, deprecations))
     if channel is not None:
         seen = {e.channel for e in events if e.channel} | set(
             repo.models[name].manifest.spec.channels

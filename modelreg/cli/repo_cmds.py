@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from modelreg.cli._output import detail, display_path, emit_json, ok
+
+if TYPE_CHECKING:
+    from registry.promote import PromoteResult
 
 _json = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 
@@ -306,9 +310,20 @@ def promote(
         f" (was {result.previous})" if result.previous and result.previous != result.version else ""
     )
     verb = "promoted" if result.changed else "already promoted:"
-    if result.previous_percent is not None and result.percent is None and result.changed:
-        was += f" (rollout {result.previous_percent:g}% -> all devices)"
+    was += _share_change(result)
     ok(f"{verb} {name} {result.version} to {result.channel}{share}{was} in {result.file}")
+
+
+def _share_change(result: PromoteResult) -> str:
+    """What became of a partial rollout when a channel went to all its devices."""
+    if result.previous_percent is None or result.percent is not None or not result.changed:
+        return ""
+    if result.previous_percent == 100:
+        return ""
+    kept = (
+        "; its waves and stop conditions stay for the next promotion" if result.waves_kept else ""
+    )
+    return f" (rollout {result.previous_percent:g}% -> all devices{kept})"
 
 
 @click.command()
@@ -344,8 +359,8 @@ def rollback(name: str, channel: str, to: str | None, as_json: bool) -> None:
         )
         return
     ok(
-        f"rolled back {name} {result.channel}: {result.previous} -> {result.version} "
-        f"in {result.file}; commit it and open a pull request"
+        f"rolled back {name} {result.channel}: {result.previous} -> {result.version}"
+        f"{_share_change(result)} in {result.file}; commit it and open a pull request"
     )
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from pipelines.errors import ArtifactError
 from pipelines.onnx._external import ExternalData, external_data
 from registry.errors import quote
-from registry.schema import Signature, TensorSpec
+from registry.schema import MAX_RANK, Signature, TensorSpec
 
 if TYPE_CHECKING:
     import onnx
@@ -23,14 +23,23 @@ _DTYPES: Final = {
     12: "uint32", 13: "uint64", 16: "bfloat16",
 }  # fmt: skip
 _SYMBOL: Final = re.compile(r"[^A-Za-z0-9_]")
+_NAME: Final = re.compile(r"[A-Za-z0-9_.:-]{1,62}")
+"""A dimension parameter that names a dimension (``batch_size``, ``unk__12``,
+``seq-len``), as opposed to an expression an exporter derived (``floor(height/2 -
+1/2)``, ``2*s0``): a name is kept (as a symbol), an expression is recorded as unnamed."""
 
 
 def _dim(dim: object) -> int | str | None:
     if dim.HasField("dim_value"):  # type: ignore[attr-defined]
-        return int(dim.dim_value)  # type: ignore[attr-defined]
+        value = int(dim.dim_value)  # type: ignore[attr-defined]
+        return value if value >= 0 else None  # -1: some exporters' "unknown"
     if dim.HasField("dim_param"):  # type: ignore[attr-defined]
-        # Exporters write params like "batch_size" or "unk__12"; keep them as symbols.
-        symbol = _SYMBOL.sub("_", str(dim.dim_param))  # type: ignore[attr-defined]
+        param = str(dim.dim_param)  # type: ignore[attr-defined]
+        if not _NAME.fullmatch(param):
+            # PyTorch writes what it derived of other dimensions: unnamed here (the
+            # device checks it as any unnamed dimension: its size is the model's say)
+            return None
+        symbol = _SYMBOL.sub("_", param)
         return symbol if symbol[:1].isalpha() or symbol[:1] == "_" else f"d_{symbol}"
     return None
 
@@ -65,7 +74,12 @@ def signature_from_model(model: object, display: str) -> Signature:
                 spec = TensorSpec(name=value.name, dtype=dtype, shape=shape)  # type: ignore[arg-type]
             except ValidationError as e:
                 # A name or symbolic dimension the manifests could not declare.
-                reason = e.errors()[0]["msg"]
+                error = e.errors()[0]
+                reason = (
+                    f"{len(shape)} dimensions, at most {MAX_RANK}"
+                    if error["loc"] == ("shape",)
+                    else error["msg"]
+                )
                 raise ArtifactError(
                     display, f"{kind} {quote(value.name)} cannot be declared: {reason}"
                 ) from None

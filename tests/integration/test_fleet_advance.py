@@ -5,6 +5,7 @@ held and committed, never a step back; and a wave advance released and signed.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import yaml
 
 from fleet.advance import advance
 from fleet.waves import Progress
-from registry.cohort import in_cohort
+from registry.cohort import cohort_draw, in_cohort
 from registry.errors import RepositoryError
 from tests.conftest import git
 from tests.fleet_reports import NOW as REPORTED
@@ -437,3 +438,35 @@ def test_a_wave_advance_is_released_and_signed_like_any_promotion(
     assert production() == ("1.0.0", 100)
     (step,) = advance(root, lambda *_: Progress(5, 5, 0))
     assert step.action == "done"
+
+
+def outside(percent: float, n: int, version: str = "1.1.0") -> list[str]:
+    """``n`` device ids outside the canary cohort of mlp ``version`` at ``percent``."""
+    return [
+        f"cam-{i:05d}"
+        for i in range(1000)
+        if not in_cohort(f"cam-{i:05d}", "mlp", version, percent)
+    ][:n]
+
+
+def test_a_small_fleets_empty_wave_says_how_to_go_on(repo: Path, tmp_path: Path, cli: Any) -> None:
+    """Three devices, none in the 10% wave (issue 27, bug 3): the wave waited for "0 of
+    0 devices" forever.  Now the wait says the wave holds none of the 3 and the two
+    ways on: a wider wave (the smallest that holds one) or ``min_reports: 0``, which
+    then advances it once soaked."""
+    three = outside(10, 3)
+    lowest = min(cohort_draw(d, "mlp", "1.1.0") for d in three)
+    url = reports(tmp_path / "reports", on=three)
+    release(repo, NOW - 2 * H)
+    r = cli("fleet", "advance", "--reports", url, cwd=repo)
+    assert r.code == 0, r.err
+    assert "wait: the 10% wave holds none of the 3 reporting devices of the channel" in r.out
+    assert f"a wave of {math.floor(lowest) + 1}% or more holds one" in r.out
+    assert "rollout.stop.min_reports: 0" in r.out
+    model_yaml = repo / "manifests/mlp/model.yaml"
+    model_yaml.write_text(model_yaml.read_text().replace("min_reports: 2", "min_reports: 0"))
+    _commit(repo, "empty waves may advance", at=NOW - 2 * H)
+    r = cli("fleet", "advance", "--reports", url, cwd=repo)
+    assert r.code == 0, r.err
+    assert "advance to 50%" in r.out
+    assert percent_of(repo)["percent"] == 50

@@ -91,7 +91,7 @@ def test_history_lists_versions_promotions_rollbacks_and_releases(fleet: Path, c
     assert events[1]["ci_run"] == "4242"
     expected = {
         "kind", "commit", "author", "date", "subject", "pr", "version", "channel", "previous",
-        "previous_percent", "percent", "ci_run", "summary",
+        "previous_percent", "percent", "ci_run", "reason", "summary",
     }  # fmt: skip
     assert all(set(e) == expected for e in events)
 

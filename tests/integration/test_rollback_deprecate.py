@@ -201,7 +201,7 @@ def test_deprecate_marks_the_version_and_everything_refuses_it(fleet: Path, cli:
     serving = cli("version", "deprecate", "mlp", "2.0.0", "--reason", "bad recall", cwd=fleet)
     assert serving.code == 1
     assert "still serves channel(s) canary, production" in serving.err
-    assert "modelreg rollback mlp --channel canary" in serving.err
+    assert "modelreg rollback mlp --channel canary (to 1.1.0)" in serving.err
     r = _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks  PII\n")
     assert "deprecated mlp 1.0.0 (leaks PII)" in r.out
     path = fleet / "manifests/mlp/versions/1.0.0.yaml"
@@ -383,3 +383,85 @@ def test_an_undeprecation_in_a_moved_manifests_folder_is_seen_from_any_folder(
     assert "cannot count the approvals this change needs" in r.err
     comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
     assert "deprecation: `mlp 1.0.0 no longer deprecated (was: leaks PII)`" in comment
+
+
+def test_history_shows_deprecations_and_holds(fleet: Path, cli: Any) -> None:
+    """``history`` lists a deprecation when it is committed and when its signed
+    release lands, and a rollout hold when it is set and lifted (issue 27, bug 4:
+    the three were left out)."""
+    _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+    git(fleet, "commit", "-qm", "deprecate 1.0.0")
+    _release(cli, fleet)
+    model = fleet / "manifests/mlp/model.yaml"
+    plain = model.read_text()
+    held = "canary:\n      version: 2.0.0\n      rollout: {percent: 50, hold: p99 up 3x}\n"
+    model.write_text(plain.replace("canary: 2.0.0\n", held))
+    assert "hold: p99 up 3x" in model.read_text()
+    git(fleet, "commit", "-qam", "hold canary")
+    model.write_text(plain)
+    git(fleet, "commit", "-qam", "resume canary")
+    events = json.loads(_ok(cli, fleet, "history", "mlp", "--json").out)["events"]
+    summaries = [(e["kind"], e["summary"]) for e in events]
+    assert summaries[:5] == [
+        ("rollout", "channel canary: 2.0.0 (50%) -> 2.0.0"),
+        ("hold lifted", "channel canary: rollout resumed: p99 up 3x"),
+        ("rollout", "channel canary: 2.0.0 -> 2.0.0 (50%)"),
+        ("hold", "channel canary: rollout held: p99 up 3x"),
+        ("deprecation released", "version 1.0.0 deprecation released"),
+    ]
+    assert ("deprecated", "version 1.0.0 deprecated: leaks PII") in summaries
+    text = _ok(cli, fleet, "history", "mlp", "-c", "canary").out
+    assert "rollout held: p99 up 3x" in text
+
+
+def test_rollback_keeps_the_channels_waves_and_says_what_becomes_of_the_percent(
+    fleet: Path, cli: Any
+) -> None:
+    """A 10% wave of canary rolled back: the channel goes to all its devices at its last
+    wave, its waves and stop conditions stay for the next promotion (issue 27, bug 5:
+    they were deleted), and the command says so (point 15)."""
+    model = fleet / "manifests/mlp/model.yaml"
+    staged = (
+        "canary:\n      version: 2.0.0\n      rollout:\n        percent: 10\n"
+        "        waves: [{percent: 10, soak: 1h}, {percent: 100}]\n"
+        "        stop: {failure_share: 0.05, min_reports: 2}\n"
+        "        hold: p99 up 3x\n"
+    )
+    model.write_text(model.read_text().replace("canary: 2.0.0\n", staged))
+    git(fleet, "commit", "-qam", "canary in waves")
+    r = _ok(cli, fleet, "rollback", "mlp", "-c", "canary")
+    assert "2.0.0 -> 1.1.0 (rollout 10% -> all devices; its waves and stop conditions stay " in (
+        r.out
+    )
+    canary = _channels(fleet)["canary"]
+    assert canary == {
+        "version": "1.1.0",
+        "rollout": {
+            "percent": 100,
+            "waves": [{"percent": 10, "soak": "1h"}, {"percent": 100}],
+            "stop": {"failure_share": 0.05, "min_reports": 2},
+        },
+    }
+    # a promotion with --percent starts the next rollout from those waves
+    _ok(cli, fleet, "promote", "mlp", "2.0.0", "-c", "canary", "--percent", "10")
+    assert _channels(fleet)["canary"]["rollout"]["stop"] == {
+        "failure_share": 0.05,
+        "min_reports": 2,
+    }
+
+
+def test_deprecating_the_oldest_served_version_suggests_a_command_that_works(
+    fleet: Path, cli: Any
+) -> None:
+    """Canary serves 1.0.0, the first it ever served: there is nothing to roll back to,
+    yet the refusal said ``modelreg rollback``, which then failed (issue 27, bug 6).
+    Now it names the promotion that moves the channel, and that command works."""
+    model = fleet / "manifests/mlp/model.yaml"
+    model.write_text(model.read_text().replace("canary: 2.0.0", "canary: 1.0.0"))
+    git(fleet, "commit", "-qam", "canary back to 1.0.0 by hand")
+    refused = cli("version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII", cwd=fleet)
+    assert refused.code == 1
+    assert "(modelreg promote mlp 2.0.0 --channel canary)" in refused.err
+    assert "rollback" not in refused.err
+    _ok(cli, fleet, "promote", "mlp", "2.0.0", "--channel", "canary")
+    _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")

@@ -300,6 +300,7 @@ PUBLIC: dict[str, set[str]] = {
         "session_setups",
     },
     "registry.cohort": {
+        "cohort_draw",
         "in_cohort",
     },
     "registry.device_report": {
@@ -430,6 +431,7 @@ PUBLIC: dict[str, set[str]] = {
         "LabelValue",
         "Labels",
         "MAX_DIM",
+        "MAX_RANK",
         "Manifest",
         "ModelMetadata",
         "ModelVersion",

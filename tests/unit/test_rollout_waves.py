@@ -175,11 +175,18 @@ def test_a_hold_goes_with_its_version() -> None:
     assert moved.rollout is not None
     assert moved.rollout.hold is None
     assert [w.percent for w in moved.rollout.waves] == [10, 50, 100]
-    # all devices at once: the rollout (and its waves) goes, as before
-    assert (
-        _load(set_channel(held, MODEL, "canary", "1.2.0", None)).spec.channels["canary"].rollout
-        is None
-    )
+    # all devices at once: the last wave (100 %), the waves and stop kept for the next
+    # promotion (issue 27, bug 5: they were deleted), the hold lifted
+    whole = _load(set_channel(held, MODEL, "canary", "1.2.0", None)).spec.channels["canary"]
+    assert whole.rollout is not None
+    assert (whole.rollout.percent, whole.rollout.hold) == (100, None)
+    assert [w.percent for w in whole.rollout.waves] == [10, 50, 100]
+    assert whole.rollout.stop is not None
+    # waves that end below 100 % cannot serve all devices: the rollout goes
+    short = WAVES_YAML.replace("- {percent: 100}", "- {percent: 60}")
+    assert short != WAVES_YAML
+    bare = _load(set_channel(short, MODEL, "canary", "1.2.0", None)).spec.channels["canary"]
+    assert bare.rollout is None
 
 
 # --- when a wave started ---------------------------------------------------------------

@@ -54,6 +54,15 @@ ROWS = [
     # evidence: min_reports devices on the version
     pytest.param(rollout(), T0, T0 + 2 * H, P(0, 0),
                  Wait("0 of 0 devices of the 10% wave report running 1.1.0; 3 needed"), id="empty fleet never advances"),
+    pytest.param(rollout(), T0, T0 + 2 * H, Progress(0, 0, 0, 3, 41.2),
+                 Wait("the 10% wave holds none of the 3 reporting devices of the channel (each falls in a wave by its "
+                      "cohort draw), so none can report running 1.1.0; 3 needed: widen the wave in the channel's "
+                      "rollout.waves (a wave of 42% or more holds one), or set rollout.stop.min_reports: 0 to let a "
+                      "wave no device falls in advance once it soaked"),
+                 id="a small fleet's empty wave says how to go on (issue 27, bug 3)"),
+    pytest.param(rollout(stop={"min_reports": 0}), T0, T0 + 2 * H, Progress(0, 0, 0, 3, 41.2),
+                 Advance(50, 2, "the 10% wave soaked 2h (at least 1h); 0 of 0 devices run 1.1.0, 0 failed"),
+                 id="a small fleet's empty wave with min_reports 0: advances once soaked"),
     pytest.param(rollout(), T0, T0 + 2 * H, P(10, 2),
                  Wait("2 of 10 devices of the 10% wave report running 1.1.0; 3 needed"), id="one report short"),
     pytest.param(rollout(), T0, T0 + 2 * H, P(3, 3),
