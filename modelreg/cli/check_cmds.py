@@ -31,6 +31,28 @@ def _standalone(paths: list[Path]) -> tuple[list[Problem], int]:
     return problems, len(files)
 
 
+def _released_problems(start: Path, *, cache: bool) -> list[Problem]:
+    """What ``ci pr`` says of released versions the work tree changed (an artifact
+    swapped and ``dvc add``-ed, a signed deprecation taken back), when the repository
+    has trust metadata; metadata that does not load is left to ``ci pr`` and
+    ``keys status``."""
+    from pipelines.publish import released_changes, released_deprecations
+    from registry.errors import RegistryError
+    from registry.repository import load_repository
+    from signing.tuf_repo import TrustRepo
+    from signing.workspace import trust_paths
+
+    repo = load_repository(start, cache=cache)
+    where = trust_paths(repo.root, repo.config)
+    if not (where.metadata / "1.root.json").is_file():
+        return []
+    try:
+        trust = TrustRepo.load(where.metadata, expiry=where.expiry)
+    except RegistryError:
+        return []
+    return released_changes(repo, trust) + released_deprecations(repo, trust)
+
+
 @click.command()
 @click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -69,6 +91,8 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
         whole = validate_repository(start, jobs=jobs, cache=not no_cache)
         problems += whole.problems
         models, versions, files = whole.models, whole.versions, whole.files
+        if not whole.problems:
+            problems += _released_problems(start, cache=not no_cache)
     elif in_repo:
         from registry.checks import validate_paths
         from registry.repository import load_repository

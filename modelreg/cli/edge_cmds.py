@@ -83,13 +83,21 @@ def _model_lines(name: str, model: ModelReport) -> None:
     rejections."""
     from edge_sync.sync.updater import STAGES
 
-    serving = model.serving
-    shown = f"{serving.version} ({serving.sha256[:12]})" if serving else "nothing"
-    detail(f"{name}@{model.channel}: serving {shown}")
+    def held(found: Any) -> str:
+        return f"{found.version} ({found.sha256[:12]})" if found else "nothing"
+
+    detail(f"{name}@{model.channel}: serving {held(model.serving)}")
+    if model.gate is not None:
+        detail(f"  health gate: open on {model.gate.version} since {model.gate.opened}")
+    if model.previous is not None:
+        detail(f"  previous: {held(model.previous)} (kept loaded for a rollback)")
+    if model.last_known_good is not None:
+        detail(f"  last known good: {held(model.last_known_good)}")
     update = model.last_update
     if update:
-        detail(f"  last update: {update.result} {update.version or ''} "
-               f"via {update.method or '-'}, {update.bytes_fetched} bytes"
+        # a gate's rollback fetched nothing: no method, no bytes to speak of
+        how = f" via {update.method}, {update.bytes_fetched} bytes" if update.method else ""
+        detail(f"  last update: {update.result} {update.version or '-'}{how} at {update.finished}"
                + (f": {update.reason}" if update.reason else ""))  # fmt: skip
         timed = update.stages_ms
         order = [s for s in STAGES if s in timed] + sorted(set(timed) - set(STAGES))

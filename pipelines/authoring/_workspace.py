@@ -189,6 +189,13 @@ def release_hashes(version: str, index: str) -> tuple[list[str], str | None]:
         with urllib.request.urlopen(url, timeout=_INDEX_TIMEOUT_S) as response:  # noqa: S310 - https or a configured index
             data = json.loads(response.read(_INDEX_MAX_BYTES + 1)[:_INDEX_MAX_BYTES])
     except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return [], (
+                f"{index} has no modelreg {version}: this is not a published release "
+                "(a development or local build), so there is no hash to pin; install a "
+                "published release, or set MODELREG_INDEX_URL to the index that has this "
+                "one, and run init again for a pin by hash"
+            )
         return [], f"{index} answered {e.code} for modelreg {version}"
     except (OSError, ValueError) as e:
         return [], f"{index} could not be asked ({type(e).__name__})"

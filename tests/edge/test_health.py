@@ -169,6 +169,12 @@ def test_a_slow_version_is_swapped_back_and_rejected(rig: Any) -> None:
         host = up.host
         assert host.versions("mlp") == ["1.1.0", "1.0.0"]  # the previous one kept loaded
         assert rig.state().models["mlp"].last_known_good.version == "1.0.0"
+        # the text view shows the open gate, the previous and last known good versions
+        # (issue 27, bug 7: only --json did)
+        shown = _status_text(rig)
+        assert "  health gate: open on 1.1.0 since " in shown
+        assert "  previous: 1.0.0 (" in shown
+        assert "  last known good: 1.0.0 (" in shown
         _answers(recorder, "1.1.0", 50, 0.020)
         assert up.check_gates() == {}  # the window has not passed
         time.sleep(0.35)
@@ -195,6 +201,17 @@ def test_a_slow_version_is_swapped_back_and_rejected(rig: Any) -> None:
         # not tried again while its signed metadata is the same
         assert "mlp" not in up.sync().updates
         assert host.current("mlp").version == "1.0.0"
+        shown = _status_text(rig)
+        assert "health gate: open" not in shown
+        assert "  last update: rejected 1.1.0 at " in shown  # no "via -, 0 bytes"
+        assert "via -" not in shown
+        assert "  rejected 1.1.0: health gate" in shown
+
+
+def _status_text(rig: Any) -> str:
+    r = rig.cli("edge", "status", "--config", str(rig.config()), cwd=rig.tmp)
+    assert r.code == 0, r.err
+    return str(r.out) + str(r.err)
 
 
 def test_server_errors_fail_the_gate_before_its_window_ends(rig: Any) -> None:

@@ -189,7 +189,13 @@ def test_a_released_version_cannot_be_swapped(released: Path, cli, example_model
 
     add(released, artifact)
     git(released, "commit", "-qam", "swap the released 1.0.0")
-    assert cli("validate", cwd=released).code == 0  # the manifests themselves are fine
+    # validate says what ci pr says (issue 27, bug 8: it said "valid")
+    checked = cli("validate", cwd=released)
+    assert checked.code == 1
+    assert checked.err.startswith("manifests/mlp/versions/1.0.0.yaml:")
+    assert "version 1.0.0 is released and its artifact models/mlp/1.0.0.onnx has changed" in (
+        checked.err
+    )
     r = cli("publish", cwd=released)
     assert r.code == 1
     assert (

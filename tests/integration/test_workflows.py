@@ -564,3 +564,36 @@ def test_rollout_workflow_commits_a_wave_and_pushes_it(tmp_path: Path, origin: s
                            capture_output=True, text=True, check=False)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert not output.exists()
+
+
+def test_init_says_in_one_line_why_an_unpublished_version_is_pinned_by_version(
+    tmp_path: Path,
+) -> None:
+    """An index that answers 404 (this version was never published: a development
+    install): the reason names that and what to do, on one line (issue 27, bug 9: it
+    said only "answered 404")."""
+    import http.server
+    import threading
+
+    from pipelines.authoring import write_workflows
+
+    class Missing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(404)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Missing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        index = f"http://127.0.0.1:{server.server_address[1]}"
+        _, why = write_workflows(tmp_path, env={"MODELREG_INDEX_URL": index})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert why is not None
+    assert "\n" not in why
+    assert why.startswith(f"{index} has no modelreg ")
+    assert "not a published release (a development or local build)" in why
+    assert "MODELREG_INDEX_URL" in why
