@@ -32,7 +32,7 @@ def declared_channels(
     repo = load_repository(start, models=models)
     channels = {
         name: {
-            channel: ChannelTarget(declared["version"], declared["percent"])
+            channel: ChannelTarget(declared["version"], declared["percent"], declared["hold"])
             for channel, declared in channels_of(entry).items()
         }
         for name, entry in sorted(repo.models.items())

@@ -119,6 +119,9 @@ def render_text(
     lines: list[str] = []
     for c in summary.channels:
         where = f"{c.model}@{c.channel} {c.version}"
+        if c.hold:
+            lift = f"modelreg fleet resume {c.model} -c {c.channel}"
+            lines.append(f"held: {where}: {c.hold} ({lift})")
         lines += _cut([f"failed: {where} on {d}: {why}" for d, why in c.failed], "failures")
         waiting = [f"waiting: {where} on {d}: {why}" for d, why in c.pending if why]
         lines += _cut(waiting, "waiting devices")

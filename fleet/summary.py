@@ -49,6 +49,8 @@ class ChannelTarget(NamedTuple):
 
     version: str
     percent: float | None = None
+    hold: str | None = None
+    """Why the staged rollout is held (``modelreg fleet hold``), or None."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class ChannelProgress:
             last sync failed (an unreachable repository, say), else None.
         stale: cohort devices whose last report is older than the stale limit
             (counted above by what that report says).
+        hold: why the rollout is held (None: it is not).
         lowest_draw: the lowest cohort draw of the subscribed devices
             (``registry.cohort.cohort_draw``): a rollout above it reaches one; None
             with no subscribed device.
@@ -85,6 +88,7 @@ class ChannelProgress:
     pending: tuple[tuple[str, str | None], ...] = ()
     stale: tuple[str, ...] = ()
     lowest_draw: float | None = None
+    hold: str | None = None
 
     @property
     def failure_share(self) -> float:
@@ -98,6 +102,7 @@ class ChannelProgress:
             "channel": self.channel,
             "version": self.version,
             "percent": self.percent,
+            "hold": self.hold,
             "subscribed": self.subscribed,
             "cohort": self.cohort,
             "on_target": self.on_target,
@@ -181,7 +186,7 @@ def _progress(
     stale: set[str],
 ) -> ChannelProgress:
     """The progress of one channel over the reports that follow it."""
-    version, percent = target
+    version, percent = target.version, target.percent
     cohort = on_target = 0
     failed: list[tuple[str, str]] = []
     pending: list[tuple[str, str | None]] = []
@@ -207,6 +212,7 @@ def _progress(
         on_target=on_target, failed=tuple(sorted(failed)), pending=tuple(sorted(pending)),
         stale=tuple(sorted(stale_members)),
         lowest_draw=min((cohort_draw(r.device, model, version) for r in members), default=None),
+        hold=target.hold,
     )  # fmt: skip
 
 

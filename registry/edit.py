@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -139,6 +140,58 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
         rollout = CommentedMap(percent=_number(percent))
         rollout.fa.set_flow_style()
         entry["rollout"] = rollout
+        channels[channel] = entry
+    return _dump(yaml, data)
+
+
+def set_rollout(
+    text: str,
+    file: str,
+    channel: str,
+    version: str,
+    waves: Sequence[tuple[float, str | None]],
+    *,
+    stop: Mapping[str, float | int] | None = None,
+) -> str:
+    """Point ``spec.channels[channel]`` at ``version`` in a staged rollout: at the
+    first of ``waves`` (percent, soak such as ``"1h"`` or None), with ``stop``
+    conditions when given (else the channel's own are kept); a hold goes.
+
+    Raises:
+        ManifestError: the text has no spec mapping to edit.
+        UsageError: no waves.
+    """
+    if not waves:
+        raise UsageError("a staged rollout needs at least one wave")
+    yaml, data = _yaml_for(text)
+    spec = _spec(data, file)
+    channels = spec.get("channels")
+    if not isinstance(channels, CommentedMap):
+        channels = CommentedMap()
+        spec["channels"] = channels
+    current = channels.get(channel)
+    old = current.get("rollout") if isinstance(current, CommentedMap) else None
+    steps = []
+    for percent, soak in waves:
+        step = CommentedMap(percent=_number(percent))
+        if soak is not None:
+            step["soak"] = soak
+        step.fa.set_flow_style()
+        steps.append(step)
+    rollout = CommentedMap(percent=_number(waves[0][0]))
+    rollout["waves"] = CommentedSeq(steps)
+    kept = old.get("stop") if isinstance(old, CommentedMap) else None
+    if stop:
+        kept = CommentedMap((k, _number(v) if isinstance(v, float) else v) for k, v in stop.items())
+        kept.fa.set_flow_style()
+    if kept is not None:
+        rollout["stop"] = kept
+    entry = current if isinstance(current, CommentedMap) else CommentedMap()
+    entry["version"] = version
+    entry["rollout"] = rollout
+    if current is None:
+        channels[_key(channel)] = entry
+    elif entry is not current:
         channels[channel] = entry
     return _dump(yaml, data)
 

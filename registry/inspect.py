@@ -95,11 +95,13 @@ def resolve(repo: Repository, ref: str) -> Ref:
 
 
 def channels_of(model: ModelEntry) -> dict[str, dict[str, Any]]:
-    """Channel -> ``{"version", "percent"}`` as the model declares them."""
+    """Channel -> ``{"version", "percent", "hold"}`` as the model declares them
+    (``hold``: why its staged rollout is held, or None)."""
     return {
         name: {
             "version": channel.version,
             "percent": channel.rollout.percent if channel.rollout else None,
+            "hold": channel.rollout.hold if channel.rollout else None,
         }
         for name, channel in sorted(model.manifest.spec.channels.items())
     }

@@ -1,14 +1,16 @@
-"""``modelreg promote`` and ``modelreg rollback``: point a channel at a version with a
-round-trip YAML edit, staged in git."""
+"""``modelreg promote``, ``modelreg rollback`` and ``modelreg fleet hold``/``resume``:
+point a channel at a version (or hold its staged rollout) with a round-trip YAML edit,
+staged in git."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
 
 from registry.atomic import write_atomic
-from registry.edit import set_channel
+from registry.edit import set_channel, set_hold, set_rollout
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
 from registry.gitinfo import git, stage
 from registry.history import ChannelHistory, channel_history
@@ -120,6 +122,8 @@ def promote(
     percent: float | None,
     *,
     force: bool = False,
+    waves: Sequence[tuple[float, str | None]] = (),
+    stop: Mapping[str, float | int] | None = None,
 ) -> PromoteResult:
     """Point ``channel`` of model ``name`` at ``version`` in its ``model.yaml``.
 
@@ -136,6 +140,9 @@ def promote(
         percent: rollout share (0..100), or None for the whole channel.
         force: skip the promotion-order policy (still requires a declared version
             that is not deprecated and a channel that the order lists).
+        waves: a staged rollout (percent, soak) instead of ``percent``: the channel
+            starts at the first wave, ``modelreg fleet advance`` takes the next ones.
+        stop: the rollout's stop conditions (``failure_share``, ``min_reports``).
 
     Returns:
         What changed.
@@ -149,6 +156,10 @@ def promote(
     """
     if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
         raise UsageError(f"--percent must be 0..100 with at most 3 decimals, got {percent:g}")
+    if waves and percent is not None:
+        raise UsageError("give --percent or --waves, not both (waves start at the first one)")
+    if stop and not waves:
+        raise UsageError("stop conditions apply to a staged rollout: give --waves too")
     repo = load_repository(start, jobs=1)
     model = declared_model(repo, name)
     declared, deprecated = declared_versions(repo, model)
@@ -166,15 +177,31 @@ def promote(
         raise PolicyError([Problem(model.file, unknown_channel(name, order, channel))])
     if reasons and not force:
         raise PolicyError([Problem(model.file, r + " (use --force to override)") for r in reasons])
-    return _write_channel(repo, model, channel, version, percent)
+    if waves and percent is not None:
+        raise UsageError(
+            "give either --percent or --waves (a staged rollout starts at its first wave)"
+        )
+    if stop and not waves:
+        raise UsageError("stop conditions apply to a staged rollout: give --waves too")
+    return _write_channel(repo, model, channel, version, percent, waves, stop)
 
 
-def _write_channel(
-    repo: Repository, model: ModelEntry, channel: str, version: str, percent: float | None
+def _write_channel(  # noqa: PLR0917 - one edit, every form of it
+    repo: Repository,
+    model: ModelEntry,
+    channel: str,
+    version: str,
+    percent: float | None,
+    waves: Sequence[tuple[float, str | None]] = (),
+    stop: Mapping[str, float | int] | None = None,
 ) -> PromoteResult:
     previous = model.manifest.spec.channels.get(channel)
     text = model.path.read_text(encoding="utf-8")
-    new_text = set_channel(text, model.file, channel, version, percent)
+    if waves:
+        new_text = set_rollout(text, model.file, channel, version, waves, stop=stop)
+        percent = waves[0][0]
+    else:
+        new_text = set_channel(text, model.file, channel, version, percent)
     written = load_manifest(parse_yaml(new_text.encode(), model.file), "RegisteredModel")
     now = written.spec.channels.get(channel)  # type: ignore[attr-defined]
     changed = new_text != text
@@ -193,6 +220,61 @@ def _write_channel(
         previous_percent=previous.rollout.percent if previous and previous.rollout else None,
         waves_kept=percent is None and now is not None and bool(now.rollout and now.rollout.waves),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class HoldResult:
+    """What ``fleet hold`` or ``fleet resume`` changed."""
+
+    file: str
+    channel: str
+    version: str
+    reason: str | None
+    """The hold now (None: resumed)."""
+    previous: str | None
+    """The hold before."""
+    changed: bool
+
+
+def hold(start: Path, name: str, channel: str, reason: str | None) -> HoldResult:
+    """Put ``channel``'s staged rollout on hold with ``reason`` (``fleet advance``
+    then never takes its next wave), or lift the hold (``reason`` None).  The edit is
+    validated, atomic and staged, as a promotion's.
+
+    Raises:
+        RepositoryError: not inside a repository.
+        ManifestError: the model is unknown or one of its manifests is invalid.
+        PolicyError: the channel does not exist or has no waves to hold.
+        UsageError: an empty or multi-line reason.
+        ToolError: git fails.
+    """
+    if reason is not None:
+        reason = " ".join(reason.split())
+        if not reason or len(reason) > 500:
+            raise UsageError("--reason must be one line of 1 to 500 characters")
+    repo = load_repository(start, jobs=1)
+    model = declared_model(repo, name)
+    current = model.manifest.spec.channels.get(channel)
+    if current is None:
+        listed = ", ".join(sorted(model.manifest.spec.channels)) or "none"
+        raise PolicyError([Problem(model.file, (
+            f"model {name!r} has no channel {channel!r} (channels: {listed})"
+        ))])  # fmt: skip
+    if current.rollout is None or not current.rollout.waves:
+        raise PolicyError([Problem(model.file, (
+            f"channel {channel!r} of {name!r} serves {current.version} without waves: there "
+            f"is no rollout to hold (a staged one: modelreg promote {name} VERSION "
+            f"--channel {channel} --waves 10:1h,100)"
+        ))])  # fmt: skip
+    before = current.rollout.hold
+    text = model.path.read_text(encoding="utf-8")
+    new_text = set_hold(text, model.file, channel, reason)
+    load_manifest(parse_yaml(new_text.encode(), model.file), "RegisteredModel")
+    changed = new_text != text
+    if changed:
+        write_atomic(model.path, new_text.encode())
+        stage(repo.root, [model.path])
+    return HoldResult(model.file, channel, current.version, reason, before, changed)
 
 
 def rollback(start: Path, name: str, channel: str, to: str | None = None) -> PromoteResult:

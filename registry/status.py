@@ -136,7 +136,8 @@ def row_fields(repo: Repository, relative: Mapping[str, str]) -> list[RowFields]
                 if assignment.version == entry.version:
                     rollout = assignment.rollout
                     share = f" ({rollout.percent:g}%)" if rollout is not None else ""
-                    channels.append(channel + share)
+                    held = " held" if rollout is not None and rollout.hold else ""
+                    channels.append(channel + share + held)
         rel = relative.get(entry.file, entry.file)
         out.append(
             (

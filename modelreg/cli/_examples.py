@@ -54,6 +54,7 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
     "promote": (
         "modelreg promote mlp 1.0.0 --channel canary --percent 10",
         "modelreg promote mlp 1.0.0 -c production   # all devices of the channel",
+        "modelreg promote mlp 1.1.0 -c canary --waves 10:1h,50:4h,100 --min-reports 3",
     ),
     "validate": (
         "modelreg validate",
@@ -121,6 +122,10 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg fleet advance --reports s3://fleet-reports/fleet/",
         "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
     ),
+    "fleet hold": (
+        "modelreg fleet hold mlp -c canary --reason 'p99 up 3x on the night cameras'",
+    ),
+    "fleet resume": ("modelreg fleet resume mlp -c canary",),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),
     "edge status": ("modelreg edge status --config /etc/modelreg/edge.yaml --json",),

@@ -1,4 +1,5 @@
-"""``modelreg fleet status``: what every device runs, from the reports devices send."""
+"""``modelreg fleet status`` (what every device runs, from the reports devices send) and
+``fleet hold``/``fleet resume`` (a staged rollout held by hand, staged like promote)."""
 
 from __future__ import annotations
 
@@ -84,3 +85,50 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
         sys.exit(1)
     if not loaded.reports and not as_json:
         error_lines([f"modelreg: no device reports in {loaded.source}"])
+
+
+@fleet.command("hold")
+@click.argument("name")
+@click.option("--channel", "-c", required=True, help="The channel whose rollout to hold.")
+@click.option("--reason", required=True, help="Why (one line): shown wherever the hold is.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fleet_hold(name: str, channel: str, reason: str, as_json: bool) -> None:
+    """Hold the staged rollout of CHANNEL of model NAME: `fleet advance` takes no next
+    wave until `fleet resume` (devices keep what the current wave gives them).
+
+    Edits model.yaml and stages it, as promote does: commit it and open a pull request.
+    """
+    _hold(name, channel, reason, as_json)
+
+
+@fleet.command("resume")
+@click.argument("name")
+@click.option("--channel", "-c", required=True, help="The channel whose rollout to resume.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fleet_resume(name: str, channel: str, as_json: bool) -> None:
+    """Lift the hold on the staged rollout of CHANNEL of model NAME (`fleet advance`
+    takes the next wave again when it is due). Staged like promote."""
+    _hold(name, channel, None, as_json)
+
+
+def _hold(name: str, channel: str, reason: str | None, as_json: bool) -> None:
+    from modelreg.cli._output import detail, ok
+    from registry.promote import hold
+
+    result = hold(Path.cwd(), name, channel, reason)
+    if as_json:
+        emit_json({
+            "model": name, "channel": result.channel, "version": result.version,
+            "hold": result.reason, "previous_hold": result.previous,
+            "changed": result.changed, "manifest": result.file,
+        })  # fmt: skip
+        return
+    if not result.changed:
+        state = f"on hold ({result.reason})" if result.reason else "not on hold"
+        ok(f"{name} {channel} is already {state}; nothing changed")
+        return
+    what = f"held ({result.reason})" if result.reason else "resumed"
+    ok(f"{name} {channel} rollout of {result.version} {what} in {result.file}; "
+       "commit it and open a pull request")  # fmt: skip
+    if result.reason is None:
+        detail(f"  the hold was: {result.previous}")

@@ -234,7 +234,9 @@ def _text(key: str, value: Any) -> str:
         )
     if key == "channels" and isinstance(value, dict):
         return ", ".join(
-            f"{c}={a['version']}" + (f" ({a['percent']:g}%)" if a["percent"] is not None else "")
+            f"{c}={a['version']}"
+            + (f" ({a['percent']:g}%)" if a["percent"] is not None else "")
+            + (f" [held: {a['hold']}]" if a.get("hold") else "")
             for c, a in value.items()
         )
     if key == "targets" and value and isinstance(value[0], dict):

@@ -283,15 +283,49 @@ def version_add(
     type=click.FloatRange(0, 100),
     help="Roll out to this share of the channel's devices (default: all).",
 )
+@click.option(
+    "--waves",
+    metavar="P:SOAK,...",
+    help="A staged rollout instead: waves of PERCENT[:SOAK], e.g. 10:1h,50:4h,100 (the "
+    "channel starts at the first; `modelreg fleet advance` takes the next ones).",
+)
+@click.option(
+    "--stop-failures",
+    metavar="SHARE",
+    help="With --waves: hold the rollout when more than this share of a wave's devices "
+    "failed the version (5% or 0.05).",
+)
+@click.option(
+    "--min-reports",
+    type=click.IntRange(0, 10_000_000),
+    help="With --waves: devices of a wave that must report running the version before "
+    "the next wave.",
+)
 @click.option("--force", is_flag=True, help="Ignore the promotion order policy.")
 @_json
 def promote(
-    name: str, version_: str, channel: str, percent: float | None, force: bool, as_json: bool
+    name: str,
+    version_: str,
+    channel: str,
+    percent: float | None,
+    waves: str | None,
+    stop_failures: str | None,
+    min_reports: int | None,
+    force: bool,
+    as_json: bool,
 ) -> None:
     """Point CHANNEL of model NAME at VERSION (edits model.yaml in place)."""
     from registry.promote import promote as do_promote
 
-    result = do_promote(Path.cwd(), name, version_, channel, percent, force=force)
+    stop: dict[str, float | int] = {}
+    if stop_failures is not None:
+        stop["failure_share"] = _share(stop_failures)
+    if min_reports is not None:
+        stop["min_reports"] = min_reports
+    result = do_promote(
+        Path.cwd(), name, version_, channel, percent, force=force,
+        waves=_waves(waves) if waves is not None else (), stop=stop or None,
+    )  # fmt: skip
     if as_json:
         emit_json(
             {
@@ -306,12 +340,53 @@ def promote(
         )
         return
     share = f" at {result.percent:g}%" if result.percent is not None else ""
+    if waves is not None:
+        share += f" (wave 1 of {len(_waves(waves))}; modelreg fleet advance takes the next)"
     was = (
         f" (was {result.previous})" if result.previous and result.previous != result.version else ""
     )
     verb = "promoted" if result.changed else "already promoted:"
     was += _share_change(result)
     ok(f"{verb} {name} {result.version} to {result.channel}{share}{was} in {result.file}")
+
+
+def _waves(spec: str) -> list[tuple[float, str | None]]:
+    """``10:1h,50:4h,100`` as (percent, soak) pairs.
+
+    Raises:
+        UsageError: a wave that is not PERCENT[:SOAK].
+    """
+    from registry.errors import UsageError
+
+    found: list[tuple[float, str | None]] = []
+    for part in spec.split(","):
+        percent, _, soak = part.strip().partition(":")
+        try:
+            value = float(percent.strip().removesuffix("%"))
+        except ValueError:
+            raise UsageError(
+                f"--waves: {part.strip()!r} is not PERCENT[:SOAK] (e.g. 10:1h,50:4h,100)"
+            ) from None
+        found.append((value, soak.strip() or None))
+    return found
+
+
+def _share(text: str) -> float:
+    """``5%`` or ``0.05`` as 0.05.
+
+    Raises:
+        UsageError: not a share of 0..1 (0..100%).
+    """
+    from registry.errors import UsageError
+
+    raw = text.strip()
+    try:
+        share = float(raw.removesuffix("%")) / (100 if raw.endswith("%") else 1)
+    except ValueError:
+        share = -1.0
+    if not 0 <= share <= 1:
+        raise UsageError(f"--stop-failures must be a share such as 5% or 0.05, got {text!r}")
+    return share
 
 
 def _share_change(result: PromoteResult) -> str:

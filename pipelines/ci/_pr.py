@@ -594,6 +594,8 @@ def _ci_pr(
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
     checks += _channel_lines(report, moves, deprecations)
+    report.data["holds"] = judged.holds
+    checks += [_hold_line(h) for h in judged.holds]
     if dvc_changed and not problems:
         checks.append("- build: skipped (DVC's configuration changes; no version changes)")
     elif not problems:  # built and diffed while approvals are awaited: reviewers need the diff
@@ -627,6 +629,8 @@ class _Judged:
     approvals: str
     moves: list[ChannelMove] = field(default_factory=list)
     deprecations: list[_Deprecation] = field(default_factory=list)
+    holds: list[dict[str, str | None]] = field(default_factory=list)
+    """Rollouts the pull request holds or resumes: model, channel, version, hold, was."""
 
 
 def _judge(
@@ -644,7 +648,31 @@ def _judge(
     promotions += undone + _config_changes(repo, pr, base_config, on_base, dvc_changed)
     problems += _trust_problems(repo, pr, base_config)
     waiting, approvals = approval_problems(promotions, pr, run.env)
-    return problems, _Judged(waiting, approvals, moves, deprecations)
+    return problems, _Judged(waiting, approvals, moves, deprecations, _holds(repo, on_base))
+
+
+def _hold_line(hold: Mapping[str, str | None]) -> str:
+    """``- hold: `mlp canary 1.1.0: p99 up 3x``` (or ``- resume: ...``)."""
+    where = f"{hold['model']} {hold['channel']} {hold['version']}"
+    reason, was = hold["hold"], hold["was"]
+    if reason is not None:
+        return "- hold: " + md_code(f"{where}: {reason}")
+    return "- resume: " + md_code(f"{where} (was held: {was})")
+
+
+def _holds(repo: Repository, on_base: _BaseModels) -> list[dict[str, str | None]]:
+    """Each channel whose ``rollout.hold`` the pull request sets, changes or lifts."""
+    found: list[dict[str, str | None]] = []
+    for name, entry in sorted(repo.models.items()):
+        base = on_base.models.get(name)
+        for channel, now in sorted(entry.manifest.spec.channels.items()):
+            before = base.spec.channels.get(channel) if base is not None else None
+            hold = now.rollout.hold if now.rollout else None
+            was = before.rollout.hold if before is not None and before.rollout else None
+            if hold != was:
+                found.append({"model": name, "channel": channel, "version": now.version,
+                              "hold": hold, "was": was})  # fmt: skip
+    return found
 
 
 def _channel_lines(

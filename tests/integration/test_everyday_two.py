@@ -3,6 +3,7 @@ exports, each on a real repository through the CLI."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,61 @@ def test_list_exits_1_when_a_manifest_does_not_load(mlp_repo: Path, cli: Any) ->
     assert "manifests/mlp/versions/1.1.0.yaml:" in r.err
     assert "unknown key 'bogus'" in r.err
     assert cli("list", "--json", cwd=mlp_repo).code == 1
+
+
+def test_waves_from_the_cli_and_a_hold_everyone_sees(mlp_repo: Path, cli: Any) -> None:
+    """Point 10: ``promote --waves --stop-failures --min-reports`` stages a rollout in
+    waves; ``fleet hold`` / ``fleet resume`` stage a hold and its lifting; the hold
+    shows in ``show NAME@C``, ``list``, ``status`` and ``history``."""
+    r = cli("promote", "mlp", "1.1.0", "-c", "canary", "--waves", "10:1h,50:4h,100",
+            "--stop-failures", "5%", "--min-reports", "3", cwd=mlp_repo)  # fmt: skip
+    assert r.code == 0, r.err
+    assert "at 10% (wave 1 of 3; modelreg fleet advance takes the next)" in r.out
+    model_yaml = mlp_repo / "manifests/mlp/model.yaml"
+    canary = yaml.safe_load(model_yaml.read_text())["spec"]["channels"]["canary"]
+    assert canary == {
+        "version": "1.1.0",
+        "rollout": {
+            "percent": 10,
+            "waves": [
+                {"percent": 10, "soak": "1h"},
+                {"percent": 50, "soak": "4h"},
+                {"percent": 100},
+            ],
+            "stop": {"failure_share": 0.05, "min_reports": 3},
+        },
+    }
+    assert "manifests/mlp/model.yaml" in git(mlp_repo, "diff", "--cached", "--name-only")
+    git(mlp_repo, "commit", "-qm", "canary in waves")
+    held = cli(
+        "fleet", "hold", "mlp", "-c", "canary", "--reason", "p99 up 3x on cams", cwd=mlp_repo
+    )
+    assert held.code == 0, held.err
+    assert "mlp canary rollout of 1.1.0 held (p99 up 3x on cams)" in held.out
+    assert "manifests/mlp/model.yaml" in git(mlp_repo, "diff", "--cached", "--name-only")
+    git(mlp_repo, "commit", "-qm", "hold canary")
+    shown = cli("show", "mlp", cwd=mlp_repo)
+    assert "canary=1.1.0 (10%) [held: p99 up 3x on cams]" in shown.out
+    assert "canary=1.1.0 (10%) [held: p99 up 3x on cams]" in cli("list", cwd=mlp_repo).out
+    assert "canary (10%) held" in cli("status", cwd=mlp_repo).out
+    again = cli(
+        "fleet", "hold", "mlp", "-c", "canary", "--reason", "p99 up 3x on cams", cwd=mlp_repo
+    )
+    assert "already on hold" in again.out
+    resumed = cli("fleet", "resume", "mlp", "-c", "canary", cwd=mlp_repo)
+    assert resumed.code == 0, resumed.err
+    assert "rollout of 1.1.0 resumed" in resumed.out
+    git(mlp_repo, "commit", "-qm", "resume canary")
+    history = cli("history", "mlp", "-c", "canary", "--json", cwd=mlp_repo)
+    kinds = [e["kind"] for e in json.loads(history.out)["events"]]
+    assert kinds[:2] == ["hold lifted", "hold"]
+    # what is refused, with one line each
+    bad = cli("promote", "mlp", "1.1.0", "-c", "canary", "--waves", "ten", cwd=mlp_repo)
+    assert bad.code != 0
+    assert "--waves: 'ten' is not PERCENT[:SOAK]" in bad.err
+    both = cli("promote", "mlp", "1.1.0", "-c", "canary", "--waves", "10,100", "--percent", "5",
+               cwd=mlp_repo)  # fmt: skip
+    assert "give --percent or --waves, not both" in both.err
+    no_waves = cli("fleet", "hold", "mlp", "-c", "production", "--reason", "x", cwd=mlp_repo)
+    assert no_waves.code == 1
+    assert "no rollout to hold" in no_waves.err or "has no channel" in no_waves.err

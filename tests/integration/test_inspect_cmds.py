@@ -194,8 +194,8 @@ def test_show_a_model(fleet: Path, cli: Any) -> None:
     assert facts["latest"] == "1.1.0"
     assert facts["released"] == ["1.0.0", "1.1.0"]
     assert facts["channels"] == {
-        "canary": {"version": "1.0.0", "percent": None},
-        "production": {"version": "1.0.0", "percent": None},
+        "canary": {"version": "1.0.0", "percent": None, "hold": None},
+        "production": {"version": "1.0.0", "percent": None, "hold": None},
     }
     assert facts["promotion"]["order"] == ["canary", "production"]
     assert "channels:       canary=1.0.0, production=1.0.0" in cli("show", "mlp", cwd=fleet).out
@@ -234,8 +234,8 @@ def test_list_models_versions_and_channels(fleet: Path, cli: Any, example_models
                 "versions": ["1.0.0", "1.1.0"],
                 "latest": "1.1.0",
                 "channels": {
-                    "canary": {"version": "1.0.0", "percent": None},
-                    "production": {"version": "1.0.0", "percent": None},
+                    "canary": {"version": "1.0.0", "percent": None, "hold": None},
+                    "production": {"version": "1.0.0", "percent": None, "hold": None},
                 },
                 "loaded": True,
                 "released": ["1.0.0", "1.1.0"],

@@ -465,3 +465,29 @@ def test_deprecating_the_oldest_served_version_suggests_a_command_that_works(
     assert "rollback" not in refused.err
     _ok(cli, fleet, "promote", "mlp", "2.0.0", "--channel", "canary")
     _ok(cli, fleet, "version", "deprecate", "mlp", "1.0.0", "--reason", "leaks PII")
+
+
+def test_the_pr_comment_shows_a_hold_and_its_lifting(
+    fleet: Path, cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27, point 10: ``fleet hold`` in a pull request is a line of its comment
+    (and of the JSON report), as is ``fleet resume``."""
+    _ok(cli, fleet, "promote", "mlp", "2.0.0", "-c", "canary", "--waves", "10:1h,100")
+    git(fleet, "commit", "-qm", "canary in waves")
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    git(fleet, "checkout", "-qb", "hold")
+    _ok(cli, fleet, "fleet", "hold", "mlp", "-c", "canary", "--reason", "p99 up 3x")
+    git(fleet, "commit", "-qm", "hold canary")
+    r = _pr(cli, fleet, base, tmp_path, monkeypatch)
+    comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
+    assert "- hold: `mlp canary 2.0.0: p99 up 3x`" in comment, r.err
+    report = json.loads((fleet / ".modelreg/ci/pr-report.json").read_text())
+    assert report["holds"] == [
+        {"model": "mlp", "channel": "canary", "version": "2.0.0", "hold": "p99 up 3x", "was": None}
+    ]
+    base = git(fleet, "rev-parse", "HEAD").strip()
+    _ok(cli, fleet, "fleet", "resume", "mlp", "-c", "canary")
+    git(fleet, "commit", "-qm", "resume canary")
+    _pr(cli, fleet, base, tmp_path, monkeypatch)
+    comment = (fleet / ".modelreg/ci/pr-comment.md").read_text()
+    assert "- resume: `mlp canary 2.0.0 (was held: p99 up 3x)`" in comment

@@ -87,3 +87,21 @@ def test_exit_codes(tmp_path: Path, cli: Any) -> None:
     assert r.code == 1  # every report unreadable: nothing is known
     assert json.loads(r.out)["unreadable"][0]["source"] == "cam-1.json"
     assert r.err.strip() == f"modelreg: none of the 1 reports in {tmp_path} could be read"
+
+
+def test_a_held_rollout_is_said_with_how_to_lift_it(tmp_path: Path) -> None:
+    """Issue 27, point 10: a hold shows in ``fleet status`` (text and JSON)."""
+    loaded = load_reports(str(_fleet(tmp_path / "reports")))
+    held = {"mlp": {**CHANNELS["mlp"], "production": ChannelTarget("1.0.0", 50.0, "p99 up 3x")}}
+    summary = summarize(loaded.reports, held, now=NOW)
+    text = render_text(summary, loaded, stale_after_s=900, repository=Path("fleet-models"))
+    assert "held: mlp@production 1.0.0: p99 up 3x (modelreg fleet resume mlp -c production)" in (
+        text
+    )
+    (production,) = [c for c in summary.channels if c.channel == "production"]
+    assert production.to_json()["hold"] == "p99 up 3x"
+    plain = render_text(
+        summarize(loaded.reports, CHANNELS, now=NOW), loaded, stale_after_s=900,
+        repository=Path("fleet-models"),
+    )  # fmt: skip
+    assert "held:" not in plain
