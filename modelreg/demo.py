@@ -478,6 +478,19 @@ def main(argv: list[str] | None = None) -> None:
         else:
             shutil.rmtree(work, ignore_errors=True)
             print("\n(the demo ran in a temporary folder, now removed; --keep keeps it)")
+    print(path_hint())
+
+
+def path_hint() -> str:
+    """How to run ``modelreg`` as the README's tour does (the demo ran it from the
+    virtual environment ``make`` made, which is not on PATH)."""
+    bin_dir = Path(sys.executable).parent
+    if shutil.which("modelreg") == str(bin_dir / "modelreg"):
+        return "modelreg is on your PATH: the README's tour runs as written"
+    return (
+        f"To run the README's tour, put modelreg on your PATH: source {bin_dir / 'activate'}"
+        f" (or export PATH={bin_dir}:$PATH)"
+    )
 
 
 if __name__ == "__main__":

@@ -122,9 +122,7 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg fleet advance --reports s3://fleet-reports/fleet/",
         "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
     ),
-    "fleet hold": (
-        "modelreg fleet hold mlp -c canary --reason 'p99 up 3x on the night cameras'",
-    ),
+    "fleet hold": ("modelreg fleet hold mlp -c canary --reason 'p99 up 3x on the night cameras'",),
     "fleet resume": ("modelreg fleet resume mlp -c canary",),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),

@@ -95,18 +95,28 @@ def advance(
     """
     from fleet.advance import advance as do_advance
     from fleet.reports import load_reports
+    from registry.errors import RepositoryError
 
     now = datetime.now(UTC)
     loaded = load_reports(reports_url)
     seen: dict[tuple[str, str], ChannelProgress] = {}
-    steps = do_advance(
-        repo_path or Path.cwd(),
-        _progress_from(loaded, now, seen),
-        model=model,
-        channel=channel,
-        now=now,
-        dry_run=dry_run,
-    )
+    try:
+        steps = do_advance(
+            repo_path or Path.cwd(),
+            _progress_from(loaded, now, seen),
+            model=model,
+            channel=channel,
+            now=now,
+            dry_run=dry_run,
+        )
+    except RepositoryError as e:
+        if repo_path is not None or "not inside a modelreg repository" not in str(e):
+            raise
+        # the rollouts live in the model repository: run it there, or name it
+        raise RepositoryError(
+            f"{Path.cwd()}: not inside a modelreg repository (the rollouts are in the "
+            "model repository's manifests): run it there, or give --repo PATH"
+        ) from None
     stopped = [s for s in steps if s.action == "stop"]
     if as_json:
         emit_json(

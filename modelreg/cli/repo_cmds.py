@@ -264,6 +264,7 @@ def version_add(
                 "signature": result.signature.model_dump(),
                 "model_signature_updated": result.model_signature_updated,
                 "goldens": [str(p) for p in result.goldens],
+                "warnings": result.warnings,
             }
         )
         return
@@ -272,6 +273,8 @@ def version_add(
     click.echo(f"  artifact: {display_path(result.artifact)} (DVC pointer {result.pointer.name})")
     if result.model_signature_updated:
         click.echo(f"  model {name} signature set from this version")
+    for warning in result.warnings:
+        click.secho(f"warning: {warning}", fg="yellow", err=True)
 
 
 @click.command()

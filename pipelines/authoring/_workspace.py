@@ -373,6 +373,8 @@ class AddVersionResult:
     model_signature_updated: bool
     goldens: list[Path] = field(default_factory=list)
     external_data: list[Path] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    """What a reviewer would ask about, one line each (nothing refused)."""
 
 
 def _pick_parent(
@@ -600,8 +602,33 @@ def add_version(
     staged = (path, pointer, *data_pointers, model.path, *golden_files)
     _stage(repo.root, [p for p in staged if p.exists()])
     return AddVersionResult(
-        path, dest, pointer, parent, signature, model_text is not None, golden_files, data_dests
-    )
+        path, dest, pointer, parent, signature, model_text is not None, golden_files, data_dests,
+        _authoring_warnings(repo, name, version, rel.as_posix(), golden_inputs is not None),
+    )  # fmt: skip
+
+
+def _authoring_warnings(
+    repo: Repository, name: str, version: str, artifact: str, goldens: bool
+) -> list[str]:
+    """What a reviewer would ask about a new version (pure reads of the pointers): no
+    goldens, or an artifact byte-identical to a version already declared."""
+    from registry.dvcfile import check_pointer
+
+    found = []
+    if not goldens:
+        found.append(
+            f"{name} {version} has no goldens: devices will only check that it loads "
+            "(record expected outputs with --golden-inputs FILE)"
+        )
+    md5 = check_pointer(str(repo.root), "", artifact).md5
+    for other in repo.all_versions():
+        path = other.manifest.spec.artifact.path
+        if md5 is not None and check_pointer(str(repo.root), "", path).md5 == md5:
+            found.append(
+                f"the artifact of {name} {version} is byte-identical to {other.name} "
+                f"{other.version}'s ({path}): the same model under a new version"
+            )
+    return found
 
 
 def _new_version_path(repo: Repository, name: str, version: str) -> Path:

@@ -130,3 +130,48 @@ def test_waves_from_the_cli_and_a_hold_everyone_sees(mlp_repo: Path, cli: Any) -
     no_waves = cli("fleet", "hold", "mlp", "-c", "production", "--reason", "x", cwd=mlp_repo)
     assert no_waves.code == 1
     assert "no rollout to hold" in no_waves.err or "has no channel" in no_waves.err
+
+
+def test_authoring_warnings_name_what_a_reviewer_would_ask(
+    mlp_repo: Path, tmp_path: Path, cli: Any, example_models: Path
+) -> None:
+    """Point 13: a version without goldens and an artifact byte-identical to a declared
+    version are declared, each with one warning line (exit 0); with goldens and new
+    bytes, no warning."""
+    same = tmp_path / "same.onnx"
+    same.write_bytes((example_models / "mlp/1.1.0.onnx").read_bytes())
+    r = cli("version", "add", "mlp", "1.2.0", "--artifact", str(same), cwd=mlp_repo)
+    assert r.code == 0, r.err
+    warnings = [line for line in r.err.splitlines() if line.startswith("warning: ")]
+    assert warnings == [
+        (
+            "warning: mlp 1.2.0 has no goldens: devices will only check that it loads (record "
+            "expected outputs with --golden-inputs FILE)"
+        ),
+        (
+            "warning: the artifact of mlp 1.2.0 is byte-identical to mlp 1.1.0's "
+            "(models/mlp/1.1.0.onnx): the same model under a new version"
+        ),
+    ]
+    fresh = cli("version", "add", "mlp", "2.0.0", "--artifact", str(example_models / "mlp/2.0.0.onnx"),
+                "--golden-inputs", str(example_models / "mlp/2.0.0.inputs.npz"), "--json", cwd=mlp_repo)  # fmt: skip
+    assert fresh.code == 0, fresh.err
+    assert json.loads(fresh.out)["warnings"] == []
+
+
+def test_the_demo_ends_by_saying_how_to_put_modelreg_on_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Point 15: the README's tour runs ``modelreg``; ``make demo`` ran it from .venv."""
+    import sys
+
+    from modelreg.demo import path_hint
+
+    bin_dir = Path(sys.executable).parent
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert path_hint() == (
+        f"To run the README's tour, put modelreg on your PATH: source {bin_dir / 'activate'}"
+        f" (or export PATH={bin_dir}:$PATH)"
+    )
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert path_hint() == "modelreg is on your PATH: the README's tour runs as written"

@@ -470,3 +470,13 @@ def test_a_small_fleets_empty_wave_says_how_to_go_on(repo: Path, tmp_path: Path,
     assert r.code == 0, r.err
     assert "advance to 50%" in r.out
     assert percent_of(repo)["percent"] == 50
+
+
+def test_outside_a_repository_it_says_to_give_repo(tmp_path: Path, cli: Any) -> None:
+    """Issue 27, point 15: run where the reports are, not the repository, it says how."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = cli("fleet", "advance", "--reports", str(elsewhere), cwd=elsewhere)
+    assert r.code == 1
+    assert "not inside a modelreg repository" in r.err
+    assert "run it there, or give --repo PATH" in r.err
