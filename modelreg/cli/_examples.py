@@ -122,6 +122,10 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg fleet advance --reports s3://fleet-reports/fleet/",
         "modelreg fleet advance --reports ./reports --model mlp -c canary --dry-run --json",
     ),
+    "fleet devices": (
+        "modelreg fleet devices --reports s3://fleet-reports/fleet/ --model mlp",
+        "modelreg fleet devices --reports /srv/fleet/reports --label site=berlin --json",
+    ),
     "fleet hold": ("modelreg fleet hold mlp -c canary --reason 'p99 up 3x on the night cameras'",),
     "fleet resume": ("modelreg fleet resume mlp -c canary",),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),

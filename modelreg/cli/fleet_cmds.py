@@ -87,6 +87,72 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
         error_lines([f"modelreg: no device reports in {loaded.source}"])
 
 
+@fleet.command("devices")
+@click.option(
+    "--reports",
+    "url",
+    required=True,
+    metavar="URL",
+    help="Where devices send their reports (edge.yaml's report.url): a folder, file://, "
+    "s3://bucket/prefix/ or an http(s):// folder with a JSON listing.",
+)
+@click.option("--model", default=None, help="Only this model's rows.")
+@click.option(
+    "--label", "labels", multiple=True, metavar="KEY=VALUE",
+    help="Only devices with this label (repeatable: all of them).",
+)  # fmt: skip
+@click.option(
+    "--stale-after",
+    default="15m",
+    show_default=True,
+    metavar="DURATION",
+    help="A device whose last report is older than this is stale (30s, 15m, 1h).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def fleet_devices(
+    url: str, model: str | None, labels: tuple[str, ...], stale_after: str, as_json: bool
+) -> None:
+    """One row per device and model: labels, channel, version served, last update and
+    why, last seen (stale or not), trust expiry; sorted by device.
+
+    Exit code 0 when the reports were read (unreadable ones are listed), 1 when they
+    cannot be read at all, as fleet status.
+    """
+    from datetime import UTC, datetime
+
+    from edge_sync.config import parse_duration
+    from fleet.devices import device_rows, render_rows
+    from fleet.reports import load_reports
+
+    try:
+        stale_after_s = parse_duration(stale_after)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--stale-after") from None
+    wanted = {}
+    for label in labels:
+        key, sep, value = label.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{label!r} is not KEY=VALUE", param_hint="--label")
+        wanted[key] = value
+    loaded = load_reports(url)
+    rows = device_rows(loaded.reports, now=datetime.now(UTC), stale_after_s=stale_after_s,
+                       model=model, labels=wanted)  # fmt: skip
+    unreadable = [{"report": u.source, "reason": u.reason} for u in loaded.unreadable]
+    if as_json:
+        emit_json({"source": loaded.source, "devices": [r.to_json() for r in rows],
+                   "unreadable": unreadable})  # fmt: skip
+    elif rows:
+        click.echo(render_rows(rows), nl=False)
+    if unreadable and not as_json:
+        error_lines([f"unreadable: {u['report']}: {u['reason']}" for u in unreadable])
+    if loaded.unreadable and not loaded.reports:
+        n = len(loaded.unreadable)
+        error_lines([f"modelreg: none of the {n} reports in {loaded.source} could be read"])
+        sys.exit(1)
+    if not loaded.reports and not as_json:
+        error_lines([f"modelreg: no device reports in {loaded.source}"])
+
+
 @fleet.command("hold")
 @click.argument("name")
 @click.option("--channel", "-c", required=True, help="The channel whose rollout to hold.")

@@ -105,3 +105,56 @@ def test_a_held_rollout_is_said_with_how_to_lift_it(tmp_path: Path) -> None:
         repository=Path("fleet-models"),
     )  # fmt: skip
     assert "held:" not in plain
+
+
+def test_fleet_devices_lists_one_row_per_device_and_model(tmp_path: Path, cli: Any) -> None:
+    """Issue 27, point 11: ``fleet devices``: sorted rows with labels, channel, version
+    served, last update and why, last seen and staleness, trust expiry; filterable by
+    model and label; unreadable reports listed; exit 1 when none can be read."""
+    from fleet.devices import device_rows, render_rows
+
+    folder = _fleet(tmp_path / "reports")
+    loaded = load_reports(str(folder))
+    rows = device_rows(loaded.reports, now=NOW, stale_after_s=900)
+    assert [(r.device, r.model) for r in rows] == [
+        ("cam-01", "mlp"), ("cam-02", "mlp"), ("cam-03", "mlp"), ("cam-04", "mlp"),
+        ("cam-05", "det"), ("cam-05", "mlp"), ("cam-06", "mlp"),
+    ]  # fmt: skip
+    by = {(r.device, r.model): r for r in rows}
+    failed = by["cam-02", "mlp"]
+    assert (failed.channel, failed.serving, failed.last_update) == (
+        "canary",
+        "1.0.0",
+        "failed 1.1.0",
+    )
+    assert failed.reason == "fetch: connection reset by peer"
+    assert failed.labels == {"arch": "x86_64"}
+    assert failed.trust_expires is not None
+    assert by["cam-04", "mlp"].stale
+    assert not by["cam-01", "mlp"].stale
+    assert by["cam-06", "mlp"].serving is None
+    text = render_rows(rows)
+    assert text.splitlines()[0].split()[:3] == ["device", "labels", "model"]
+    assert "2h ago STALE" in text
+    assert "cam-02 mlp: failed 1.1.0: fetch: connection reset by peer" in text
+    assert [r.device for r in device_rows(loaded.reports, now=NOW, stale_after_s=900,
+                                          model="det")] == ["cam-05"]  # fmt: skip
+    assert device_rows(loaded.reports, now=NOW, stale_after_s=900, labels={"arch": "arm64"}) == []
+    # the command: JSON, filters, unreadable reports, exit codes
+    r = cli("fleet", "devices", "--reports", str(folder), "--model", "mlp", "--json", cwd=tmp_path)
+    assert r.code == 0, r.err
+    doc = json.loads(r.out)
+    assert [d["device"] for d in doc["devices"]] == [f"cam-0{i}" for i in range(1, 7)]
+    assert {u["report"].rsplit("/", 1)[-1] for u in doc["unreadable"]} >= {"cam-07.json"}
+    r = cli("fleet", "devices", "--reports", str(folder), "--label", "arch=x86_64", cwd=tmp_path)
+    assert r.code == 0
+    listed = [line.split()[:3] for line in r.out.splitlines()[1:] if line.startswith("cam-")]
+    assert ["cam-05", "arch=x86_64", "det"] in listed
+    assert "unreadable: " in r.err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.json").write_text("[")
+    assert cli("fleet", "devices", "--reports", str(bad), cwd=tmp_path).code == 1
+    assert (
+        cli("fleet", "devices", "--reports", str(folder), "--label", "arch", cwd=tmp_path).code == 2
+    )
