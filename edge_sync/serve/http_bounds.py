@@ -264,7 +264,8 @@ class BoundedHttpTools(HttpToolsProtocol):
         if response is None:
             return False
         body = getattr(response, "body", None)
-        if body is None or len(body) > DIRECT_ANSWER_BYTES or self.flow.write_paused:
+        paced = getattr(response, "background", None) is not None  # gives back after sending
+        if body is None or paced or len(body) > DIRECT_ANSWER_BYTES or self.flow.write_paused:
             scope[ANSWER_KEY] = response
             return False
         content = [STATUS_LINE[response.status_code]]

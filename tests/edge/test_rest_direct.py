@@ -202,3 +202,27 @@ def test_a_large_answer_computed_at_once_is_sent_whole(host: InProcessHost) -> N
     assert status.startswith(b"HTTP/1.1 200")
     assert len(answer) > 256 << 10
     assert json.loads(answer)["outputs"][0]["data"] == values.ravel().tolist()
+
+
+def test_an_answer_that_gives_its_budget_back_after_sending_is_not_written_at_once(
+    host: InProcessHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that held more than ``SETTLE_AFTER_BYTES`` gives its bytes back once
+    its answer is sent (a background task): written at once, its task never ran and the
+    budget leaked.  Here every request is such a request (the threshold at 0)."""
+    import edge_sync.serve.app as app_module
+
+    monkeypatch.setattr(app_module, "SETTLE_AFTER_BYTES", 0)
+    app = _app(host)
+    with bounded_server(app) as url:
+        _warm(url)
+        calls = _no_asgi_infer(app)
+        with _connect(url) as sock:
+            sock.sendall(_request(_BODY))
+            [(status, _, _)] = _responses(sock, 1)
+        deadline = time.monotonic() + 10
+        while _api(app).budget.used:
+            assert time.monotonic() < deadline, _api(app).budget.used
+            time.sleep(0.01)
+    assert calls == []
+    assert status.startswith(b"HTTP/1.1 200")
