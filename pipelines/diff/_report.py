@@ -168,9 +168,10 @@ def summary(diff: ModelDiff) -> str:
 
 def _overview(diff: ModelDiff) -> str:
     a, b = diff.old, diff.new
+    size_a, size_b = a.file_bytes + a.data_bytes, b.file_bytes + b.data_bytes
     rows = [
-        ["File size", _size(a.file_bytes), _size(b.file_bytes),
-         _signed_size(b.file_bytes - a.file_bytes)],
+        ["File size" + (" (with external data)" if a.data_bytes or b.data_bytes else ""),
+         _size(size_a), _size(size_b), _signed_size(size_b - size_a)],
         ["SHA-256", f"`{a.sha256[:12]}`", f"`{b.sha256[:12]}`", ""],
         ["IR version", str(a.ir_version), str(b.ir_version), ""],
     ]  # fmt: skip

@@ -88,7 +88,24 @@ def _domain(domain: str) -> str:
     return domain or "ai.onnx"
 
 
-def _info(model: onnx.ModelProto, raw: bytes, arrays: dict[str, Any]) -> ModelInfo:
+def _data_bytes(model: onnx.ModelProto, folder: Path | None) -> int:
+    """The size of each external data file the graph names, once (``load_onnx``
+    checked they are regular files beside the model)."""
+    if folder is None:
+        return 0
+    files = {
+        e.value
+        for init in model.graph.initializer
+        if init.data_location == onnx.TensorProto.EXTERNAL
+        for e in init.external_data
+        if e.key == "location"
+    }
+    return sum((folder / name).stat().st_size for name in sorted(files))
+
+
+def _info(
+    model: onnx.ModelProto, raw: bytes, arrays: dict[str, Any], folder: Path | None = None
+) -> ModelInfo:
     producer = " ".join(p for p in (model.producer_name, model.producer_version) if p)
     return ModelInfo(
         file_bytes=len(raw),
@@ -100,6 +117,7 @@ def _info(model: onnx.ModelProto, raw: bytes, arrays: dict[str, Any]) -> ModelIn
         initializers=len(model.graph.initializer),
         parameters=sum(int(a.size) for a in arrays.values()),
         weight_bytes=sum(int(a.nbytes) for a in arrays.values()),
+        data_bytes=_data_bytes(model, folder),
     )
 
 
@@ -163,8 +181,8 @@ def diff_models(
     if name is None:
         either = new_manifest or old_manifest
         name = either.metadata.name if either is not None else ""
-    old_info = _info(old_model, old_raw, old_arrays)
-    new_info = _info(new_model, new_raw, new_arrays)
+    old_info = _info(old_model, old_raw, old_arrays, folders[0])
+    new_info = _info(new_model, new_raw, new_arrays, folders[1])
     return ModelDiff(
         name=name,
         old_label=labels[0],

@@ -36,6 +36,8 @@ class ModelInfo:
         initializers: initializer tensors of the main graph.
         parameters: elements in all initializers.
         weight_bytes: bytes of all initializers (decoded).
+        data_bytes: size of the external data files the graph names (0: none), so
+            that a model stored with external data is not shown as a few KB.
     """
 
     file_bytes: int
@@ -47,6 +49,7 @@ class ModelInfo:
     initializers: int
     parameters: int
     weight_bytes: int
+    data_bytes: int = 0
 
 
 @dataclass(frozen=True)

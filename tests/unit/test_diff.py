@@ -723,3 +723,24 @@ def test_step_summary_is_redacted(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         "pull from https://TOKEN123456@127.0.0.1:9/x failed (tok-in-the-environment)", env
     )
     assert target.read_text() == "pull from https://***@127.0.0.1:9/x failed (***)\n\n"
+
+
+def test_the_size_of_a_model_with_external_data_counts_its_data_files(
+    external_models: Path,
+) -> None:
+    """Issue 27, point 14: a model stored with external data was shown as its few-KB
+    graph; the overview's size now counts the data files (JSON: ``data_bytes``)."""
+    old, new = external_models / "1.0.0/model.onnx", external_models / "1.1.0/model.onnx"
+    diff = diff_models(old, new)
+    data = (external_models / "1.1.0/model.onnx.data").stat().st_size
+    assert data > 0
+    assert diff.new.data_bytes == data
+    assert diff.new.file_bytes == new.stat().st_size
+    total = diff.new.file_bytes + diff.new.data_bytes
+    assert "File size (with external data)" in to_markdown(diff)
+    assert to_json(diff)["new"]["data_bytes"] == data
+    assert total > diff.new.weight_bytes  # the weights are in the data file
+    # a self-contained model: no external data, the row as before
+    plain = diff_models(model_bytes("mlp", "1.0.0"), model_bytes("mlp", "1.1.0"))
+    assert plain.new.data_bytes == 0
+    assert "(with external data)" not in to_markdown(plain)
