@@ -44,7 +44,12 @@ from tuf.api import exceptions as tuf_errors
 
 from edge_sync.sync.limits import TrustLimits
 from edge_sync.sync.s3 import probe_s3
-from edge_sync.sync.transfer import SameOriginRedirects, TransferBudget, guarded_opener
+from edge_sync.sync.transfer import (
+    SameOriginRedirects,
+    TransferBudget,
+    guarded_opener,
+    no_answer_reason,
+)
 
 _ETAG: Final = re.compile(r'^(W/)?"[\x21\x23-\x7e]{0,200}"$')
 """An entity tag as RFC 9110 writes it (ASCII, no quote inside); anything else is not
@@ -164,7 +169,7 @@ def _probe_http(
     except tuf_errors.DownloadError:
         raise
     except Exception as e:
-        raise tuf_errors.DownloadError(f"no answer ({type(e).__name__}: {e})") from e
+        raise tuf_errors.DownloadError(no_answer_reason(e)) from e
     if len(body) > limits.timestamp_max_length:
         raise _too_long(limits)
     modified = headers.get("Last-Modified")

@@ -27,7 +27,13 @@ from urllib.parse import urlparse
 from tuf.api import exceptions as tuf_errors
 
 from edge_sync.sync.limits import TrustLimits
-from edge_sync.sync.transfer import SameOriginRedirects, TransferBudget, guarded_opener, http_chunks
+from edge_sync.sync.transfer import (
+    SameOriginRedirects,
+    TransferBudget,
+    guarded_opener,
+    http_chunks,
+    no_answer_reason,
+)
 from registry.s3client import S3UnavailableError, s3_client
 
 _PRESIGN_S: Final = 3600
@@ -140,7 +146,7 @@ def _open(
             raise
         except Exception as e:
             # Without the URL: a presigned one carries a signature.
-            raise tuf_errors.DownloadError(f"S3: no answer ({type(e).__name__})") from e
+            raise tuf_errors.DownloadError(f"S3: {no_answer_reason(e)}") from e
     raise tuf_errors.DownloadError("S3: the bucket's region kept changing")
 
 

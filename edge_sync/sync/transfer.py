@@ -44,6 +44,7 @@ __all__ = [
     "TransferBudget",
     "guarded_opener",
     "http_chunks",
+    "no_answer_reason",
     "tls_context",
 ]
 
@@ -222,6 +223,27 @@ class _GuardedHTTPHandler(urllib.request.HTTPHandler):
 
 
 @functools.cache
+def no_answer_reason(error: BaseException) -> str:
+    """Why a request got no HTTP answer, in words an operator acts on: a refused
+    connection (nothing listens there), a timeout (something does, slowly), a host
+    that does not resolve, or the system's words for the rest (never the URL: it may
+    carry credentials or a signature)."""
+    reason = getattr(error, "reason", error)
+    if isinstance(reason, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    if isinstance(reason, TimeoutError | socket.timeout):
+        return "no answer in time"
+    if isinstance(reason, socket.gaierror):
+        return f"cannot resolve the host ({reason.strerror or reason})"
+    if isinstance(reason, ConnectionResetError):
+        return "connection reset by the server"
+    if isinstance(reason, ssl.SSLError):
+        return f"TLS failed ({reason.reason or type(reason).__name__})"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return f"no answer ({type(reason).__name__})"
+
+
 def tls_context() -> ssl.SSLContext:
     # Made once per process: loading the system's CA certificates costs ~20 ms, most of
     # an idle poll's CPU when it was made per request (and for http:// URLs as well).

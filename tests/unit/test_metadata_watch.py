@@ -163,3 +163,18 @@ def test_an_injected_prober_sees_every_poll(tmp_path: Path) -> None:
     assert [watcher.sync().changed for _ in range(3)] == [True, False, False]
     assert asked == [Validators(), Validators(etag='"1"'), Validators(etag='"1"')]
     assert (watcher.requests, watcher.bytes_received) == (3, 1000)
+
+
+def test_a_refused_connection_is_said_as_such_not_as_no_answer() -> None:
+    """Issue 27, point 15: a closed port on loopback was reported as "no answer
+    (URLError: ...)", as if a server were slow; now it says nothing listens there."""
+    from tuf.api import exceptions as tuf_errors
+
+    from edge_sync.sync.probe import probe
+
+    with socket.socket() as sock:  # a port nothing listens on (bound, never listening)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        with pytest.raises(tuf_errors.DownloadError) as caught:
+            probe(f"http://127.0.0.1:{port}/timestamp.json", Validators(), TrustLimits())
+    assert str(caught.value) == "connection refused (nothing listens there)"
