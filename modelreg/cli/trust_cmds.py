@@ -107,6 +107,12 @@ def keys_rotate(role: str, new_public_key: Path | None, as_json: bool) -> None:
     ok(f"rotated {role} key to {keyid[:16]}; root is now version {version}")
     if new_public_key is None:
         click.echo(f"  new key: {display_path(paths.keys / f'{role}.key')}")
+    click.echo(
+        f"  devices: commit {display_path(paths.metadata)} (devices reading git follow on "
+        "their next refresh); gitless devices (repository.source: artifacts) see the new "
+        "root once the metadata is mirrored to the DVC remote: modelreg freshness refresh, "
+        "or the next release, does it"
+    )
 
 
 @keys.command("revoke")

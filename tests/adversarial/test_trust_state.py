@@ -77,6 +77,10 @@ def test_metadata_signed_with_rotated_keys_is_never_resigned(fleet: Fleet) -> No
     for role in ONLINE_ROLES:
         rotated = fleet.cli("keys", "rotate", "--role", role, cwd=fleet.root)
         assert rotated.code == 0, rotated.err
+        # what gitless devices need is said (issue 27, point 15)
+        assert "gitless devices (repository.source: artifacts) see the new root once" in (
+            rotated.out
+        )
     fleet.commit("rotate the online keys")
     released = _device_artifact(fleet, "device")
     assert released != FORGED
