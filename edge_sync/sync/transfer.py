@@ -222,7 +222,6 @@ class _GuardedHTTPHandler(urllib.request.HTTPHandler):
         return self.do_open(functools.partial(_GuardedHTTPConnection, budget=self._budget), req)
 
 
-@functools.cache
 def no_answer_reason(error: BaseException) -> str:
     """Why a request got no HTTP answer, in words an operator acts on: a refused
     connection (nothing listens there), a timeout (something does, slowly), a host
@@ -244,6 +243,7 @@ def no_answer_reason(error: BaseException) -> str:
     return f"no answer ({type(reason).__name__})"
 
 
+@functools.cache
 def tls_context() -> ssl.SSLContext:
     # Made once per process: loading the system's CA certificates costs ~20 ms, most of
     # an idle poll's CPU when it was made per request (and for http:// URLs as well).
