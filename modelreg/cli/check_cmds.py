@@ -209,8 +209,10 @@ def status(as_json: bool, model_name: str | None, no_cache: bool, with_mlflow: b
             _rich_table(rows)
         else:
             click.echo(render_table(rows), nl=False)
-        if rows and not with_mlflow:
-            click.echo("(mlflow: - without --mlflow: MLflow is not asked unless you say so)")
+        if rows and not with_mlflow:  # beside the table, not in it (scripts read stdout)
+            click.echo(
+                "(mlflow: - without --mlflow: MLflow is not asked unless you say so)", err=True
+            )
         if report.problems:
             # The table shows what loaded; a file that did not is a failure of the
             # command, named where it is (a stray versions/v1.2.yaml has no row).

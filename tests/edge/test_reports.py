@@ -135,7 +135,7 @@ def test_daemons_report_to_a_folder_on_change_and_fleet_status_counts_them(
     assert status["versions"] == [{"model": "mlp", "version": "1.1.0", "devices": 2}]
     (canary,) = status["channels"]
     assert canary | {"failed": [], "pending": []} == {
-        "model": "mlp", "channel": "canary", "version": "1.1.0", "percent": None,
+        "model": "mlp", "channel": "canary", "version": "1.1.0", "percent": None, "hold": None,
         "subscribed": 2, "cohort": 2, "on_target": 2, "failed": [], "pending": [], "stale": [],
     }  # fmt: skip
     assert status["unreadable"] == []

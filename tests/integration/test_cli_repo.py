@@ -451,7 +451,7 @@ def test_status_table_and_json(mlp_repo: Path, cli) -> None:
     assert lines[1].split()[:3] == ["mlp", "1.0.0", head[:8]]
     assert "canary (25%)" in lines[1]
     # the mlflow column's "-" is explained (issue 27, point 15)
-    assert lines[-1] == "(mlflow: - without --mlflow: MLflow is not asked unless you say so)"
+    assert r.err.strip() == "(mlflow: - without --mlflow: MLflow is not asked unless you say so)"
     (mlp_repo / "manifests/mlp/versions/1.1.0.yaml").write_text(
         (mlp_repo / "manifests/mlp/versions/1.1.0.yaml").read_text() + "# touched\n"
     )
