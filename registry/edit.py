@@ -110,11 +110,7 @@ def set_channel(text: str, file: str, channel: str, version: str, percent: float
     if percent is not None and not (0 <= percent <= 100 and round(percent, 3) == percent):
         raise UsageError(f"rollout percent must be 0..100 with at most 3 decimals, got {percent!r}")
     yaml, data = _yaml_for(text)
-    spec = _spec(data, file)
-    channels = spec.get("channels")
-    if not isinstance(channels, CommentedMap):
-        channels = CommentedMap()
-        spec["channels"] = channels
+    channels = _channels(_spec(data, file))
     current = channels.get(channel)
     channel = _key(channel) if current is None else channel
     if isinstance(current, CommentedMap):
@@ -164,11 +160,7 @@ def set_rollout(
     if not waves:
         raise UsageError("a staged rollout needs at least one wave")
     yaml, data = _yaml_for(text)
-    spec = _spec(data, file)
-    channels = spec.get("channels")
-    if not isinstance(channels, CommentedMap):
-        channels = CommentedMap()
-        spec["channels"] = channels
+    channels = _channels(_spec(data, file))
     current = channels.get(channel)
     old = current.get("rollout") if isinstance(current, CommentedMap) else None
     steps = []
@@ -194,6 +186,15 @@ def set_rollout(
     elif entry is not current:
         channels[channel] = entry
     return _dump(yaml, data)
+
+
+def _channels(spec: CommentedMap) -> CommentedMap:
+    """``spec.channels``, made when missing (or not a mapping)."""
+    channels = spec.get("channels")
+    if not isinstance(channels, CommentedMap):
+        channels = CommentedMap()
+        spec["channels"] = channels
+    return channels
 
 
 def _waves_end_at_all(rollout: CommentedMap) -> bool:

@@ -5,10 +5,47 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from modelreg.cli._output import emit_json, error_lines, is_tty
+
+_REPORTS = click.option(
+    "--reports",
+    "url",
+    required=True,
+    metavar="URL",
+    help="Where devices send their reports (edge.yaml's report.url): a folder, file://, "
+    "s3://bucket/prefix/ or an http(s):// folder with a JSON listing.",
+)
+_STALE_AFTER = click.option(
+    "--stale-after",
+    default="15m",
+    show_default=True,
+    metavar="DURATION",
+    help="A device whose last report is older than this is stale (30s, 15m, 1h).",
+)
+
+
+def _stale_after_s(text: str) -> float:
+    from edge_sync.config import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--stale-after") from None
+
+
+def _exit_when_unread(loaded: Any, as_json: bool) -> None:
+    """As every fleet command ends: exit 1 when no report could be read at all (every
+    one listed and unreadable: access refused, say); say so when the source holds none."""
+    if loaded.unreadable and not loaded.reports:
+        n = len(loaded.unreadable)
+        error_lines([f"modelreg: none of the {n} reports in {loaded.source} could be read"])
+        sys.exit(1)
+    if not loaded.reports and not as_json:
+        error_lines([f"modelreg: no device reports in {loaded.source}"])
 
 
 @click.group()
@@ -17,14 +54,7 @@ def fleet() -> None:
 
 
 @fleet.command("status")
-@click.option(
-    "--reports",
-    "url",
-    required=True,
-    metavar="URL",
-    help="Where devices send their reports (edge.yaml's report.url): a folder, file://, "
-    "s3://bucket/prefix/ or an http(s):// folder with a JSON listing.",
-)
+@_REPORTS
 @click.option(
     "--repo",
     type=click.Path(file_okay=False, path_type=Path),
@@ -32,13 +62,7 @@ def fleet() -> None:
     help="The model repository whose channels give each rollout's target and percent "
     "(default: the one around the current folder, if any).",
 )
-@click.option(
-    "--stale-after",
-    default="15m",
-    show_default=True,
-    metavar="DURATION",
-    help="A device whose last report is older than this is stale (30s, 15m, 1h).",
-)
+@_STALE_AFTER
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -> None:
     """Devices per model and version, each channel's rollout progress (cohort, on the
@@ -49,17 +73,13 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
     """
     from datetime import UTC, datetime
 
-    from edge_sync.config import parse_duration
     from fleet.channels import declared_channels
     from fleet.render import render_json, render_text
     from fleet.reports import load_reports
     from fleet.summary import ChannelTarget, summarize
     from registry.errors import RepositoryError
 
-    try:
-        stale_after_s = parse_duration(stale_after)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--stale-after") from None
+    stale_after_s = _stale_after_s(stale_after)
     loaded = load_reports(url)
     models = {name for r in loaded.reports for name in r.models}
     root: Path | None = None
@@ -78,36 +98,17 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
         text = render_text(summary, loaded, stale_after_s=stale_after_s, repository=root,
                            color=is_tty())  # fmt: skip
         click.echo(text, nl=False)
-    if loaded.unreadable and not loaded.reports:
-        # listed and unreadable, every one (access refused, say): nothing is known
-        n = len(loaded.unreadable)
-        error_lines([f"modelreg: none of the {n} reports in {loaded.source} could be read"])
-        sys.exit(1)
-    if not loaded.reports and not as_json:
-        error_lines([f"modelreg: no device reports in {loaded.source}"])
+    _exit_when_unread(loaded, as_json)
 
 
 @fleet.command("devices")
-@click.option(
-    "--reports",
-    "url",
-    required=True,
-    metavar="URL",
-    help="Where devices send their reports (edge.yaml's report.url): a folder, file://, "
-    "s3://bucket/prefix/ or an http(s):// folder with a JSON listing.",
-)
+@_REPORTS
 @click.option("--model", default=None, help="Only this model's rows.")
 @click.option(
     "--label", "labels", multiple=True, metavar="KEY=VALUE",
     help="Only devices with this label (repeatable: all of them).",
 )  # fmt: skip
-@click.option(
-    "--stale-after",
-    default="15m",
-    show_default=True,
-    metavar="DURATION",
-    help="A device whose last report is older than this is stale (30s, 15m, 1h).",
-)
+@_STALE_AFTER
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def fleet_devices(
     url: str, model: str | None, labels: tuple[str, ...], stale_after: str, as_json: bool
@@ -120,14 +121,10 @@ def fleet_devices(
     """
     from datetime import UTC, datetime
 
-    from edge_sync.config import parse_duration
     from fleet.devices import device_rows, render_rows
     from fleet.reports import load_reports
 
-    try:
-        stale_after_s = parse_duration(stale_after)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--stale-after") from None
+    stale_after_s = _stale_after_s(stale_after)
     wanted = {}
     for label in labels:
         key, sep, value = label.partition("=")
@@ -145,12 +142,7 @@ def fleet_devices(
         click.echo(render_rows(rows), nl=False)
     if unreadable and not as_json:
         error_lines([f"unreadable: {u['report']}: {u['reason']}" for u in unreadable])
-    if loaded.unreadable and not loaded.reports:
-        n = len(loaded.unreadable)
-        error_lines([f"modelreg: none of the {n} reports in {loaded.source} could be read"])
-        sys.exit(1)
-    if not loaded.reports and not as_json:
-        error_lines([f"modelreg: no device reports in {loaded.source}"])
+    _exit_when_unread(loaded, as_json)
 
 
 @fleet.command("hold")
