@@ -11,7 +11,9 @@ import click
 from modelreg.cli._output import detail, emit_json, error_lines, ok
 
 if TYPE_CHECKING:
-    from pipelines.register import ReleaseExtras
+    from collections.abc import Sequence
+
+    from pipelines.register import Drift, ReleaseExtras
 
 
 def _per_version(values: tuple[str, ...], option: str) -> dict[tuple[str, str], str]:
@@ -44,22 +46,23 @@ def _extras(
     }
 
 
-def _advice(kinds: list[str]) -> str | None:
+def _advice(drifts: Sequence[Drift]) -> str | None:
     """How to repair the drift ``register --check`` found (Git decides)."""
-    if not kinds:
+    if not drifts:
         return None
-    fixable = [k for k in kinds if k != "version-unknown"]
     parts = []
-    if fixable:
+    if any(d.fixable for d in drifts):
         parts.append(
-            "to fix: run `modelreg register` (Git decides: it sets tags and aliases back "
-            "and registers missing versions)"
+            "to fix: run `modelreg register` (Git decides: it sets tags, descriptions, "
+            "metrics and aliases back and registers missing versions)"
         )
-    if len(fixable) < len(kinds):
+    if any(d.kind == "version-unknown" for d in drifts):
         parts.append(
             "MLflow versions that no manifest declares are never deleted by modelreg: "
             "delete them in MLflow, or declare them with `modelreg version add`"
         )
+    if any(not d.fixable and d.kind != "version-unknown" for d in drifts):
+        parts.append("the others need the change each line names")
     return "; ".join(parts)
 
 
@@ -116,7 +119,7 @@ def register(
     extras = _extras(bundles, reports, summaries)
     if check:
         drifts = check_drift(Path.cwd(), tracking_uri=tracking_uri, extras=extras)
-        advice = _advice([d.kind for d in drifts])
+        advice = _advice(drifts)
         if as_json:
             emit_json({"ok": not drifts, "drift": [drift_json(d) for d in drifts], "fix": advice})
         elif drifts:

@@ -10,6 +10,8 @@ what it cannot change by itself, such as a version nobody declared).
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -25,6 +27,8 @@ TAG_CI_RUN_URL: Final = "modelreg.ci_run_url"
 TAG_PARENT: Final = "modelreg.parent"
 TAG_DEPRECATED: Final = "modelreg.deprecated"
 TAG_DIFF_SUMMARY: Final = "modelreg.diff_summary"
+TAG_OWNER: Final = "modelreg.owner"
+"""The model's owner (``spec.owner`` of model.yaml), on each of its versions."""
 TAG_MANAGED: Final = "modelreg.managed"
 """On the registered model: modelreg owns its versions and aliases."""
 
@@ -40,7 +44,17 @@ DriftKind = Literal[
     "alias-moved",
     "alias-extra",
     "alias-unreleased",
+    "description-differs",
+    "metric-missing",
+    "metric-differs",
+    "metric-unexpected",
+    "metric-unmirrorable",
 ]
+
+# MLflow's rule for metric names (POSIX): these characters, and a name that stays
+# itself as a path.  A manifest may use others; such a metric is reported, not sent.
+_METRIC_NAME: Final = re.compile(r"[/\w.\- :]*")
+_SHOWN: Final = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +90,16 @@ class DesiredVersion:
         absent: managed tags that must not exist (``modelreg.parent`` of a root version).
         creation_tags: tags written only when the version is created: the CI run
             that registered it stays its CI run, whichever run looks again later.
+        description: the MLflow version's description (the manifest's).
+        metrics: metrics of the version's MLflow run (the manifest's ``spec.metrics``).
     """
 
     semver: str
     tags: Mapping[str, str]
     absent: frozenset[str] = frozenset()
     creation_tags: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+    metrics: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def sha256(self) -> str:
@@ -98,22 +116,30 @@ class DesiredModel:
         versions: released versions by SemVer, oldest first.
         aliases: channel -> SemVer it serves.
         unreleased: versions declared but not released (manifest not committed).
+        description: the registered model's description (model.yaml's).
     """
 
     name: str
     versions: Mapping[str, DesiredVersion]
     aliases: Mapping[str, str]
     unreleased: frozenset[str] = frozenset()
+    description: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ObservedVersion:
-    """One MLflow model version as read back."""
+    """One MLflow model version as read back.
+
+    ``metrics`` are its run's latest values, None when it has no run to read (registered
+    by hand without one, or the run is gone) or the runs were not read.
+    """
 
     number: str
     tags: Mapping[str, str]
     run_id: str | None = None
     last_updated: int | None = None
+    description: str = ""
+    metrics: Mapping[str, float] | None = None
 
     @property
     def semver(self) -> str | None:
@@ -131,6 +157,7 @@ class ObservedModel:
     aliases: Mapping[str, str] = field(default_factory=dict)
     """Alias -> MLflow version number."""
     last_updated: int | None = None
+    description: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +191,32 @@ class DeleteTags:
 
 
 @dataclass(frozen=True, slots=True)
+class SetModelDescription:
+    """Set the registered model's description."""
+
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetVersionDescription:
+    """Set an existing MLflow version's description."""
+
+    semver: str
+    number: str
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogMetrics:
+    """Log metric values to an existing version's run (the latest value is MLflow's)."""
+
+    semver: str
+    number: str
+    run_id: str
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
 class SetAlias:
     """Point ``alias`` at the MLflow version of ``semver`` (resolved when applied)."""
 
@@ -178,7 +231,31 @@ class DeleteAlias:
     alias: str
 
 
-Action = CreateModel | CreateVersion | SetTags | DeleteTags | SetAlias | DeleteAlias
+Action = (
+    CreateModel
+    | SetModelDescription
+    | CreateVersion
+    | SetTags
+    | DeleteTags
+    | SetVersionDescription
+    | LogMetrics
+    | SetAlias
+    | DeleteAlias
+)
+
+
+def mirrorable_metric(name: str) -> bool:
+    """Whether MLflow accepts ``name`` as a metric name (its characters, a plain path)."""
+    if _METRIC_NAME.fullmatch(name) is None:
+        return False
+    norm = posixpath.normpath(name)
+    return norm == name and norm != "." and not norm.startswith(("..", "/"))
+
+
+def _shown(text: str) -> str:
+    """A description on one line, cut for a message."""
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= _SHOWN else flat[: _SHOWN - 1] + "…")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +374,80 @@ def _compare_tags(
     return actions
 
 
+def _compare_description(
+    name: str, want: DesiredVersion, have: ObservedVersion, drifts: list[Drift]
+) -> list[Action]:
+    if have.description == want.description:
+        return []
+    drifts.append(
+        Drift(
+            "description-differs",
+            name,
+            f" {want.semver}",
+            f"MLflow version {have.number}: description is {_shown(have.description)}, "
+            f"Git says {_shown(want.description)}",
+        )
+    )
+    return [SetVersionDescription(want.semver, have.number, want.description)]
+
+
+def _compare_metrics(
+    name: str, want: DesiredVersion, have: ObservedVersion, drifts: list[Drift]
+) -> list[Action]:
+    where = f" {want.semver}"
+    label = f"MLflow version {have.number}: "
+    wanted = {k: v for k, v in want.metrics.items() if mirrorable_metric(k)}
+    drifts.extend(
+        Drift(
+            "metric-unmirrorable",
+            name,
+            where,
+            f"metric {key!r} cannot be an MLflow metric name (MLflow allows letters, "
+            "digits, _ - . / : and spaces); rename it in the manifest",
+            fixable=False,
+        )
+        for key in sorted(set(want.metrics) - set(wanted))
+    )
+    if have.metrics is None or have.run_id is None:
+        if wanted:
+            drifts.append(
+                Drift(
+                    "metric-missing",
+                    name,
+                    where,
+                    f"{label}has no run to hold its metrics ({', '.join(sorted(wanted))}); "
+                    "delete the version in MLflow and register again",
+                    fixable=False,
+                )
+            )
+        return []
+    changed: dict[str, float] = {}
+    for key, value in sorted(wanted.items()):
+        current = have.metrics.get(key)
+        if current == value:
+            continue
+        changed[key] = value
+        if current is None:
+            message = f"{label}metric {key} is missing, Git says {value!r}"
+            drifts.append(Drift("metric-missing", name, where, message))
+        else:
+            message = f"{label}metric {key} is {current!r}, Git says {value!r}"
+            drifts.append(Drift("metric-differs", name, where, message))
+    drifts.extend(
+        Drift(
+            "metric-unexpected",
+            name,
+            where,
+            f"{label}run {have.run_id} has metric {key} = {have.metrics[key]!r}, Git "
+            "declares none (MLflow cannot delete a run's metric: declare it in the "
+            f"manifest, or delete MLflow version {have.number} and register again)",
+            fixable=False,
+        )
+        for key in sorted(set(have.metrics) - set(want.metrics))
+    )
+    return [LogMetrics(want.semver, have.number, have.run_id, changed)] if changed else []
+
+
 def _describe(number: str, by_number: Mapping[str, str]) -> str:
     semver = by_number.get(number)
     return f"MLflow version {number} ({semver})" if semver else f"MLflow version {number}"
@@ -378,6 +529,17 @@ def reconcile(desired: DesiredModel, observed: ObservedModel) -> Reconciliation:
             Drift("model-missing", desired.name, "", "registered model is missing in MLflow")
         )
         actions.append(CreateModel())
+    elif observed.description != desired.description:
+        drifts.append(
+            Drift(
+                "description-differs",
+                desired.name,
+                "",
+                f"description is {_shown(observed.description)}, "
+                f"Git says {_shown(desired.description)}",
+            )
+        )
+        actions.append(SetModelDescription(desired.description))
     matched = _match(desired, observed, drifts)
     for semver, want in desired.versions.items():
         have = matched.get(semver)
@@ -388,6 +550,8 @@ def reconcile(desired: DesiredModel, observed: ObservedModel) -> Reconciliation:
             actions.append(CreateVersion(semver))
         else:
             actions.extend(_compare_tags(desired.name, want, have, drifts))
+            actions.extend(_compare_description(desired.name, want, have, drifts))
+            actions.extend(_compare_metrics(desired.name, want, have, drifts))
     numbers = {semver: v.number for semver, v in matched.items()}
     actions.extend(_compare_aliases(desired, observed, numbers, drifts))
     return Reconciliation(tuple(drifts), tuple(actions), numbers)

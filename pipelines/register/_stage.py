@@ -13,7 +13,12 @@ works for anyone, and tagged with where it came from::
     modelreg.bundle_digest  <hex>              SHA-256 of the OMS bundle, when given
     modelreg.diff_summary   <text>             when given
     modelreg.deprecated     <reason>           when ``modelreg version deprecate`` marked it
+    modelreg.owner          <who>              the model's ``spec.owner``, when set
     modelreg.ci_run_id/url                     the CI run that registered it (GitHub env)
+
+The version's ``spec.description`` is the MLflow version's description, its
+``spec.metrics`` the metrics of the run that logged it (a metric name MLflow cannot hold
+is reported, not sent), and model.yaml's description the registered model's.
 
 Aliases mirror the channels exactly: ``production`` in ``model.yaml`` is alias
 ``production`` on the MLflow version of that SemVer, and an alias with no channel is
@@ -45,6 +50,7 @@ from pipelines.register._plan import (
     TAG_DIFF_SUMMARY,
     TAG_DVC_MD5,
     TAG_GIT_COMMIT,
+    TAG_OWNER,
     TAG_PARENT,
     TAG_SEMVER,
     TAG_SHA256,
@@ -56,10 +62,13 @@ from pipelines.register._plan import (
     DesiredVersion,
     Drift,
     DriftKind,
+    LogMetrics,
     ObservedModel,
     Reconciliation,
     SetAlias,
+    SetModelDescription,
     SetTags,
+    SetVersionDescription,
     reconcile,
 )
 from pipelines.register._store import Store, is_local, redact, session
@@ -302,6 +311,7 @@ def _desired_version(
     ci: dict[str, str],
     *,
     signed: tuple[str, str] | None,
+    owner: str,
 ) -> tuple[DesiredVersion, Path | None]:
     """The version as MLflow should hold it, and the artifact file if it was hashed."""
     repo = plan.repo
@@ -331,15 +341,21 @@ def _desired_version(
         tags[TAG_DIFF_SUMMARY] = extras.diff_summary
     if spec.deprecated is not None:
         tags[TAG_DEPRECATED] = spec.deprecated.reason
+    if owner:
+        tags[TAG_OWNER] = owner
     absent = frozenset(
         tag
         for tag, unset in (
             (TAG_PARENT, spec.parent is None),
             (TAG_DEPRECATED, spec.deprecated is None),
+            (TAG_OWNER, not owner),
         )
         if unset
     )
-    return DesiredVersion(entry.version, tags, absent, ci), path
+    desired = DesiredVersion(
+        entry.version, tags, absent, ci, description=spec.description, metrics=spec.metrics
+    )
+    return desired, path
 
 
 def _plan(
@@ -373,13 +389,21 @@ def _plan(
                 continue
             given = extras.get((name, entry.version), ReleaseExtras())
             versions[entry.version], hashed = _desired_version(
-                plan, entry, commit, given, ci, signed=signed.get((name, entry.version))
+                plan,
+                entry,
+                commit,
+                given,
+                ci,
+                signed=signed.get((name, entry.version)),
+                owner=spec.owner,
             )
             plan.sources[(name, entry.version)] = _Source(
                 entry, entry.manifest.spec.signature or spec.signature, given, hashed
             )
         aliases = {channel: c.version for channel, c in spec.channels.items()}
-        plan.models[name] = DesiredModel(name, versions, aliases, frozenset(unreleased))
+        plan.models[name] = DesiredModel(
+            name, versions, aliases, frozenset(unreleased), spec.description
+        )
     return plan
 
 
@@ -396,6 +420,9 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
         if isinstance(action, CreateModel):
             store.create_model(name, plan.repo.models[name].manifest.spec.description)
             changes.append(Change(name, "", "created the registered model"))
+        elif isinstance(action, SetModelDescription):
+            store.set_model_description(name, action.description)
+            changes.append(Change(name, "", "set the description"))
         elif isinstance(action, CreateVersion):
             source = plan.sources[(name, action.semver)]
             want = desired.versions[action.semver]
@@ -420,6 +447,23 @@ def _apply(store: Store, plan: _Plan, name: str, rec: Reconciliation) -> list[Ch
             keys = ", ".join(action.keys)
             changes.append(
                 Change(name, f" {action.semver}", f"MLflow version {action.number}: removed {keys}")
+            )
+        elif isinstance(action, SetVersionDescription):
+            store.set_version_description(name, action.number, action.description)
+            changes.append(
+                Change(
+                    name, f" {action.semver}", f"MLflow version {action.number}: set description"
+                )
+            )
+        elif isinstance(action, LogMetrics):
+            store.log_metrics(action.run_id, action.metrics, f"{name} {action.semver}")
+            keys = ", ".join(sorted(action.metrics))
+            changes.append(
+                Change(
+                    name,
+                    f" {action.semver}",
+                    f"MLflow version {action.number}: logged metrics {keys}",
+                )
             )
         elif isinstance(action, SetAlias):
             number = numbers[action.semver]
@@ -458,7 +502,12 @@ def _reattach(store: Store, plan: _Plan, name: str, action: SetTags) -> None:
     if not files:
         return
     run_id = next(
-        (v.run_id for v in store.read_model(name).versions if v.number == action.number), None
+        (
+            v.run_id
+            for v in store.read_model(name, runs=False).versions
+            if v.number == action.number
+        ),
+        None,
     )
     if run_id is not None:
         store.attach(run_id, files, f"{name} {action.semver}")
@@ -594,7 +643,7 @@ def mlflow_versions(
         return found
     with session(uri, None) as store:
         for name in sorted(repo.models if models is None else set(models) & set(repo.models)):
-            for version in store.read_model(name).versions:
+            for version in store.read_model(name, runs=False).versions:
                 if version.semver is not None:
                     found[(name, version.semver)] = version.number
     return found

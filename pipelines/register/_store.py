@@ -27,6 +27,7 @@ from pipelines.register._plan import (
     DesiredVersion,
     ObservedModel,
     ObservedVersion,
+    mirrorable_metric,
 )
 from registry.schema import Signature
 
@@ -186,8 +187,13 @@ class Store:
         first = str(detail).strip().splitlines()
         return RegistryMirrorError(redact(self.uri), f"{message}: {first[0] if first else ''}")
 
-    def read_model(self, name: str) -> ObservedModel:
+    def read_model(self, name: str, *, runs: bool = True) -> ObservedModel:
         """The registered model ``name`` with its versions and aliases.
+
+        Args:
+            name: the registered model.
+            runs: also read each version's run metrics (one search over the model's
+                experiment, then the runs found elsewhere one by one).
 
         Raises:
             RegistryMirrorError: MLflow fails.
@@ -201,34 +207,73 @@ class Store:
                 if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
                     return ObservedModel(name, exists=False)
                 raise
-            versions: list[ObservedVersion] = []
+            found: list[Any] = []
             token: str | None = None
             while True:
                 page = self.client.search_model_versions(
                     f"name = '{name}'", max_results=1000, page_token=token
                 )
-                versions.extend(
-                    ObservedVersion(
-                        str(mv.version),
-                        dict(mv.tags or {}),
-                        mv.run_id or None,
-                        mv.last_updated_timestamp,
-                    )
-                    for mv in page
-                )
+                found.extend(page)
                 token = page.token
                 if not token:
                     break
+            metrics = (
+                self._run_metrics(name, {mv.run_id for mv in found if mv.run_id}) if runs else {}
+            )
         except (MlflowException, OSError) as e:
             raise self.fail(f"cannot read registered model {name!r}", e) from e
+        versions = tuple(
+            ObservedVersion(
+                str(mv.version),
+                dict(mv.tags or {}),
+                mv.run_id or None,
+                mv.last_updated_timestamp,
+                mv.description or "",
+                metrics.get(mv.run_id) if mv.run_id else None,
+            )
+            for mv in found
+        )
         aliases = {str(a): str(v) for a, v in (model.aliases or {}).items()}
         return ObservedModel(
             name,
             exists=True,
-            versions=tuple(versions),
+            versions=versions,
             aliases=aliases,
             last_updated=model.last_updated_timestamp,
+            description=model.description or "",
         )
+
+    def _run_metrics(self, model: str, run_ids: set[str]) -> dict[str, dict[str, float]]:
+        """Latest metric values of ``run_ids``; a run that no longer exists is left out."""
+        from mlflow.entities import ViewType
+        from mlflow.exceptions import MlflowException
+
+        metrics: dict[str, dict[str, float]] = {}
+        if not run_ids:
+            return metrics
+        experiment = self.client.get_experiment_by_name(EXPERIMENT_PREFIX + model)
+        if experiment is not None:
+            token: str | None = None
+            while True:
+                page = self.client.search_runs(
+                    [experiment.experiment_id],
+                    run_view_type=ViewType.ALL,
+                    max_results=1000,
+                    page_token=token,
+                )
+                for run in page:
+                    metrics[run.info.run_id] = dict(run.data.metrics)
+                token = page.token
+                if not token:
+                    break
+        for run_id in sorted(run_ids - set(metrics)):
+            # A version registered by hand from a run in another experiment.
+            try:
+                metrics[run_id] = dict(self.client.get_run(run_id).data.metrics)
+            except MlflowException as e:
+                if getattr(e, "error_code", "") != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+        return {k: v for k, v in metrics.items() if k in run_ids}
 
     def create_model(self, name: str, description: str) -> None:
         """Create the registered model ``name``, marked as managed by modelreg.
@@ -323,6 +368,9 @@ class Store:
                 )
                 for path in extras.values():
                     mlflow.log_artifact(str(path), EXTRAS_DIR)
+                mirrored = {k: v for k, v in want.metrics.items() if mirrorable_metric(k)}
+                if mirrored:
+                    mlflow.log_metrics(mirrored)
             run_id = run.info.run_id
             version = _created_once(
                 lambda: self.client.create_model_version(
@@ -330,6 +378,7 @@ class Store:
                     source=f"models:/{info.model_id}",
                     run_id=run_id,
                     tags=tags,
+                    description=want.description or None,
                     model_id=info.model_id,
                 ),
                 lambda: next(iter(self.client.search_model_versions(f"run_id = '{run_id}'")), None),
@@ -377,6 +426,49 @@ class Store:
                 self.client.delete_model_version_tag(model, number, key)
         except MlflowException as e:
             raise self.fail(f"cannot untag {model} version {number}", e) from e
+
+    def set_model_description(self, model: str, description: str) -> None:
+        """Set the registered model's description.
+
+        Raises:
+            RegistryMirrorError: MLflow fails.
+        """
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.update_registered_model(model, description=description)
+        except MlflowException as e:
+            raise self.fail(f"cannot describe {model}", e) from e
+
+    def set_version_description(self, model: str, number: str, description: str) -> None:
+        """Set MLflow version ``number``'s description.
+
+        Raises:
+            RegistryMirrorError: MLflow fails.
+        """
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.update_model_version(model, number, description=description)
+        except MlflowException as e:
+            raise self.fail(f"cannot describe {model} version {number}", e) from e
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], what: str) -> None:
+        """Log ``metrics`` to run ``run_id`` (MLflow shows the latest value of each).
+
+        Raises:
+            RegistryMirrorError: MLflow fails (a deleted run, say).
+        """
+        from mlflow.entities import Metric
+        from mlflow.exceptions import MlflowException
+
+        now = int(time.time() * 1000)
+        try:
+            self.client.log_batch(
+                run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()]
+            )
+        except MlflowException as e:
+            raise self.fail(f"cannot log metrics of {what}", e) from e
 
     def set_alias(self, model: str, alias: str, number: str) -> None:
         """Point ``model@alias`` at MLflow version ``number``.

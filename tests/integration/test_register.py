@@ -31,8 +31,8 @@ if "register" not in group.commands:  # main.py may register it itself one day
     group.add_command(register_command)
 
 FIX = (
-    "to fix: run `modelreg register` (Git decides: it sets tags and aliases back and "
-    "registers missing versions)"
+    "to fix: run `modelreg register` (Git decides: it sets tags, descriptions, metrics and "
+    "aliases back and registers missing versions)"
 )
 CI_ENV = {
     "GITHUB_RUN_ID": "4242",
@@ -411,3 +411,97 @@ def test_show_names_the_mlflow_version_of_a_version_and_of_a_model(released: Pat
     assert model["mlflow_versions"] == {"1.0.0": "1", "1.1.0": "2"}
     text = cli("show", "mlp:1.0.0", "--mlflow", cwd=released)
     assert re.search(r"\n  mlflow_version: +1\n", text.out)
+
+
+def _run_metrics(client: Any, run_id: str) -> dict[str, float]:
+    with quiet_mlflow():
+        return dict(client.get_run(run_id).data.metrics)
+
+
+def test_metrics_descriptions_and_owner_are_mirrored_and_their_drift_reported(
+    released: Path, cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = f"sqlite:///{released / '.modelreg/mlflow.db'}"
+    model_yaml = released / "manifests/mlp/model.yaml"
+    model_yaml.write_text(
+        model_yaml.read_text().replace("spec:\n", "spec:\n  description: Tiny MLP.\n", 1)
+    )
+    version_yaml = released / "manifests/mlp/versions/1.1.0.yaml"
+    version_yaml.write_text(
+        version_yaml.read_text().replace(
+            "spec:\n",
+            "spec:\n  description: Recall up at night.\n"
+            "  metrics:\n    accuracy: 0.93\n    top-1@night: 0.8\n",
+            1,
+        )
+    )
+    git(released, "commit", "-qam", "describe mlp, measure 1.1.0")
+    owner = yaml.safe_load(model_yaml.read_text())["spec"]["owner"]
+    assert owner  # model add records git user.email
+
+    first = cli("register", cwd=released)
+    # The name MLflow cannot hold is reported, the rest mirrored.
+    assert first.code == 1
+    assert first.err.splitlines() == [
+        "mlp 1.1.0: metric 'top-1@night' cannot be an MLflow metric name (MLflow allows "
+        "letters, digits, _ - . / : and spaces); rename it in the manifest"
+    ]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = _client(uri)
+    with quiet_mlflow():
+        assert client.get_registered_model("mlp").description == "Tiny MLP."
+    v1, v2 = _versions(client)["1.0.0"], _versions(client)["1.1.0"]
+    assert v2.description == "Recall up at night."
+    assert not v1.description
+    assert {v1.tags["modelreg.owner"], v2.tags["modelreg.owner"]} == {owner}
+    assert _run_metrics(client, v2.run_id) == {"accuracy": 0.93}
+    assert _run_metrics(client, v1.run_id) == {}
+
+    version_yaml.write_text(version_yaml.read_text().replace("top-1@night", "top1_night"))
+    git(released, "commit", "-qam", "a metric name MLflow takes")
+    assert (
+        "mlp 1.1.0: MLflow version 2: metric top1_night is missing, Git says 0.8"
+        in cli("register", "--check", cwd=released).err.splitlines()
+    )
+    mended = cli("register", cwd=released)
+    assert mended.code == 0, mended.err
+    assert mended.out.splitlines()[:2] == [
+        "mlp 1.1.0: MLflow version 2: set modelreg.git_commit",  # the manifest's last commit
+        "mlp 1.1.0: MLflow version 2: logged metrics top1_night",
+    ]
+    assert _run_metrics(client, v2.run_id) == {"accuracy": 0.93, "top1_night": 0.8}
+
+    # Hand edits in MLflow: each is drift, and register puts Git's values back.
+    with quiet_mlflow():
+        client.update_registered_model("mlp", description="edited in the UI")
+        client.update_model_version("mlp", v2.version, description="better")
+        client.delete_model_version_tag("mlp", v1.version, "modelreg.owner")
+        client.log_metric(v2.run_id, "accuracy", 0.99)
+        client.log_metric(v1.run_id, "loss", 0.1)
+    check = cli("register", "--check", cwd=released)
+    assert check.code == 1
+    assert check.err.splitlines() == [
+        "mlp: description is 'edited in the UI', Git says 'Tiny MLP.'",
+        f"mlp 1.0.0: MLflow version 1: tag modelreg.owner is missing, Git says {owner!r}",
+        f"mlp 1.0.0: MLflow version 1: run {v1.run_id} has metric loss = 0.1, Git declares "
+        "none (MLflow cannot delete a run's metric: declare it in the manifest, or delete "
+        "MLflow version 1 and register again)",
+        "mlp 1.1.0: MLflow version 2: description is 'better', Git says 'Recall up at night.'",
+        "mlp 1.1.0: MLflow version 2: metric accuracy is 0.99, Git says 0.93",
+        FIX + "; the others need the change each line names",
+    ]
+    assert [d.kind for d in check_drift(released)] == [
+        "description-differs", "tag-missing", "metric-unexpected", "description-differs",
+        "metric-differs",
+    ]  # fmt: skip
+    repaired = cli("register", cwd=released)
+    assert repaired.code == 1  # the hand-logged metric stays: MLflow cannot delete it
+    assert repaired.out.splitlines() == [
+        "mlp: set the description",
+        "mlp 1.0.0: MLflow version 1: set modelreg.owner",
+        "mlp 1.1.0: MLflow version 2: set description",
+        "mlp 1.1.0: MLflow version 2: logged metrics accuracy",
+    ]
+    assert [ln.split(":")[0] for ln in repaired.err.splitlines()] == ["mlp 1.0.0"]
+    assert _run_metrics(client, v2.run_id)["accuracy"] == 0.93
+    assert _versions(client)["1.1.0"].description == "Recall up at night."

@@ -19,10 +19,14 @@ from pipelines.register._plan import (
     DeleteTags,
     DesiredModel,
     DesiredVersion,
+    LogMetrics,
     ObservedModel,
     ObservedVersion,
     SetAlias,
+    SetModelDescription,
     SetTags,
+    SetVersionDescription,
+    mirrorable_metric,
     reconcile,
 )
 
@@ -54,6 +58,23 @@ MIRRORED = ObservedModel(
     versions=(_have("1", "1.0.0", A), _have("2", "1.1.0", B, **{TAG_PARENT: "1.0.0"})),
     aliases={"production": "1", "canary": "2"},
 )
+
+
+def _measured(**metrics: float) -> DesiredModel:
+    """DESIRED with 1.1.0 described and measured."""
+    v11 = DESIRED.versions["1.1.0"]
+    measured = DesiredVersion(
+        "1.1.0", v11.tags, v11.absent, description="night recall", metrics=metrics
+    )
+    return DesiredModel("mlp", {**DESIRED.versions, "1.1.0": measured}, DESIRED.aliases)
+
+
+def _ran(metrics: Mapping[str, float] | None, description: str = "night recall") -> ObservedModel:
+    """MIRRORED with 1.1.0's run (``r2``) holding ``metrics`` (None: no run)."""
+    v2 = MIRRORED.versions[1]
+    run = None if metrics is None else "r2"
+    have = ObservedVersion(v2.number, v2.tags, run, description=description, metrics=metrics)
+    return _mirror((MIRRORED.versions[0], have), MIRRORED.aliases)
 
 
 @dataclass(frozen=True)
@@ -123,6 +144,40 @@ CASES = {
                              frozenset({"2.0.0"})),
         fixable=[False],
     ),
+    "a description and metrics to mirror onto a version registered before": Case(
+        _ran({}, description=""),
+        ["description-differs", "metric-missing", "metric-missing"],
+        [SetVersionDescription("1.1.0", "2", "night recall"),
+         LogMetrics("1.1.0", "2", "r2", {"acc": 0.9, "f1": 0.8})],
+        desired=_measured(acc=0.9, f1=0.8),
+    ),
+    "a metric changed by hand is set back; one logged by hand stays, reported": Case(
+        _ran({"acc": 0.99, "f1": 0.8, "loss": 0.1}),
+        ["metric-differs", "metric-unexpected"],
+        [LogMetrics("1.1.0", "2", "r2", {"acc": 0.9})],
+        desired=_measured(acc=0.9, f1=0.8),
+        fixable=[True, False],
+    ),
+    "metrics for a version with no run": Case(
+        _ran(None),
+        ["metric-missing"],
+        [],
+        desired=_measured(acc=0.9),
+        fixable=[False],
+    ),
+    "a metric name MLflow refuses is reported, the others mirrored": Case(
+        _ran({"acc": 0.9}),
+        ["metric-unmirrorable"],
+        [],
+        desired=_measured(acc=0.9, **{"top-1@night": 0.7}),
+        fixable=[False],
+    ),
+    "the model's description edited in MLflow": Case(
+        ObservedModel("mlp", exists=True, versions=MIRRORED.versions,
+                      aliases=MIRRORED.aliases, description="edited"),
+        ["description-differs"],
+        [SetModelDescription("")],
+    ),
 }  # fmt: skip
 
 
@@ -142,3 +197,12 @@ def test_reconcile(name: str) -> None:
 def test_the_numbers_name_each_version_mlflow_holds() -> None:
     assert reconcile(DESIRED, MIRRORED).numbers == {"1.0.0": "1", "1.1.0": "2"}
     assert reconcile(DESIRED, ObservedModel("mlp", exists=False)).numbers == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("accuracy", True), ("eval/top-1 at 5", True), ("a:b", True), ("top-1@night", False),
+     ("a//b", False), ("./a", False), ("/a", False), (".", False), ("", False)],
+)  # fmt: skip
+def test_metric_names_follow_mlflows_rule(name: str, ok: bool) -> None:
+    assert mirrorable_metric(name) is ok
