@@ -267,6 +267,51 @@ def _golden_names(entry: VersionEntry, signature: Signature | None) -> Iterator[
                     )
 
 
+_FLOATS: Final = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
+def _exact_goldens(entry: VersionEntry, signature: Signature | None) -> Iterator[Problem]:
+    """Golden cases that compare float outputs with no tolerance at all."""
+    goldens = entry.manifest.spec.goldens
+    if goldens is None or signature is None:
+        return
+    floats = sorted(t.name for t in signature.outputs if t.dtype in _FLOATS)
+    if not floats:
+        return  # integer or boolean outputs (class ids, masks) are exact by nature
+    for i, case in enumerate(goldens.cases):
+        rtol = goldens.rtol if case.rtol is None else case.rtol
+        atol = goldens.atol if case.atol is None else case.atol
+        if rtol or atol:
+            continue
+        own = case.rtol is not None or case.atol is not None
+        yield _at(
+            entry.doc,
+            ("spec", "goldens", "cases", i) if own else ("spec", "goldens"),
+            f"warning: golden case {quote(case.name)} compares float output"
+            f"{'s' if len(floats) > 1 else ''} {', '.join(floats)} exactly (rtol 0, atol 0); "
+            "a device whose kernels differ (another CPU, weights shared with the previous "
+            "version, TensorRT) can fail it and refuse the version: set a tolerance "
+            "(the default is rtol 1e-4, atol 1e-5)",
+            key=not own,
+        )
+
+
+def authoring_warnings(repo: Repository) -> list[Problem]:
+    """What a reviewer would ask about manifests that are valid: one line each, never a
+    reason to refuse (``validate`` prints them and exits 0).
+
+    Today: golden cases that compare float outputs exactly.
+    """
+    found: list[Problem] = []
+    for entry in repo.all_versions():
+        owner = repo.models.get(entry.name)
+        signature = entry.manifest.spec.signature
+        if signature is None and owner is not None:
+            signature = owner.manifest.spec.signature
+        found.extend(_exact_goldens(entry, signature))
+    return found
+
+
 def _dims_compatible(have: TensorSpec, want: TensorSpec) -> str | None:
     if have.dtype != want.dtype:
         return f"dtype is {have.dtype} but the model declares {want.dtype}"
@@ -480,6 +525,20 @@ def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Pr
     problems = [*repo.problems, *check_repository(repo)]
     if not paths:
         return problems
+    return _about(repo, problems, paths)
+
+
+def in_paths(problems: list[Problem], paths: list[Path]) -> list[Problem]:
+    """The ``problems`` that concern ``paths`` (files or folders) themselves."""
+    selected = [p.resolve() for p in paths]
+    return [p for p in problems if _under(Path(p.file).resolve(), selected)]
+
+
+def _under(where: Path, selected: list[Path]) -> bool:
+    return any(where == s or s in where.parents for s in selected)
+
+
+def _about(repo: Repository, problems: list[Problem], paths: list[Path]) -> list[Problem]:
     selected = [p.resolve() for p in paths]
     # A manifest is valid only with what it depends on: its model's model.yaml, its
     # parent chain, the versions its channels name.  Those are reported too when they
@@ -489,8 +548,6 @@ def validate_paths(repo: Repository, paths: list[Path] | None = None) -> list[Pr
 
     def wanted(problem: Problem) -> bool:
         where = Path(problem.file).resolve()
-        if any(where == s or s in where.parents for s in selected):
-            return True
-        return where in needed and id(problem) in broken
+        return _under(where, selected) or (where in needed and id(problem) in broken)
 
     return [p for p in problems if wanted(p)]

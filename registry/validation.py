@@ -11,7 +11,7 @@ so only the changed files are parsed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,11 +40,14 @@ class Validation:
     files: int
     reused: bool = False
     """Whether this is the stored result of an unchanged tree."""
+    warnings: list[Problem] = field(default_factory=list)
+    """Valid but doubtful (``registry.checks.authoring_warnings``)."""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready mapping (what the result cache stores)."""
         return {
             "problems": [result_cache.problem_row(p) for p in self.problems],
+            "warnings": [result_cache.problem_row(p) for p in self.warnings],
             "models": self.models,
             "versions": self.versions,
             "files": self.files,
@@ -55,14 +58,17 @@ class Validation:
         """The validation a stored mapping holds; None when it is not one."""
         try:
             models, versions, files = data["models"], data["versions"], data["files"]
-            rows = data["problems"]
+            rows, warned = data["problems"], data["warnings"]
             counts = (models, versions, files)
             if not all(type(n) is int and n >= 0 for n in counts) or type(rows) is not list:
                 return None
+            if type(warned) is not list:
+                return None
             problems = [result_cache.problem_from_row(row) for row in rows]
+            warnings = [result_cache.problem_from_row(row) for row in warned]
         except (KeyError, TypeError, ValueError):
             return None
-        return cls(problems, models, versions, files, reused=True)
+        return cls(problems, models, versions, files, reused=True, warnings=warnings)
 
 
 def validate_repository(start: Path, *, jobs: int | None = None, cache: bool = True) -> Validation:
@@ -101,11 +107,14 @@ def validate_repository(start: Path, *, jobs: int | None = None, cache: bool = T
 
 
 def _counted(repo: Repository, problems: list[Problem]) -> Validation:
+    from registry.checks import authoring_warnings
+
     return Validation(
         problems,
         models=len(repo.models),
         versions=sum(len(v) for v in repo.versions.values()),
         files=len(repo.files),
+        warnings=authoring_warnings(repo),
     )
 
 
@@ -127,9 +136,11 @@ def _in_workers(root: Path, jobs: int | None) -> Validation | None:
     if groups is None:
         return None
     problems = list(found.problems)
+    warnings: list[Problem] = []
     claims: list[Claim] = []
     for part, claimed in groups:
         problems.extend(part.problems)
+        warnings.extend(part.warnings)
         claims.extend(claimed)
     # Which version owns a file is the one check across models: claims come back in
     # model order, as one process would have made them.
@@ -139,6 +150,7 @@ def _in_workers(root: Path, jobs: int | None) -> Validation | None:
         models=sum(part.models for part, _ in groups),
         versions=sum(part.versions for part, _ in groups),
         files=sum(part.files for part, _ in groups),
+        warnings=warnings,
     )
 
 

@@ -56,6 +56,13 @@ def error_lines(lines: Iterable[str]) -> None:
         click.secho(_shown(line), fg="red" if color else None, err=True)
 
 
+def warning_lines(lines: Iterable[str]) -> None:
+    """One line per warning on stderr, yellow on a terminal; secrets redacted."""
+    color = is_tty(sys.stderr)
+    for line in lines:
+        click.secho(_shown(line), fg="yellow" if color else None, err=True)
+
+
 def ok(message: str) -> None:
     """A success line on stdout; secrets redacted."""
     click.secho(_shown(message), fg="green" if is_tty() else None)

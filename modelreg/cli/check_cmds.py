@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 
 import click
 
-from modelreg.cli._output import emit_json, error_lines, is_tty, ok, problem_json
+from modelreg.cli._output import (
+    emit_json,
+    error_lines,
+    is_tty,
+    ok,
+    problem_json,
+    warning_lines,
+)
 from registry.errors import ManifestError, Problem
 
 if TYPE_CHECKING:
@@ -78,6 +85,7 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
     missing = [p for p in paths if not p.exists()]
     existing = [p for p in paths if p.exists()]
     problems = [Problem(str(p), "no such file or directory") for p in missing]
+    warnings: list[Problem] = []
     models = versions = files = 0
     start = existing[0] if existing else Path.cwd()
     try:
@@ -90,17 +98,19 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
     if in_repo and not paths:
         whole = validate_repository(start, jobs=jobs, cache=not no_cache)
         problems += whole.problems
+        warnings = whole.warnings
         models, versions, files = whole.models, whole.versions, whole.files
         if not whole.problems:
             problems += _released_problems(start, cache=not no_cache)
     elif in_repo:
-        from registry.checks import validate_paths
+        from registry.checks import authoring_warnings, in_paths, validate_paths
         from registry.repository import load_repository
 
         repo = load_repository(
             start if start.is_dir() else start.parent, jobs=jobs, cache=not no_cache
         )
         problems += validate_paths(repo, existing)
+        warnings = in_paths(authoring_warnings(repo), existing)
         models, versions, files = (
             len(repo.models),
             sum(len(v) for v in repo.versions.values()),
@@ -110,6 +120,7 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
         found, files = _standalone(existing)
         problems += found
     problems.sort(key=Problem.sort_key)
+    warnings = sorted(warnings, key=Problem.sort_key)
     if as_json:
         emit_json(
             {
@@ -119,6 +130,7 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
                 "versions": versions,
                 "exit_code": 1 if problems else 0,
                 "problems": [problem_json(p) for p in problems],
+                "warnings": [problem_json(w) for w in warnings],
                 # the shape every command's --json gives its errors (modelreg.cli.main)
                 "errors": [
                     {k: v for k, v in problem_json(p).items() if k != "text"} for p in problems
@@ -132,6 +144,8 @@ def validate(paths: tuple[Path, ...], as_json: bool, jobs: int | None, no_cache:
             click.secho(f"{len(problems)} problem(s) in {bad} file(s)", fg="red", err=True)
     else:
         ok(f"valid: {_n(files, 'file')} ({_n(models, 'model')}, {_n(versions, 'version')})")
+    if not as_json:
+        warning_lines(str(w) for w in warnings)
     if problems:
         sys.exit(1)
 

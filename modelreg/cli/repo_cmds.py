@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from modelreg.cli._output import detail, display_path, emit_json, ok
+from modelreg.cli._output import detail, display_path, emit_json, ok, warning_lines
 
 if TYPE_CHECKING:
     from registry.promote import PromoteResult
@@ -273,8 +273,7 @@ def version_add(
     click.echo(f"  artifact: {display_path(result.artifact)} (DVC pointer {result.pointer.name})")
     if result.model_signature_updated:
         click.echo(f"  model {name} signature set from this version")
-    for warning in result.warnings:
-        click.secho(f"warning: {warning}", fg="yellow", err=True)
+    warning_lines(f"warning: {w}" for w in result.warnings)
 
 
 @click.command()

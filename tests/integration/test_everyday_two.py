@@ -159,6 +159,42 @@ def test_authoring_warnings_name_what_a_reviewer_would_ask(
     assert json.loads(fresh.out)["warnings"] == []
 
 
+def test_validate_warns_of_goldens_that_compare_floats_exactly(mlp_repo: Path, cli: Any) -> None:
+    """Point 13: a golden case with rtol 0 and atol 0 on float outputs is valid, and
+    validate says, at its line, that a device with other kernels can fail it; a stored
+    result (the unchanged tree) says it again; a path selection keeps the file's own."""
+    path = mlp_repo / "manifests/mlp/versions/1.0.0.yaml"
+    text = path.read_text()
+    assert "  goldens:\n" in text
+    assert "rtol" not in text
+    path.write_text(text.replace("  goldens:\n", "  goldens:\n    rtol: 0\n    atol: 0\n"))
+    line = 1 + path.read_text().splitlines().index("  goldens:")
+    warning = (
+        f"manifests/mlp/versions/1.0.0.yaml:{line}:3: spec.goldens: warning: golden case "
+        "'default' compares float output probs exactly (rtol 0, atol 0); a device whose "
+        "kernels differ (another CPU, weights shared with the previous version, TensorRT) "
+        "can fail it and refuse the version: set a tolerance (the default is rtol 1e-4, "
+        "atol 1e-5)"
+    )
+    for _ in range(2):  # computed, then the stored result of the unchanged tree
+        r = cli("validate", cwd=mlp_repo)
+        assert r.code == 0, r.err
+        assert r.out.startswith("valid: ")
+        assert r.err.splitlines() == [warning]
+    shown = cli("validate", "--json", cwd=mlp_repo)
+    assert shown.code == 0
+    report = json.loads(shown.out)
+    assert report["ok"] is True
+    assert [w["text"] for w in report["warnings"]] == [warning]
+    assert cli("validate", "manifests/mlp/versions/1.0.0.yaml", cwd=mlp_repo).err.splitlines() == [
+        warning
+    ]
+    assert cli("validate", "manifests/mlp/model.yaml", cwd=mlp_repo).err == ""
+    # A tolerance on the case itself mends it; so would any non-zero one.
+    path.write_text(path.read_text().replace("    rtol: 0\n", "    rtol: 1.0e-6\n"))
+    assert cli("validate", cwd=mlp_repo).err == ""
+
+
 def test_the_demo_ends_by_saying_how_to_put_modelreg_on_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

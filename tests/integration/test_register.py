@@ -443,8 +443,10 @@ def test_metrics_descriptions_and_owner_are_mirrored_and_their_drift_reported(
     # The name MLflow cannot hold is reported, the rest mirrored.
     assert first.code == 1
     assert first.err.splitlines() == [
-        "mlp 1.1.0: metric 'top-1@night' cannot be an MLflow metric name (MLflow allows "
-        "letters, digits, _ - . / : and spaces); rename it in the manifest"
+        (
+            "mlp 1.1.0: metric 'top-1@night' cannot be an MLflow metric name (MLflow allows "
+            "letters, digits, _ - . / : and spaces); rename it in the manifest"
+        )
     ]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = _client(uri)
@@ -483,9 +485,11 @@ def test_metrics_descriptions_and_owner_are_mirrored_and_their_drift_reported(
     assert check.err.splitlines() == [
         "mlp: description is 'edited in the UI', Git says 'Tiny MLP.'",
         f"mlp 1.0.0: MLflow version 1: tag modelreg.owner is missing, Git says {owner!r}",
-        f"mlp 1.0.0: MLflow version 1: run {v1.run_id} has metric loss = 0.1, Git declares "
-        "none (MLflow cannot delete a run's metric: declare it in the manifest, or delete "
-        "MLflow version 1 and register again)",
+        (
+            f"mlp 1.0.0: MLflow version 1: run {v1.run_id} has metric loss = 0.1, Git "
+            "declares none (MLflow cannot delete a run's metric: declare it in the manifest, "
+            "or delete MLflow version 1 and register again)"
+        ),
         "mlp 1.1.0: MLflow version 2: description is 'better', Git says 'Recall up at night.'",
         "mlp 1.1.0: MLflow version 2: metric accuracy is 0.99, Git says 0.93",
         FIX + "; the others need the change each line names",
