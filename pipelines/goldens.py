@@ -39,6 +39,7 @@ __all__ = [
     "input_mismatches",
     "read_npz",
     "record_outputs",
+    "sample_inputs",
 ]
 
 
@@ -99,6 +100,26 @@ def input_mismatches(session: Session, arrays: Mapping[str, npt.NDArray[Any]]) -
                 f"given {array.dtype} {_dims(array.shape)}"
             )
     return found
+
+
+def sample_inputs(session: Session, seed: int = 0) -> dict[str, npt.NDArray[Any]]:
+    """Inputs the model takes, for timing a version without golden cases: every
+    symbolic dimension 1, floats drawn from a seeded normal distribution (the same
+    arrays for every version timed), integers 0, booleans False, strings empty."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arrays: dict[str, npt.NDArray[Any]] = {}
+    for spec in session.get_inputs():
+        dims = [d if isinstance(d, int) and d >= 0 else 1 for d in spec.shape]
+        name = _dtype_name(spec.type)
+        if name == "string":
+            arrays[spec.name] = np.full(dims, "", dtype=object)
+        elif name.startswith("float"):
+            arrays[spec.name] = rng.standard_normal(dims).astype(name)
+        else:
+            arrays[spec.name] = np.zeros(dims, dtype=name)
+    return arrays
 
 
 def record_outputs(model: Path, inputs_npz: Path) -> tuple[bytes, bytes]:

@@ -372,11 +372,15 @@ class Promotion(Strict):
             reaches a channel only after it served the one before.
         branch: the only branch whose commits may change channels.
         approvals: reviews a promotion pull request needs.
+        max_latency_ratio: how much slower than its parent (median run time on the
+            CI runner, ``build``'s comparison) a new version may be; ``ci pr`` refuses
+            one slower than that.  None: shown, never refused.
     """
 
     order: Annotated[list[Name], Field(max_length=32)] = []
     branch: Annotated[str, StringConstraints(min_length=1, max_length=255)] = "main"
     approvals: Annotated[int, Field(ge=0, le=100)] = 1
+    max_latency_ratio: Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)] | None = None
 
     @model_validator(mode="after")
     def _order_unique(self) -> Promotion:

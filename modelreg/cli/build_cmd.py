@@ -65,15 +65,19 @@ def _show(report: BuildReport, as_json: bool) -> None:
 def render_table(records: list[BuildRecord]) -> str:
     from pipelines.build import STAGES
 
-    """Versions by stage timings (ms; ``-`` for a stage that did not run), as text."""
-    header = ["model", "version", "result", *(f"{s} ms" for s in STAGES), "targets"]
+    """Versions by stage timings (ms; ``-`` for a stage that did not run), the median
+    run time against the parent's, and the targets, as text."""
+    header = ["model", "version", "result", *(f"{s} ms" for s in STAGES), "p50 vs parent",
+              "targets"]  # fmt: skip
     rows = [header]
     for r in records:
         timings = [f"{r.timings_ms[s]:.1f}" if s in r.timings_ms else "-" for s in STAGES]
+        ratio = r.latency.ratio_p50 if r.latency is not None else None
         engines = ", ".join(f"{e.target}: {e.status}" for e in r.engines) or "-"
-        rows.append([r.model, r.version, "ok" if r.ok else "FAILED", *timings, engines])
+        rows.append([r.model, r.version, "ok" if r.ok else "FAILED", *timings,
+                     f"{ratio:.2f}x" if ratio is not None else "-", engines])  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    numeric = range(3, 3 + len(STAGES))
+    numeric = range(3, 4 + len(STAGES))
     lines = [
         "  ".join(
             cell.rjust(w) if i in numeric else cell.ljust(w)

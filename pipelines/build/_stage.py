@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 from pipelines.build._checks import check_onnx, compare_signatures, graph_signature
 from pipelines.build._engines import FAILED, EngineResult, build_engines
 from pipelines.build._goldens import CaseResult, golden_setups, run_goldens
+from pipelines.build._latency import Latency, compare_latency
 from pipelines.changes import changed_versions
 from pipelines.context import ReleaseContext, repository
 from pipelines.errors import ArtifactError, BuildError, PipelineError
@@ -119,6 +120,8 @@ class BuildRecord:
         problems: every problem found (empty when the build passed).
         external_data: per external data file (ONNX external data), in manifest order:
             its file name, SHA-256, size and MD5; empty for a self-contained model.
+        latency: its run time on the runner against its parent's
+            (``pipelines.build._latency``); None when it could not be timed.
     """
 
     model: str
@@ -137,6 +140,7 @@ class BuildRecord:
     timings_ms: dict[str, float] = field(default_factory=dict)
     problems: list[BuildProblem] = field(default_factory=list)
     external_data: list[ExternalFile] = field(default_factory=list)
+    latency: Latency | None = None
 
     @property
     def ok(self) -> bool:
@@ -191,6 +195,7 @@ class BuildRecord:
                 if self.external_data
                 else {}
             ),
+            "latency": self.latency.to_json() if self.latency is not None else None,
             "tools": dict(_tool_versions()),
             "problems": [_problem_json(p) for p in self.problems],
         }
@@ -243,6 +248,7 @@ def _record_from_json(data: object, path: Path) -> BuildRecord:
                 "timings_ms": data.get("timings_ms", {}),
                 "problems": [problem(p) for p in data.get("problems", [])],
                 "external_data": data.get("external_data", []),
+                "latency": _latency_fields(data.get("latency")),
             },
             strict=False,
         )
@@ -251,6 +257,13 @@ def _record_from_json(data: object, path: Path) -> BuildRecord:
         at = ".".join(str(x) for x in first["loc"])
         raise fail(f"{at}: {first['msg']}" if at else str(first["msg"])) from None
     return record
+
+
+def _latency_fields(raw: object) -> object:
+    """A record's latency without what is computed from it (the ratios)."""
+    if not isinstance(raw, dict):
+        return raw
+    return {k: v for k, v in raw.items() if k not in ("ratio_p50", "ratio_p99")}
 
 
 @functools.cache
@@ -382,8 +395,20 @@ class _VersionBuild:
             return self.record
         del session  # the goldens and engines load their own: one copy of the weights
         self._stage("goldens", functools.partial(self._goldens, artifact))
+        self._latency(artifact)
         self._stage("engines", lambda: self._engines(artifact))
         return self.record
+
+    def _latency(self, artifact: Path) -> None:
+        """Time the version against its parent (not a check: ``ci pr`` judges it)."""
+        import onnxruntime as ort
+
+        setups = golden_setups(list(self.spec.targets), ort.get_available_providers())
+        with progress.stage(f"build {self.entry.name} {self.entry.version}", "latency"):
+            try:
+                self.record.latency = compare_latency(self.repo, self.entry, artifact, setups)
+            except ArtifactError:
+                self.record.latency = None  # the goldens and engines say why it fails
 
     def _stage(self, stage: Stage, work: Callable[[], _T]) -> _T | None:
         before = len(self.record.problems)

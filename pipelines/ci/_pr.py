@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-from pipelines.build import build
+from pipelines.build import BuildRecord, build
 from pipelines.ci._base import trust_folder_moved
 from pipelines.ci._report import CiReport, failed, write_outputs
 from pipelines.context import ReleaseContext
@@ -609,6 +609,7 @@ def _ci_pr(
             f"- build: {len(built.records)} changed version(s), "
             + ("all passed" if built.ok else f"{len(built.problems)} problem(s)")
         )
+        checks += _latency_lines(report, built.records, judged.latency_limits)
         diffs = diff_against_base(run, pr.base)
         report.data["diff"] = base_json(diffs)
         report.sections.append(base_markdown(diffs))
@@ -631,6 +632,9 @@ class _Judged:
     deprecations: list[_Deprecation] = field(default_factory=list)
     holds: list[dict[str, str | None]] = field(default_factory=list)
     """Rollouts the pull request holds or resumes: model, channel, version, hold, was."""
+    latency_limits: dict[str, float] = field(default_factory=dict)
+    """Model -> ``spec.promotion.max_latency_ratio`` as the base has it (the pull
+    request's own for a model new in it)."""
 
 
 def _judge(
@@ -648,7 +652,42 @@ def _judge(
     promotions += undone + _config_changes(repo, pr, base_config, on_base, dvc_changed)
     problems += _trust_problems(repo, pr, base_config)
     waiting, approvals = approval_problems(promotions, pr, run.env)
-    return problems, _Judged(waiting, approvals, moves, deprecations, _holds(repo, on_base))
+    limits = {}
+    for name, entry in repo.models.items():
+        policy = on_base.models.get(name, entry.manifest).spec.promotion
+        if policy.max_latency_ratio is not None:
+            limits[name] = policy.max_latency_ratio
+    judged = _Judged(waiting, approvals, moves, deprecations, _holds(repo, on_base), limits)
+    return problems, judged
+
+
+def _latency_lines(
+    report: CiReport, records: list[BuildRecord], limits: Mapping[str, float]
+) -> list[str]:
+    """A comment line per built version's run time against its parent; a version
+    slower than its model's ``max_latency_ratio`` allows is a problem of the report."""
+    lines = []
+    for record in records:
+        latency = record.latency
+        if latency is None:
+            continue
+        where = f"{record.model} {record.version}"
+        lines.append(f"- latency {md_code(where)}: {latency.text()}")
+        limit, ratio = limits.get(record.model), latency.ratio_p50
+        if limit is not None and ratio is not None and ratio > limit:
+            report.problems.append(
+                str(
+                    Problem(
+                        record.manifest,
+                        f"{where} runs {ratio:.2f}x as long as its parent {latency.parent} "
+                        f"at p50 on this runner ({latency.p50_ms:.3g} ms against "
+                        f"{latency.parent_p50_ms:.3g} ms; {latency.ratio_p99:.2f}x at p99); "
+                        f"the base's spec.promotion.max_latency_ratio of {record.model} "
+                        f"allows {limit:g}x",
+                    )
+                )
+            )
+    return lines
 
 
 def _hold_line(hold: Mapping[str, str | None]) -> str:

@@ -60,6 +60,7 @@ def load_session(
     providers: list[str] | None = None,
     *,
     setup: SessionSetup | None = None,
+    threads: int | None = None,
 ) -> Session:
     """An ONNX Runtime ``InferenceSession`` over ``model`` (CPU unless told otherwise):
     the one place the CI side opens a session (build, goldens, diff drift).
@@ -67,6 +68,7 @@ def load_session(
     ``model`` is a path (external data is resolved beside it) or the model's bytes.
     ``setup`` sets the session up as a device does (``registry.sessions``: graph
     optimization, prepacking, providers); without it, ONNX Runtime's defaults.
+    ``threads`` sets the intra-op threads (timing: one is the steadiest figure).
 
     Raises:
         ArtifactError: ONNX Runtime cannot load the model.
@@ -78,6 +80,8 @@ def load_session(
     if setup is not None:
         setup.configure(options)
         providers = list(setup.providers)
+    if threads is not None:
+        options.intra_op_num_threads = threads
     source = model if isinstance(model, bytes) else str(model)
     try:
         session: Session = ort.InferenceSession(

@@ -501,3 +501,37 @@ def test_compare_output_follows_numpy_allclose() -> None:
     assert (shape.ok, shape.reason) == (False, "shape is (3, 2), expected (2, 3)")
     assert compare_output(np.array([True, False]), np.array([True, False]), 0, 0).ok
     assert compare_output(np.array([7], dtype=np.int64), np.array([7], dtype=np.int64), 0, 0).ok
+
+
+def test_build_times_each_version_against_its_parent(repo: Path, cli) -> None:
+    """Issue 27 point 14: each version's run time on the runner, its parent's beside it
+    (same setup, same inputs); a parent whose artifact is nowhere leaves the version's
+    own figures and the reason."""
+    r = cli("build", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    first = _record(repo, "1.0.0")["latency"]
+    assert (first["parent"], first["inputs"], first["setup"]) == (None, "goldens", "prepacked")
+    assert (first["ratio_p50"], first["reason"], first["parent_p50_ms"]) == (None, None, None)
+    assert 0 < first["p50_ms"] <= first["p99_ms"]
+    second = _record(repo, "1.1.0")["latency"]
+    assert (second["parent"], second["inputs"]) == ("1.0.0", "sample")  # 1.1.0 has no goldens
+    assert second["ratio_p50"] == round(second["p50_ms"] / second["parent_p50_ms"], 3)
+    assert second["ratio_p99"] == round(second["p99_ms"] / second["parent_p99_ms"], 3)
+    assert 10 <= second["runs"] <= 200
+    path = repo / ".modelreg/build/mlp/1.1.0/build.json"
+    loaded = BuildRecord.load(path, root=repo).latency
+    assert loaded is not None
+    assert loaded.to_json() == second
+    table = cli("build", cwd=repo).out.splitlines()
+    assert "p50 vs parent" in table[0]
+    assert re.search(r"^mlp +1\.0\.0 .* - +cpu: built", table[1])
+    assert re.search(r"^mlp +1\.1\.0 .* \d+\.\d\dx +-$", table[2])
+
+    _drop_artifact(repo, "1.0.0")  # never pushed: the remote does not have it either
+    report = build(repo, versions=[("mlp", "1.1.0")])
+    alone = report.records[0].latency
+    assert alone is not None
+    assert (alone.parent, alone.ratio_p50, alone.parent_p50_ms) == ("1.0.0", None, None)
+    assert alone.reason is not None
+    assert alone.reason.startswith("its artifact is not available (models/mlp/1.0.0.onnx: ")
+    assert alone.text().endswith(f"); not compared with 1.0.0: {alone.reason}")

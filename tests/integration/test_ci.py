@@ -412,3 +412,106 @@ def test_release_logs_one_line_per_stage_in_ci_and_keeps_stdout_json(
     quiet = cli("ci", "release", "--json", cwd=repo)
     assert quiet.code == 0, quiet.err
     assert quiet.err == ""
+
+
+def _heavy_mlp(path: Path, width: int = 512, depth: int = 8) -> Path:
+    """An mlp with the example's signature (input [batch, 16] -> probs [batch, 4]) that
+    does a hundred times the example's work per row."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    dims = [16, *[width] * depth, 4]
+    nodes, inits, x = [], [], "input"
+    for i in range(len(dims) - 1):
+        w = (rng.standard_normal((dims[i], dims[i + 1])) / np.sqrt(dims[i])).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        out = "logits" if i == len(dims) - 2 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"]))
+        nodes.append(helper.make_node("Relu" if out != "logits" else "Identity", [f"m{i}"], [out]))
+        x = out
+    nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], axis=1))
+    graph = helper.make_graph(
+        nodes, "heavy", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 4])], inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def test_a_version_slower_than_its_base_policy_allows_is_refused(
+    repo: Path, cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Point 14: build times a new version against its parent on the runner, the
+    comment shows the ratio, and ``max_latency_ratio`` (the base's) refuses one that
+    got slower than it allows, even when the pull request raises the limit."""
+    model = repo / "manifests/mlp/model.yaml"
+    model.write_text(
+        model.read_text().replace("promotion:\n", "promotion:\n    max_latency_ratio: 3\n")
+    )
+    git(repo, "commit", "-qam", "mlp may not get three times slower")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "heavy")
+    heavy = _heavy_mlp(tmp_path / "heavy.onnx")
+    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(heavy), cwd=repo)
+    assert r.code == 0, r.err
+    model.write_text(
+        model.read_text().replace("max_latency_ratio: 3\n", "max_latency_ratio: 1000\n")
+    )
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "mlp 1.1.0, and a limit that lets it through")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 1
+    report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
+    (record,) = report["build"]["versions"]
+    latency = record["latency"]
+    assert (latency["parent"], latency["inputs"], latency["setup"]) == (
+        "1.0.0",
+        "sample",
+        "prepacked",
+    )
+    assert latency["reason"] is None
+    assert latency["runs"] >= 10
+    assert latency["ratio_p50"] > 3
+    assert latency["ratio_p50"] == round(latency["p50_ms"] / latency["parent_p50_ms"], 3)
+    refusal = next(line for line in r.err.splitlines() if "as long as its parent" in line)
+    assert refusal.startswith(
+        f"manifests/mlp/versions/1.1.0.yaml: mlp 1.1.0 runs {latency['ratio_p50']:.2f}x as long "
+        "as its parent 1.0.0 at p50 on this runner ("
+    )
+    assert refusal.endswith("the base's spec.promotion.max_latency_ratio of mlp allows 3x")
+    comment = (repo / ".modelreg/ci/pr-comment.md").read_text()
+    shown = next(line for line in comment.splitlines() if line.startswith("- latency"))
+    assert shown.startswith("- latency `mlp 1.1.0`: p50 ")
+    assert f"; {latency['ratio_p50']:.2f}x at p50, " in shown
+    assert shown.endswith("of 1.0.0's (sample, prepacked, " + f"{latency['runs']} runs each)")
+    assert "changes needed" in comment
+
+
+def test_a_version_as_fast_as_its_parent_passes_with_the_ratio_shown(
+    repo: Path, cli, tmp_path: Path, example_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = repo / "manifests/mlp/model.yaml"
+    model.write_text(
+        model.read_text().replace("promotion:\n", "promotion:\n    max_latency_ratio: 3\n")
+    )
+    git(repo, "commit", "-qam", "mlp may not get three times slower")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "fine-tune")
+    r = cli("version", "add", "mlp", "1.1.0", "--artifact", str(example_models / "mlp/1.1.0.onnx"),
+            "--golden-inputs", str(example_models / "mlp/1.1.0.inputs.npz"), cwd=repo)  # fmt: skip
+    assert r.code == 0, r.err
+    git(repo, "commit", "-qam", "mlp 1.1.0")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 0, r.err
+    report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
+    latency = report["build"]["versions"][0]["latency"]
+    assert (latency["parent"], latency["inputs"]) == ("1.0.0", "goldens")
+    assert latency["ratio_p50"] is not None
+    comment = (repo / ".modelreg/ci/pr-comment.md").read_text()
+    assert "- latency `mlp 1.1.0`: p50 " in comment
