@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from modelreg.cli._output import emit_json, error_lines, ok
+from modelreg.cli._output import emit_json, error_lines, ok, warning_lines
 
 
 @click.group()
@@ -27,6 +27,11 @@ def ci_pr(base: str | None, as_json: bool) -> None:
     from pipelines.ci import ci_pr as run
 
     report = run(Path.cwd(), base=base)
+    uncommitted = report.data.get("uncommitted") or []
+    if uncommitted and not as_json:
+        from pipelines.ci import uncommitted_note
+
+        warning_lines([f"warning: {uncommitted_note(uncommitted)}"])
     if as_json:
         emit_json({"ok": report.ok, "problems": report.problems, **report.data})
     elif report.ok:

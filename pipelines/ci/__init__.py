@@ -20,8 +20,15 @@ the run, which a re-run or a manual run may have moved past.
 
 from __future__ import annotations
 
-from pipelines.ci._pr import approval_problems, ci_pr
+from pipelines.ci._pr import approval_problems, ci_pr, uncommitted_note
 from pipelines.ci._release import ci_release
 from pipelines.ci._report import CI_DIR, CiReport
 
-__all__ = ["CI_DIR", "CiReport", "approval_problems", "ci_pr", "ci_release"]
+__all__ = [
+    "CI_DIR",
+    "CiReport",
+    "approval_problems",
+    "ci_pr",
+    "ci_release",
+    "uncommitted_note",
+]

@@ -571,6 +571,8 @@ def _ci_pr(
                 f"{pr.head[:12]}; check out the head commit (approvals count for it)",
             )
         )
+    uncommitted = _uncommitted(repo.root)
+    report.data["uncommitted"] = uncommitted
     dvc_changed = dvc_config_changed(changes)
     judged = _Judged([], "not checked (invalid manifests)")
     if not problems:
@@ -593,26 +595,15 @@ def _ci_pr(
     report.problems.extend(str(p) for p in sorted(problems + waiting, key=Problem.sort_key))
     status = "passed" if not problems else f"{len(problems)} problem(s)"
     checks = [f"- manifests and promotion policy: {status}", f"- approvals: {approvals}"]
+    if uncommitted:
+        checks.append(f"- note: {uncommitted_note(uncommitted)}")
     checks += _channel_lines(report, moves, deprecations)
     report.data["holds"] = judged.holds
     checks += [_hold_line(h) for h in judged.holds]
     if dvc_changed and not problems:
         checks.append("- build: skipped (DVC's configuration changes; no version changes)")
     elif not problems:  # built and diffed while approvals are awaited: reviewers need the diff
-        try:
-            built = build(run, base=pr.base)
-        except BuildError as e:
-            built = e.report
-            report.problems.extend(str(p) for p in e.problems)
-        report.data["build"] = built.to_json()
-        checks.append(
-            f"- build: {len(built.records)} changed version(s), "
-            + ("all passed" if built.ok else f"{len(built.problems)} problem(s)")
-        )
-        checks += _latency_lines(report, built.records, judged.latency_limits)
-        diffs = diff_against_base(run, pr.base)
-        report.data["diff"] = base_json(diffs)
-        report.sections.append(base_markdown(diffs))
+        checks += _build_and_diff(run, pr.base, report, judged.latency_limits)
     verdict = "✅ ready for review" if report.ok else "❌ changes needed"
     head = ["## modelreg", "", f"**{verdict}** (against {md_code(pr.base[:12])})", "", *checks]
     if report.problems:
@@ -620,6 +611,49 @@ def _ci_pr(
     report.sections.insert(0, "\n".join(head))
     write_outputs(repo.root, report, env)
     return report
+
+
+def _build_and_diff(
+    run: ReleaseContext, base: str, report: CiReport, limits: Mapping[str, float]
+) -> list[str]:
+    """Build and diff the changed versions into ``report``: its comment lines."""
+    try:
+        built = build(run, base=base)
+    except BuildError as e:
+        built = e.report
+        report.problems.extend(str(p) for p in e.problems)
+    report.data["build"] = built.to_json()
+    lines = [
+        f"- build: {len(built.records)} changed version(s), "
+        + ("all passed" if built.ok else f"{len(built.problems)} problem(s)")
+    ]
+    lines += _latency_lines(report, built.records, limits)
+    diffs = diff_against_base(run, base)
+    report.data["diff"] = base_json(diffs)
+    report.sections.append(base_markdown(diffs))
+    return lines
+
+
+def _uncommitted(root: Path) -> list[str]:
+    """Paths of the work tree that differ from HEAD (untracked ones included), top-level
+    relative; empty outside a git work tree."""
+    from registry.gitinfo import dirty_paths, toplevel
+
+    top = toplevel(root)
+    if top is None:
+        return []
+    under = root.resolve().relative_to(top.resolve()).as_posix()
+    return sorted(dirty_paths(root, under))
+
+
+def uncommitted_note(paths: list[str]) -> str:
+    """What ``ci pr`` says of a work tree that differs from its commit."""
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (
+        f"the work tree differs from HEAD in {len(paths)} path(s) ({shown}): they were "
+        "judged here, but a pull request holds only commits, and its approvals count for "
+        "the head commit: commit them, or stash them to judge HEAD alone"
+    )
 
 
 @dataclass

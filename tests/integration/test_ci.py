@@ -67,6 +67,8 @@ def test_pr_with_a_new_version_passes_and_comments(
     assert "Model diff: mlp 1.0.0 → 1.1.0" in comment
     assert "Weights only" in comment
     assert comment.strip() in summary.read_text()
+    assert "- note:" not in comment  # a clean work tree: what was judged is HEAD
+    assert "warning:" not in r.err
     outputs = (tmp_path / "output.txt").read_text()
     assert "ok=true" in outputs
     report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
@@ -515,3 +517,29 @@ def test_a_version_as_fast_as_its_parent_passes_with_the_ratio_shown(
     assert latency["ratio_p50"] is not None
     comment = (repo / ".modelreg/ci/pr-comment.md").read_text()
     assert "- latency `mlp 1.1.0`: p50 " in comment
+
+
+def test_pr_says_that_uncommitted_edits_were_judged_but_are_not_in_the_commit(
+    repo: Path, cli, tmp_path: Path, example_models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27 point 15: a pull request holds commits; edits left in the work tree are
+    judged by a local run, and the run says so (a warning, not a failure)."""
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "wip")
+    add_version(cli, repo, example_models, "1.1.0")
+    git(repo, "commit", "-qm", "mlp 1.1.0")
+    version = repo / "manifests/mlp/versions/1.1.0.yaml"
+    version.write_text(version.read_text().replace("spec:\n", "spec:\n  description: WIP\n", 1))
+    (repo / "notes.txt").write_text("todo\n")
+    github_env(tmp_path, monkeypatch, base, "main")
+    r = cli("ci", "pr", cwd=repo)
+    assert r.code == 0, r.err
+    note = (
+        "the work tree differs from HEAD in 2 path(s) (manifests/mlp/versions/1.1.0.yaml, "
+        "notes.txt): they were judged here, but a pull request holds only commits, and its "
+        "approvals count for the head commit: commit them, or stash them to judge HEAD alone"
+    )
+    assert r.err.splitlines() == [f"warning: {note}"]
+    assert f"- note: {note}" in (repo / ".modelreg/ci/pr-comment.md").read_text()
+    report = json.loads((repo / ".modelreg/ci/pr-report.json").read_text())
+    assert report["uncommitted"] == ["manifests/mlp/versions/1.1.0.yaml", "notes.txt"]

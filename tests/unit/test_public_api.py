@@ -175,6 +175,7 @@ PUBLIC: dict[str, set[str]] = {
         "approval_problems",
         "ci_pr",
         "ci_release",
+        "uncommitted_note",
     },
     "pipelines.diff": {
         "BaseDiff",
