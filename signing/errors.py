@@ -7,7 +7,8 @@
         ├── KeyMaterialError         a key is missing, malformed, of the wrong type, or locked
         ├── VerificationError        data is untrusted: every check failure is one of these
         │   ├── SignatureError       a signature does not verify / wrong key / below threshold
-        │   │   └── StaleKeyError    signed only by keys the newest root no longer trusts
+        │   │   ├── StaleKeyError    signed only by keys the newest root no longer trusts
+        │   │   └── ForeignRootError the repository's first root is not the device's anchor
         │   ├── DigestMismatchError  bytes differ from their signed digest or length
         │   ├── FileSetError         files missing from, or extra to, what was signed
         │   ├── RollbackError        a version older than one already trusted
@@ -27,6 +28,7 @@ __all__ = [
     "DigestMismatchError",
     "ExpiredError",
     "FileSetError",
+    "ForeignRootError",
     "HistoryError",
     "KeyMaterialError",
     "RollbackError",
@@ -70,6 +72,13 @@ class StaleKeyError(SignatureError):
     rotation, or by whoever holds the old keys); it is never loaded, extended or
     re-signed.
     """
+
+
+class ForeignRootError(SignatureError):
+    """The repository's metadata does not chain to the device's anchor because the
+    repository's first root is another one, with none of the anchor's root keys: the
+    device was provisioned with another repository's root (or the repository was
+    created again).  Nothing from the repository is trusted."""
 
 
 class DigestMismatchError(VerificationError):

@@ -11,7 +11,9 @@ turns every failure into one ``signing.errors`` type:
 =================================================  ===========================
 python-tuf / transport failure                     raised here
 =================================================  ===========================
-``UnsignedMetadataError`` (below threshold)        ``SignatureError``
+``UnsignedMetadataError`` (below threshold)        ``SignatureError`` (``ForeignRootError``
+                                                   when the repository's 1.root.json
+                                                   shares no root key with the anchor)
 ``BadVersionNumberError`` (older than trusted)     ``RollbackError``
 ``ExpiredMetadataError``                           ``ExpiredError``
 ``LengthOrHashMismatchError``                      ``DigestMismatchError``
@@ -61,6 +63,7 @@ from signing.errors import (
     DigestMismatchError,
     ExpiredError,
     FileSetError,
+    ForeignRootError,
     KeyMaterialError,
     RollbackError,
     SignatureError,
@@ -166,6 +169,30 @@ def _parse_root(data: bytes, where: str) -> Metadata[Root]:
             raise VerificationError(f"expected root metadata, got {md.signed.type}", where)
         md.signed.verify_delegate(Root.type, md.signed_bytes, md.signatures)
     return md
+
+
+def foreign_root(anchor: Root, first: Root, trust_dir: Path) -> str | None:
+    """The reason a repository whose first root is ``first`` is another repository than
+    the one whose root the device was provisioned with (``anchor``), or None when the
+    two share a root key (the same repository: its own failure stands).
+
+    A pure decision: ``first`` is read, never trusted.
+    """
+    ours = set(anchor.roles[Root.type].keyids)
+    theirs = set(first.roles[Root.type].keyids)
+    if ours & theirs:
+        return None
+
+    def keys(ids: set[str]) -> str:
+        return ", ".join(sorted(k[:12] for k in ids)) or "none"
+
+    return (
+        f"the repository's first root (1.root.json, root key {keys(theirs)}) is not the "
+        f"root this device was provisioned with (root key {keys(ours)}): the device holds "
+        "another repository's trust root; set trust.root in edge.yaml to this repository's "
+        f"trust/metadata/1.root.json and remove {trust_dir} so that the device trusts it "
+        "instead"
+    )
 
 
 def _base_url(location: str | Path) -> tuple[str, Path | None]:
@@ -328,8 +355,35 @@ class DeviceTrust:
                 config=self._limits.updater_config(),
                 bootstrap=self._anchor.read_bytes(),
             )
-            updater.refresh()
+            try:
+                updater.refresh()
+            except tuf_errors.UnsignedMetadataError as e:
+                reason = self._foreign_root()
+                if reason is not None:
+                    raise ForeignRootError(reason, "trust metadata") from e
+                raise
         self._updater = updater
+
+    def _foreign_root(self) -> str | None:
+        """Why the repository's metadata cannot chain to the anchor, when the reason is
+        that its first root is another repository's; None otherwise (or unknown).
+
+        Diagnosis only: the file is read within the root's size cap and never trusted.
+        """
+        limit = self._limits.root_max_length
+        try:
+            data = b""
+            for chunk in self._fetcher.fetch(f"{self._metadata_url}1.root.json"):
+                data += chunk
+                if len(data) > limit:
+                    return None
+            theirs: object = Metadata.from_bytes(data).signed
+            ours: object = Metadata.from_bytes(self._anchor.read_bytes()).signed
+        except Exception:  # noqa: BLE001 - any failure leaves the original error as it is
+            return None
+        if not isinstance(theirs, Root) or not isinstance(ours, Root):
+            return None
+        return foreign_root(ours, theirs, self._dir)
 
     def target_info(self, path: str) -> SignedTarget:
         """The signed length, digest and facts of the target at ``path``.
@@ -684,6 +738,7 @@ __all__ = [
     "TrustLimits",
     "expect_facts",
     "expired_roles",
+    "foreign_root",
     "freshness",
     "last_channels",
     "trust_expiries",

@@ -22,11 +22,12 @@ import pytest
 from securesystemslib.signer import CryptoSigner
 from tuf.api.metadata import Key, Metadata, Root
 
-from edge_sync.sync.trust import DeviceTrust, TrustLimits
+from edge_sync.sync.trust import DeviceTrust, TrustLimits, foreign_root
 from signing.errors import (
     DigestMismatchError,
     ExpiredError,
     FileSetError,
+    ForeignRootError,
     HistoryError,
     KeyMaterialError,
     RollbackError,
@@ -949,3 +950,48 @@ def test_a_signed_digest_that_is_not_hex_names_no_file(sim: RepoSim, tmp_path: P
         sim.device().fetch(MLP, tmp_path / "work", partial_dir=tmp_path / "partial")
     assert not list(tmp_path.rglob("*escaped*"))
     assert not list(sim.state.rglob("*escaped*"))
+
+
+@pytest.mark.parametrize("rotated", [False, True], ids=["root v1", "root rotated"])
+def test_a_device_provisioned_with_another_repositorys_root_is_told_so(
+    sim: RepoSim, tmp_path: Path, rotated: bool
+) -> None:
+    """Issue 27 point 15: a device whose anchor is another repository's first root is
+    refused as before (nothing of the repository is trusted), with the reason named
+    instead of ``timestamp was signed by 0/1 keys``."""
+    other = RepoSim.create(tmp_path / "other")
+    other.release("mlp", "1.0.0")
+    if rotated:  # the repository's metadata then starts with its own 2.root.json
+        new = new_signer()
+        other.repo.rotate_root(other.root_signers, [new.public_key], [new], 1)
+    DeviceTrust.provision(sim.state, sim.read_metadata("1.root.json"))
+    device = DeviceTrust(sim.state, other.checkout, other.remote)
+    with pytest.raises(ForeignRootError) as refused:
+        device.refresh()
+    assert isinstance(refused.value, SignatureError)  # what every handler already catches
+    ours = sim.root_signers[0].public_key.keyid[:12]
+    theirs = other.root_signers[0].public_key.keyid[:12]
+    assert str(refused.value) == (
+        f"trust metadata: the repository's first root (1.root.json, root key {theirs}) is "
+        f"not the root this device was provisioned with (root key {ours}): the device holds "
+        "another repository's trust root; set trust.root in edge.yaml to this repository's "
+        f"trust/metadata/1.root.json and remove {sim.state / 'trust'} so that the device "
+        "trusts it instead"
+    )
+    assert not (sim.state / "trust/metadata/timestamp.json").exists()
+
+
+def test_foreign_root_is_decided_by_the_root_keys_alone(sim: RepoSim) -> None:
+    anchor = load_signed(sim.read_metadata("1.root.json"))
+    assert isinstance(anchor, Root)
+    assert foreign_root(anchor, anchor, Path("/state/trust")) is None
+    # the same repository with a root key added: its own failure stands
+    shared = load_signed(sim.read_metadata("1.root.json"))
+    assert isinstance(shared, Root)
+    shared.add_key(new_signer().public_key, "root")
+    assert foreign_root(anchor, shared, Path("/state/trust")) is None
+    stranger = load_signed(RepoSim.create(sim.base / "x").read_metadata("1.root.json"))
+    assert isinstance(stranger, Root)
+    reason = foreign_root(anchor, stranger, Path("/state/trust"))
+    assert reason is not None
+    assert reason.startswith("the repository's first root (1.root.json, root key ")
