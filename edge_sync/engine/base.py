@@ -81,6 +81,9 @@ class LoadRequest:
         layout: for a version held as tensors, its skeleton and tensors (``path`` and
             ``sha256`` then name the whole file it stands for, which the device may
             not hold).
+        model_sha256: the SHA-256 of the version's signed artifact, which every answer
+            of the engine names (for a prebuilt engine, not ``sha256``); None when
+            unknown (a state kept before it was recorded).
     """
 
     model: str
@@ -90,6 +93,15 @@ class LoadRequest:
     kind: str = "artifact"
     target: Target | None = None
     layout: TensorLayout | None = None
+    model_sha256: str | None = None
+
+    @property
+    def served_sha256(self) -> str | None:
+        """The signed artifact's SHA-256 that answers name (an artifact's own digest when
+        ``model_sha256`` was not recorded)."""
+        if self.model_sha256 is not None:
+            return self.model_sha256
+        return self.sha256 if self.kind == "artifact" else None
 
 
 @dataclass(frozen=True)

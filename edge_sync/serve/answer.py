@@ -20,12 +20,23 @@ if TYPE_CHECKING:
     from edge_sync.engine.base import Engine
     from edge_sync.serve.codec import Parsed
 
-__all__ = ["BYTES_ELEMENT_COST", "answer", "json_response", "outputs", "raw_tensor"]
+__all__ = [
+    "BYTES_ELEMENT_COST",
+    "SERVED_DIGEST",
+    "answer",
+    "json_response",
+    "outputs",
+    "raw_tensor",
+]
 
 BYTES_ELEMENT_COST: Final = 64 + 48
 """Bytes one BYTES element may cost beyond its text: a Python string (its object and
 its slot in the array) and ONNX Runtime's own string."""
 _JSON_MEDIA: Final = "application/json"
+
+
+SERVED_DIGEST: Final = "model_sha256"
+"""The response parameter naming the SHA-256 of the signed artifact that answered."""
 
 
 def _dumps(doc: object, finite: bool) -> bytes:
@@ -66,6 +77,12 @@ def answer(engine: Engine, parsed: Parsed, results: Mapping[str, Any]) -> Respon
     if parsed.request_id is not None:
         answer["id"] = parsed.request_id
     headers = {"x-model-version": engine.version}
+    digest = engine.request.served_sha256
+    if digest is not None:
+        # the signed artifact whose engine computed this answer (issue 28): a client
+        # can tie any prediction to a signed, approved release
+        answer["parameters"] = {SERVED_DIGEST: digest}
+        headers["x-model-sha256"] = digest
     # a sum is finite only when every value is (an overflow just takes the slow path)
     finite = all(
         n in parsed.binary_outputs or a.dtype.kind != "f" or math.isfinite(a.sum())

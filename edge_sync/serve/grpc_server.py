@@ -31,7 +31,7 @@ import grpc
 
 from edge_sync.engine.base import NUMPY_DTYPES
 from edge_sync.errors import RefusedError
-from edge_sync.serve.answer import BYTES_ELEMENT_COST, outputs, raw_tensor
+from edge_sync.serve.answer import BYTES_ELEMENT_COST, SERVED_DIGEST, outputs, raw_tensor
 from edge_sync.serve.body import Charge
 from edge_sync.serve.codec import dims, parse_request
 from edge_sync.serve.core import Work
@@ -321,6 +321,9 @@ def _response(engine: Engine, request_id: str, arrays: dict[str, Any]) -> Any:
     response = pb.ModelInferResponse(
         model_name=engine.model, model_version=engine.version, id=request_id
     )
+    digest = engine.request.served_sha256
+    if digest is not None:
+        response.parameters[SERVED_DIGEST].string_param = digest
     for name, value in arrays.items():
         datatype, shape, data = raw_tensor(name, value)
         response.outputs.add(name=name, datatype=datatype, shape=shape)

@@ -69,6 +69,8 @@ class Installed(_Model):
         graph: for a version built from tensors (``edge_sync.sync.tensors``), its
             skeleton's blob digest; its tensors are in the kept layout, and
             ``sha256`` names the whole file they make, which the device may not hold.
+        model_sha256: the SHA-256 of the version's signed artifact, named by every
+            answer its engine computes (None in a state kept before it was recorded).
     """
 
     version: str
@@ -78,6 +80,7 @@ class Installed(_Model):
     kind: Literal["artifact", "engine"] = "artifact"
     external: dict[str, str] = Field(default_factory=dict)
     graph: str | None = None
+    model_sha256: str | None = None
 
 
 class Rejected(_Model):

@@ -276,11 +276,12 @@ class Installer:
             version=version, sha256=plan.sha256,
             artifact_sha256=about.art.sha256 if whole else None,
             target=about.target.name if about.target is not None else None,
-            kind=plan.kind, external=external, graph=graph,
+            kind=plan.kind, external=external, graph=graph, model_sha256=about.art.sha256,
         )  # fmt: skip
         self._keep_description(name, version, about.doc)
         progress.model, attempt = _attempt(model, installed, about.signed, commit)
-        request = LoadRequest(name, version, path, plan.sha256, plan.kind, about.target, layout)
+        request = LoadRequest(name, version, path, plan.sha256, plan.kind, about.target, layout,
+                              model_sha256=about.art.sha256)  # fmt: skip
         # Replacing a serving version, only the new engine's own session setup is
         # checked before the swap; the others right after it (_confirm).
         replacing = self.host.current(name) is not None
@@ -757,8 +758,9 @@ class Installer:
             path = model_view(self.state.root, self.state.blobs, installed.sha256,
                               installed.external)  # fmt: skip
         return LoadRequest(
-            name, installed.version, path, installed.sha256, installed.kind, target, layout
-        )
+            name, installed.version, path, installed.sha256, installed.kind, target, layout,
+            model_sha256=installed.model_sha256,
+        )  # fmt: skip
 
     def verify_held(self, name: str, installed: Installed) -> bool:
         """Whether every blob ``installed`` is built from is held and hashes to its

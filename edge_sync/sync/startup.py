@@ -139,7 +139,9 @@ def _rebuilt(config: EdgeConfig, state: StateDir, doc: DeviceState) -> DeviceSta
         sha256 = found.get(artifact_path(sub.name, entry.version)) if entry else None
         if entry is None or sha256 is None or not state.blobs.verify(sha256):
             continue
-        installed = Installed(version=entry.version, sha256=sha256, artifact_sha256=sha256)
+        installed = Installed(
+            version=entry.version, sha256=sha256, artifact_sha256=sha256, model_sha256=sha256
+        )
         base = model or ModelState(channel=sub.channel)
         doc = doc.with_model(sub.name, base.model_copy(update={"serving": installed}))
     return doc

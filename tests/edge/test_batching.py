@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from edge_sync.config import batching_of
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
 from edge_sync.serve.batching import Batcher, BatchPolicy, batchable
 from edge_sync.serve.core import Inference, Work, run_clock
@@ -141,6 +142,7 @@ class _Fake:
 
     def __init__(self, version: str) -> None:
         self.model, self.version = "fake", version
+        self.request = LoadRequest("fake", version, Path("fake.onnx"), "0" * 64)
         self.inputs = [("x", "tensor(float)", ["n", 2])]
         self.outputs = [("y", "tensor(float)", ["n", 2])]
         self.providers, self.intra_op_threads = ["CPUExecutionProvider"], 1

@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from benchmarks._attack_payloads import bytes_bomb, cnn_batch, header_line, json_bomb
+from edge_sync.engine.base import LoadRequest
 from edge_sync.engine.host import InProcessHost
 from edge_sync.serve.app import create_app
 from edge_sync.serve.body import json_cost
@@ -282,6 +283,7 @@ class _Blocking:
     """An engine (the production interface) whose runs wait for ``go``."""
 
     model, version, sha256 = "slow", "1", "0" * 64
+    request = LoadRequest("slow", "1", Path("slow.onnx"), "0" * 64)
     run_s = 1.0
     loaded = True
     intra_op_threads = 1

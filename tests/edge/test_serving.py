@@ -4,6 +4,7 @@ loopback, and every answer names the version that computed it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -49,7 +50,7 @@ def _wait_listen(config: Path) -> str:
         time.sleep(0.1)
 
 
-def _grpc_round_trip(config: Path, x: np.ndarray, expected: np.ndarray) -> None:
+def _grpc_round_trip(config: Path, x: np.ndarray, expected: np.ndarray, digest: str) -> None:
     """The same model over gRPC (``serve.grpc_listen``), through Triton's gRPC client."""
     import tritonclient.grpc as tgrpc  # type: ignore[import-untyped]
 
@@ -66,6 +67,8 @@ def _grpc_round_trip(config: Path, x: np.ndarray, expected: np.ndarray) -> None:
         result = client.infer("mlp", [tensor], request_id="g1")
         response = result.get_response()
         assert (response.model_name, response.model_version, response.id) == ("mlp", "1.0.0", "g1")
+        # the signed artifact whose engine answered (issue 28, point 4)
+        assert response.parameters["model_sha256"].string_param == digest
         np.testing.assert_allclose(result.as_numpy("probs"), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -100,6 +103,9 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         assert (answer["model_name"], answer["model_version"], answer["id"]) == (
             "mlp", "1.0.0", "r1",
         )  # fmt: skip
+        # every answer names the SHA-256 of the signed artifact whose engine computed it
+        served = hashlib.sha256((rig.models / "mlp/1.0.0.onnx").read_bytes()).hexdigest()
+        assert answer["parameters"] == {"model_sha256": served}
         (out,) = answer["outputs"]
         got = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
@@ -113,8 +119,8 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         assert "values for shape [3, 16]" in answer["error"]
         wrong = {"inputs": [dict(request["inputs"][0], datatype="INT64")]}  # type: ignore[arg-type]
         assert _call(base, "/v2/models/mlp/infer", wrong)[0] == 400
-        _binary_round_trip(base, x, expected)
-        _grpc_round_trip(config, x, expected)
+        _binary_round_trip(base, x, expected, served)
+        _grpc_round_trip(config, x, expected, served)
         code, config_doc = _call(base, "/v2/models/mlp/config")
         assert code == 200
         assert config_doc["input"] == [
@@ -172,7 +178,7 @@ def test_a_device_answers_the_open_inference_protocol(rig: EdgeRig) -> None:
         assert proc.wait(timeout=30) == 0
 
 
-def _binary_round_trip(base: str, x: Any, expected: Any) -> None:
+def _binary_round_trip(base: str, x: Any, expected: Any, digest: str) -> None:
     """The binary tensor data extension, both ways: raw float32 after a JSON header."""
     header = json.dumps({
         "inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
@@ -187,8 +193,10 @@ def _binary_round_trip(base: str, x: Any, expected: Any) -> None:
     )  # fmt: skip
     with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 - loopback
         split = int(response.headers["Inference-Header-Content-Length"])
+        assert response.headers["x-model-sha256"] == digest
         raw = response.read()
     answer = json.loads(raw[:split])
+    assert answer["parameters"] == {"model_sha256": digest}
     (out,) = answer["outputs"]
     assert "data" not in out
     size = out["parameters"]["binary_data_size"]
