@@ -33,10 +33,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, overload
 
 from pipelines.errors import GitHubError
 from registry.errors import UsageError
+
+if TYPE_CHECKING:
+    from signing.provenance import Approval, PullRequestFacts
 
 DEFAULT_API: Final = "https://api.github.com"
 _NEXT: Final = re.compile(r'<([^>]+)>;\s*rel="next"')
@@ -91,6 +94,7 @@ class Review:
         association: the reviewer's relation to the repository (``OWNER``,
             ``MEMBER``, ``COLLABORATOR``, ``CONTRIBUTOR``, ``NONE``, ...).
         bot: whether the account is a bot (an app or an action).
+        id: GitHub's id of the review (None when the answer gave none).
     """
 
     reviewer: str
@@ -98,6 +102,7 @@ class Review:
     commit: str | None
     association: str = "NONE"
     bot: bool = False
+    id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +176,33 @@ def approvers(
     )
 
 
+def approvals(
+    reviews: Iterable[Review],
+    permissions: Mapping[str, Access],
+    *,
+    head: str,
+    author: str | None,
+) -> list[Approval]:
+    """The approvals :func:`approvers` counts, each with its review and permission:
+    what a release signs as its review provenance (``signing.provenance``)."""
+    from signing.provenance import Approval
+
+    counted = approvers(reviews, permissions, head=head, author=author)
+    latest: dict[str, Review] = {}
+    for review in reviews:
+        if review.state in _VERDICTS:
+            latest[review.reviewer] = review
+    return [
+        Approval(
+            login=name,
+            review_id=latest[name].id,
+            permission=permissions[name].role or permissions[name].permission,
+            commit=head,
+        )
+        for name in sorted(counted)
+    ]
+
+
 def _parse_reviews(payload: object) -> list[Review]:
     if not isinstance(payload, list):
         raise GitHubError("GitHub API: reviews are not a JSON list")
@@ -184,6 +216,7 @@ def _parse_reviews(payload: object) -> list[Review]:
         association = item.get("author_association")
         if not isinstance(login, str) or not isinstance(state, str):
             continue  # a review by a deleted account: no one to count
+        review_id = item.get("id")
         reviews.append(
             Review(
                 login,
@@ -191,6 +224,7 @@ def _parse_reviews(payload: object) -> list[Review]:
                 commit if isinstance(commit, str) else None,
                 association if isinstance(association, str) else "NONE",
                 isinstance(user, dict) and user.get("type") == "Bot",
+                review_id if type(review_id) is int and review_id >= 0 else None,
             )
         )
     return reviews
@@ -390,10 +424,88 @@ def fetch_approvers(
         GitHubError: the reviews or a candidate's permission could not be read (the
             caller fails closed: no approval is counted on a partial answer).
     """
+    found = fetch_approvals(
+        repository, number, token, head=head, author=author, api=api, limits=limits
+    )
+    return frozenset(a.login for a in found)
+
+
+def fetch_approvals(
+    repository: str,
+    number: int,
+    token: str,
+    *,
+    head: str,
+    author: str | None,
+    api: str = DEFAULT_API,
+    limits: GitHubLimits = DEFAULT_LIMITS,
+) -> list[Approval]:
+    """The approvals of commit ``head`` of pull request ``number`` that count (see
+    :func:`approvals`), by login.
+
+    Raises:
+        GitHubError: as :func:`fetch_approvers`.
+    """
     reviews = fetch_reviews(repository, number, token, api=api, limits=limits)
     candidates = approval_candidates(reviews, head=head, author=author)
     permissions = fetch_permissions(repository, candidates, token, api=api, limits=limits)
-    return approvers(reviews, permissions, head=head, author=author)
+    return approvals(reviews, permissions, head=head, author=author)
+
+
+def merged_pull(payload: object, commit: str, branch: str | None) -> PullRequestFacts | None:
+    """The merged pull request among GitHub's answer for ``commit`` (the pull requests
+    associated with it): the one merged into ``branch`` (any branch when None), the
+    earliest merged when several were.  None when none was merged."""
+    from signing.provenance import PullRequestFacts
+
+    if not isinstance(payload, list):
+        raise GitHubError(f"GitHub API: the pull requests of commit {commit[:12]} are not a list")
+    found: list[tuple[str, PullRequestFacts]] = []
+    for item in payload:
+        if not isinstance(item, dict):
+            continue
+        merged_at, number = _text(item, "merged_at"), item.get("number")
+        base, head = _obj(item, "base"), _obj(item, "head")
+        if merged_at is None or type(number) is not int:
+            continue
+        if branch is not None and _text(base, "ref") != branch:
+            continue
+        head_sha, base_sha = _text(head, "sha"), _text(base, "sha")
+        if head_sha is None or base_sha is None:
+            continue
+        try:
+            facts = PullRequestFacts(
+                number=number, url=_text(item, "html_url"), head=head_sha, base=base_sha,
+                merge_commit=_text(item, "merge_commit_sha"),
+                author=_text(_obj(item, "user"), "login"),
+            )  # fmt: skip
+        except ValueError as e:
+            raise GitHubError(f"GitHub API: pull request #{number} is not readable ({e})") from None
+        found.append((merged_at, facts))
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+def fetch_merged_pull(
+    repository: str,
+    commit: str,
+    token: str,
+    *,
+    branch: str | None,
+    api: str = DEFAULT_API,
+    limits: GitHubLimits = DEFAULT_LIMITS,
+) -> PullRequestFacts | None:
+    """The pull request that merged ``commit`` into ``branch``
+    (``GET /repos/{owner}/{repo}/commits/{sha}/pulls``); None when none did.
+
+    Raises:
+        GitHubError: the API is unreachable, refuses the token, or answers nonsense.
+    """
+    client = _Api(api, token, limits)
+    payload, _ = client.get(
+        f"{client.base}/repos/{repository}/commits/{commit}/pulls?per_page={limits.page_size}",
+        f"pull requests of commit {commit[:12]}",
+    )
+    return merged_pull(payload, commit, branch)
 
 
 @dataclass(frozen=True)
@@ -408,6 +520,13 @@ class ActionsRun:
 
     run_id: str | None = None
     url: str | None = None
+    repository: str | None = None
+    workflow_ref: str | None = None
+    attempt: str | None = None
+    event: str | None = None
+    runner_environment: str | None = None
+    runner_os: str | None = None
+    server: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ActionsRun:
@@ -417,7 +536,19 @@ class ActionsRun:
         url = None
         if run and server and repository:
             url = f"{server.rstrip('/')}/{repository}/actions/runs/{run}"
-        return cls(run, url)
+        return cls(
+            run, url, repository or None,
+            env.get("GITHUB_WORKFLOW_REF") or None, env.get("GITHUB_RUN_ATTEMPT") or None,
+            env.get("GITHUB_EVENT_NAME") or None, env.get("RUNNER_ENVIRONMENT") or None,
+            env.get("RUNNER_OS") or None, server or None,
+        )  # fmt: skip
+
+    @property
+    def repository_url(self) -> str | None:
+        """The repository's page, when the server and repository are known."""
+        if self.server and self.repository:
+            return f"{self.server.rstrip('/')}/{self.repository}"
+        return None
 
 
 @dataclass(frozen=True)

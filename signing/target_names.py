@@ -17,6 +17,7 @@ kind                   path                                          written
 ``delta`` (data file)  ``deltas/<model>/<version>.from-<base>.data/<file>.delta``  per pair
 ``engine``             ``engines/<model>/<version>/<target>.<ext>``  once per target
 ``version``            ``versions/<model>/<version>.json``           once per version
+``provenance``         ``provenance/<model>/<version>.intoto.json``  once per version
 ``golden``             ``goldens/<model>/<version>/<case>.<side>.npz``  once per case
 ``deprecation``        ``deprecated/<model>/<version>.txt``          once per version
 ``channels``           ``channels.json``                             every change
@@ -54,6 +55,7 @@ __all__ = [
     "external_data_path",
     "golden_path",
     "object_path",
+    "provenance_path",
     "version_path",
 ]
 
@@ -147,6 +149,12 @@ def engine_path(model: str, version: str, target: str, engine: str | None) -> st
 def version_path(model: str, version: str) -> str:
     """The device-facing description of a version (``signing.version_doc.VersionDoc``)."""
     return f"versions/{_name(model, 'model')}/{_version(version)}.json"
+
+
+def provenance_path(model: str, version: str) -> str:
+    """A version's SLSA provenance: a DSSE envelope of an in-toto statement
+    (``signing.provenance``)."""
+    return f"provenance/{_name(model, 'model')}/{_version(version)}.intoto.json"
 
 
 def golden_path(model: str, version: str, case: str, side: GoldenSide) -> str:

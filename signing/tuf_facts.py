@@ -36,6 +36,7 @@ TargetKind = Literal[
     "version",
     "golden",
     "deprecation",
+    "provenance",
 ]
 Sha256Hex = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{7,64}$")]
@@ -51,8 +52,9 @@ class TargetFacts(Strict):
             files (``file``, its name beside the ``.onnx``), a ``delta`` from ``base``,
             a prebuilt ``engine`` for ``target``, an OMS signature ``bundle``, the
             ``channels`` document, a version's device-facing description
-            (``version``, see ``signing.version_doc``), a ``golden`` case's arrays, or
-            a version's ``deprecation`` (its reason, UTF-8: devices never install it).
+            (``version``, see ``signing.version_doc``), a ``golden`` case's arrays, a
+            version's ``deprecation`` (its reason, UTF-8: devices never install it), or
+            its SLSA ``provenance`` (``signing.provenance``).
         model, version: the model version the file belongs to (all kinds but channels).
         git_commit, ci_run: where the release was built.
         parent: the version's declared parent.

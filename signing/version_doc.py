@@ -34,6 +34,7 @@ from registry.schema import (
     file_name_problem,
 )
 from registry.tensors import MIN_TENSOR_BYTES, itemsize
+from signing.provenance import Provenance
 from signing.tuf_facts import Sha256Hex
 
 __all__ = [
@@ -175,6 +176,9 @@ class VersionDoc(Strict):
             large weight tensor's digest (and, stored as external data, its data
             file and offset); absent for releases made before it was published, and
             for models whose files do not cut and join back byte for byte.
+        provenance: where the version came from: its pull request, the approvals
+            counted, the policy that judged it, the CI run (``signing.provenance``);
+            absent for releases made before it was recorded.
     """
 
     model: Name
@@ -188,6 +192,7 @@ class VersionDoc(Strict):
     goldens: list[GoldenCaseDoc] = Field(default_factory=list, max_length=256)
     external_data: dict[DataFile, TargetPath] = Field(default_factory=dict, max_length=64)
     tensors: TensorManifest | None = None
+    provenance: Provenance | None = None
 
     @model_validator(mode="after")
     def _tensors_in_data_files(self) -> VersionDoc:
@@ -216,7 +221,7 @@ class VersionDoc(Strict):
     def to_bytes(self) -> bytes:
         """Canonical bytes: sorted keys, no whitespace variation."""
         data = self.model_dump(mode="json", by_alias=True)
-        for key in ("external_data", "tensors"):
+        for key in ("external_data", "tensors", "provenance"):
             if not data[key]:
                 del data[key]
         for tensor in data.get("tensors", {}).get("tensors", []):

@@ -1,7 +1,8 @@
 """A small stand-in for GitHub's REST API on 127.0.0.1.
 
-It serves pull-request reviews (paginated) and each user's permission on a repository
-(``/repos/{owner}/{repo}/collaborators/{username}/permission``).  A reviewer added with
+It serves pull-request reviews (paginated), each user's permission on a repository
+(``/repos/{owner}/{repo}/collaborators/{username}/permission``) and the pull requests
+of a commit (``/repos/{owner}/{repo}/commits/{sha}/pulls``, set by :meth:`FakeGitHub.merge`).  A reviewer added with
 :meth:`FakeGitHub.review` has write access unless told otherwise, so that an approval
 means what it says; :meth:`FakeGitHub.access` sets a user's role, ``None`` for a user
 who is not a collaborator (the API answers 404).
@@ -39,6 +40,21 @@ class FakeGitHub:
     roles: dict[tuple[str, str], str | None] = field(default_factory=dict)
     broken_permissions: int | None = None  # answer permission requests with this status
     permission_body: Any = None  # answer permission requests with this JSON instead
+    # the pull requests GitHub associates with each commit, by (repository, sha)
+    pulls: dict[tuple[str, str], list[dict[str, Any]]] = field(default_factory=dict)
+
+    def merge(
+        self, repository: str, number: int, *, commits: list[str], head: str, base: str,
+        merge_commit: str, author: str = "dev", branch: str = "main",
+    ) -> None:  # fmt: skip
+        """Pull request ``number`` merged into ``branch``: each of ``commits`` (and the
+        merge commit) is associated with it."""
+        pull = {"number": number, "html_url": f"https://github.example/{repository}/pull/{number}",
+                "merged_at": "2026-12-01T10:00:00Z", "merge_commit_sha": merge_commit,
+                "user": {"login": author}, "head": {"sha": head, "ref": f"pr-{number}"},
+                "base": {"sha": base, "ref": branch}}  # fmt: skip
+        for sha in [*commits, merge_commit]:
+            self.pulls.setdefault((repository, sha), []).append(pull)
 
     def review(
         self, repository: str, number: int, user: str, state: str, commit: str,
@@ -99,6 +115,11 @@ def _handler(fake: FakeGitHub) -> type[BaseHTTPRequestHandler]:
                 "collaborators", "permission"
             ]:  # fmt: skip
                 self._permission(f"{segments[1]}/{segments[2]}", unquote(segments[4]))
+                return
+            if len(segments) == 6 and segments[0] == "repos" and segments[3:6:2] == [
+                "commits", "pulls"
+            ]:  # fmt: skip
+                self._send(200, fake.pulls.get((f"{segments[1]}/{segments[2]}", segments[4]), []))
                 return
             if (
                 len(segments) != 6

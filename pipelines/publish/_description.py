@@ -28,6 +28,7 @@ from registry.goldens import npz_bytes, tensor_set
 from registry.loader import format_loc
 from registry.repository import Repository, VersionEntry
 from registry.schema import Goldens, TensorSet
+from signing.provenance import Provenance
 from signing.target_names import (
     GoldenSide,
     artifact_path,
@@ -143,6 +144,8 @@ def stage_description(
     entry: VersionEntry,
     facts: Callable[[TargetKind], TargetFacts],
     objects: dict[str, ObjectSource] | None = None,
+    *,
+    provenance: Provenance | None = None,
 ) -> list[str]:
     """Stage the description of ``entry`` and its golden files, unless already released.
 
@@ -157,6 +160,8 @@ def stage_description(
         objects: where the objects its tensor manifest names go, by digest, to be
             uploaded before the description (``pipelines.publish._tensors``; None:
             the description gets no manifest).
+        provenance: where the version came from (``signing.provenance``), signed in
+            the description; None: the description says nothing of it.
 
     Returns:
         The target paths staged (none when the description is already released).
@@ -173,6 +178,8 @@ def stage_description(
         if path in trust.targets:
             engines[target.name] = path
     doc, files = describe(repo, entry, engines)
+    if provenance is not None:
+        doc = doc.model_copy(update={"provenance": provenance})
     spec = entry.manifest.spec
     if objects is not None:
 

@@ -33,6 +33,7 @@ from pipelines.build import BUILT, BuildRecord, BuildReport, EngineResult
 from pipelines.context import ReleaseContext
 from pipelines.errors import ArtifactError
 from pipelines.fetch import fetch_artifact
+from pipelines.provenance import ReleaseFacts
 from pipelines.publish._description import stage_description
 from pipelines.publish._external import (
     data_changed,
@@ -69,6 +70,7 @@ from signing import target_names
 from signing.errors import FileSetError
 from signing.keys import private_key_from_env
 from signing.oms import ModelFacts
+from signing.provenance import Provenance
 from signing.target_names import (
     artifact_path,
     bundle_path,
@@ -77,6 +79,7 @@ from signing.target_names import (
     engine_path,
     external_data_path,
     object_path,
+    provenance_path,
     version_path,
 )
 from signing.tuf_facts import CHANNELS_PATH, ChannelsDoc, TargetFacts, next_channels
@@ -95,6 +98,8 @@ class CiContext:
     git_commit: str
     ci_run: str | None = None
     ci_url: str | None = None
+    facts: ReleaseFacts | None = None
+    """Where each version came from (its pull request, approvals, policy, run)."""
 
     @classmethod
     def from_env(cls, root: Path, env: Mapping[str, str] | None = None) -> CiContext:
@@ -109,9 +114,10 @@ class CiContext:
         """
         from pipelines.github import ActionsRun
 
-        run = ActionsRun.from_env(os.environ if env is None else env)
+        env = os.environ if env is None else env
+        run = ActionsRun.from_env(env)
         commit = git(root, "rev-parse", "HEAD").stdout.strip()
-        return cls(commit, run.run_id, run.url)
+        return cls(commit, run.run_id, run.url, ReleaseFacts(root, commit, env))
 
 
 @dataclass(frozen=True)
@@ -364,16 +370,77 @@ def _stage_version(
                 out_dir=repo.root / RELEASE_DIR,
             )
         )  # fmt: skip
+    provenance = _provenance(repo, trust, entry, ctx=ctx, paths=paths, env=env, added=added)
     # Last: the description names the engines staged above.
     added.extend(
-        stage_description(repo, trust, entry, lambda kind: _facts(entry, kind, ctx), objects)
-    )
+        stage_description(
+            repo, trust, entry, lambda kind: _facts(entry, kind, ctx), objects,
+            provenance=provenance,
+        )
+    )  # fmt: skip
     deprecated = entry.manifest.spec.deprecated
     gone = deprecation_path(entry.name, entry.version)
     if deprecated is not None and trust.published(gone) is None:
         trust.add_target(gone, deprecated.reason.encode(), _facts(entry, "deprecation", ctx))
         added.append(gone)
     return added
+
+
+def _provenance(
+    repo: Repository,
+    trust: TrustRepo,
+    entry: VersionEntry,
+    *,
+    ctx: CiContext,
+    paths: TrustPaths,
+    env: Mapping[str, str] | None,
+    added: list[str],
+) -> Provenance | None:
+    """Where the version came from, when its description or its SLSA provenance is
+    still to be signed (asked of git and GitHub once, for both); the SLSA provenance
+    staged (its path appended to ``added``)."""
+    slsa = provenance_path(entry.name, entry.version)
+    description = version_path(entry.name, entry.version)
+    if ctx.facts is None or all(trust.published(t) for t in (slsa, description)):
+        return None
+    provenance = ctx.facts.of(repo, entry)
+    if trust.published(slsa) is None:
+        added.append(_stage_slsa(trust, entry, provenance, ctx=ctx, paths=paths, env=env))
+    return provenance
+
+
+def _stage_slsa(
+    trust: TrustRepo,
+    entry: VersionEntry,
+    provenance: Provenance,
+    *,
+    ctx: CiContext,
+    paths: TrustPaths,
+    env: Mapping[str, str] | None,
+) -> str:
+    """Stage the version's SLSA provenance: its released files as subjects, signed by
+    the targets key in a DSSE envelope (``signing.provenance``)."""
+    from signing.provenance import sign_envelope, slsa_statement
+
+    files = [artifact_path(entry.name, entry.version)] + [
+        external_data_path(entry.name, entry.version, name)
+        for name in entry.manifest.spec.artifact.external_data
+    ]
+    subjects = {f: trust.targets[f].hashes["sha256"] for f in files if f in trust.targets}
+    parent = entry.manifest.spec.parent
+    base = artifact_path(entry.name, parent) if parent is not None else None
+    parent_artifact = None
+    if base is not None and base in trust.targets:
+        parent_artifact = (base, trust.targets[base].hashes["sha256"])
+    statement = slsa_statement(
+        subjects, model=entry.name, version=entry.version, provenance=provenance,
+        repository_url=ctx.facts.repository_url if ctx.facts is not None else None,
+        parent_artifact=parent_artifact, finished_on=provenance.released_at,
+    )  # fmt: skip
+    key = private_key_from_env("targets", env, paths.keys)
+    target = provenance_path(entry.name, entry.version)
+    trust.add_target(target, sign_envelope(statement, key), _facts(entry, "provenance", ctx))
+    return target
 
 
 def _fetch(repo: Repository, entry: VersionEntry) -> Path:

@@ -13,8 +13,10 @@ import pytest
 import yaml
 
 from benchmarks._util import git_daemon
+from signing.tuf_repo import TrustRepo
+from signing.version_doc import VersionDoc
 from tests.conftest import REPO_ROOT, git, quiet_mlflow
-from tests.github_fake import TOKEN, fake_github
+from tests.github_fake import TOKEN, FakeGitHub, fake_github
 
 pytestmark = pytest.mark.integration
 
@@ -346,12 +348,20 @@ def origin(tmp_path: Path) -> Iterator[str]:
         yield f"{url}/fleet.git"
 
 
+@pytest.fixture
+def github_api() -> Iterator[FakeGitHub]:
+    """GitHub's REST API for the jobs (reviews, pull requests), on loopback."""
+    with fake_github() as gh:
+        yield gh
+
+
 def test_workflows_run_on_fresh_checkouts(
-    tmp_path: Path, cli, example_models: Path, origin: str
+    tmp_path: Path, cli, example_models: Path, origin: str, github_api: FakeGitHub
 ) -> None:
     """The real CI situation: every job starts from a clone (over git://) with no
     artifacts, no DVC cache and no keys; artifacts come from the DVC remote, keys from
-    secrets."""
+    secrets, GitHub's answers from its API."""
+    gh = github_api
     dev = tmp_path / "dev"
     assert cli("init", str(dev), "--remote", str(tmp_path / "dvc-remote"), cwd=tmp_path).code == 0
     for name in NAMES:  # init writes the workflows this test runs, and their locks
@@ -378,6 +388,8 @@ def test_workflows_run_on_fresh_checkouts(
         "GITHUB_REPOSITORY": "acme/fleet",
         "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
         "GITHUB_OUTPUT": str(tmp_path / "output.txt"),
+        "GITHUB_API_URL": gh.url,
+        "GITHUB_TOKEN": TOKEN,  # every job's ${{ github.token }}
     }
 
     def release(job: str, code: int = 0, **override: str) -> Path:
@@ -431,14 +443,13 @@ def test_workflows_run_on_fresh_checkouts(
     pr_env = {**github, "GITHUB_EVENT_PATH": str(event),
               "GITHUB_EVENT_NAME": "pull_request_target", "GITHUB_REF": "refs/heads/main",
               "GITHUB_SHA": base}  # fmt: skip
-    with fake_github() as gh:  # the promotion to canary needs one approval (the default)
-        pr_env |= {"GITHUB_API_URL": gh.url, "GITHUB_TOKEN": TOKEN}
-        # an organization member without write access approves: that does not count
-        gh.review("acme/fleet", 3, "org-member", "APPROVED", head)
-        gh.access("acme/fleet", "org-member", "read")
-        assert _run_steps("pr.yml", pr, pr_env, code=1) == ["modelreg ci pr"]
-        gh.review("acme/fleet", 3, "ann", "APPROVED", head)  # a collaborator who may write
-        assert _run_steps("pr.yml", pr, pr_env) == ["modelreg ci pr"]
+    # the promotion to canary needs one approval (the default)
+    # an organization member without write access approves: that does not count
+    gh.review("acme/fleet", 3, "org-member", "APPROVED", head)
+    gh.access("acme/fleet", "org-member", "read")
+    assert _run_steps("pr.yml", pr, pr_env, code=1) == ["modelreg ci pr"]
+    gh.review("acme/fleet", 3, "ann", "APPROVED", head)  # a collaborator who may write
+    assert _run_steps("pr.yml", pr, pr_env) == ["modelreg ci pr"]
     comment = (pr / ".modelreg/ci/pr-comment.md").read_text()
     assert "Model diff: mlp 1.0.0 → 1.1.0" in comment
     assert "ok=true" in (tmp_path / "output.txt").read_text().splitlines()[-1]
@@ -446,7 +457,22 @@ def test_workflows_run_on_fresh_checkouts(
     git(dev, "checkout", "-q", "main")
     git(dev, "merge", "-q", "--ff-only", "mlp-1.1.0")
     git(dev, "push", "-q", "origin", "main")
+    gh.merge("acme/fleet", 3, commits=[head], head=head, base=base, merge_commit=head)
     second = release("release-2")
+    # the release signed who approved 1.1.0, as ci pr counted it, and where it came from
+    provenance = VersionDoc.from_bytes(
+        TrustRepo.load(second / "trust/metadata").read_target(
+            tmp_path / "dvc-remote/modelreg", "versions/mlp/1.1.0.json"
+        )
+    ).provenance
+    assert provenance is not None
+    assert provenance.pull_request is not None
+    assert provenance.pull_request.number == 3
+    assert provenance.approvers == ["ann"]
+    assert provenance.ci is not None
+    assert provenance.ci.run_id == "7"
+    assert provenance.policy is not None
+    assert provenance.policy.commit == base
     with quiet_mlflow() as mlflow:
         client = mlflow.MlflowClient(tracking_uri=secrets["MLFLOW_TRACKING_URI"])
         v2 = client.get_model_version("mlp", "2")

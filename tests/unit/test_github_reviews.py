@@ -338,7 +338,24 @@ def test_the_actions_run_is_read_from_the_environment_in_one_place(
 ) -> None:
     from pipelines.github import ActionsRun
 
-    assert ActionsRun.from_env(env) == ActionsRun(run_id, url)
+    run = ActionsRun.from_env(env)
+    assert (run.run_id, run.url) == (run_id, url)
+
+
+def test_the_run_facts_a_release_signs_are_read_from_the_environment() -> None:
+    from pipelines.github import ActionsRun
+
+    env = {"GITHUB_RUN_ID": "42", "GITHUB_SERVER_URL": "https://github.example",
+           "GITHUB_REPOSITORY": "acme/fleet", "GITHUB_RUN_ATTEMPT": "2",
+           "GITHUB_WORKFLOW_REF": "acme/fleet/.github/workflows/release.yml@refs/heads/main",
+           "GITHUB_EVENT_NAME": "push", "RUNNER_ENVIRONMENT": "github-hosted",
+           "RUNNER_OS": "Linux"}  # fmt: skip
+    run = ActionsRun.from_env(env)
+    assert (run.repository, run.attempt, run.event) == ("acme/fleet", "2", "push")
+    assert run.workflow_ref == "acme/fleet/.github/workflows/release.yml@refs/heads/main"
+    assert (run.runner_environment, run.runner_os) == ("github-hosted", "Linux")
+    assert run.repository_url == "https://github.example/acme/fleet"
+    assert ActionsRun.from_env({}).repository_url is None
 
 
 @pytest.mark.parametrize(
