@@ -536,6 +536,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "signing.provenance": {
         "BUILD_TYPE",
+        "LOCAL_BUILDER",
         "PAYLOAD_TYPE",
         "SLSA_PREDICATE",
         "STATEMENT_TYPE",
