@@ -60,7 +60,12 @@ def render_json(
         "stale_after_s": stale_after_s,
         "devices": summary.devices,
         "versions": [
-            {"model": model, "version": version, "devices": n}
+            {
+                "model": model,
+                "version": version,
+                "devices": n,
+                "approvers": summary.approvers.get(model, {}).get(version or ""),
+            }
             for model, counts in summary.versions.items()
             for version, n in counts.items()
         ],
@@ -98,10 +103,17 @@ def render_text(
     )  # fmt: skip
     head = f"{summary.devices} device{'s' if summary.devices != 1 else ''} reporting"
     console.print(Text(f"{head} in {loaded.source}"), style="bold")
-    versions = Table("model", "version", "devices", title="Versions", title_justify="left")
+    versions = Table(
+        "model", "version", "devices", "approved by", title="Versions", title_justify="left"
+    )
     for model, counts in summary.versions.items():
         for version, n in counts.items():
-            versions.add_row(*_cells(model, version or "(nothing yet)", n))
+            approved = summary.approvers.get(model, {})
+            who = approved.get(version or "")
+            shown = "-" if version not in approved else ", ".join(who or []) or "no one"
+            if version in approved and who is None:
+                shown = "not counted"
+            versions.add_row(*_cells(model, version or "(nothing yet)", n, shown))
     if summary.versions:
         console.print(versions)
     if summary.channels:

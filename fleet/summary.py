@@ -18,7 +18,7 @@ listed in ``stale`` as well: what their report says may no longer hold.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -137,6 +137,10 @@ class FleetSummary:
             nothing until the metadata is re-signed).
         stopped: devices whose last report says their daemon stopped (a clean stop
             sends one): what they serve is not served now.
+        approvers: per model, per version served, who approved it, as the signed
+            provenance the devices report says (the list most devices report; None:
+            not counted at release).  A version no device reported provenance for is
+            absent.
     """
 
     devices: int
@@ -146,6 +150,18 @@ class FleetSummary:
     stale: list[StaleDevice] = field(default_factory=list)
     trust_stale: list[str] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
+    approvers: dict[str, dict[str, list[str] | None]] = field(default_factory=dict)
+
+
+def _approvers(
+    seen: Mapping[tuple[str, str], Counter[tuple[str, ...] | None]],
+) -> dict[str, dict[str, list[str] | None]]:
+    found: dict[str, dict[str, list[str] | None]] = defaultdict(dict)
+    for (model, version), counts in sorted(seen.items()):
+        # ties go to the first listed: devices of one release agree unless one lies
+        top, _ = max(counts.items(), key=lambda item: item[1])
+        found[model][version] = None if top is None else list(top)
+    return dict(found)
 
 
 def latest(reports: Iterable[DeviceReport]) -> dict[str, DeviceReport]:
@@ -276,6 +292,7 @@ def summarize(
     devices = latest(reports)
     versions: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
     following: dict[tuple[str, str], list[DeviceReport]] = defaultdict(list)
+    approved: dict[tuple[str, str], Counter[tuple[str, ...] | None]] = defaultdict(Counter)
     trust_stale, stopped = [], []
     for report in devices.values():
         if report.trust.stale:
@@ -283,8 +300,12 @@ def summarize(
         if not report.daemon.running:
             stopped.append(report.device)
         for name, state in report.models.items():
-            versions[name][state.serving.version if state.serving else None] += 1
+            serving = state.serving
+            versions[name][serving.version if serving else None] += 1
             following[(name, state.channel)].append(report)
+            if serving is not None and serving.provenance is not None:
+                who = serving.provenance.approvers
+                approved[(name, serving.version)][None if who is None else tuple(who)] += 1
     stale = _stale(devices.values(), now, stale_after_s)
     stale_ids = {s.device for s in stale}
     progress = []
@@ -305,4 +326,5 @@ def summarize(
         stale=stale,
         trust_stale=sorted(trust_stale),
         stopped=sorted(stopped),
+        approvers=_approvers(approved),
     )

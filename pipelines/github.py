@@ -102,7 +102,7 @@ class Review:
     commit: str | None
     association: str = "NONE"
     bot: bool = False
-    id: int | None = None
+    id: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ that document plus what a fleet view needs: the device's labels, when it was sen
 (``reported``), the daemon's version, and a ``kind`` and ``format``.  One JSON object
 per device, stored as ``<device-id>.json``::
 
-    {"kind": "DeviceReport", "format": 1, "device": "cam-0042",
+    {"kind": "DeviceReport", "format": 2, "device": "cam-0042",
      "labels": {"arch": "x86_64"}, "reported": "2025-01-01T12:00:00.000000Z",
      "daemon": {"running": true, "pid": 123, "listen": "127.0.0.1:8000",
                 "started": "...", "version": "0.1.0"},
@@ -64,6 +64,7 @@ __all__ = [
     "GateReport",
     "InstalledReport",
     "ModelReport",
+    "ProvenanceReport",
     "RejectedReport",
     "ReportError",
     "ReportLimits",
@@ -77,9 +78,10 @@ __all__ = [
 ]
 
 KIND: Final = "DeviceReport"
-REPORT_FORMAT: Final = 1
+REPORT_FORMAT: Final = 2
 """Bumped when a field is added: a reader refuses a newer format with a clear reason
-(its schema is strict, so it could not read one anyway)."""
+(its schema is strict, so it could not read one anyway), and reads every older one.
+Format 2 added each held version's ``model_sha256`` and ``provenance``."""
 
 DEVICE_ID_RE: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 DeviceId = Annotated[str, StringConstraints(pattern=DEVICE_ID_RE)]
@@ -149,13 +151,57 @@ def _printable_labels(labels: dict[str, str]) -> dict[str, str]:
     return labels
 
 
+GitCommit = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{7,64}$")]
+
+
+class ProvenanceReport(Strict):
+    """Where a version the device holds came from, as its signed description says
+    (``signing.provenance``): who approved it and which CI run released it.
+
+    Attributes:
+        commit: the commit the release was built from.
+        pull_request: the number of the pull request that declared it.
+        approvers: the reviewers whose approvals were counted (None: not counted).
+        ci_run: the run that released it (its page, else its id).
+        released_at: when it was released.
+        unknown: the facts the release could not know (``pull_request``,
+            ``approvals``, ``policy``, ``ci``).
+    """
+
+    commit: GitCommit
+    pull_request: Annotated[int, Field(ge=1)] | None = None
+    approvers: Annotated[list[Word], Field(max_length=100)] | None = None
+    ci_run: Text | None = None
+    released_at: Stamp | None = None
+    unknown: Annotated[list[Stage], Field(max_length=16)] = Field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line: ``PR #7 approved by ann; CI run <url>``."""
+        if self.pull_request is not None:
+            who = ", ".join(self.approvers) if self.approvers else "no one"
+            line = f"PR #{self.pull_request} approved by " + (
+                who if self.approvers is not None else "(approvals not counted)"
+            )
+        else:
+            line = "no pull request known"
+        line += f"; CI run {self.ci_run}" if self.ci_run else "; not released by CI"
+        return f"{line} (commit {self.commit[:12]})"
+
+
 class InstalledReport(Strict):
-    """A version the device holds: serving, previous or last known good."""
+    """A version the device holds: serving, previous or last known good.
+
+    ``model_sha256`` is the signed artifact's SHA-256 that inference answers name, and
+    ``provenance`` where the version came from (both absent for versions installed
+    before they were recorded, and from reports of format 1).
+    """
 
     version: Version
     sha256: Sha256
     target: Name | None = None
     kind: Literal["artifact", "engine"] = "artifact"
+    model_sha256: Sha256 | None = None
+    provenance: ProvenanceReport | None = None
 
 
 class UpdateReport(Strict):
@@ -259,7 +305,7 @@ class DeviceReport(StatusDocument):
     docstring)."""
 
     kind: Literal["DeviceReport"]
-    format: Literal[1]
+    format: Literal[1, 2]
     labels: Annotated[Labels, AfterValidator(_printable_labels)] = Field(default_factory=dict)
     reported: AwareDatetime
     daemon: DaemonReport
@@ -275,7 +321,7 @@ class DeviceReport(StatusDocument):
 def _first_problem(error: ValidationError) -> str:
     problems = error.errors(include_url=False, include_input=False, include_context=False)
     if any(p["loc"][:1] == ("format",) for p in problems):
-        return f"not a report of format {REPORT_FORMAT} (made by a newer modelreg?)"
+        return f"not a report of format 1 to {REPORT_FORMAT} (made by a newer modelreg?)"
     first = problems[0]
     where = ".".join(str(p) for p in first["loc"]) or "report"
     more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""

@@ -32,10 +32,13 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import Field, StringConstraints
+
+if TYPE_CHECKING:
+    from registry.device_report import ProvenanceReport
 
 from registry.schema import Name, SemVer, Strict
 from signing.errors import SignatureError, VerificationError
@@ -169,6 +172,20 @@ class Provenance(Strict):
     def approvers(self) -> list[str]:
         """The logins of the approvals counted (empty when none or unknown)."""
         return sorted(a.login for a in self.approvals or ())
+
+    def report(self) -> ProvenanceReport:
+        """What a device says of it in its status and reports (``registry.device_report``)."""
+        from registry.device_report import ProvenanceReport
+
+        ci = None
+        if self.ci is not None:
+            ci = self.ci.url or self.ci.run_id
+        return ProvenanceReport(
+            commit=self.commit,
+            pull_request=self.pull_request.number if self.pull_request else None,
+            approvers=None if self.approvals is None else self.approvers,
+            ci_run=ci, released_at=self.released_at, unknown=sorted(self.unknown),
+        )  # fmt: skip
 
     def summary(self) -> str:
         """One line: ``PR #12 approved by ann, bob; run 4242 attempt 1``."""

@@ -74,6 +74,10 @@ def isolated_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.M
         "GIT_WORK_TREE",
     ):
         monkeypatch.delenv(var, raising=False)
+    # a run of the suite on GitHub Actions: no test reads the runner's own run, token or
+    # API (a release looks its pull request up on GitHub; tests use a fake on loopback)
+    for var in [v for v in os.environ if v.startswith(("GITHUB_", "RUNNER_"))]:
+        monkeypatch.delenv(var, raising=False)
     return home
 
 

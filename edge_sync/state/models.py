@@ -11,6 +11,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from registry.device_report import ProvenanceReport
 from registry.errors import one_line, printable
 from registry.redact import redact
 
@@ -71,6 +72,8 @@ class Installed(_Model):
             ``sha256`` names the whole file they make, which the device may not hold.
         model_sha256: the SHA-256 of the version's signed artifact, named by every
             answer its engine computes (None in a state kept before it was recorded).
+        provenance: where the version came from, as its signed description says
+            (None: a release made before it was signed, or a state kept before).
     """
 
     version: str
@@ -81,6 +84,7 @@ class Installed(_Model):
     external: dict[str, str] = Field(default_factory=dict)
     graph: str | None = None
     model_sha256: str | None = None
+    provenance: ProvenanceReport | None = None
 
 
 class Rejected(_Model):

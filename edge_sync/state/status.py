@@ -85,7 +85,9 @@ def _shown(schema: type[_Shown], record: BaseModel | None) -> _Shown | None:
     unchecked (module docstring)."""
     if record is None:
         return None
-    return schema.model_construct(**record.model_dump(include=set(schema.model_fields)))
+    # attributes as they are (a nested report, ProvenanceReport, stays its model)
+    fields = set(schema.model_fields) & set(type(record).model_fields)
+    return schema.model_construct(**{name: getattr(record, name) for name in fields})
 
 
 def _model(channel: str, model: ModelState | None) -> ModelReport:

@@ -272,11 +272,13 @@ class Installer:
         progress.plan = plan = Plan(method, plan.kind, plan.sha256, plan.path)
         layout, graph = self._lay_out(about, plan, stages, external)
         whole = plan.kind == "artifact" and method != "tensors"
+        origin = about.doc.provenance if about.doc is not None else None
         installed = Installed(
             version=version, sha256=plan.sha256,
             artifact_sha256=about.art.sha256 if whole else None,
             target=about.target.name if about.target is not None else None,
             kind=plan.kind, external=external, graph=graph, model_sha256=about.art.sha256,
+            provenance=origin.report() if origin is not None else None,
         )  # fmt: skip
         self._keep_description(name, version, about.doc)
         progress.model, attempt = _attempt(model, installed, about.signed, commit)

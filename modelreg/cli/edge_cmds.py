@@ -87,6 +87,8 @@ def _model_lines(name: str, model: ModelReport) -> None:
         return f"{found.version} ({found.sha256[:12]})" if found else "nothing"
 
     detail(f"{name}@{model.channel}: serving {held(model.serving)}")
+    if model.serving is not None and model.serving.provenance is not None:
+        detail(f"  provenance: {model.serving.provenance.summary()}")
     if model.gate is not None:
         detail(f"  health gate: open on {model.gate.version} since {model.gate.opened}")
     if model.previous is not None:

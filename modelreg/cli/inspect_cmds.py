@@ -15,7 +15,7 @@ from registry.errors import one_line
 
 if TYPE_CHECKING:
     from registry.history import Event
-    from registry.repository import Repository
+    from registry.repository import Repository, VersionEntry
     from signing.workspace import ReleaseState
 
 _NO_CACHE = click.option(
@@ -156,7 +156,14 @@ def history(name: str, channel: str | None, as_json: bool, no_cache: bool) -> No
     is_flag=True,
     help="Also ask MLflow which model version mirrors each version.",
 )
-def show(ref: str, as_json: bool, no_cache: bool, with_mlflow: bool) -> None:
+@click.option(
+    "--provenance",
+    "with_provenance",
+    is_flag=True,
+    help="Also read where a released version came from (its pull request, approvers, CI "
+    "run) from its signed description on the artifact remote.",
+)
+def show(ref: str, as_json: bool, no_cache: bool, with_mlflow: bool, with_provenance: bool) -> None:
     """Show a model, a version (NAME:VERSION) or what a channel serves (NAME@CHANNEL).
 
     A model: description, owner, task, signature, channels and versions.  A version:
@@ -204,11 +211,29 @@ def show(ref: str, as_json: bool, no_cache: bool, with_mlflow: bool) -> None:
             }
         else:
             facts["mlflow_version"] = numbers.get((found.model.name, found.version.version))
+    if with_provenance and found.version is not None:
+        facts["provenance"] = _provenance(repo, found.version, released=facts["released"])
     if as_json:
         emit_json(facts)
     else:
         _print_facts(facts)
     _problems_note(repo)
+
+
+def _provenance(repo: Repository, entry: VersionEntry, *, released: bool) -> dict[str, Any]:
+    """A released version's signed provenance, or why there is none to show."""
+    from pipelines.publish import published_provenance
+    from registry.errors import RegistryError
+
+    if not released:
+        return {"error": "not released yet"}
+    try:
+        found = published_provenance(repo, entry.name, entry.version)
+    except RegistryError as e:
+        return {"error": one_line(str(e))}
+    if found is None:
+        return {"error": "released before provenance was signed"}
+    return {"summary": found.summary(), **found.model_dump(mode="json", exclude_none=True)}
 
 
 def _print_facts(facts: dict[str, Any]) -> None:
@@ -243,6 +268,8 @@ def _text(key: str, value: Any) -> str:
         return ", ".join(f"{t['name']}={t['engine']}" for t in value)
     if key == "commit" and isinstance(value, dict):
         return f"{value['sha'][:8]} {value['date']}"
+    if key == "provenance" and isinstance(value, dict):
+        return str(value.get("summary") or f"not shown: {value.get('error')}")
     if isinstance(value, dict):
         return ", ".join(f"{k}={_text(k, v)}" for k, v in value.items())
     if isinstance(value, list):

@@ -22,6 +22,7 @@ from pipelines.publish._stage import (
     current_branch,
     engine_file_name,
     publish,
+    published_provenance,
     released_changes,
     released_deprecations,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "current_branch",
     "engine_file_name",
     "publish",
+    "published_provenance",
     "refresh_metadata",
     "released_changes",
     "released_deprecations",

@@ -617,6 +617,35 @@ def _stage_delta(
     return [target]
 
 
+def published_provenance(repo: Repository, model: str, version: str) -> Provenance | None:
+    """Where a released version came from, as its signed description says: read from
+    the artifact remote and checked against the repository's signed metadata.
+
+    Returns:
+        None when the description signs no provenance (a release made before it was
+        recorded).
+
+    Raises:
+        FileSetError: the version's description is not published, or the remote has
+            no copy.
+        DigestMismatchError: the remote's copy differs from the signed one.
+        VerificationError: the trust metadata does not verify.
+        ToolError: the remote cannot be read.
+    """
+    from signing.version_doc import VersionDoc
+    from signing.workspace import trust_paths
+
+    paths = trust_paths(repo.root, repo.config)
+    trust = TrustRepo.load(paths.metadata, expiry=paths.expiry)
+    data = TargetStore(repo.root, repo.config.remote).read(trust, version_path(model, version))
+    try:
+        return VersionDoc.from_bytes(data).provenance
+    except ValueError as e:
+        raise FileSetError(
+            f"not a version description ({e})", version_path(model, version)
+        ) from None
+
+
 def current_branch(root: Path, env: Mapping[str, str] | None = None) -> str | None:
     """The branch being released: ``GITHUB_REF`` in CI, else the work tree's ``HEAD``.
 

@@ -203,6 +203,8 @@ def test_a_slow_version_is_swapped_back_and_rejected(rig: Any) -> None:
         assert host.current("mlp").version == "1.0.0"
         shown = _status_text(rig)
         assert "health gate: open" not in shown
+        # where the version served came from (a release by hand: no PR, no CI run)
+        assert "\n  provenance: no pull request known; not released by CI (commit " in shown
         assert "  last update: rejected 1.1.0 at " in shown  # no "via -, 0 bytes"
         assert "via -" not in shown
         assert "  rejected 1.1.0: health gate" in shown

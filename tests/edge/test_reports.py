@@ -23,6 +23,7 @@ import pytest
 
 from fleet.reports import LoadedReports, ReportsError, load_reports
 from registry.cohort import in_cohort
+from tests.conftest import git
 from tests.edge.conftest import EdgeRig
 from tests.http_sim import running
 
@@ -106,7 +107,16 @@ def test_daemons_report_to_a_folder_on_change_and_fleet_status_counts_them(
             listen = first.daemon.listen
             assert listen
             base = f"http://{listen}"
-            sha = first.models["mlp"].serving.sha256  # type: ignore[union-attr]
+            serving = first.models["mlp"].serving
+            assert serving is not None
+            sha = serving.sha256
+            # where it came from, as its signed description says: released by hand here
+            assert serving.model_sha256 == sha
+            origin = serving.provenance
+            assert origin is not None
+            assert (origin.pull_request, origin.approvers, origin.ci_run) == (None, None, None)
+            assert origin.unknown == ["approvals", "ci", "policy", "pull_request"]
+            assert git(rig.root, "cat-file", "-t", origin.commit).strip() == "commit"
             info = f'modelreg_model_info{{model="mlp",sha256="{sha}",version="1.0.0"}} 1.0'
             assert info in _metrics(base).splitlines()
 
@@ -132,7 +142,9 @@ def test_daemons_report_to_a_folder_on_change_and_fleet_status_counts_them(
 
     status = _fleet_status(rig, str(reports))
     assert status["devices"] == 2
-    assert status["versions"] == [{"model": "mlp", "version": "1.1.0", "devices": 2}]
+    assert status["versions"] == [
+        {"model": "mlp", "version": "1.1.0", "devices": 2, "approvers": None}
+    ]
     (canary,) = status["channels"]
     assert canary | {"failed": [], "pending": []} == {
         "model": "mlp", "channel": "canary", "version": "1.1.0", "percent": None, "hold": None,

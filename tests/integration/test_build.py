@@ -139,12 +139,12 @@ def test_build_table_lists_versions_and_stage_timings(repo: Path, cli) -> None:
     lines = r.out.splitlines()
     assert lines[0].split() == [
         "model", "version", "result", "fetch", "ms", "check", "ms", "signature", "ms",
-        "load", "ms", "goldens", "ms", "engines", "ms", "targets",
+        "load", "ms", "goldens", "ms", "engines", "ms", "p50", "vs", "parent", "targets",
     ]  # fmt: skip
     assert re.fullmatch(
-        r"mlp +1\.0\.0 +ok( +\d+\.\d){6} +cpu: built, jetson: built on device", lines[1]
+        r"mlp +1\.0\.0 +ok( +\d+\.\d){6} +- +cpu: built, jetson: built on device", lines[1]
     )
-    assert re.fullmatch(r"mlp +1\.1\.0 +ok( +\d+\.\d){6} +-", lines[2])
+    assert re.fullmatch(r"mlp +1\.1\.0 +ok( +\d+\.\d){6} +\d+\.\d\dx +-", lines[2])
     assert lines[3] == "built 2 versions; records in .modelreg/build/"
     assert r.err == ""
 

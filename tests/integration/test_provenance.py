@@ -136,6 +136,13 @@ def test_a_release_signs_who_approved_what_it_released(
         "4242", "2", WORKFLOW, "github-hosted",
     )  # fmt: skip
     assert provenance.summary() == "PR #7 approved by ann; CI run 4242 attempt 2"
+    # anyone with the repository reads it back, checked against the signed metadata
+    shown = cli("show", "mlp:1.0.0", "--provenance", cwd=root)
+    assert shown.code == 0, shown.err
+    assert "  provenance:     PR #7 approved by ann; CI run 4242 attempt 2\n" in shown.out
+    facts = json.loads(cli("show", "mlp:1.0.0", "--provenance", "--json", cwd=root).out)
+    assert facts["provenance"]["pull_request"]["number"] == 7
+    assert facts["provenance"]["approvals"][0]["login"] == "ann"
 
     # The SLSA provenance verifies with securesystemslib's DSSE, not only our code.
     envelope = _signed(root, "provenance/mlp/1.0.0.intoto.json")
@@ -174,6 +181,9 @@ def test_a_release_by_hand_marks_what_it_cannot_know(merged: dict[str, Any], cli
         _signed(root, "provenance/mlp/1.0.0.intoto.json"), [_targets_key(root)], "provenance"
     )
     assert statement["predicate"]["runDetails"]["builder"]["id"] == LOCAL_BUILDER
+    shown = cli("show", "mlp:1.0.0", "--provenance", cwd=root).out
+    assert "no pull request (GITHUB_REPOSITORY is not set: no pull request to look up)" in shown
+    assert "not released by CI (released outside GitHub Actions" in shown
 
 
 def test_a_tampered_provenance_is_refused_before_anything_reads_it(

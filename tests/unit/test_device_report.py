@@ -99,9 +99,15 @@ def test_a_report_names_the_expired_roles_of_a_stale_device() -> None:
 
 
 def test_a_newer_format_says_so() -> None:
-    doc = report("cam-1", format=2, added_later={"x": 1})
-    with pytest.raises(ReportError, match=r"not a report of format 1 \(made by a newer"):
+    doc = report("cam-1", format=3, added_later={"x": 1})
+    with pytest.raises(ReportError, match=r"not a report of format 1 to 2 \(made by a newer"):
         parse_report(_bytes(doc))
+
+
+def test_a_format_1_report_is_still_read() -> None:
+    """Devices not yet upgraded send format 1 (no provenance, no model digest)."""
+    doc = report("cam-1", format=1)
+    assert parse_report(_bytes(doc)).format == 1
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from edge_sync.sync.report import report_document
 from edge_sync.sync.trust import Freshness, RoleState
 from registry.device_report import (
     LIMITS,
+    ProvenanceReport,
     ReportError,
     StatusDocument,
     encode_report,
@@ -51,14 +52,32 @@ SYNCED = SyncInfo(last_checked=AT, result="current", commit="a" * 40, seq=12)
 ANNOUNCED = DaemonInfo(pid=42, listen="127.0.0.1:8000", started=AT)
 
 
+ORIGIN = ProvenanceReport(commit="c" * 40, pull_request=7, approvers=["ann"],
+                          ci_run="https://github.example/acme/fleet/actions/runs/4242",
+                          released_at="2025-06-01T10:00:00Z")  # fmt: skip
+
+
 def _held(version: str) -> Installed:
+    # 1.0.0 was installed before the model digest and provenance were recorded
+    recorded = version != "1.0.0"
     return Installed(version=version, sha256=SHA[version], artifact_sha256=SHA[version],
-                     target="cpu", external={"w.bin": "e" * 64})  # fmt: skip
+                     target="cpu", external={"w.bin": "e" * 64},
+                     model_sha256=SHA[version] if recorded else None,
+                     provenance=ORIGIN if recorded else None)  # fmt: skip
 
 
 def _shown(version: str) -> dict[str, Any]:
     """How the document shows a held version (its blob details stay on the device)."""
-    return {"version": version, "sha256": SHA[version], "target": "cpu", "kind": "artifact"}
+    shown: dict[str, Any] = {"version": version, "sha256": SHA[version], "target": "cpu",
+                             "kind": "artifact", "model_sha256": None, "provenance": None}  # fmt: skip
+    if version != "1.0.0":
+        shown["model_sha256"] = SHA[version]
+        shown["provenance"] = {
+            "commit": "c" * 40, "pull_request": 7, "approvers": ["ann"],
+            "ci_run": "https://github.example/acme/fleet/actions/runs/4242",
+            "released_at": "2025-06-01T10:00:00Z", "unknown": [],
+        }  # fmt: skip
+    return shown
 
 
 UPDATE = UpdateRecord(result="installed", version="1.1.0", method="delta", bytes_fetched=1234,
@@ -260,7 +279,7 @@ def test_the_report_is_the_document_and_its_own_fields(stopped: bool) -> None:
     }
     assert (sent["kind"], sent["format"], sent["labels"]) == (
         "DeviceReport",
-        1,
+        2,
         {"site": "plant-3"},
     )
     assert sent["truncated"] is False

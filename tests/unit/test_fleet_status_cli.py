@@ -21,12 +21,21 @@ def _fleet(folder: Path) -> Path:
               "reason": "fetch: connection reset by peer"}  # fmt: skip
     offline = {"last_checked": stamp(NOW), "result": "failed", "commit": None,
                "reason": "repository: git fetch: connection refused"}  # fmt: skip
+    approved = model("1.1.0", "canary")
+    approved["serving"] |= {
+        "model_sha256": approved["serving"]["sha256"],
+        "provenance": {"commit": "c" * 40, "pull_request": 12, "approvers": ["ann", "bob"],
+                       "ci_run": "https://github.example/acme/fleet/actions/runs/7",
+                       "released_at": stamp(NOW), "unknown": []},
+    }  # fmt: skip
+    by_hand = model("1.0.0")
+    by_hand["serving"]["provenance"] = {"commit": "d" * 40, "unknown": ["approvals", "ci"]}
     docs = [
-        report("cam-01", {"mlp": model("1.1.0", "canary")}),
+        report("cam-01", {"mlp": approved}, format=2),
         report("cam-02", {"mlp": model("1.0.0", "canary", update=failed)}),
         report("cam-03", {"mlp": model("1.0.0", "canary")}, sync=offline),
         report("cam-04", {"mlp": model("1.0.0")}, age_s=2 * 3600 + 180),
-        report("cam-05", {"mlp": model("1.0.0"), "det": model("2.0.0", "beta")}),
+        report("cam-05", {"mlp": by_hand, "det": model("2.0.0", "beta")}, format=2),
         report("cam-06", {"mlp": model(None)}),
     ]
     write(folder, *docs)
@@ -60,7 +69,11 @@ def test_json_without_a_repository(tmp_path: Path, cli: Any) -> None:
     assert r.code == 0, r.err
     doc = json.loads(r.out)
     assert (doc["devices"], doc["repository"], doc["channels"]) == (6, None, [])
-    assert {"model": "mlp", "version": None, "devices": 1} in doc["versions"]
+    assert {"model": "mlp", "version": None, "devices": 1, "approvers": None} in doc["versions"]
+    # who approved what runs, as the devices' signed provenance says (issue 28)
+    approvers = {row["version"]: row["approvers"] for row in doc["versions"]}
+    assert approvers["1.1.0"] == ["ann", "bob"]
+    assert approvers["1.0.0"] is None  # released by hand: not counted
     assert [u["source"] for u in doc["unreadable"]] == ["cam-07.json", "cam-08.json"]
     # reports sent in 2025 are all stale now; the oldest first
     assert doc["stale"][0]["device"] == "cam-04"

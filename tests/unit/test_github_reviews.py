@@ -15,10 +15,13 @@ from pipelines.github import (
     GitHubLimits,
     Review,
     approval_candidates,
+    approvals,
     approvers,
     fetch_approvers,
+    fetch_merged_pull,
     fetch_permissions,
     fetch_reviews,
+    merged_pull,
 )
 from tests.github_fake import TOKEN, fake_github
 
@@ -372,3 +375,61 @@ def test_an_unreadable_event_file_is_a_github_error_naming_it(
         PullRequest.from_env({"GITHUB_EVENT_PATH": str(event)}, None)
     assert info.value.subject == str(event)
     assert str(info.value).startswith(f"{event}: ")
+
+
+def test_the_approvals_a_release_signs_are_those_counted_with_review_and_role() -> None:
+    """Issue 28: the release signs the approvals ``ci pr`` counts (same rule), each with
+    the id of the review that approved and the reviewer's role."""
+    reviews = [
+        Review("ann", "COMMENTED", HEAD, "MEMBER", id=10),
+        Review("ann", "APPROVED", HEAD, "MEMBER", id=11),
+        Review("bob", "APPROVED", OLD, "MEMBER", id=12),  # an older commit
+        Review("carol", "APPROVED", HEAD, "MEMBER", id=13),  # triage: no write access
+        Review("dave", "APPROVED", HEAD, "COLLABORATOR", id=14),
+        Review("dev", "APPROVED", HEAD, "OWNER", id=15),  # the author
+    ]
+    access = {"ann": Access("write", "write"), "bob": Access("write", "write"),
+              "carol": Access("read", "triage"), "dave": Access("write", "releaser"),
+              "dev": Access("admin", "admin")}  # fmt: skip
+    found = approvals(reviews, access, head=HEAD, author="dev")
+    assert [(a.login, a.review_id, a.permission, a.commit) for a in found] == [
+        ("ann", 11, "write", HEAD), ("dave", 14, "releaser", HEAD),
+    ]  # fmt: skip
+    assert {a.login for a in found} == approvers(reviews, access, head=HEAD, author="dev")
+
+
+def _pull(
+    number: int, *, merged: bool = True, branch: str = "main", at: str = "2026-12-01T10:00:00Z"
+) -> dict[str, object]:
+    return {"number": number, "merged_at": at if merged else None, "merge_commit_sha": "c" * 40,
+            "html_url": f"https://github.example/acme/fleet/pull/{number}",
+            "user": {"login": "dev"}, "head": {"sha": HEAD}, "base": {"sha": OLD, "ref": branch}}  # fmt: skip
+
+
+def test_the_pull_request_of_a_commit_is_the_one_merged_into_the_branch() -> None:
+    listed = [
+        _pull(3, merged=False),
+        _pull(4, branch="dev"),
+        _pull(5),
+        _pull(2, at="2026-12-02T00:00:00Z"),
+    ]
+    found = merged_pull(listed, HEAD, "main")
+    assert found is not None
+    assert (found.number, found.head, found.base, found.merge_commit, found.author) == (
+        5, HEAD, OLD, "c" * 40, "dev",
+    )  # fmt: skip
+    assert merged_pull(listed, HEAD, None) is not None
+    assert merged_pull([_pull(3, merged=False)], HEAD, "main") is None
+    assert merged_pull([], HEAD, "main") is None
+    with pytest.raises(GitHubError, match="are not a list"):
+        merged_pull({"message": "?"}, HEAD, "main")
+
+
+def test_the_pull_request_of_a_commit_is_asked_of_the_api() -> None:
+    with fake_github() as gh:
+        gh.merge("acme/fleet", 9, commits=[HEAD], head=HEAD, base=OLD, merge_commit="c" * 40)
+        found = fetch_merged_pull("acme/fleet", HEAD, TOKEN, branch="main", api=gh.url)
+        assert found is not None
+        assert found.number == 9
+        assert fetch_merged_pull("acme/fleet", OLD, TOKEN, branch="main", api=gh.url) is None
+        assert gh.requests[-1].startswith(f"/repos/acme/fleet/commits/{OLD}/pulls")

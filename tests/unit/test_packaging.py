@@ -118,7 +118,17 @@ PIPELINE_LAYERS = {
     "authoring": {"dvc", "errors", "goldens", "onnx"},
     "build": {"changes", "context", "errors", "fetch", "goldens", "onnx"},
     "diff": {"changes", "context", "errors", "fetch", "github", "onnx"},
-    "publish": {"build", "context", "dvc", "errors", "fetch", "github", "model_bundle"},
+    "publish": {
+        "build",
+        "context",
+        "dvc",
+        "errors",
+        "fetch",
+        "github",
+        "model_bundle",
+        "provenance",
+    },
+    "provenance": {"errors", "github"},
     "register": {"_probe", "context", "errors", "fetch", "github"},
     # the workflows' entry points, over every stage
     "ci": {"build", "context", "diff", "errors", "github", "publish", "register"},

@@ -316,6 +316,7 @@ PUBLIC: dict[str, set[str]] = {
         "KIND",
         "LIMITS",
         "ModelReport",
+        "ProvenanceReport",
         "REPORT_FORMAT",
         "RejectedReport",
         "ReportError",
