@@ -37,6 +37,7 @@ from edge_sync.engine.host import InProcessHost
 from edge_sync.errors import EngineError, StoppedError
 from edge_sync.serve.listeners import Listeners
 from edge_sync.serve.recorder import Recorder
+from edge_sync.state.device_key import DeviceKey
 from edge_sync.state.models import DaemonInfo, UpdateRecord, reason_text
 from edge_sync.state.status import (
     EngineStatus,
@@ -340,8 +341,9 @@ class Daemon:
         if self.config.report is not None:
             # its own thread: a slow sink never holds up a sync or a request
             self._reporter = Reporter(
-                self.config, lambda: device_status(self.config), modelreg_version()
-            )
+                self.config, lambda: device_status(self.config), modelreg_version(),
+                key=DeviceKey.load_or_create(self.config.state_path),
+            )  # fmt: skip
             self._reporter.start()
         return updater, server
 
@@ -442,13 +444,15 @@ def _guarded(updater: Updater) -> SyncOutcome:
 
 
 def provision(config: EdgeConfig, state: StateDir) -> None:
-    """Install the configured trust root on first run (a no-op once it is there).
+    """Install the configured trust root on first run (a no-op once it is there), and
+    make the device's own key (``edge_sync.state.device_key``) if it has none.
 
     Raises:
-        KeyMaterialError: the root file cannot be read.
+        KeyMaterialError: the root file cannot be read, or the device key is unusable.
         VerificationError: it is not a root signed by its own keys.
         ValueError: the device already trusts another root.
     """
+    DeviceKey.load_or_create(state.root)
     from signing.errors import KeyMaterialError
 
     try:

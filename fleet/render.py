@@ -83,7 +83,23 @@ def render_json(
         "stopped": summary.stopped,
         "unreadable": [{"source": u.source, "reason": u.reason} for u in loaded.unreadable],
         "skipped": loaded.skipped,
+        "authenticated": loaded.authenticated,
+        "untrusted": [{"source": u.source, "reason": u.reason} for u in loaded.untrusted],
     }
+
+
+def _report_lines(loaded: LoadedReports, repository: bool) -> list[str]:
+    """The reports that were not read or do not count, and whether any was checked."""
+    lines = _cut([f"unreadable: {u.source}: {u.reason}" for u in loaded.unreadable], "reports")
+    lines += _cut([f"not counted: {u.source}: {u.reason}" for u in loaded.untrusted], "reports")
+    if repository and not loaded.authenticated:
+        lines.append(
+            "reports are not authenticated: the repository enrolls no device "
+            "(modelreg fleet enroll DEVICE --public-key FILE)"
+        )
+    if loaded.skipped:
+        lines.append(f"not read: {loaded.skipped} more reports (over the limit)")
+    return lines
 
 
 def render_text(
@@ -151,9 +167,7 @@ def render_text(
         [f"stopped: {d} (its daemon stopped: it serves nothing now)" for d in summary.stopped],
         "stopped devices",
     )
-    lines += _cut([f"unreadable: {u.source}: {u.reason}" for u in loaded.unreadable], "reports")
-    if loaded.skipped:
-        lines.append(f"not read: {loaded.skipped} more reports (over the limit)")
+    lines += _report_lines(loaded, repository is not None and summary.devices > 0)
     if repository is None and summary.devices:
         lines.append("no rollout progress: no model repository here (give --repo)")
     for line in lines:

@@ -19,6 +19,7 @@ does not end in ``.json`` are not reports and are passed over.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from registry.device_report import (
     DEVICE_ID_RE,
@@ -44,8 +45,14 @@ from registry.redact import redact
 from registry.repository import no_gc
 from registry.s3client import S3Network, S3UnavailableError, s3_client
 from registry.safe_io import folder_reader
+from signing.device_reports import is_envelope, open_envelope
+from signing.errors import VerificationError
+
+if TYPE_CHECKING:
+    from fleet.trust import ReportTrust
 
 __all__ = [
+    "Entry",
     "FleetLimits",
     "LoadedReports",
     "ReportsError",
@@ -96,15 +103,32 @@ class LoadedReports:
 
     Attributes:
         source: the source read (credentials removed).
-        reports: every report that was read, one per device.
-        unreadable: the entries that were not, each with its reason.
+        reports: every report that counts, one per device: with enrolled devices
+            (``trust`` given to :func:`load_reports`), only those signed by their
+            device and newer than the last one seen from it.
+        unreadable: the entries that could not be read, each with its reason.
         skipped: reports listed beyond :attr:`FleetLimits.max_reports` (not read).
+        untrusted: reports read but not counted (unsigned, unenrolled, forged,
+            replayed), each with its reason; they never move a wave.
+        authenticated: whether the reports were checked against enrolled keys.
     """
 
     source: str
     reports: list[DeviceReport] = field(default_factory=list)
     unreadable: list[Unreadable] = field(default_factory=list)
     skipped: int = 0
+    untrusted: list[Unreadable] = field(default_factory=list)
+    authenticated: bool = False
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stored report as read: the report, its signed envelope (None: sent bare) and
+    the SHA-256 of the report's bytes."""
+
+    report: DeviceReport
+    envelope: dict[str, Any] | None
+    digest: str
 
 
 def _is_report_name(name: str) -> bool:
@@ -112,19 +136,39 @@ def _is_report_name(name: str) -> bool:
 
 
 def read_entry(name: str, data: bytes, limits: ReportLimits = LIMITS) -> DeviceReport:
-    """One report stored as ``name`` (``<device-id>.json``).
+    """One report stored as ``name`` (``<device-id>.json``), bare or in its envelope
+    (whose signature is not checked here: :func:`load_reports` does with ``trust``).
 
     Raises:
         ReportError: the name is no device id, the content is not a report (size,
             JSON, schema), or it reports another device than its name says.
     """
+    return _entry(name, data, limits).report
+
+
+def _entry(name: str, data: bytes, limits: ReportLimits) -> Entry:
     device = name.removesuffix(".json")
     if not _DEVICE_ID.match(device):
         raise ReportError("the name is not <device-id>.json")
-    report = parse_report(data, limits)
+    if len(data) > limits.max_stored_bytes:
+        raise ReportError(f"larger than {limits.max_stored_bytes} bytes")
+    envelope = None
+    payload = data
+    if data[:1] == b"{" and b'"payloadType"' in data[:4096]:
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            raise ReportError("not JSON") from None
+        if is_envelope(doc):
+            try:
+                payload = open_envelope(doc, name)
+            except VerificationError as e:
+                raise ReportError(str(e).removeprefix(f"{name}: ")) from None
+            envelope = doc
+    report = parse_report(payload, limits)
     if report.device != device:
         raise ReportError(f"reports device {report.device!r}, not the device it is named after")
-    return report
+    return Entry(report, envelope, hashlib.sha256(payload).hexdigest())
 
 
 def _collect(
@@ -135,15 +179,18 @@ def _collect(
     limits: FleetLimits,
     *,
     workers: int,
+    trust: ReportTrust | None,
 ) -> LoadedReports:
-    """Fetch and read each named report (``workers`` at a time); keep every failure."""
-    loaded = LoadedReports(source=source, skipped=skipped)
+    """Fetch and read each named report (``workers`` at a time); keep every failure;
+    with ``trust``, count only the reports it accepts (in name order: one decision per
+    device, against what was seen from it before)."""
+    loaded = LoadedReports(source=source, skipped=skipped, authenticated=trust is not None)
 
-    def one(name: str) -> DeviceReport | Unreadable:
+    def one(name: str) -> Entry | Unreadable:
         try:
-            return read_entry(name, fetch(name), limits.report)
+            return _entry(name, fetch(name), limits.report)
         except FileTooLargeError:
-            return Unreadable(name, f"larger than {limits.report.max_bytes} bytes")
+            return Unreadable(name, f"larger than {limits.report.max_stored_bytes} bytes")
         except (ReportError, UnsafeFileError) as e:
             return Unreadable(name, one_line(redact(str(e))))
         except OSError as e:  # gone since it was listed, or not readable
@@ -153,14 +200,20 @@ def _collect(
     with no_gc():
         if workers > 1 and len(names) > 1:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleet-read") as pool:
-                results: Iterable[DeviceReport | Unreadable] = list(pool.map(one, names))
+                results: Iterable[Entry | Unreadable] = list(pool.map(one, names))
         else:
             results = map(one, names)
-        for result in results:
+        for name, result in zip(names, results, strict=True):
             if isinstance(result, Unreadable):
                 loaded.unreadable.append(result)
+                continue
+            reason = trust.judge(result) if trust is not None else None
+            if reason is None:
+                loaded.reports.append(result.report)
             else:
-                loaded.reports.append(result)
+                loaded.untrusted.append(Unreadable(name, reason))
+    if trust is not None:
+        trust.save()
     return loaded
 
 
@@ -169,7 +222,7 @@ def _limit(names: Iterable[str], limits: FleetLimits) -> tuple[list[str], int]:
     return chosen[: limits.max_reports], max(0, len(chosen) - limits.max_reports)
 
 
-def _folder(path: Path, limits: FleetLimits) -> LoadedReports:
+def _folder(path: Path, limits: FleetLimits, trust: ReportTrust | None) -> LoadedReports:
     try:
         with os.scandir(path) as entries:
             names, skipped = _limit((e.name for e in entries), limits)
@@ -183,13 +236,13 @@ def _folder(path: Path, limits: FleetLimits) -> LoadedReports:
     try:
         # no link, nothing but a regular file, never more than the cap read; one
         # thread: the files are local, and parsing holds the interpreter anyway
-        with folder_reader(path, max_bytes=limits.report.max_bytes) as read:
-            return _collect(str(path), names, skipped, read, limits, workers=1)
+        with folder_reader(path, max_bytes=limits.report.max_stored_bytes) as read:
+            return _collect(str(path), names, skipped, read, limits, workers=1, trust=trust)
     except OSError as e:  # the folder itself (each file's errors are kept per file)
         raise ReportsError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
-def _s3(url: str, limits: FleetLimits) -> LoadedReports:
+def _s3(url: str, limits: FleetLimits, trust: ReportTrust | None) -> LoadedReports:
     network = S3Network(timeout_s=limits.timeout_s, retries=2, pool=max(limits.workers, 10))
     try:
         client = s3_client(network=network)
@@ -217,7 +270,7 @@ def _s3(url: str, limits: FleetLimits) -> LoadedReports:
     names, skipped = _limit(keys, limits)
 
     def fetch(name: str) -> bytes:
-        cap = limits.report.max_bytes
+        cap = limits.report.max_stored_bytes
         try:
             response = client.get_object(Bucket=bucket, Key=prefix + name, Range=f"bytes=0-{cap}")
             with response["Body"] as body:
@@ -231,7 +284,7 @@ def _s3(url: str, limits: FleetLimits) -> LoadedReports:
             raise ReportError(f"larger than {cap} bytes")
         return data
 
-    return _collect(url, names, skipped, fetch, limits, workers=limits.workers)
+    return _collect(url, names, skipped, fetch, limits, workers=limits.workers, trust=trust)
 
 
 def _get(url: str, cap: int, timeout_s: float) -> bytes:
@@ -267,7 +320,7 @@ def _listed_names(listing: Any) -> list[str]:
     return [n for n in names if "/" not in n]
 
 
-def _http(url: str, limits: FleetLimits) -> LoadedReports:
+def _http(url: str, limits: FleetLimits, trust: ReportTrust | None) -> LoadedReports:
     if not url.endswith("/"):
         raise ReportsError(f"{redact(url)}: an HTTP source is a folder URL ending in /")
     try:
@@ -283,26 +336,38 @@ def _http(url: str, limits: FleetLimits) -> LoadedReports:
         raise ReportsError(f"{redact(url)}: {e}") from None
 
     def fetch(name: str) -> bytes:
-        return _get(url + urllib.parse.quote(name), limits.report.max_bytes, limits.timeout_s)
+        return _get(
+            url + urllib.parse.quote(name), limits.report.max_stored_bytes, limits.timeout_s
+        )
 
-    return _collect(redact(url), names, skipped, fetch, limits, workers=limits.workers)
+    return _collect(redact(url), names, skipped, fetch, limits, workers=limits.workers, trust=trust)
 
 
-def load_reports(url: str, limits: FleetLimits | None = None) -> LoadedReports:
+def load_reports(
+    url: str, limits: FleetLimits | None = None, *, trust: ReportTrust | None = None
+) -> LoadedReports:
     """Every device report under ``url``: a folder, ``file://``, ``s3://bucket/prefix/``
     or an ``http(s)://`` folder listing.
+
+    Args:
+        url: the source.
+        limits: bounds on reading it.
+        trust: the enrolled devices and what was seen from them (``fleet.trust``):
+            only the reports it accepts count, the others are listed apart.  None: no
+            device is enrolled, every readable report counts (unauthenticated).
 
     Raises:
         ReportsError: the source cannot be listed (missing, refused, unreachable).
     """
     limits = limits or FleetLimits()
     if not _SCHEME.match(url):
-        return _folder(Path(url).expanduser(), limits)
+        return _folder(Path(url).expanduser(), limits, trust)
     scheme = url.split(":", 1)[0].lower()
     if scheme == "file":
-        return _folder(Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path)), limits)
+        folder = Path(urllib.request.url2pathname(urllib.parse.urlparse(url).path))
+        return _folder(folder, limits, trust)
     if scheme == "s3":
-        return _s3(url, limits)
+        return _s3(url, limits, trust)
     if scheme in ("http", "https"):
-        return _http(url, limits)
+        return _http(url, limits, trust)
     raise ReportsError(f"{redact(url)}: reports are read from a folder, s3:// or http(s)://")

@@ -310,21 +310,45 @@ class Demo:
                 print(f"  the daemon exited {process.wait(timeout=60)}")
 
     def fleet(self, reports: Path, devices: dict[str, tuple[Path, Any]]) -> None:
-        """What the fleet's reports say, once every device has reported 1.1.0."""
-        import json
+        """What the fleet's reports say, once every device has reported 1.1.0: then
+        the devices enrolled, and a forged report that does not count."""
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+
+        from fleet.reports import read_entry
+        from registry.errors import RegistryError
+        from signing.device_reports import seal_report
 
         self.step("The fleet: each device reports to a folder (S3 or HTTP PUT at scale)")
         deadline = time.monotonic() + 60
         for name in devices:
             report = reports / f"{name}.json"
             while True:
-                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                    served = json.loads(report.read_text(encoding="utf-8"))["models"]["mlp"]
-                    if served["serving"]["version"] == "1.1.0":
+                with contextlib.suppress(OSError, RegistryError, KeyError, AttributeError):
+                    held = read_entry(report.name, report.read_bytes()).models["mlp"].serving
+                    if held is not None and held.version == "1.1.0":
                         break
                 if time.monotonic() > deadline:
                     raise SystemExit(f"demo failed: {name} did not report 1.1.0")
                 time.sleep(0.2)
+        self.run("modelreg", "fleet", "status", "--reports", str(reports))
+        self.step("Devices sign their reports: enroll their keys, and a forged report "
+                  "counts for nothing")  # fmt: skip
+        keys = self.work / "device-keys"
+        keys.mkdir()
+        for name, (folder, _) in devices.items():
+            self.run("modelreg", "edge", "key", "--config", "edge.yaml",
+                     "--out", str(keys / f"{name}.pub"), cwd=folder)  # fmt: skip
+        self.run("modelreg", "fleet", "enroll", "--from", str(keys))
+        self.run("git", "commit", "-qm", "enroll cam-0042 and cam-0043")
+        # whoever can write to the sink writes a report for cam-0042, signed by a key of
+        # their own: it claims the device serves something else
+        first = next(iter(devices))
+        genuine = read_entry(f"{first}.json", (reports / f"{first}.json").read_bytes())
+        forged = genuine.model_copy(update={"sequence": (genuine.sequence or 0) + 1000})
+        payload = forged.model_dump_json().encode()
+        (reports / f"{first}.json").write_bytes(
+            seal_report(payload, ed25519.Ed25519PrivateKey.generate())
+        )
         self.run("modelreg", "fleet", "status", "--reports", str(reports))
 
     def under_traffic(self, edge: Any, daemon: Any, wait: Any) -> None:

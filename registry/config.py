@@ -63,6 +63,8 @@ class RepoConfig(Strict):
         remote: DVC remote to push to and pull from (DVC's default when unset).
         mlflow: MLflow mirror settings.
         trust: signed release metadata and keys.
+        devices: folder of enrolled devices' public keys (``<device-id>.pub``); the
+            fleet counts only reports signed by them once it exists.
     """
 
     api_version: Literal["modelreg/v1"] = Field(alias="apiVersion")
@@ -72,6 +74,7 @@ class RepoConfig(Strict):
     remote: Annotated[str, StringConstraints(min_length=1, max_length=255)] | None = None
     mlflow: MlflowConfig = MlflowConfig()
     trust: TrustConfig = TrustConfig()
+    devices: RepoPath = "devices"
 
 
 def has_trust_metadata(root: Path, config: RepoConfig) -> bool:

@@ -9,7 +9,7 @@ that document plus what a fleet view needs: the device's labels, when it was sen
 (``reported``), the daemon's version, and a ``kind`` and ``format``.  One JSON object
 per device, stored as ``<device-id>.json``::
 
-    {"kind": "DeviceReport", "format": 2, "device": "cam-0042",
+    {"kind": "DeviceReport", "format": 3, "device": "cam-0042",
      "labels": {"arch": "x86_64"}, "reported": "2025-01-01T12:00:00.000000Z",
      "daemon": {"running": true, "pid": 123, "listen": "127.0.0.1:8000",
                 "started": "...", "version": "0.1.0"},
@@ -19,7 +19,10 @@ per device, stored as ``<device-id>.json``::
      "models": {"mlp": {"channel": "production", "serving": {...}, "previous": {...},
                         "last_known_good": {...}, "last_update": {...},
                         "rejected": [...], "gate": null}},
-     "truncated": false}
+     "truncated": false, "sequence": 42}
+
+A device sends it signed, in a DSSE envelope (``signing.device_reports``): the
+envelope's payload is this document.
 
 The schema lives here, beside neither side, because both need the same rules: the device
 builds its document from these models (``edge_sync.state.status``) and checks every
@@ -78,10 +81,11 @@ __all__ = [
 ]
 
 KIND: Final = "DeviceReport"
-REPORT_FORMAT: Final = 2
+REPORT_FORMAT: Final = 3
 """Bumped when a field is added: a reader refuses a newer format with a clear reason
 (its schema is strict, so it could not read one anyway), and reads every older one.
-Format 2 added each held version's ``model_sha256`` and ``provenance``."""
+Format 2 added each held version's ``model_sha256`` and ``provenance``; format 3 the
+report's ``sequence`` (reports travel signed from then on: ``signing.device_reports``)."""
 
 DEVICE_ID_RE: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 DeviceId = Annotated[str, StringConstraints(pattern=DEVICE_ID_RE)]
@@ -106,6 +110,12 @@ class ReportLimits:
     max_rejected: int = 8
     max_text: int = 500
     max_stages: int = 32
+
+    @property
+    def max_stored_bytes(self) -> int:
+        """What one stored report may take: a report of :attr:`max_bytes` in its signed
+        envelope (base64, and a signature)."""
+        return self.max_bytes * 4 // 3 + 4096
 
 
 LIMITS: Final = ReportLimits()
@@ -305,12 +315,14 @@ class DeviceReport(StatusDocument):
     docstring)."""
 
     kind: Literal["DeviceReport"]
-    format: Literal[1, 2]
+    format: Literal[1, 2, 3]
     labels: Annotated[Labels, AfterValidator(_printable_labels)] = Field(default_factory=dict)
     reported: AwareDatetime
     daemon: DaemonReport
     truncated: bool = False
     """Detail was dropped to fit :attr:`ReportLimits.max_bytes`."""
+    sequence: Annotated[int, Field(ge=1, le=2**53)] | None = None
+    """Grows with every report the device sends (a replayed report is older)."""
 
     @field_serializer("reported", when_used="json")
     def _stamp(self, reported: datetime) -> str:

@@ -10,8 +10,9 @@ are written as ``.npz`` too, so a device reads one format).  Paths come from
 
 Like :mod:`signing.tuf_facts`, fields are only ever added, with defaults, so a device
 reads the description of every release signed before it.  The document is canonical
-JSON (sorted keys), so the same version always yields the same bytes and publishing
-again signs nothing new.
+JSON (sorted keys), so the same version always yields the same bytes but for its
+``provenance`` (the commit, pull request and run that released it), and a description
+once signed is never staged again.
 """
 
 from __future__ import annotations

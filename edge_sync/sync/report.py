@@ -32,6 +32,7 @@ from typing import Any, Final, Protocol
 from edge_sync import clock
 from edge_sync.config import EdgeConfig, ReportConfig
 from edge_sync.errors import SendError
+from edge_sync.state.device_key import DeviceKey
 from edge_sync.state.models import reason_text
 from registry.atomic import write_atomic
 from registry.device_report import (
@@ -281,8 +282,11 @@ class Reporter:
         sink: Sink | None = None,
         clock: Callable[[], float] = time.monotonic,
         log: Callable[[str], None] = _stderr,
+        key: DeviceKey | None = None,
     ) -> None:
-        """Report ``config``'s device, reading its status with ``status``.
+        """Report ``config``'s device, reading its status with ``status``; each report
+        numbered and signed with ``key`` (the device's: ``edge_sync.state.device_key``),
+        sent bare without one.
 
         Raises:
             UsageError: ``config`` has no ``report`` section and no ``sink`` is given.
@@ -294,6 +298,7 @@ class Reporter:
         self.config = config
         self.heartbeat_s = config.report.heartbeat if config.report else 300.0
         self.sink = sink
+        self._key = key
         self._status = status
         self._version = version
         self._clock = clock
@@ -335,7 +340,7 @@ class Reporter:
             return None
         self._tried_key, self._last_try = key, now
         try:
-            self.sink.send(encode_report(doc))
+            self.sink.send(self._sealed(doc))
         except (SendError, ReportError) as e:
             self._failed(key, str(e))
             return False
@@ -350,6 +355,13 @@ class Reporter:
             self._failing = None
         self.sent += 1
         return True
+
+    def _sealed(self, doc: dict[str, Any]) -> bytes:
+        """The report as sent: numbered and signed by the device's key (bare without)."""
+        if self._key is None:
+            return encode_report(doc)
+        doc["sequence"] = self._key.next_sequence()
+        return self._key.seal(encode_report(doc))
 
     def _failed(self, key: str, reason: str) -> None:
         said = reason_text(reason)

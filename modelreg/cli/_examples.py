@@ -128,6 +128,12 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
     ),
     "fleet hold": ("modelreg fleet hold mlp -c canary --reason 'p99 up 3x on the night cameras'",),
     "fleet resume": ("modelreg fleet resume mlp -c canary",),
+    "fleet enroll": (
+        "modelreg fleet enroll cam-0042 --public-key cam-0042.pub",
+        "modelreg fleet enroll --from /mnt/factory/keys",
+    ),
+    "fleet revoke": ("modelreg fleet revoke cam-0042",),
+    "edge key": ("modelreg edge key --config /etc/modelreg/edge.yaml --out cam-0042.pub",),
     "edge": ("modelreg edge status --config /etc/modelreg/edge.yaml",),
     "edge run": ("modelreg edge run --config /etc/modelreg/edge.yaml",),
     "edge status": ("modelreg edge status --config /etc/modelreg/edge.yaml --json",),

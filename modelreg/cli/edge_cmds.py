@@ -52,6 +52,35 @@ def edge_run(config_path: Path) -> None:
     sys.exit(Daemon(config, on_sync=said).run())
 
 
+@edge.command("key")
+@_CONFIG
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the public key to this file (named <device-id>.pub for `fleet enroll "
+    "--from`) instead of printing it.",
+)
+def edge_key(config_path: Path, out: Path | None) -> None:
+    """Print the device's public key, to enroll it (`modelreg fleet enroll`).
+
+    The key is made in the state dir the first time (by `edge run` or here): Ed25519,
+    mode 0600; the private key never leaves the device and is never printed.
+    """
+    from edge_sync.config import load_edge_config
+    from edge_sync.state.device_key import DeviceKey
+    from registry.atomic import write_atomic
+
+    config = load_edge_config(config_path)
+    pem = DeviceKey.load_or_create(config.state_path).public_pem()
+    if out is None:
+        click.echo(pem.decode(), nl=False)
+        return
+    write_atomic(out, pem)
+    ok(f"public key of {config.device.id} in {out}: enroll it with "
+       f"`modelreg fleet enroll {config.device.id} --public-key {out.name}`")  # fmt: skip
+
+
 @edge.command("status")
 @_CONFIG
 @click.option("--json", "as_json", is_flag=True, help="Print the status document as JSON.")

@@ -95,20 +95,12 @@ def advance(
     """
     from fleet.advance import advance as do_advance
     from fleet.reports import load_reports
+    from fleet.trust import repository_trust
     from registry.errors import RepositoryError
 
     now = datetime.now(UTC)
-    loaded = load_reports(reports_url)
-    seen: dict[tuple[str, str], ChannelProgress] = {}
     try:
-        steps = do_advance(
-            repo_path or Path.cwd(),
-            _progress_from(loaded, now, seen),
-            model=model,
-            channel=channel,
-            now=now,
-            dry_run=dry_run,
-        )
+        root, trust = repository_trust(repo_path or Path.cwd(), required=True)
     except RepositoryError as e:
         if repo_path is not None or "not inside a modelreg repository" not in str(e):
             raise
@@ -117,6 +109,18 @@ def advance(
             f"{Path.cwd()}: not inside a modelreg repository (the rollouts are in the "
             "model repository's manifests): run it there, or give --repo PATH"
         ) from None
+    assert root is not None  # noqa: S101 - required=True
+    # only reports signed by enrolled devices move a wave (when the repository enrolls any)
+    loaded = load_reports(reports_url, trust=trust)
+    seen: dict[tuple[str, str], ChannelProgress] = {}
+    steps = do_advance(
+        root,
+        _progress_from(loaded, now, seen),
+        model=model,
+        channel=channel,
+        now=now,
+        dry_run=dry_run,
+    )
     stopped = [s for s in steps if s.action == "stop"]
     if as_json:
         emit_json(
@@ -128,6 +132,10 @@ def advance(
                     "read": len(loaded.reports),
                     "unreadable": len(loaded.unreadable),
                     "skipped": loaded.skipped,
+                    "authenticated": loaded.authenticated,
+                    "not_counted": [
+                        {"source": u.source, "reason": u.reason} for u in loaded.untrusted
+                    ],
                 },
                 "channels": [_step_json(s, seen) for s in steps],
             }
@@ -149,6 +157,8 @@ def _print(
             f"reports: {len(loaded.reports)} read from {loaded.source}, "
             f"{len(loaded.unreadable)} unreadable, {loaded.skipped} over the limit (not counted)"
         )
+    for untrusted in loaded.untrusted:
+        detail(f"not counted: {untrusted.source}: {untrusted.reason}")
     if not steps:
         detail("no channel has rollout waves")
     for step in steps:

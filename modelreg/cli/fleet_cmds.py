@@ -44,8 +44,24 @@ def _exit_when_unread(loaded: Any, as_json: bool) -> None:
         n = len(loaded.unreadable)
         error_lines([f"modelreg: none of the {n} reports in {loaded.source} could be read"])
         sys.exit(1)
-    if not loaded.reports and not as_json:
+    if not loaded.reports and loaded.untrusted and not as_json:
+        n = len(loaded.untrusted)
+        said = (
+            f"modelreg: none of the {n} reports in {loaded.source} counts (not signed by an "
+            "enrolled device, or replayed)"
+        )
+        error_lines([said])
+    elif not loaded.reports and not as_json:
         error_lines([f"modelreg: no device reports in {loaded.source}"])
+
+
+_REPO = click.option(
+    "--repo",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The model repository (default: the one around the current folder, if any): its "
+    "enrolled devices are the only ones whose signed reports count.",
+)
 
 
 @click.group()
@@ -77,18 +93,15 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
     from fleet.render import render_json, render_text
     from fleet.reports import load_reports
     from fleet.summary import ChannelTarget, summarize
-    from registry.errors import RepositoryError
+    from fleet.trust import repository_trust
 
     stale_after_s = _stale_after_s(stale_after)
-    loaded = load_reports(url)
+    root, trust = repository_trust(repo or Path.cwd(), required=repo is not None)
+    loaded = load_reports(url, trust=trust)
     models = {name for r in loaded.reports for name in r.models}
-    root: Path | None = None
     channels: dict[str, dict[str, ChannelTarget]] = {}
-    try:
-        root, channels = declared_channels(repo or Path.cwd(), models)
-    except RepositoryError:
-        if repo is not None:
-            raise
+    if root is not None:
+        root, channels = declared_channels(root, models)
     now = datetime.now(UTC)
     summary = summarize(loaded.reports, channels, now=now, stale_after_s=stale_after_s)
     if as_json:
@@ -109,9 +122,15 @@ def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -
     help="Only devices with this label (repeatable: all of them).",
 )  # fmt: skip
 @_STALE_AFTER
+@_REPO
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def fleet_devices(
-    url: str, model: str | None, labels: tuple[str, ...], stale_after: str, as_json: bool
+    url: str,
+    model: str | None,
+    labels: tuple[str, ...],
+    stale_after: str,
+    repo: Path | None,
+    as_json: bool,
 ) -> None:
     """One row per device and model: labels, channel, version served, last update and
     why, last seen (stale or not), trust expiry; sorted by device.
@@ -123,6 +142,7 @@ def fleet_devices(
 
     from fleet.devices import device_rows, render_rows
     from fleet.reports import load_reports
+    from fleet.trust import repository_trust
 
     stale_after_s = _stale_after_s(stale_after)
     wanted = {}
@@ -131,17 +151,21 @@ def fleet_devices(
         if not sep or not key:
             raise click.BadParameter(f"{label!r} is not KEY=VALUE", param_hint="--label")
         wanted[key] = value
-    loaded = load_reports(url)
+    _, trust = repository_trust(repo or Path.cwd(), required=repo is not None)
+    loaded = load_reports(url, trust=trust)
     rows = device_rows(loaded.reports, now=datetime.now(UTC), stale_after_s=stale_after_s,
                        model=model, labels=wanted)  # fmt: skip
     unreadable = [{"report": u.source, "reason": u.reason} for u in loaded.unreadable]
+    untrusted = [{"report": u.source, "reason": u.reason} for u in loaded.untrusted]
     if as_json:
         emit_json({"source": loaded.source, "devices": [r.to_json() for r in rows],
-                   "unreadable": unreadable})  # fmt: skip
+                   "unreadable": unreadable, "untrusted": untrusted,
+                   "authenticated": loaded.authenticated})  # fmt: skip
     elif rows:
         click.echo(render_rows(rows), nl=False)
-    if unreadable and not as_json:
+    if not as_json:
         error_lines([f"unreadable: {u['report']}: {u['reason']}" for u in unreadable])
+        error_lines([f"not counted: {u['report']}: {u['reason']}" for u in untrusted])
     _exit_when_unread(loaded, as_json)
 
 
@@ -190,3 +214,78 @@ def _hold(name: str, channel: str, reason: str | None, as_json: bool) -> None:
        "commit it and open a pull request")  # fmt: skip
     if result.reason is None:
         detail(f"  the hold was: {result.previous}")
+
+
+@fleet.command("enroll")
+@click.argument("device", required=False)
+@click.option(
+    "--public-key",
+    "public_key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The device's public key (PEM: `modelreg edge key` prints it on the device).",
+)
+@click.option(
+    "--from",
+    "folder",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Enroll every <device-id>.pub of this folder (a factory line's collection).",
+)
+@click.option("--replace", is_flag=True, help="Replace the key of a device enrolled before.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fleet_enroll(
+    device: str | None,
+    public_key: Path | None,
+    folder: Path | None,
+    replace: bool,
+    as_json: bool,
+) -> None:
+    """Enroll DEVICE (its public key into the repository's devices folder): from then
+    on, only reports signed by enrolled devices count in fleet status, fleet devices and
+    fleet advance.
+
+    Writes devices/<DEVICE>.pub and stages it, as promote does: commit it and open a
+    pull request (it needs the approvals of the strictest policy).
+    """
+    from fleet.enrollment import enroll, keys_in_folder
+    from modelreg.cli._output import detail, ok
+    from registry.errors import UsageError
+    from registry.safe_io import read_regular
+    from signing.device_reports import MAX_KEY_BYTES
+
+    if (folder is None) == (device is None or public_key is None):
+        raise UsageError("give DEVICE with --public-key FILE, or --from FOLDER")
+    if folder is not None:
+        keys = keys_in_folder(folder)
+    else:
+        assert device is not None  # noqa: S101 - checked above
+        assert public_key is not None  # noqa: S101 - checked above
+        try:
+            keys = {device: read_regular(public_key, max_bytes=MAX_KEY_BYTES)}
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{public_key}: cannot read it ({e})") from None
+    result = enroll(Path.cwd(), keys, replace=replace)
+    if as_json:
+        emit_json({"added": result.added, "replaced": result.replaced,
+                   "unchanged": result.unchanged,
+                   "files": [str(f) for f in result.files]})  # fmt: skip
+        return
+    changed = len(result.added) + len(result.replaced)
+    if not changed:
+        ok(f"already enrolled with these keys: {', '.join(result.unchanged)}; nothing changed")
+        return
+    ok(f"enrolled {changed} device(s); commit the key files and open a pull request")
+    for what, devices in (("added", result.added), ("replaced", result.replaced)):
+        if devices:
+            detail(f"  {what}: {', '.join(devices)}")
+
+
+@fleet.command("revoke")
+@click.argument("device")
+def fleet_revoke(device: str) -> None:
+    """Revoke DEVICE: remove its key from the repository's devices folder (staged: commit
+    it and open a pull request); its reports stop counting once merged."""
+    from fleet.enrollment import revoke
+    from modelreg.cli._output import ok
+
+    path = revoke(Path.cwd(), device)
+    ok(f"revoked {device} ({path} removed); commit it and open a pull request")

@@ -529,7 +529,33 @@ def _config_changes(
     if git(repo.root, "diff", "--quiet", pr.base, "--", *folders, check=False).returncode:
         changed.append(("changing the trust metadata", base_config.trust.metadata))
     changed.extend(("changing the DVC configuration", path) for path in dvc_changed[:1])
+    # an enrolled key makes a device's reports count (they move rollout waves)
+    devices = {repo.config.devices, base_config.devices}
+    if git(repo.root, "diff", "--quiet", pr.base, "--", *devices, check=False).returncode:
+        changed.append(("enrolling or revoking devices", base_config.devices))
     return [_Promotion(subject, bar, Problem(path, ""), what=subject) for subject, path in changed]
+
+
+def _device_changes(repo: Repository, base: str, report: CiReport) -> list[str]:
+    """The devices the pull request enrolls, re-keys or revokes: a comment line each
+    kind, and the JSON."""
+    from signing.device_reports import KEY_SUFFIX
+
+    folder = repo.config.devices.rstrip("/")
+    listed = git(repo.root, "diff", "--name-status", "--no-renames", base, "--", folder).stdout
+    kinds: dict[str, list[str]] = {"enrolled": [], "re-keyed": [], "revoked": []}
+    for line in listed.splitlines():
+        status, _, path = line.partition("\t")
+        name = path.rsplit("/", 1)[-1]
+        if not name.endswith(KEY_SUFFIX):
+            continue
+        kind = {"A": "enrolled", "M": "re-keyed", "D": "revoked"}.get(status[:1])
+        if kind is not None:
+            kinds[kind].append(name.removesuffix(KEY_SUFFIX))
+    report.data["devices"] = kinds
+    return [
+        f"- devices {kind}: {md_code(', '.join(names))}" for kind, names in kinds.items() if names
+    ]
 
 
 def _ci_pr(
@@ -598,6 +624,8 @@ def _ci_pr(
     if uncommitted:
         checks.append(f"- note: {uncommitted_note(uncommitted)}")
     checks += _channel_lines(report, moves, deprecations)
+    if not problems:
+        checks += _device_changes(repo, pr.base, report)
     report.data["holds"] = judged.holds
     checks += [_hold_line(h) for h in judged.holds]
     if dvc_changed and not problems:

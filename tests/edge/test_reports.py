@@ -23,6 +23,7 @@ import pytest
 
 from fleet.reports import LoadedReports, ReportsError, load_reports
 from registry.cohort import in_cohort
+from signing.device_reports import open_envelope
 from tests.conftest import git
 from tests.edge.conftest import EdgeRig
 from tests.http_sim import running
@@ -152,6 +153,22 @@ def test_daemons_report_to_a_folder_on_change_and_fleet_status_counts_them(
     }  # fmt: skip
     assert status["unreadable"] == []
     assert status["repository"] == str(rig.root)
+    assert status["authenticated"] is False  # the repository enrolls no device yet
+
+    # The daemons signed every report with a key of their own: once a's is enrolled,
+    # only a's reports count; b is listed apart (issue 28, point 3).
+    key = rig.tmp / "a/state/device.pub"
+    assert (rig.tmp / "a/state/device.key").stat().st_mode & 0o777 == 0o600
+    printed = rig.cli("edge", "key", "--config", str(config), cwd=rig.tmp)
+    assert printed.code == 0
+    assert printed.out.encode() == key.read_bytes()
+    assert "PRIVATE" not in printed.out
+    rig.run("fleet", "enroll", "a-0001", "--public-key", str(key))
+    status = _fleet_status(rig, str(reports))
+    assert (status["authenticated"], status["devices"]) == (True, 1)
+    assert status["untrusted"] == [{"source": "b-0001.json", "reason": (
+        "device 'b-0001' is not enrolled (modelreg fleet enroll b-0001 --public-key FILE)"
+    )}]  # fmt: skip
 
 
 def test_daemons_report_to_s3_with_their_own_credentials_and_cohorts_agree(
@@ -306,4 +323,6 @@ def test_a_slow_report_sink_does_not_hold_up_the_stop(rig: EdgeRig) -> None:
             _SlowSink.release.set()
     assert code == 0
     assert took < LAST_REPORT_S + 15, took  # the stop waited for the sink at most that
-    assert json.loads(_SlowSink.bodies[0])["daemon"]["running"] is True
+    # what the sink got: the device's report, in the envelope its key signed
+    sent = open_envelope(json.loads(_SlowSink.bodies[0]), "report")
+    assert json.loads(sent)["daemon"]["running"] is True

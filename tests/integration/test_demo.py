@@ -160,4 +160,11 @@ def test_demo_runs_end_to_end_from_the_installed_wheel(tmp_path: Path) -> None:
     assert re.search(r"stages \(ms\): .*layout", out)
     assert re.search(r"mlp 1\.1\.0: \d+ bytes, sha256 [0-9a-f]{64} verified", out)
     assert re.search(r"  gRPC: model_version 1\.\d\.0: probs \[", out)  # serve.grpc_listen
+    # where the served version came from, from its signed description (issue 28)
+    assert "  provenance: no pull request known; not released by CI (commit " in out
+    # devices enrolled; a report forged for cam-0042 does not count
+    assert "$ modelreg fleet enroll --from " in out
+    assert "enrolled 2 device(s)" in out
+    assert "not counted: cam-0042.json: the signature does not verify with 'cam-0042'" in out
+    assert "1 device reporting in" in out
     assert "Traceback" not in out + proc.stderr

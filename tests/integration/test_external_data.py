@@ -151,6 +151,8 @@ def released(repo: Path, cli: Any) -> Path:
         "models/mlp/1.0.0.onnx",
         "models/mlp/1.1.0.data/1.1.0.onnx.data",
         "models/mlp/1.1.0.onnx",
+        "provenance/mlp/1.0.0.intoto.json",
+        "provenance/mlp/1.1.0.intoto.json",
         "versions/mlp/1.0.0.json",
         "versions/mlp/1.1.0.json",
     ]

@@ -269,7 +269,8 @@ def test_dry_run_and_json_commit_nothing(repo: Path, tmp_path: Path, cli: Any) -
     out = json.loads(r.out)
     assert out["ok"] is True
     assert out["dry_run"] is True
-    assert out["reports"] == {"source": url, "read": 3, "unreadable": 0, "skipped": 0}
+    assert out["reports"] == {"source": url, "read": 3, "unreadable": 0, "skipped": 0,
+                              "authenticated": False, "not_counted": []}  # fmt: skip
     (step,) = out["channels"]
     assert {k: step[k] for k in ("model", "channel", "version", "percent", "wave", "waves",
                                  "action", "to_percent", "commit")} == {

@@ -44,6 +44,8 @@ def released(tmp_path: Path, cli, example_models: Path) -> Path:
         "deltas/mlp/1.1.0.from-1.0.0.delta",
         "models/mlp/1.0.0.onnx",
         "models/mlp/1.1.0.onnx",
+        "provenance/mlp/1.0.0.intoto.json",
+        "provenance/mlp/1.1.0.intoto.json",
         "versions/mlp/1.0.0.json",
         "versions/mlp/1.1.0.json",
     ]

@@ -18,6 +18,7 @@ import pytest
 from edge_sync.sync.trust import DeviceTrust
 from registry.goldens import read_npz
 from signing.errors import TargetMismatchError
+from signing.tuf_repo import TrustRepo
 from signing.version_doc import GoldenCaseDoc, VersionDoc
 from tests.conftest import git
 
@@ -179,8 +180,24 @@ def test_descriptions_and_goldens_are_the_same_bytes_in_every_run(
         assert r.code == 0, r.err
     first, second = _signed_targets(repo), _signed_targets(other)
     for path in NEW_TARGETS:
+        if path in (V1_DOC, V2_DOC):
+            continue  # each names the run that released it: compared below
         assert first[path]["hashes"] == second[path]["hashes"], path
         assert first[path]["length"] == second[path]["length"], path
+    # a description is the same bytes in every run but for where it came from (the
+    # commit and time of the release): its provenance
+    for path in (V1_DOC, V2_DOC):
+        docs = [
+            VersionDoc.from_bytes(
+                TrustRepo.load(root / "trust/metadata").read_target(
+                    root / ".modelreg/remote/modelreg", path
+                )
+            )
+            for root in (repo, other)
+        ]
+        assert all(d.provenance is not None for d in docs), path
+        bare = [d.model_copy(update={"provenance": None}).to_bytes() for d in docs]
+        assert bare[0] == bare[1], path
 
 
 def test_a_version_released_before_descriptions_gets_one_and_nothing_released_changes(

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_sync.state.device_key import DeviceKey
 from modelreg.examples import golden_inputs, model_bytes
 from registry.goldens import npz_bytes
 from tests.conftest import REPO_ROOT
@@ -39,7 +40,8 @@ def test_the_tour_is_a_tour() -> None:
     """What the run below relies on: the block is there and covers the main commands."""
     text = tour()
     for command in ("init", "model add", "version add", "promote", "rollback", "validate", "ci pr",
-                    "ci release", "register --check", "verify", "keys rotate"):  # fmt: skip
+                    "ci release", "register --check", "verify", "keys rotate",
+                    "fleet enroll"):  # fmt: skip
         assert f"modelreg {command}" in text, command
 
 
@@ -47,6 +49,7 @@ def test_the_readme_tour_runs(tmp_path: Path) -> None:
     for name, version in (("mlp.onnx", "1.0.0"), ("mlp-ft.onnx", "1.1.0")):
         (tmp_path / name).write_bytes(model_bytes("mlp", version))
     (tmp_path / "inputs.npz").write_bytes(npz_bytes(golden_inputs("mlp", "1.0.0")))
+    (tmp_path / "cam-0042.pub").write_bytes(DeviceKey.load_or_create(tmp_path / "dev").public_pem())
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shim = bin_dir / "modelreg"  # what `pip install modelreg` puts on PATH, run from this tree
@@ -74,3 +77,5 @@ def test_the_readme_tour_runs(tmp_path: Path) -> None:
     repo = tmp_path / "fleet-models"
     assert (repo / "manifest.schema.json").read_text().startswith("{")
     assert (repo / "trust/metadata/2.root.json").is_file()  # keys rotate made a new root
+    assert "provenance:     no pull request (" in out  # released by hand: nothing invented
+    assert (repo / "devices/cam-0042.pub").read_bytes() == (tmp_path / "cam-0042.pub").read_bytes()

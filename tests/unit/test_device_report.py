@@ -99,8 +99,8 @@ def test_a_report_names_the_expired_roles_of_a_stale_device() -> None:
 
 
 def test_a_newer_format_says_so() -> None:
-    doc = report("cam-1", format=3, added_later={"x": 1})
-    with pytest.raises(ReportError, match=r"not a report of format 1 to 2 \(made by a newer"):
+    doc = report("cam-1", format=4, added_later={"x": 1})
+    with pytest.raises(ReportError, match=r"not a report of format 1 to 3 \(made by a newer"):
         parse_report(_bytes(doc))
 
 

@@ -269,7 +269,7 @@ def test_the_report_is_the_document_and_its_own_fields(stopped: bool) -> None:
     status = _full_status([REJECTED])
     report = report_document(_config(), status, "9.9.9", stopped=stopped)
     sent = json.loads(encode_report(report.model_dump(mode="json")))
-    own = {"kind", "format", "labels", "reported", "truncated"}
+    own = {"kind", "format", "labels", "reported", "truncated", "sequence"}
     document = status.model_dump(mode="json")
     assert set(sent) == set(document) | own
     daemon = NOT_RUNNING if stopped else document["daemon"]
@@ -279,9 +279,10 @@ def test_the_report_is_the_document_and_its_own_fields(stopped: bool) -> None:
     }
     assert (sent["kind"], sent["format"], sent["labels"]) == (
         "DeviceReport",
-        2,
+        3,
         {"site": "plant-3"},
     )
+    assert sent["sequence"] is None  # numbered by the reporter, as it signs
     assert sent["truncated"] is False
     assert parse_report(encode_report(sent)).reported.tzinfo is not None
 

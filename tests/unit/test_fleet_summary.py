@@ -47,7 +47,7 @@ def test_one_bad_report_never_hides_the_others(tmp_path: Path) -> None:
     assert why == {
         "cam-3.json": "not a JSON document",
         "cam-4.json": "labels.arch: Input should be a valid string",
-        "cam-5.json": f"larger than {LIMITS.max_bytes} bytes",
+        "cam-5.json": f"larger than {LIMITS.max_bytes} bytes ({LIMITS.max_bytes + 1})",
         "cam-6.json": "reports device 'cam-1', not the device it is named after",
         "not a device!.json": "the name is not <device-id>.json",
         "cam-8.json": why["cam-8.json"],
@@ -288,6 +288,8 @@ def test_a_reports_url_with_credentials_is_never_printed(
     http_folder.files = {"cam-0.json": json.dumps(report("cam-0")).encode()}
     http_folder.listing = json.dumps(["cam-0.json"]).encode()
     port = http_folder.server_address[1]
+    # advance runs in a model repository (one with no waves: it reads, and says so)
+    (tmp_path / "modelreg.yaml").write_text("apiVersion: modelreg/v1\nkind: RegistryConfig\n")
     for url in (
         f"http://fleet:S3cretPassw0rd@127.0.0.1:{port}/fleet/",
         f"http://127.0.0.1:{port}/fleet/?token=S3cretPassw0rd",
@@ -296,7 +298,8 @@ def test_a_reports_url_with_credentials_is_never_printed(
         for extra in ([], ["--json"]):
             r = cli("fleet", command, "--reports", url, *extra, cwd=tmp_path)
             assert "S3cretPassw0rd" not in r.out + r.err, (url, r.out, r.err)
-            assert f"127.0.0.1:{port}" in r.out + r.err  # it did say where it read
+            if command == "status" or extra or "elsewhere" in url:
+                assert f"127.0.0.1:{port}" in r.out + r.err  # it did say where it read
 
 
 def test_a_device_whose_daemon_stopped_is_listed_as_stopped() -> None:

@@ -317,3 +317,24 @@ def test_s3_credentials_come_from_the_devices_file_and_are_never_shown(tmp_path:
     assert "s3cr3t" not in str(caught.value)
     with pytest.raises(SendError, match="cannot read the report credentials"):
         S3Sink("s3://b/k.json", 1, str(tmp_path / "missing.ini"))._keys()
+
+
+def test_with_the_device_key_each_report_is_numbered_and_signed(tmp_path: Path) -> None:
+    """Issue 28, point 3: what leaves the device is an envelope signed by its own key,
+    whose report carries a sequence that grows with every send (heartbeats too)."""
+    from edge_sync.state.device_key import DeviceKey
+    from signing.device_reports import public_key_from_pem, verify_report
+
+    status = [_status()]
+    sink, clock = _Sink(), _Clock()
+    key = DeviceKey.load_or_create(tmp_path / "state")
+    config = _config(tmp_path, {"url": "reports", "heartbeat": "5m"})
+    reporter = Reporter(config, lambda: status[0], "9.9.9", sink=sink, clock=clock,
+                        log=lambda _: None, key=key)  # fmt: skip
+    assert reporter.tick() is True
+    clock.now += 301  # a heartbeat
+    assert reporter.tick() is True
+    public = public_key_from_pem(key.public_pem(), "device.pub")
+    reports = [parse_report(verify_report(envelope, public, "r")) for envelope in sink.sent]
+    assert [r.sequence for r in reports] == [1, 2]
+    assert {(r.device, r.format) for r in reports} == {("cam-0042", 3)}
