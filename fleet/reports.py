@@ -154,17 +154,16 @@ def _entry(name: str, data: bytes, limits: ReportLimits) -> Entry:
         raise ReportError(f"larger than {limits.max_stored_bytes} bytes")
     envelope = None
     payload = data
-    if data[:1] == b"{" and b'"payloadType"' in data[:4096]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        raise ReportError("not a JSON document") from None
+    if is_envelope(doc):  # signed by its device (the signature is checked by ReportTrust)
         try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError):
-            raise ReportError("not JSON") from None
-        if is_envelope(doc):
-            try:
-                payload = open_envelope(doc, name)
-            except VerificationError as e:
-                raise ReportError(str(e).removeprefix(f"{name}: ")) from None
-            envelope = doc
+            payload = open_envelope(doc, name)
+        except VerificationError as e:
+            raise ReportError(str(e).removeprefix(f"{name}: ")) from None
+        envelope = doc
     report = parse_report(payload, limits)
     if report.device != device:
         raise ReportError(f"reports device {report.device!r}, not the device it is named after")

@@ -140,7 +140,10 @@ def seal_report(
 
     envelope = Envelope(payload=payload, payload_type=PAYLOAD_TYPE, signatures={})
     envelope.sign(CryptoSigner(key, SSlibKey.from_crypto(key.public_key())))
-    return json.dumps(envelope.to_dict(), separators=(",", ":")).encode()
+    doc = envelope.to_dict()
+    # payloadType first: a reader (or a person) sees what it is before the payload
+    ordered = {"payloadType": doc["payloadType"], **doc}
+    return json.dumps(ordered, separators=(",", ":")).encode()
 
 
 def is_envelope(doc: object) -> bool:

@@ -128,3 +128,18 @@ def test_the_device_key_is_made_once_private_and_numbers_its_reports(tmp_path: P
     (state / "device.key").write_text("garbage")
     with pytest.raises(KeyMaterialError, match="not a PEM private key"):
         DeviceKey.load_or_create(state)
+
+
+def test_a_large_signed_report_is_read_as_one() -> None:
+    """An envelope whose payload is long (eight rejections with long reasons) is still
+    recognized and read, wherever its fields fall in the document."""
+    from fleet.reports import read_entry
+    from tests.fleet_reports import NOW, model, report, stamp
+
+    rejected = [{"version": "1.2.0", "sha256": "2" * 64, "reason": "x" * 500, "at": stamp(NOW)}] * 8
+    doc = report("cam-1", {"mlp": model("1.0.0", rejected=rejected)}, format=3, sequence=9)
+    sealed = seal_report(json.dumps(doc).encode(), ed25519.Ed25519PrivateKey.generate())
+    assert len(sealed) > 5000
+    assert sealed.startswith(b'{"payloadType":')
+    found = read_entry("cam-1.json", sealed)
+    assert (found.device, found.sequence, len(found.models["mlp"].rejected)) == ("cam-1", 9, 8)
