@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from registry.device_report import DeviceReport
+from registry.device_report import DeviceReport, ModelReport
 
 __all__ = ["DeviceRow", "device_rows", "render_rows"]
 
@@ -34,6 +34,8 @@ class DeviceRow:
     age_s: float
     stale: bool
     trust_expires: str | None
+    approvers: list[str] | None = None
+    """Who approved the version served, as its signed provenance says (None: unknown)."""
 
     def to_json(self) -> dict[str, Any]:
         """The row as JSON (``fleet devices --json``)."""
@@ -76,6 +78,7 @@ def device_rows(
                     serving=state.serving.version if state.serving else None,
                     last_update=f"{update.result} {update.version or '-'}" if update else None,
                     reason=update.reason if update else None,
+                    approvers=_approvers(state),
                 )
             )
     return sorted(rows, key=lambda r: (r.device, r.model or ""))
@@ -100,6 +103,11 @@ def render_rows(rows: Iterable[DeviceRow]) -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
              for row in table]  # fmt: skip
     return "\n".join(lines + reasons) + "\n"
+
+
+def _approvers(state: ModelReport) -> list[str] | None:
+    origin = state.serving.provenance if state.serving is not None else None
+    return None if origin is None or origin.approvers is None else list(origin.approvers)
 
 
 def _age(seconds: float) -> str:

@@ -146,6 +146,9 @@ def test_fleet_devices_lists_one_row_per_device_and_model(tmp_path: Path, cli: A
     assert by["cam-04", "mlp"].stale
     assert not by["cam-01", "mlp"].stale
     assert by["cam-06", "mlp"].serving is None
+    # who approved what each device serves, from its signed provenance (issue 28)
+    assert by["cam-01", "mlp"].approvers == ["ann", "bob"]
+    assert by["cam-05", "mlp"].approvers is None  # released by hand: not counted
     text = render_rows(rows)
     assert text.splitlines()[0].split()[:3] == ["device", "labels", "model"]
     assert "2h ago STALE" in text
