@@ -43,7 +43,13 @@ class Demo:
     def step(self, title: str) -> None:
         print(f"\n=== {title}")
 
-    def run(self, *args: str, cwd: Path | None = None, expect: int = 0) -> str:
+    def run(
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        expect: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> str:
         """Run ``modelreg ARGS`` (or git) and echo it like a terminal session."""
         argv = list(args)
         shown = shlex.join(argv)
@@ -51,8 +57,9 @@ class Demo:
             argv = [sys.executable, "-m", "modelreg", *argv[1:]]
         print(f"$ {shown}")
         proc = subprocess.run(
-            argv, cwd=cwd or self.repo, env=self.env, capture_output=True, text=True, check=False
-        )
+            argv, cwd=cwd or self.repo, env={**self.env, **(env or {})},
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
         for stream in (proc.stdout, proc.stderr):
             if stream.strip():
                 print("  " + stream.rstrip().replace("\n", "\n  "))
@@ -150,10 +157,17 @@ class Demo:
         for path, text in saved.items():
             path.write_text(text, encoding="utf-8")
 
-        self.step("Merged and released; the version-state table")
+        self.step("Merged and released by the release workflow, which signs who approved it")
+        base = self.run("git", "rev-parse", "main").strip()
+        head = self.run("git", "rev-parse", "HEAD").strip()
         self.run("git", "checkout", "-q", "main")
         self.run("git", "merge", "-q", "--ff-only", "mlp-1.1.0")
-        self.run("modelreg", "ci", "release")
+        with _github_stand_in(base, head) as api:
+            print("  (the demo plays GitHub Actions: the run's variables, and a stand-in for "
+                  f"GitHub's REST API at {api} that answers as github.com would for pull "
+                  "request #1, approved by ann)")  # fmt: skip
+            self.run("modelreg", "ci", "release", env=_actions_env(api))
+        self.run("modelreg", "show", "mlp:1.1.0", "--provenance")
         self.run("modelreg", "status", "--mlflow")
         self.mlflow()
 
@@ -459,6 +473,65 @@ class Demo:
         values = np.frombuffer(answer.raw_output_contents[0], "<f4")
         probs = ", ".join(f"{v:.3f}" for v in values)
         print(f"  gRPC: model_version {answer.model_version}: probs [{probs}]")
+
+
+_DEMO_REPOSITORY = "demo/fleet-models"
+
+
+def _actions_env(api: str) -> dict[str, str]:
+    """What a GitHub Actions release job's environment says (the demo's stand-in)."""
+    return {
+        "GITHUB_REPOSITORY": _DEMO_REPOSITORY, "GITHUB_SERVER_URL": api, "GITHUB_API_URL": api,
+        "GITHUB_TOKEN": "demo-token", "GITHUB_RUN_ID": "1", "GITHUB_RUN_ATTEMPT": "1",
+        "GITHUB_REF": "refs/heads/main", "GITHUB_EVENT_NAME": "push",
+        "GITHUB_WORKFLOW_REF": f"{_DEMO_REPOSITORY}/.github/workflows/release.yml@refs/heads/main",
+        "RUNNER_ENVIRONMENT": "self-hosted", "RUNNER_OS": "Linux",
+    }  # fmt: skip
+
+
+@contextlib.contextmanager
+def _github_stand_in(base: str, head: str) -> Any:
+    """A stand-in for the three GitHub REST endpoints a release reads, on loopback:
+    pull request #1 (``head`` on ``base``, merged into main by fast-forward), approved
+    by ``ann``, who has write access.  Yields its URL."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    repo = f"/repos/{_DEMO_REPOSITORY}"
+    pull = {"number": 1, "html_url": f"https://github.example/{_DEMO_REPOSITORY}/pull/1",
+            "merged_at": "2026-12-01T10:00:00Z", "merge_commit_sha": head,
+            "user": {"login": "dev"}, "head": {"sha": head},
+            "base": {"sha": base, "ref": "main"}}  # fmt: skip
+    answers = {
+        f"{repo}/commits/{head}/pulls": [pull],
+        f"{repo}/pulls/1/reviews": [{"id": 101, "state": "APPROVED", "commit_id": head,
+                                    "user": {"login": "ann", "type": "User"},
+                                    "author_association": "MEMBER"}],
+        f"{repo}/collaborators/ann/permission": {"permission": "write", "role_name": "write"},
+    }  # fmt: skip
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            found = answers.get(self.path.split("?", 1)[0])
+            body = json.dumps(found if found is not None else []).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _vm(proc: Path, field: str) -> int:

@@ -160,8 +160,15 @@ def test_demo_runs_end_to_end_from_the_installed_wheel(tmp_path: Path) -> None:
     assert re.search(r"stages \(ms\): .*layout", out)
     assert re.search(r"mlp 1\.1\.0: \d+ bytes, sha256 [0-9a-f]{64} verified", out)
     assert re.search(r"  gRPC: model_version 1\.\d\.0: probs \[", out)  # serve.grpc_listen
-    # where the served version came from, from its signed description (issue 28)
+    # where the served version came from, from its signed description (issue 28): v1
+    # released by hand, v2 by the (played) release workflow after ann approved it
     assert "  provenance: no pull request known; not released by CI (commit " in out
+    assert re.search(
+        r"  provenance: PR #1 approved by ann; CI run http://127\.0\.0\.1:\d+/"
+        r"demo/fleet-models/actions/runs/1 \(commit [0-9a-f]{12}\)",
+        out,
+    )
+    assert "  provenance:     PR #1 approved by ann; CI run 1 attempt 1" in out  # show
     # devices enrolled; a report forged for cam-0042 does not count
     assert "$ modelreg fleet enroll --from " in out
     assert "enrolled 2 device(s)" in out
