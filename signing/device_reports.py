@@ -226,7 +226,7 @@ def standing(
         )
     if not verified:
         return (
-            f"the signature does not verify with {device!r}'s enrolled key (forged, or "
+            f"the signature does not verify with the key enrolled for {device!r} (forged, or "
             "signed by another device)"
         )
     if sequence is None:

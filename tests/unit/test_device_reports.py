@@ -95,7 +95,7 @@ COUNTS = {"signed": True, "enrolled": True, "verified": True, "sequence": 6, "di
         ({"sequence": 5, "digest": "d" * 64}, None),  # the same report, read again
         ({"signed": False}, "not signed"),
         ({"enrolled": False}, "device 'cam-1' is not enrolled"),
-        ({"verified": False}, "the signature does not verify with 'cam-1'"),
+        ({"verified": False}, "the signature does not verify with the key enrolled for 'cam-1'"),
         ({"sequence": None}, "no sequence number"),
         ({"sequence": 4}, "replayed: sequence 4, older than 5"),
         ({"sequence": 5}, "replayed: sequence 5 was seen from 'cam-1' with other content"),
