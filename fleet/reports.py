@@ -152,22 +152,30 @@ def _entry(name: str, data: bytes, limits: ReportLimits) -> Entry:
         raise ReportError("the name is not <device-id>.json")
     if len(data) > limits.max_stored_bytes:
         raise ReportError(f"larger than {limits.max_stored_bytes} bytes")
-    envelope = None
-    payload = data
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError):
-        raise ReportError("not a JSON document") from None
-    if is_envelope(doc):  # signed by its device (the signature is checked by ReportTrust)
-        try:
-            payload = open_envelope(doc, name)
-        except VerificationError as e:
-            raise ReportError(str(e).removeprefix(f"{name}: ")) from None
-        envelope = doc
+    envelope = _envelope(name, data)  # signed by its device (checked by ReportTrust)
+    payload = data if envelope is None else open_envelope(envelope, name)
     report = parse_report(payload, limits)
     if report.device != device:
         raise ReportError(f"reports device {report.device!r}, not the device it is named after")
     return Entry(report, envelope, hashlib.sha256(payload).hexdigest())
+
+
+def _envelope(name: str, data: bytes) -> dict[str, Any] | None:
+    """The envelope ``data`` is, or None for a bare report (parsed once either way: ours
+    name their payload type first; another writer's order costs a second look)."""
+    if not data.startswith(b'{"payloadType"') and b'"payloadType"' not in data:
+        return None
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        raise ReportError("not a JSON document") from None
+    if not is_envelope(doc):
+        return None
+    try:
+        open_envelope(doc, name)
+    except VerificationError as e:
+        raise ReportError(str(e).removeprefix(f"{name}: ")) from None
+    return dict(doc)
 
 
 def _collect(
