@@ -5,9 +5,10 @@ The decision is :func:`signing.device_reports.standing`; this module holds what 
 asked against: the repository's enrolled keys (``<devices>/<device-id>.pub``, read by
 :func:`signing.device_reports.read_enrolled`) and the newest report counted from each
 device, kept in the repository's local state (``.modelreg/fleet/seen.json``) from one
-run of ``fleet status`` / ``fleet devices`` / ``fleet advance`` to the next.  Where
-that file is lost (a fresh CI checkout), a replay is still bounded by staleness: an old
-report is stale, and stale devices move no wave.
+run of ``fleet status`` / ``fleet devices`` / ``fleet advance`` to the next (rollout.yml
+keeps it in an Actions cache of the main branch between its scheduled runs).  Where
+that file is lost, a replay is still bounded by staleness: an old report is stale, and
+stale devices move no wave.
 """
 
 from __future__ import annotations

@@ -168,6 +168,8 @@ def test_pinned_and_least_privilege(name: str) -> None:
         assert workflow["concurrency"] == {"group": "modelreg-rollout", "cancel-in-progress": False}
         assert permissions == {}  # each job its own
         assert "cache: pip" in text
+        # the newest report counted from each device, kept between runs (replays refused)
+        assert "path: .modelreg/fleet/seen.json" in text
     else:
         # what judges pull requests: nothing for the whole workflow, each job its own,
         # and no cache (saved in the base branch's scope, the release job would restore it)
