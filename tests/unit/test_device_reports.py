@@ -143,3 +143,12 @@ def test_a_large_signed_report_is_read_as_one() -> None:
     assert sealed.startswith(b'{"payloadType":')
     found = read_entry("cam-1.json", sealed)
     assert (found.device, found.sequence, len(found.models["mlp"].rejected)) == ("cam-1", 9, 8)
+
+
+def test_verifying_leaves_the_envelope_as_it_was_read() -> None:
+    key = ed25519.Ed25519PrivateKey.generate()
+    doc = json.loads(seal_report(PAYLOAD, key))
+    before = json.dumps(doc, sort_keys=True)
+    for _ in range(2):  # the same envelope checked twice (a second reader) verifies twice
+        assert verify_report(doc, key.public_key(), "r") == PAYLOAD
+    assert json.dumps(doc, sort_keys=True) == before
