@@ -42,6 +42,7 @@ from signing.errors import KeyMaterialError, SignatureError, VerificationError
 __all__ = [
     "KEY_SUFFIX",
     "MAX_KEY_BYTES",
+    "MAX_SIGNATURES",
     "PAYLOAD_TYPE",
     "Enrolled",
     "Seen",
@@ -57,6 +58,8 @@ __all__ = [
 PAYLOAD_TYPE: Final = "application/vnd.modelreg.device-report+json"
 MAX_KEY_BYTES: Final = 4096
 """Largest public key file read (a PEM key is a few hundred bytes)."""
+MAX_SIGNATURES: Final = 4
+"""Signatures a report envelope may carry (a device makes one)."""
 KEY_SUFFIX: Final = ".pub"
 """An enrolled device's key file: ``<device-id>.pub`` in the repository's devices folder."""
 MAX_DEVICES: Final = 1_000_000
@@ -159,6 +162,13 @@ def open_envelope(doc: object, subject: str) -> bytes:
     """
     if not isinstance(doc, dict) or doc.get("payloadType") != PAYLOAD_TYPE:
         raise VerificationError("not a device report envelope", subject)
+    signatures = doc.get("signatures")
+    if not isinstance(signatures, list) or not 1 <= len(signatures) <= MAX_SIGNATURES:
+        # each signature under the device's key id costs a verification: a report may
+        # not make the fleet's reader verify a thousand
+        raise VerificationError(
+            f"a report envelope carries 1 to {MAX_SIGNATURES} signatures", subject
+        )
     try:
         return base64.b64decode(doc["payload"], validate=True)
     except (KeyError, TypeError, ValueError):

@@ -152,3 +152,30 @@ def test_verifying_leaves_the_envelope_as_it_was_read() -> None:
     for _ in range(2):  # the same envelope checked twice (a second reader) verifies twice
         assert verify_report(doc, key.public_key(), "r") == PAYLOAD
     assert json.dumps(doc, sort_keys=True) == before
+
+
+def test_an_envelope_may_not_make_the_reader_verify_hundreds_of_signatures(tmp_path: Path) -> None:
+    """A sink writer copies the device's (public) key id onto hundreds of signatures: the
+    reader refuses the report before it verifies any of them."""
+    import time
+
+    from fleet.reports import load_reports
+    from fleet.trust import ReportTrust
+    from signing.device_reports import Enrolled
+    from tests.fleet_reports import model, report
+
+    key = ed25519.Ed25519PrivateKey.generate()
+    doc = report("cam-1", {"mlp": model("1.0.0")}, format=3, sequence=1)
+    envelope = json.loads(seal_report(json.dumps(doc).encode(), key))
+    envelope["signatures"] = envelope["signatures"] * 400  # what fits under the size cap
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    (folder / "cam-1.json").write_text(json.dumps(envelope))
+    trust = ReportTrust(Enrolled({"cam-1": key.public_key()}))
+    start = time.perf_counter()
+    loaded = load_reports(str(folder), trust=trust)
+    assert loaded.reports == []
+    assert loaded.unreadable[0].reason == "a report envelope carries 1 to 4 signatures"
+    assert time.perf_counter() - start < 5
+    with pytest.raises(VerificationError, match="1 to 4 signatures"):
+        open_envelope(dict(envelope, signatures=[]), "r")

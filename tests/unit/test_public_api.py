@@ -551,6 +551,7 @@ PUBLIC: dict[str, set[str]] = {
     "signing.device_reports": {
         "KEY_SUFFIX",
         "MAX_KEY_BYTES",
+        "MAX_SIGNATURES",
         "PAYLOAD_TYPE",
         "Enrolled",
         "Seen",
