@@ -23,6 +23,7 @@ waited), so an unreachable API fails in seconds, not minutes.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import time
@@ -326,6 +327,10 @@ class _Api:
                 raise _Retry from None
             raise GitHubError(
                 f"GitHub API: {what}: HTTP {e.code} {e.reason}", subject=self.api
+            ) from None
+        except (http.client.InvalidURL, ValueError):  # GITHUB_API_URL holds what no URL may
+            raise GitHubError(
+                f"GitHub API: {what}: {self.api!r} is not a usable URL", subject=self.api
             ) from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)

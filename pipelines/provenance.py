@@ -20,14 +20,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Final
 
 from pipelines.errors import GitHubError
 from pipelines.github import ActionsRun, GitHubEnv, fetch_approvals, fetch_merged_pull
+from registry.errors import one_line, printable
 from registry.gitinfo import last_commits, toplevel
 from registry.repository import Repository, VersionEntry
 from signing.provenance import Approval, CiRun, Policy, Provenance, PullRequestFacts
 
 __all__ = ["ReleaseFacts"]
+
+_MAX_REASON: Final = 500
+
+
+def _reason(text: str) -> str:
+    """A reason as the provenance keeps it: one line of printable text, bounded (an
+    error from GitHub quotes what the API answered)."""
+    shown = printable(one_line(text))
+    return shown if len(shown) <= _MAX_REASON else shown[: _MAX_REASON - 1] + "…"
 
 
 def _now() -> str:
@@ -97,7 +108,8 @@ class ReleaseFacts:
                 policy = found
         return Provenance(
             commit=self.commit, released_at=_now(), pull_request=pull_request,
-            approvals=approvals, policy=policy, ci=ci, unknown=unknown,
+            approvals=approvals, policy=policy, ci=ci,
+            unknown={fact: _reason(why) for fact, why in unknown.items()},
         )  # fmt: skip
 
     def _manifest_commit(self, repo: Repository, entry: VersionEntry) -> str | None:

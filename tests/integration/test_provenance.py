@@ -215,3 +215,24 @@ def test_a_tampered_provenance_is_refused_before_anything_reads_it(
     stranger = ec.generate_private_key(ec.SECP256R1()).public_key()
     with pytest.raises(SignatureError, match="does not verify"):
         verify_envelope(_signed(root, "provenance/mlp/1.0.0.intoto.json"), [stranger], "p")
+
+
+def test_what_github_answers_is_kept_as_one_bounded_line(
+    merged: dict[str, Any], cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An API error quoting a long URL (or whatever a hostile proxy answered) is a
+    reason of at most 500 printable characters: the release goes on, nothing invented."""
+    root = merged["root"]
+    monkeypatch.setenv("GITHUB_REPOSITORY", "acme/fleet")
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_API_URL", "http://127.0.0.1:9/" + "x" * 700 + "\x1b[31m")
+    r = cli("ci", "release", "--json", cwd=root)
+    assert r.code == 0, r.err
+    assert TOKEN not in r.out + r.err
+    provenance = VersionDoc.from_bytes(_signed(root, "versions/mlp/1.0.0.json")).provenance
+    assert provenance is not None
+    assert provenance.pull_request is None
+    why = provenance.unknown["pull_request"]
+    assert why.startswith("GitHub API")
+    assert len(why) <= 500
+    assert why.isprintable()
