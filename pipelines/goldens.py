@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pipelines.errors import ArtifactError
 from pipelines.onnx import ort_errors
@@ -102,16 +102,37 @@ def input_mismatches(session: Session, arrays: Mapping[str, npt.NDArray[Any]]) -
     return found
 
 
-def sample_inputs(session: Session, seed: int = 0) -> dict[str, npt.NDArray[Any]]:
+SAMPLE_MAX_VALUES: Final = 1 << 24
+"""Values all sample inputs together may hold (64 MiB of float32)."""
+
+
+def sample_inputs(
+    session: Session, seed: int = 0, max_values: int = SAMPLE_MAX_VALUES
+) -> dict[str, npt.NDArray[Any]]:
     """Inputs the model takes, for timing a version without golden cases: every
     symbolic dimension 1, floats drawn from a seeded normal distribution (the same
-    arrays for every version timed), integers 0, booleans False, strings empty."""
+    arrays for every version timed), integers 0, booleans False, strings empty.
+
+    Raises:
+        ValueError: the inputs' fixed dimensions would hold more than ``max_values``
+            values (a graph may declare any size: none is allocated), or a type numpy
+            has no name for.
+    """
+    import math
+
     import numpy as np
 
     rng = np.random.default_rng(seed)
     arrays: dict[str, npt.NDArray[Any]] = {}
+    shapes = {
+        spec.name: [d if isinstance(d, int) and d >= 0 else 1 for d in spec.shape]
+        for spec in session.get_inputs()
+    }
+    total = sum(math.prod(dims) for dims in shapes.values())
+    if total > max_values:
+        raise ValueError(f"its inputs would hold {total} values, over the {max_values} sampled")
     for spec in session.get_inputs():
-        dims = [d if isinstance(d, int) and d >= 0 else 1 for d in spec.shape]
+        dims = shapes[spec.name]
         name = _dtype_name(spec.type)
         if name == "string":
             arrays[spec.name] = np.full(dims, "", dtype=object)

@@ -39,6 +39,8 @@ BUDGET_S: Final = 1.0
 MIN_RUNS: Final = 10
 MAX_RUNS: Final = 200
 WARMUP_RUNS: Final = 3
+MAX_BUDGETS: Final = 10
+"""The timed rounds of a slow model stop at this many budgets of time."""
 
 
 @dataclass
@@ -126,15 +128,24 @@ def measure(
     milliseconds of each callable.
 
     Every callable is warmed up first; the number of timed rounds is what fits
-    ``budget_s`` at the speed of the warm-up, within [MIN_RUNS, MAX_RUNS].  Each round
-    runs them in turn, starting from a different one each round.
+    ``budget_s`` at the speed of the warm-up, within [MIN_RUNS, MAX_RUNS], and never
+    more than :data:`MAX_BUDGETS` budgets of time in all: a model a pull request made
+    to run for a minute is run a few times, not two dozen.  Each round runs them in
+    turn, starting from a different one each round.
     """
     start = time.perf_counter()
     for run in runs:
-        for _ in range(WARMUP_RUNS):
-            run()
-    per_round = (time.perf_counter() - start) / WARMUP_RUNS
-    rounds = int(min(MAX_RUNS, max(MIN_RUNS, budget_s / max(per_round, 1e-9))))
+        run()
+    per_round = time.perf_counter() - start
+    if per_round * WARMUP_RUNS <= budget_s:  # a slow model is warm after one run
+        start = time.perf_counter()
+        for run in runs:
+            for _ in range(WARMUP_RUNS - 1):
+                run()
+        per_round = (time.perf_counter() - start) / (WARMUP_RUNS - 1)
+    fits = budget_s / max(per_round, 1e-9)
+    ceiling = max(1, int(MAX_BUDGETS * budget_s / max(per_round, 1e-9)))
+    rounds = int(min(MAX_RUNS, ceiling, max(MIN_RUNS, fits)))
     samples: list[list[float]] = [[] for _ in runs]
     for r in range(rounds):
         for k in range(len(runs)):
@@ -165,7 +176,11 @@ def _inputs(
             return "goldens", tensor_set(goldens.cases[0].inputs, repo.root)
         except GoldenError:
             pass  # the goldens stage reports it; time on a sample instead
-    return "sample", sample_inputs(session)
+    try:
+        return "sample", sample_inputs(session)
+    except (ValueError, TypeError) as e:  # more than is sampled, or no numpy type
+        raise ArtifactError(repo.display(repo.root / entry.manifest.spec.artifact.path),
+                            f"cannot be timed: {one_line(str(e))}") from None  # fmt: skip
 
 
 def _parent_artifact(repo: Repository, entry: VersionEntry, parent: str) -> Path | str:
