@@ -5,6 +5,7 @@ declaring inputs of any size allocates none of it."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
@@ -16,7 +17,7 @@ from pipelines.goldens import sample_inputs
 def test_a_slow_model_is_timed_within_a_few_budgets() -> None:
     calls = {"new": 0, "old": 0}
 
-    def slow(name: str) -> object:
+    def slow(name: str) -> Callable[[], None]:
         def run() -> None:
             calls[name] += 1
             time.sleep(0.05)
