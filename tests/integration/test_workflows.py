@@ -17,6 +17,7 @@ from signing.tuf_repo import TrustRepo
 from signing.version_doc import VersionDoc
 from tests.conftest import REPO_ROOT, git, quiet_mlflow
 from tests.github_fake import TOKEN, FakeGitHub, fake_github
+from tests.http_sim import running
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +76,6 @@ def test_init_pins_modelreg_by_the_hashes_the_index_lists(tmp_path: Path) -> Non
     so pip checks modelreg's own archive too (hash-checking mode, set by the hashes)."""
     import http.server
     import json
-    import threading
 
     from modelreg import __version__
     from pipelines.authoring import write_workflows
@@ -101,14 +101,9 @@ def test_init_pins_modelreg_by_the_hashes_the_index_lists(tmp_path: Path) -> Non
         def log_message(self, *args: object) -> None:
             return
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with running(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)) as server:
         index = f"http://127.0.0.1:{server.server_address[1]}"
         _, why = write_workflows(tmp_path, env={"MODELREG_INDEX_URL": index})
-    finally:
-        server.shutdown()
-        server.server_close()
     assert why is None
     assert asked == [f"/pypi/modelreg/{__version__}/json"]
     (pin,) = parse_lock((tmp_path / SELF_LOCK_FILE).read_text())
@@ -601,7 +596,6 @@ def test_init_says_in_one_line_why_an_unpublished_version_is_pinned_by_version(
     install): the reason names that and what to do, on one line (issue 27, bug 9: it
     said only "answered 404")."""
     import http.server
-    import threading
 
     from pipelines.authoring import write_workflows
 
@@ -612,14 +606,9 @@ def test_init_says_in_one_line_why_an_unpublished_version_is_pinned_by_version(
         def log_message(self, *args: object) -> None:
             return
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Missing)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with running(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Missing)) as server:
         index = f"http://127.0.0.1:{server.server_address[1]}"
         _, why = write_workflows(tmp_path, env={"MODELREG_INDEX_URL": index})
-    finally:
-        server.shutdown()
-        server.server_close()
     assert why is not None
     assert "\n" not in why
     assert why.startswith(f"{index} has no modelreg ")
