@@ -116,7 +116,65 @@ class _Swapper:
             partial.replace(stats)
 
 
-def _serve(models: Models, port: int, stats: Path, grpc_port: int, batching: bool) -> None:
+def _gated(host: Any, swapper: _Swapper, metrics: Any, shadow: tuple[float, float] | None) -> Any:
+    """V2 served, V1 kept loaded as a health gate keeps it; with ``shadow`` (sample,
+    max_cpu_share) a shadow comparison of the two running, whose offers are timed
+    (``modelreg_bench_offer_*`` at ``/metrics``): the runner, or None."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    from edge_sync.decide.shadow import ShadowPolicy
+    from edge_sync.serve.shadow import ShadowRunner
+
+    request, _ = swapper.requests[V2]
+    new = host.build(request)
+    old = host.swap(MODEL, new)
+    if shadow is None:
+        return None
+    runner = ShadowRunner(host)
+    runner.begin(MODEL, new, old, ShadowPolicy(sample=shadow[0], max_cpu_share=shadow[1]))
+    metrics.watch_shadow(runner, [MODEL])
+    # plain numbers, no lock: the instrument must not cost what it measures (a
+    # prometheus Counter takes a lock on every request); read at each scrape
+    offers, offer_cpu, slow, peak = [0], [0.0], [0], [0.0]
+
+    class _Offers(Collector):
+        def collect(self) -> Any:
+            for name, value in (("offers", offers[0]), ("offer_cpu_seconds", offer_cpu[0]),
+                                ("offer_over_1ms", slow[0])):  # fmt: skip
+                family = CounterMetricFamily(f"modelreg_bench_{name}", name)
+                family.add_metric([], value)
+                yield family
+            longest = GaugeMetricFamily("modelreg_bench_offer_max_seconds", "longest")
+            longest.add_metric([], peak[0])
+            yield longest
+
+    metrics.registry.register(_Offers())
+    offer, clock = runner.offer, time.thread_time
+
+    def timed(*args: Any) -> None:
+        wall, cpu = time.perf_counter(), clock()
+        offer(*args)
+        used, took = clock() - cpu, time.perf_counter() - wall
+        offers[0] += 1
+        offer_cpu[0] += used
+        peak[0] = max(peak[0], took)
+        if used > 0.001:
+            slow[0] += 1
+
+    runner.offer = timed  # type: ignore[method-assign,assignment]
+    return runner
+
+
+def _serve(  # noqa: PLR0917 - the runner's arguments
+    models: Models,
+    port: int,
+    stats: Path,
+    grpc_port: int,
+    batching: bool,
+    gated: bool = False,
+    shadow: tuple[float, float] | None = None,
+) -> None:
     from edge_sync.engine.host import InProcessHost
     from edge_sync.serve.app import create_rest_app
     from edge_sync.serve.batching import BatchPolicy
@@ -128,13 +186,15 @@ def _serve(models: Models, port: int, stats: Path, grpc_port: int, batching: boo
     host = InProcessHost(intra_op_threads=ORT_SETTINGS["intra_op_threads"], prepack="off")
     swapper = _Swapper(host, models)
     swapper.swap_to(V1)
+    metrics = Metrics(host)
+    runner = _gated(host, swapper, metrics, shadow) if gated else None
     go, stop = threading.Event(), threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: go.set())
     signal.signal(signal.SIGUSR2, lambda *_: stop.set())
     threading.Thread(target=swapper.loop, args=(go, stop, stats), daemon=True).start()
     # the daemon's serving core (the default serve.limits), REST and gRPC over it
     policy = {MODEL: BatchPolicy(BATCH_SIZE, BATCH_DELAY_S)} if batching else None
-    core = Inference(host, [MODEL], Metrics(host), batching=policy)
+    core = Inference(host, [MODEL], metrics, batching=policy, shadow=runner)
     GrpcServer(core, "bench", f"127.0.0.1:{grpc_port}").start()
     app = create_rest_app(core, dict, "bench")
     server(app, "127.0.0.1", port, ConnectionLimits(connection_cap(None))).run()
@@ -226,16 +286,26 @@ def _memory(models: Models, prepack: str, swaps: int, settle_s: float) -> dict[s
 
 
 def start_ours(
-    models: Models, work: Path, cpus: set[int] | None, *, batching: bool = False
+    models: Models,
+    work: Path,
+    cpus: set[int] | None,
+    *,
+    batching: bool = False,
+    gated: bool = False,
+    shadow: tuple[float, float] | None = None,
+    label: str | None = None,
 ) -> Server:
     """Our server (``serve``, pinned to ``cpus``), REST and gRPC, batching when asked;
-    it swaps on SIGUSR1 until SIGUSR2."""
+    it swaps on SIGUSR1 until SIGUSR2.  ``gated``: V2 serves with V1 loaded, as during a
+    health gate, and ``shadow`` (sample, max_cpu_share) compares them."""
     port, grpc_port = free_port(), free_port()
-    name = "ours-batching" if batching else "ours"
+    name = (label or ("ours-batching" if batching else "ours")).replace(" ", "-")
     stats = work / f"{name}-swaps.json"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     argv = [*_RUNNER, "serve", "--models", str(models.folder), "--port", str(port),
-            "--grpc-port", str(grpc_port), *(["--batching"] if batching else [])]  # fmt: skip
+            "--grpc-port", str(grpc_port), *(["--batching"] if batching else []),
+            *(["--gated"] if gated or shadow else []),
+            *(["--shadow", f"{shadow[0]},{shadow[1]}"] if shadow else [])]  # fmt: skip
     proc = spawn([*argv, "--stats", str(stats)], cpus, REPO_ROOT, work / f"{name}.log", env)
 
     @contextlib.contextmanager
@@ -258,7 +328,7 @@ def start_ours(
             ]
             found.errors += doc["errors"]
 
-    label = "ours (batching)" if batching else "ours"
+    label = label or ("ours (batching)" if batching else "ours")
     return Server(label, proc, f"http://127.0.0.1:{port}", swapping, f"127.0.0.1:{grpc_port}",
                   batching)  # fmt: skip
 
@@ -292,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--grpc-port", type=int, required=True)
     serve.add_argument("--batching", action="store_true")
+    serve.add_argument("--gated", action="store_true", help="V2 serves, V1 kept loaded")
+    serve.add_argument("--shadow", default=None, help="SAMPLE,MAX_CPU_SHARE: compare them")
     serve.add_argument("--stats", type=Path, required=True)
     ceiling = sub.add_parser("ceiling", help="session.run in a loop")
     ceiling.add_argument("--seconds", type=float, default=5.0)
@@ -304,7 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     models = Models(args.models)
     if args.command == "serve":
-        _serve(models, args.port, args.stats, args.grpc_port, args.batching)
+        shadow = tuple(float(v) for v in args.shadow.split(",")) if args.shadow else None
+        _serve(models, args.port, args.stats, args.grpc_port, args.batching, args.gated,
+               shadow)  # type: ignore[arg-type]  # fmt: skip
     elif args.command == "ceiling":
         print(json.dumps(_ceiling(models, args.seconds)))
     else:

@@ -41,7 +41,7 @@ from pydantic import (
 from registry.device_report import DeviceId
 from registry.errors import ManifestError
 from registry.loader import validate_document
-from registry.schema import Labels, Name, Strict
+from registry.schema import Labels, Name, Shadow, Strict
 from registry.units import parse_duration
 from registry.yamlsrc import read_yaml
 
@@ -200,11 +200,17 @@ class BatchingConfig(Strict):
 
 class Subscription(Strict):
     """One model the device runs, and the channel it follows (``batching``: this
-    model's own, over ``serve.batching``; ``false`` turns it off for this model)."""
+    model's own, over ``serve.batching``; ``false`` turns it off for this model).
+
+    ``shadow`` compares each new version's answers with the previous version's while
+    its health gate is open (``registry.schema.Shadow``, docs/guide/behaviour.md); unset,
+    the channel's declaration in ``model.yaml`` applies; ``false``: never compare.
+    """
 
     name: Name
     channel: Name
     batching: BatchingConfig | Literal[False] | None = None
+    shadow: Shadow | Literal[False] | None = None
 
 
 def batching_of(serve: ServeConfig, models: Sequence[Subscription]) -> dict[str, BatchingConfig]:

@@ -37,6 +37,7 @@ from edge_sync.engine.host import InProcessHost
 from edge_sync.errors import EngineError, StoppedError
 from edge_sync.serve.listeners import Listeners
 from edge_sync.serve.recorder import Recorder
+from edge_sync.serve.shadow import ShadowRunner
 from edge_sync.state.device_key import DeviceKey
 from edge_sync.state.models import DaemonInfo, UpdateRecord, reason_text
 from edge_sync.state.status import (
@@ -53,6 +54,7 @@ from edge_sync.sync.report import LAST_REPORT_S, Reporter
 from edge_sync.sync.trust import DeviceTrust, Freshness, freshness, trust_expiries
 from edge_sync.sync.updater import SyncOutcome, Updater
 from registry.about import modelreg_version
+from registry.agreement import Agreement
 from registry.device_report import StatusDocument
 from signing.errors import VerificationError
 
@@ -120,6 +122,7 @@ class Daemon:
     _wakeup: _Wakeup | None = None
     _reporter: Reporter | None = None
     _watchdog: Watchdog | None = None
+    _shadow: ShadowRunner | None = None
 
     def request_sync(self) -> None:
         """Sync now (what SIGHUP does)."""
@@ -273,7 +276,13 @@ class Daemon:
                                  open_s=round(time.monotonic() - g.swapped, 3))
             for name, g in open_gates
         }  # fmt: skip
-        return LiveStatus(engines=engines, gates=gates, prepack=prepack)
+        shadow: dict[str, Agreement] = {}
+        if self._shadow is not None:
+            for sub in self.config.models:
+                running = self._shadow.current(sub.name)
+                if running is not None:
+                    shadow[sub.name] = running
+        return LiveStatus(engines=engines, gates=gates, prepack=prepack, shadow=shadow)
 
     def _tune(self, updater: Updater) -> None:
         """Measure, once per model, whether prepacking pays (``serve.prepack: auto``),
@@ -305,8 +314,9 @@ class Daemon:
         if self.host is None:
             self.host = _make_host(self.config, state)
         recorder = Recorder()
+        shadow = self._shadow = ShadowRunner(self.host) if self.serving else None
         server = (
-            _Server(self.config, self.host, self.request_sync, recorder, self._live)
+            _Server(self.config, self.host, self.request_sync, recorder, self._live, shadow=shadow)
             if self.serving
             else None
         )
@@ -329,6 +339,7 @@ class Daemon:
                 gate.window, gate.min_requests, gate.max_error_rate, gate.max_latency_ratio
             ),
             recorder=recorder if server is not None else None,
+            shadow=shadow,
         )
         problems = updater.resume(unclean=unclean)
         watcher = threading.Thread(
@@ -352,6 +363,8 @@ class Daemon:
         stopped, rather than running until the report goes stale)."""
         if server is not None:
             server.stop()
+        if self._shadow is not None:
+            self._shadow.close()
         reporter, self._reporter = self._reporter, None
         if reporter is not None:
             reporter.stop(LAST_REPORT_S, last=True)
@@ -420,6 +433,8 @@ class _Server(Listeners):
         request_sync: Callable[[], None],
         recorder: Recorder | None = None,
         live: Callable[[], LiveStatus] | None = None,
+        *,
+        shadow: ShadowRunner | None = None,
     ) -> None:
         def status() -> dict[str, Any]:
             doc = device_status(config)
@@ -427,7 +442,8 @@ class _Server(Listeners):
             return served.model_dump(mode="json")
 
         super().__init__(config.serve, config.models, host, status, modelreg_version(),
-                         request_sync=request_sync, recorder=recorder)  # fmt: skip
+                         request_sync=request_sync, recorder=recorder,
+                         shadow=shadow)  # fmt: skip
 
 
 def _guarded(updater: Updater) -> SyncOutcome:

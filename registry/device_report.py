@@ -9,7 +9,7 @@ that document plus what a fleet view needs: the device's labels, when it was sen
 (``reported``), the daemon's version, and a ``kind`` and ``format``.  One JSON object
 per device, stored as ``<device-id>.json``::
 
-    {"kind": "DeviceReport", "format": 3, "device": "cam-0042",
+    {"kind": "DeviceReport", "format": 4, "device": "cam-0042",
      "labels": {"arch": "x86_64"}, "reported": "2025-01-01T12:00:00.000000Z",
      "daemon": {"running": true, "pid": 123, "listen": "127.0.0.1:8000",
                 "started": "...", "version": "0.1.0"},
@@ -18,7 +18,7 @@ per device, stored as ``<device-id>.json``::
      "sync": {"last_checked": "...", "result": "current", "reason": null, "commit": "..."},
      "models": {"mlp": {"channel": "production", "serving": {...}, "previous": {...},
                         "last_known_good": {...}, "last_update": {...},
-                        "rejected": [...], "gate": null}},
+                        "rejected": [...], "gate": null, "shadow": {...}}},
      "truncated": false, "sequence": 42}
 
 A device sends it signed, in a DSSE envelope (``signing.device_reports``): the
@@ -52,6 +52,7 @@ from pydantic import (
     field_serializer,
 )
 
+from registry.agreement import Agreement
 from registry.errors import RegistryError, printable
 from registry.schema import Labels, Name, SemVer, Strict
 
@@ -81,11 +82,12 @@ __all__ = [
 ]
 
 KIND: Final = "DeviceReport"
-REPORT_FORMAT: Final = 3
+REPORT_FORMAT: Final = 4
 """Bumped when a field is added: a reader refuses a newer format with a clear reason
 (its schema is strict, so it could not read one anyway), and reads every older one.
 Format 2 added each held version's ``model_sha256`` and ``provenance``; format 3 the
-report's ``sequence`` (reports travel signed from then on: ``signing.device_reports``)."""
+report's ``sequence`` (reports travel signed from then on: ``signing.device_reports``);
+format 4 each model's ``shadow`` comparison (``registry.agreement``)."""
 
 DEVICE_ID_RE: Final = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 DeviceId = Annotated[str, StringConstraints(pattern=DEVICE_ID_RE)]
@@ -256,6 +258,9 @@ class ModelReport(Strict):
     """Oldest first: the device keeps 32, a report carries the newest
     :attr:`ReportLimits.max_rejected` (:func:`parse_report` checks it)."""
     gate: GateReport | None = None
+    shadow: Agreement | None = None
+    """The last shadow comparison of a version with the one it replaced
+    (``registry.agreement``; format 4)."""
 
 
 class DaemonStatus(Strict):
@@ -315,7 +320,7 @@ class DeviceReport(StatusDocument):
     docstring)."""
 
     kind: Literal["DeviceReport"]
-    format: Literal[1, 2, 3]
+    format: Literal[1, 2, 3, 4]
     labels: Annotated[Labels, AfterValidator(_printable_labels)] = Field(default_factory=dict)
     reported: AwareDatetime
     daemon: DaemonReport
@@ -388,6 +393,21 @@ def _no_stages(model: dict[str, Any]) -> None:
         model["last_update"]["stages_ms"] = {}
 
 
+def _no_latency_histograms(model: dict[str, Any]) -> None:
+    if isinstance(model.get("shadow"), dict):
+        model["shadow"]["new_hist"] = model["shadow"]["old_hist"] = []
+
+
+def _few_shadow_outputs(model: dict[str, Any]) -> None:
+    shadow = model.get("shadow")
+    if isinstance(shadow, dict) and isinstance(shadow.get("outputs"), dict):
+        shadow["outputs"] = dict(sorted(shadow["outputs"].items())[:2])
+
+
+def _no_shadow(model: dict[str, Any]) -> None:
+    model["shadow"] = None
+
+
 def _no_history(model: dict[str, Any]) -> None:
     model["previous"] = model["last_known_good"] = None
     model["rejected"] = []
@@ -399,7 +419,10 @@ _SHEDDING: Final[tuple[Callable[[dict[str, Any]], None], ...]] = (
     lambda doc: _newest_rejections(doc, 2),
     lambda doc: _each_model(doc, _no_stages),
     lambda doc: _each_model(doc, _shorter_reasons),
+    lambda doc: _each_model(doc, _no_latency_histograms),
+    lambda doc: _each_model(doc, _few_shadow_outputs),
     lambda doc: _each_model(doc, _no_history),
+    lambda doc: _each_model(doc, _no_shadow),
 )
 
 

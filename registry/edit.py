@@ -188,6 +188,34 @@ def set_rollout(
     return _dump(yaml, data)
 
 
+def set_shadow(text: str, file: str, channel: str, sample: float) -> str:
+    """Declare a shadow comparison of ``sample`` on ``spec.channels[channel]`` (its other
+    settings kept when it has one; the short form ``channel: version`` becomes a
+    mapping).
+
+    Raises:
+        ManifestError: the text has no spec mapping to edit.
+        UsageError: the channel is not declared, or ``sample`` is not in (0, 1].
+    """
+    if not 0 < sample <= 1:
+        raise UsageError(f"--shadow must be a share above 0 and at most 100%, got {sample:g}")
+    yaml, data = _yaml_for(text)
+    channels = _channels(_spec(data, file))
+    current = channels.get(channel)
+    if current is None:
+        raise UsageError(f"channel {channel!r} is not declared")
+    entry = current if isinstance(current, CommentedMap) else CommentedMap(version=current)
+    shadow = entry.get("shadow")
+    if not isinstance(shadow, CommentedMap):
+        shadow = CommentedMap()
+        shadow.fa.set_flow_style()
+        entry["shadow"] = shadow
+    shadow["sample"] = _number(sample)
+    if entry is not current:
+        channels[channel] = entry
+    return _dump(yaml, data)
+
+
 def _channels(spec: CommentedMap) -> CommentedMap:
     """``spec.channels``, made when missing (or not a mapping)."""
     channels = spec.get("channels")

@@ -10,7 +10,7 @@ from difflib import get_close_matches
 from pathlib import Path
 
 from registry.atomic import write_atomic
-from registry.edit import set_channel, set_hold, set_rollout
+from registry.edit import set_channel, set_hold, set_rollout, set_shadow
 from registry.errors import ManifestError, PolicyError, Problem, UsageError
 from registry.gitinfo import git, stage
 from registry.history import ChannelHistory, channel_history
@@ -124,6 +124,7 @@ def promote(
     force: bool = False,
     waves: Sequence[tuple[float, str | None]] = (),
     stop: Mapping[str, float | int] | None = None,
+    shadow: float | None = None,
 ) -> PromoteResult:
     """Point ``channel`` of model ``name`` at ``version`` in its ``model.yaml``.
 
@@ -142,7 +143,10 @@ def promote(
             that is not deprecated and a channel that the order lists).
         waves: a staged rollout (percent, soak) instead of ``percent``: the channel
             starts at the first wave, ``modelreg fleet advance`` takes the next ones.
-        stop: the rollout's stop conditions (``failure_share``, ``min_reports``).
+        stop: the rollout's stop conditions (``failure_share``, ``min_reports``,
+            ``min_agreement``, ``max_output_drift``, ``max_p99_ratio``, ``min_compared``).
+        shadow: the share of requests the channel's devices compare with the previous
+            version while its gate is open (``registry.schema.Shadow``).
 
     Returns:
         What changed.
@@ -183,7 +187,7 @@ def promote(
         )
     if stop and not waves:
         raise UsageError("stop conditions apply to a staged rollout: give --waves too")
-    return _write_channel(repo, model, channel, version, percent, waves, stop)
+    return _write_channel(repo, model, channel, version, percent, waves, stop, shadow)
 
 
 def _write_channel(  # noqa: PLR0917 - one edit, every form of it
@@ -194,6 +198,7 @@ def _write_channel(  # noqa: PLR0917 - one edit, every form of it
     percent: float | None,
     waves: Sequence[tuple[float, str | None]] = (),
     stop: Mapping[str, float | int] | None = None,
+    shadow: float | None = None,
 ) -> PromoteResult:
     previous = model.manifest.spec.channels.get(channel)
     text = model.path.read_text(encoding="utf-8")
@@ -202,6 +207,8 @@ def _write_channel(  # noqa: PLR0917 - one edit, every form of it
         percent = waves[0][0]
     else:
         new_text = set_channel(text, model.file, channel, version, percent)
+    if shadow is not None:
+        new_text = set_shadow(new_text, model.file, channel, shadow)
     written = load_manifest(parse_yaml(new_text.encode(), model.file), "RegisteredModel")
     now = written.spec.channels.get(channel)  # type: ignore[attr-defined]
     changed = new_text != text

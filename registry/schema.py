@@ -72,6 +72,7 @@ __all__ = [
     "Rollout",
     "RolloutStop",
     "SemVer",
+    "Shadow",
     "ShortText",
     "Signature",
     "Source",
@@ -296,6 +297,10 @@ def _increasing(waves: list[Wave]) -> list[Wave]:
     return waves
 
 
+Share = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+"""A share, 0..1."""
+
+
 class RolloutStop(Strict):
     """When ``modelreg fleet advance`` stops a rollout, or waits for evidence.
 
@@ -306,10 +311,61 @@ class RolloutStop(Strict):
         min_reports: devices of the cohort that must report running the version
             before the next wave starts (the default 1 keeps a rollout that no device
             reports on from advancing on time alone).
+        min_agreement: stop when the wave's devices, together, report that fewer of
+            the version's answers than this share keep the previous version's top
+            class (their shadow comparisons: the channel's ``shadow``); None: never.
+        max_output_drift: stop when the answers differ from the previous version's
+            by more than this relative L1 difference (0.05: 5 %); None: never.
+        max_p99_ratio: stop when the version's p99 run time over the previous
+            version's, on the same requests, is more than this; None: never.
+        min_compared: requests the wave's devices must have compared, together,
+            before those three are judged; the next wave waits for them.
     """
 
-    failure_share: Annotated[float, Field(ge=0, le=1)] | None = None
+    failure_share: Share | None = None
     min_reports: Annotated[int, Field(ge=0, le=10_000_000)] = 1
+    min_agreement: Share | None = None
+    max_output_drift: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] | None = None
+    max_p99_ratio: Annotated[float, Field(ge=1, le=1000, allow_inf_nan=False)] | None = None
+    min_compared: Annotated[int, Field(ge=1, le=10_000_000)] = 100
+
+    @property
+    def behaviour(self) -> bool:
+        """Whether a condition reads the devices' shadow comparisons."""
+        return any(
+            v is not None for v in (self.min_agreement, self.max_output_drift, self.max_p99_ratio)
+        )
+
+
+class Shadow(Strict):
+    """A shadow comparison (docs/guide/behaviour.md): while a new version's health gate
+    is open, a device runs a sampled share of its live requests on the version it
+    replaced too, off the request path, and keeps how their answers agree (sums only).
+
+    Declared per channel in ``model.yaml`` (devices that follow the channel compare),
+    or per model in a device's ``edge.yaml`` (which wins; ``false`` there: never).
+
+    Attributes:
+        sample: the share of answered requests also run on the previous version.
+        max_cpu_share: the share of the device's CPU time (all cores) the comparison
+            may take; past it, sampled requests are dropped (never delayed).
+        after: keep comparing this long after the gate passed (the previous version
+            stays loaded as long).
+        min_agreement: the gate fails a version whose answers keep the previous
+            version's top class less often than this (None: the gate does not judge
+            agreement).
+        max_output_drift: the gate fails a version whose answers differ from the
+            previous version's by more than this relative L1 difference (None: never).
+        min_compared: requests compared before the gate judges the answers (a gate
+            with fewer by the end of its extended window passes, "not judged").
+    """
+
+    sample: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.05
+    max_cpu_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.1
+    after: Annotated[Duration, Field(ge=0, le=7 * 86400)] = 0.0
+    min_agreement: Share | None = None
+    max_output_drift: Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)] | None = None
+    min_compared: Annotated[int, Field(ge=1, le=1_000_000)] = 50
 
 
 class Rollout(Strict):
@@ -362,6 +418,20 @@ class Channel(Strict):
 
     version: SemVer
     rollout: Rollout | None = None
+    shadow: Shadow | None = None
+    """Devices following the channel compare each new version's answers with the
+    previous version's while its health gate is open (:class:`Shadow`)."""
+
+    @model_validator(mode="after")
+    def _shadow_for_behaviour(self) -> Channel:
+        stop = self.rollout.stop if self.rollout is not None else None
+        if stop is not None and stop.behaviour and self.shadow is None:
+            raise ValueError(
+                "rollout.stop judges the devices' shadow comparisons (min_agreement, "
+                "max_output_drift, max_p99_ratio); declare shadow: {sample: 0.05} on the "
+                "channel so that its devices compare"
+            )
+        return self
 
 
 class Promotion(Strict):

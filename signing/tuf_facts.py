@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Annotated, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    StringConstraints,
+    model_serializer,
+    model_validator,
+)
 
-from registry.schema import Name, SemVer, Strict, file_name_problem
+from registry.schema import Name, SemVer, Shadow, Strict, file_name_problem
 from signing.errors import RollbackError
 
 CUSTOM_KEY: Final = "modelreg"
@@ -121,6 +127,17 @@ class ChannelEntry(Strict):
     version: SemVer
     percent: Percent | None = None
     sequence: Annotated[int, Field(ge=1)]
+    shadow: Shadow | None = None
+    """The channel's shadow comparison (``registry.schema.Shadow``), which its devices
+    run unless their ``edge.yaml`` says otherwise; left out of the document when None,
+    as documents were before it existed (their bytes, and what an older device reads)."""
+
+    @model_serializer(mode="wrap")
+    def _without_no_shadow(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        found: dict[str, Any] = handler(self)
+        if found.get("shadow") is None:
+            found.pop("shadow", None)
+        return found
 
 
 class ChannelsDoc(Strict):
@@ -152,8 +169,10 @@ class ChannelsDoc(Strict):
 def next_channels(
     previous: ChannelsDoc | None,
     desired: Mapping[str, Mapping[str, tuple[str, float | None]]],
+    shadows: Mapping[str, Mapping[str, Shadow]] | None = None,
 ) -> ChannelsDoc:
-    """The channels document that serves ``desired`` (model -> channel -> (version, %)).
+    """The channels document that serves ``desired`` (model -> channel -> (version, %)),
+    with the ``shadows`` declared (model -> channel -> shadow comparison).
 
     Unchanged assignments keep their sequence; changed or new ones get the new
     document sequence.  Returns ``previous`` itself when nothing changed, so that
@@ -172,12 +191,17 @@ def next_channels(
             changed = True
         for channel, (version, percent) in channels.items():
             entry = old.get(model, {}).get(channel)
-            if entry is not None and (entry.version, entry.percent) == (version, percent):
+            shadow = (shadows or {}).get(model, {}).get(channel)
+            if entry is not None and (entry.version, entry.percent, entry.shadow) == (
+                version,
+                percent,
+                shadow,
+            ):
                 models[model][channel] = entry
             else:
                 changed = True
                 models[model][channel] = ChannelEntry(
-                    version=version, percent=percent, sequence=base + 1
+                    version=version, percent=percent, sequence=base + 1, shadow=shadow
                 )
     if previous is not None and not changed:
         return previous

@@ -37,6 +37,11 @@ too few comparable answers, the         ``wait`` (same extension), then ``pass``
 baseline has enough                     "latency not compared"
 median latency ratio over the bound     ``retry`` the first time (a new window: one
                                         busy window is no verdict), then ``fail``
+the shadow comparison's figures past    ``fail`` as soon as ``min_compared`` requests
+its thresholds (opt-in:                 were compared (``edge_sync.decide.shadow``)
+``edge_sync.decide.shadow.check``)
+too few requests compared               ``wait`` (same extension), then ``pass``, "not
+                                        judged on its answers"
 otherwise                               ``pass``
 ======================================  =================================================
 """
@@ -189,11 +194,19 @@ class Verdict:
 
 
 def judge(
-    policy: GatePolicy, new: Window, before: Window, elapsed_s: float, *, retried: bool = False
+    policy: GatePolicy,
+    new: Window,
+    before: Window,
+    elapsed_s: float,
+    *,
+    retried: bool = False,
+    shadow: tuple[Literal["pass", "fail", "wait"], str] | None = None,
 ) -> Verdict:
     """Decide a gate from the new version's window and the previous version's window
     before the swap, ``elapsed_s`` after the window opened; ``retried``: this is the
-    second window, after a latency failure (see the module doc's table)."""
+    second window, after a latency failure; ``shadow``: what the comparison of its
+    answers with the previous version's says (``edge_sync.decide.shadow.check``; see
+    the module doc's table)."""
     ended = elapsed_s >= policy.window_s
     extended = elapsed_s >= policy.window_s * MAX_EXTENSION
     enough = new.requests >= policy.min_requests
@@ -204,6 +217,8 @@ def judge(
             f"({new.error_rate:.1%}, at most {policy.max_error_rate:.1%} allowed; the "
             f"previous version: {before.error_rate:.1%})",
         )
+    if shadow is not None and shadow[0] == "fail":
+        return Verdict("fail", shadow[1])
     if not ended or (not enough and not extended):
         return Verdict("wait")  # a window with too few requests is extended
     if not enough:
@@ -220,7 +235,13 @@ def judge(
         if not retried:
             return Verdict("retry", said)
         return Verdict("fail", f"{said}, in two windows in a row")
+    if shadow is not None and shadow[0] == "wait" and not extended:
+        return Verdict("wait")  # too few answers compared yet
+    compared = f"; {shadow[1]}" if shadow is not None and shadow[1] else ""
+    if shadow is not None and shadow[0] == "wait":
+        compared = f"; not judged on its answers: {shadow[1].removeprefix('answers ')}"
     return Verdict(
         "pass",
-        f"health gate passed: {new.requests} requests, {new.errors} failed, {latency.text()}",
+        f"health gate passed: {new.requests} requests, {new.errors} failed, "
+        f"{latency.text()}{compared}",
     )

@@ -1,133 +1,125 @@
-"""How a new version's answers agree with the previous version's on the same inputs:
-aggregates only (issue 29, shadow comparison; this module is its first part).
+"""A shadow comparison's decisions (docs/guide/behaviour.md): what one pair of answers
+adds to the sums, and what the health gate reads of them (pure: no I/O, no clock).
 
-While a new version's health gate is open, the device may run a share of live requests
-on the previous engine too, off the request path.  What is kept of each pair of answers
-is a handful of running sums per output, never the inputs or the outputs themselves, so
-nothing of a request leaves the device:
+While a new version's health gate is open, the device may run a sampled share of live
+requests on the previous engine too, off the request path (``edge_sync.serve.shadow``).
+What is kept of each pair of answers is a handful of running sums per output
+(``registry.agreement``), never the inputs or the outputs, so nothing of a request
+leaves the device:
 
 * an output shaped like class scores (floating point, ``[batch, classes]`` with at least
-  two classes) counts, per row, whether both versions pick the same top class (top-1
-  agreement) and whether the previous version's top class is among the new version's
-  top ``k`` (top-k agreement, ``k = min(5, classes)``);
-* every numeric output adds its mean and largest absolute difference and relative
-  difference (against the previous version's value, floored at :data:`REL_FLOOR`);
-* the run time of each engine, for the latency ratio;
+  two classes) counts, per row, whether both versions pick the same top class (top-1)
+  and whether the previous version's top class is among the new version's top ``k``
+  (``k = min(5, classes)``);
+* every numeric output adds its absolute and relative differences and the previous
+  values' magnitudes; a value finite in one version only is counted apart;
+* each engine's run time, for the latency ratio and the p99 ratio;
 * an output the two versions do not both give, with the same shape and a numeric type,
   is counted as not comparable (a signature change, say).
 
-Pure: :func:`compare` measures one pair of answers; :class:`ShadowStats` adds them up.
+The gate (``edge_sync.decide.health.judge``) reads :func:`check`: a version whose
+agreement is under ``min_agreement``, or whose drift is over ``max_output_drift``,
+fails once ``min_compared`` requests were compared; fewer than that by the end of the
+(extended) window, and it is not judged on its answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-__all__ = ["REL_FLOOR", "TOP_K", "OutputAgreement", "ShadowStats", "compare"]
+from registry.agreement import MAX_OUTPUTS, Agreement, OutputSums, bucket
 
+__all__ = ["REL_FLOOR", "TOP_K", "ShadowPolicy", "ShadowStats", "check", "compare"]
+
+Pair = tuple[Mapping[str, Any], Mapping[str, Any], float, float]
+"""One request's answers, new and previous, and each engine's run time."""
 REL_FLOOR: Final = 1e-6
 """A relative difference is taken against ``max(|previous|, REL_FLOOR)``."""
 TOP_K: Final = 5
 
 
-@dataclass
-class OutputAgreement:
-    """The running agreement of one output.
+@dataclass(frozen=True)
+class ShadowPolicy:
+    """How a model's new versions are compared with the versions they replace.
 
     Attributes:
-        rows: rows compared as class scores (0: not shaped like class scores).
-        top1: rows whose top class is the same in both versions.
-        topk: rows whose previous top class is among the new version's top ``k``.
-        k: the ``k`` of ``topk`` (None: not class scores).
-        values: values compared.
-        abs_sum, abs_max: sum and largest absolute difference.
-        rel_sum, rel_max: sum and largest relative difference.
-        incomparable: answers whose output could not be compared.
+        sample: the share of answered requests also run on the previous engine.
+        max_cpu_share: the share of the device's CPU time (all cores) the comparison
+            may take; past it, sampled requests are dropped.
+        after_s: keep comparing this long after the gate passed (the previous
+            engine stays loaded as long).
+        min_agreement: fail the gate when the agreement is under this (None: never).
+        max_output_drift: fail the gate when the drift is over this (None: never).
+        min_compared: requests compared before the answers are judged.
     """
 
-    rows: int = 0
-    top1: int = 0
-    topk: int = 0
-    k: int | None = None
-    values: int = 0
-    abs_sum: float = 0.0
-    abs_max: float = 0.0
-    rel_sum: float = 0.0
-    rel_max: float = 0.0
-    incomparable: int = 0
-
-    def add(self, other: OutputAgreement) -> None:
-        """Add ``other``'s counts (one answer's) to these."""
-        self.rows += other.rows
-        self.top1 += other.top1
-        self.topk += other.topk
-        self.k = self.k if other.k is None else other.k
-        self.values += other.values
-        self.abs_sum += other.abs_sum
-        self.abs_max = max(self.abs_max, other.abs_max)
-        self.rel_sum += other.rel_sum
-        self.rel_max = max(self.rel_max, other.rel_max)
-        self.incomparable += other.incomparable
+    sample: float = 0.05
+    max_cpu_share: float = 0.1
+    after_s: float = 0.0
+    min_agreement: float | None = None
+    max_output_drift: float | None = None
+    min_compared: int = 50
 
     @property
-    def top1_agreement(self) -> float | None:
-        """The share of rows with the same top class (None: not class scores)."""
-        return self.top1 / self.rows if self.rows else None
-
-    @property
-    def topk_agreement(self) -> float | None:
-        """The share of rows whose previous top class is in the new top ``k``."""
-        return self.topk / self.rows if self.rows else None
-
-    def to_json(self) -> dict[str, Any]:
-        """The aggregates as a device reports them."""
-        mean = (lambda total: total / self.values) if self.values else (lambda _: None)
-        return {
-            "rows": self.rows,
-            "top1_agreement": self.top1_agreement,
-            "topk_agreement": self.topk_agreement,
-            "k": self.k,
-            "values": self.values,
-            "mean_abs_diff": mean(self.abs_sum),
-            "max_abs_diff": self.abs_max if self.values else None,
-            "mean_rel_diff": mean(self.rel_sum),
-            "max_rel_diff": self.rel_max if self.values else None,
-            "incomparable": self.incomparable,
-        }
+    def gating(self) -> bool:
+        """Whether the gate judges the answers (a threshold is set)."""
+        return self.min_agreement is not None or self.max_output_drift is not None
 
 
 def _scores(array: Any) -> bool:
     return bool(array.dtype.kind == "f" and array.ndim == 2 and array.shape[1] >= 2)
 
 
-def _differences(one: OutputAgreement, a: Any, b: Any) -> None:
-    """Absolute and relative differences of two arrays of one shape, into ``one``."""
+def _differences(a: Any, b: Any) -> dict[str, Any]:
+    """Sums of the differences of two arrays of one shape."""
     import numpy as np
 
-    x, y = a.astype(np.float64), b.astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+    x, y = a.astype(np.float64, copy=False).ravel(), b.astype(np.float64, copy=False).ravel()
+    finite_x, finite_y = np.isfinite(x), np.isfinite(y)
+    values = nonfinite = int(a.size)
+    if finite_x.all() and finite_y.all():  # the usual case: no masks
+        nonfinite = 0
+    else:
+        both = finite_x & finite_y
+        # a value NaN or infinite on one side only has no bounded difference: counted
+        # apart; NaN (or the same infinity) on both sides agrees
+        same = ~finite_x & ~finite_y & ((np.isnan(x) & np.isnan(y)) | (x == y))
+        values = int(both.sum() + same.sum())
+        nonfinite -= values
+        x, y = x[both], y[both]
+    with np.errstate(over="ignore", invalid="ignore"):
         diff = np.abs(x - y)
-        # a value that is NaN or infinite on one side only differs without bound
-        diff = np.where(np.isfinite(diff) | (np.isnan(x) & np.isnan(y)), diff, np.inf)
-        diff = np.nan_to_num(diff, nan=0.0, posinf=np.inf)
-        rel = diff / np.maximum(np.abs(np.nan_to_num(y)), REL_FLOOR)
-    one.values = int(a.size)
-    one.abs_sum, one.abs_max = float(diff.sum()), float(diff.max())
-    one.rel_sum, one.rel_max = float(rel.sum()), float(rel.max())
+        magnitude = np.abs(y)
+        rel = diff / np.maximum(magnitude, REL_FLOOR)
+    if not np.isfinite(diff).all():  # float64 overflow of huge values: cap it
+        diff = np.nan_to_num(diff, posinf=1e300)
+        rel = np.nan_to_num(rel, posinf=1e300)
+    return {
+        "values": values, "nonfinite": nonfinite,
+        "abs_sum": min(float(diff.sum()), 1e300), "abs_max": float(diff.max(initial=0.0)),
+        "ref_sum": min(float(magnitude.sum()), 1e300),
+        "rel_sum": min(float(rel.sum()), 1e300), "rel_max": float(rel.max(initial=0.0)),
+    }  # fmt: skip
 
 
-def compare(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, OutputAgreement]:
-    """The agreement of one pair of answers, per output of the new version.
+def compare(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, OutputSums]:
+    """The sums of one pair of answers, per output of the new version.
 
     Args:
         new: the new version's outputs by name (arrays).
         old: the previous version's outputs for the same inputs.
     """
+    return {name: _sums(found) for name, found in _measure(new, old).items()}
+
+
+def _measure(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """:func:`compare`'s sums as plain dicts (what :class:`ShadowStats` adds up)."""
     import numpy as np
 
-    found: dict[str, OutputAgreement] = {}
+    found: dict[str, dict[str, Any]] = {}
     for name, value in new.items():
         a = np.asarray(value)
         b = np.asarray(old[name]) if name in old else None
@@ -137,65 +129,176 @@ def compare(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, OutputA
             or a.dtype.kind not in "fiub"
             or b.dtype.kind not in "fiub"
         ):
-            found[name] = OutputAgreement(incomparable=1)
+            found[name] = {"incomparable": 1}
             continue
-        one = OutputAgreement()
-        if a.size:
-            _differences(one, a, b)
+        sums: dict[str, Any] = _differences(a, b) if a.size else {}
         if _scores(a) and a.shape[0]:
             k = min(TOP_K, a.shape[1])
             previous = np.argmax(b, axis=1)
             ranked = np.argsort(-a, axis=1, kind="stable")[:, :k]
-            one.rows = int(a.shape[0])
-            one.top1 = int((ranked[:, 0] == previous).sum())
-            one.topk = int((ranked == previous[:, None]).any(axis=1).sum())
-            one.k = k
-        found[name] = one
+            sums |= {
+                "rows": int(a.shape[0]), "k": k,
+                "top1": int((ranked[:, 0] == previous).sum()),
+                "topk": int((ranked == previous[:, None]).any(axis=1).sum()),
+            }  # fmt: skip
+        found[name] = sums
     return found
+
+
+_ZERO: Final = OutputSums().model_dump()
+
+
+def _sums(found: dict[str, Any]) -> OutputSums:
+    """Sums this module computed (in bounds by construction: not validated again, a
+    comparison is on the device's clock; the report is validated as a whole)."""
+    return OutputSums.model_construct(**(_ZERO | found))
 
 
 @dataclass
 class ShadowStats:
-    """The agreement of every pair of answers compared for one version.
+    """The running sums of one version's comparison (``report`` makes the
+    :class:`~registry.agreement.Agreement` a device shows and sends).
 
     Attributes:
         compared: pairs of answers compared.
-        outputs: the agreement per output.
+        dropped: sampled requests not compared (busy, or the CPU budget spent).
+        outputs: the sums per output.
         new_s, old_s: total run time of each version over the compared requests.
+        new_hist, old_hist: each version's run times by histogram bucket.
     """
 
     compared: int = 0
-    outputs: dict[str, OutputAgreement] = field(default_factory=dict)
+    dropped: int = 0
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     new_s: float = 0.0
     old_s: float = 0.0
+    new_hist: Counter[int] = field(default_factory=Counter)
+    old_hist: Counter[int] = field(default_factory=Counter)
 
     def add(
         self, new: Mapping[str, Any], old: Mapping[str, Any], *, new_s: float, old_s: float
     ) -> None:
         """Add one pair of answers (and each engine's run time for it)."""
-        for name, one in compare(new, old).items():
-            self.outputs.setdefault(name, OutputAgreement()).add(one)
-        self.compared += 1
+        self._add_outputs(new, old, 1)
+        self._add_times(new_s, old_s)
+
+    def add_many(self, pairs: Sequence[Pair]) -> None:
+        """Add several pairs of answers (new, old, new_s, old_s): their outputs stacked
+        into one comparison where every pair gives the same outputs, with one shape past
+        the first dimension (the same sums as one by one, for less work)."""
+        stacked = _stacked(pairs)
+        if stacked is None:
+            for new, old, _, _ in pairs:
+                self._add_outputs(new, old, 1)
+        else:
+            self._add_outputs(*stacked, len(pairs))
+        for *_, new_s, old_s in pairs:
+            self._add_times(new_s, old_s)
+
+    def _add_outputs(self, new: Mapping[str, Any], old: Mapping[str, Any], answers: int) -> None:
+        for name, sums in _measure(new, old).items():
+            if name in self.outputs:
+                _add(self.outputs[name], sums)
+            elif len(self.outputs) < MAX_OUTPUTS:
+                self.outputs[name] = _ZERO | sums
+        self.compared += answers
+
+    def _add_times(self, new_s: float, old_s: float) -> None:
         self.new_s += new_s
         self.old_s += old_s
+        self.new_hist[bucket(new_s)] += 1
+        self.old_hist[bucket(old_s)] += 1
 
-    @property
-    def agreement(self) -> float | None:
-        """The lowest top-1 agreement over the outputs shaped like class scores (None:
-        none is)."""
-        shares = [o.top1_agreement for o in self.outputs.values() if o.top1_agreement is not None]
-        return min(shares) if shares else None
+    def report(self, version: str, against: str, *, running: bool = False) -> Agreement:
+        """The sums as a device shows and reports them."""
+        return Agreement(
+            version=version, against=against, compared=self.compared, dropped=self.dropped,
+            new_s=min(self.new_s, 1e300), old_s=min(self.old_s, 1e300),
+            new_hist=[[i, n] for i, n in sorted(self.new_hist.items())],
+            old_hist=[[i, n] for i, n in sorted(self.old_hist.items())],
+            outputs={
+                name: OutputSums.model_validate(
+                    sums | {k: min(sums[k], 1e300) for k in ("abs_sum", "ref_sum", "rel_sum")}
+                )
+                for name, sums in sorted(self.outputs.items())
+            },
+            open=running,
+        )  # fmt: skip
 
-    @property
-    def latency_ratio(self) -> float | None:
-        """The new version's run time over the previous one's, on the same requests."""
-        return self.new_s / self.old_s if self.old_s > 0 else None
 
-    def to_json(self) -> dict[str, Any]:
-        """The aggregates as a device reports them (no request data)."""
-        return {
-            "compared": self.compared,
-            "agreement": self.agreement,
-            "latency_ratio": self.latency_ratio,
-            "outputs": {name: o.to_json() for name, o in sorted(self.outputs.items())},
-        }
+def _stacked(pairs: Sequence[Pair]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The pairs' answers stacked along their first dimension, output by output; None
+    when they cannot be (outputs that differ between pairs or versions, shapes that do
+    not stack, a scalar): those are compared one by one."""
+    import numpy as np
+
+    if len(pairs) < 2:
+        return None
+    names = set(pairs[0][0])
+    new: dict[str, Any] = {}
+    old: dict[str, Any] = {}
+    for name in names:
+        a = [np.asarray(p[0].get(name)) for p in pairs]
+        b = [np.asarray(p[1].get(name)) for p in pairs]
+        shapes = {x.shape[1:] for x in a + b if x.ndim}
+        if (
+            any(set(p[0]) != names or name not in p[1] for p in pairs)
+            or any(x.ndim == 0 or x.dtype.kind not in "fiub" for x in a + b)
+            or len(shapes) != 1
+            or any(x.shape != y.shape for x, y in zip(a, b, strict=True))
+        ):
+            return None
+        new[name], old[name] = np.concatenate(a), np.concatenate(b)
+    return new, old
+
+
+def _add(total: dict[str, Any], found: dict[str, Any]) -> None:
+    """Add one answer's sums to ``total`` (in place)."""
+    for key in _ADDED:
+        if key in found:
+            total[key] += found[key]
+    for key in ("abs_max", "rel_max"):
+        total[key] = max(total[key], found.get(key, 0.0))
+    if total["k"] is None:
+        total["k"] = found.get("k")
+
+
+_ADDED: Final = ("rows", "top1", "topk", "values", "abs_sum", "ref_sum", "rel_sum",
+                 "nonfinite", "incomparable")  # fmt: skip
+
+
+Check = tuple[Literal["pass", "fail", "wait"], str]
+
+
+def check(policy: ShadowPolicy, found: Agreement | None) -> Check:
+    """What the gate reads of a comparison: ``fail`` (with why) when its figures are past
+    the policy's thresholds over at least ``min_compared`` requests, ``wait`` while
+    fewer were compared, else ``pass`` (with the figures); ``pass`` with no threshold."""
+    if not policy.gating:
+        return "pass", found.text() if found is not None and found.compared else ""
+    compared = found.compared if found is not None else 0
+    if found is None or compared < policy.min_compared:
+        return "wait", (
+            f"answers not compared with the previous version's: {compared} of "
+            f"{policy.min_compared} requests compared"
+        )
+    agreement, drift = found.agreement, found.drift
+    if (
+        policy.min_agreement is not None
+        and agreement is not None
+        and agreement < policy.min_agreement
+    ):
+        return "fail", (
+            f"health gate: {found.text()} with the previous version; at least "
+            f"{policy.min_agreement:.1%} agreement required"
+        )
+    if (
+        policy.max_output_drift is not None
+        and drift is not None
+        and drift > policy.max_output_drift
+    ):
+        return "fail", (
+            f"health gate: {found.text()} with the previous version; at most "
+            f"{policy.max_output_drift:.1%} drift allowed"
+        )
+    return "pass", found.text()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from edge_sync.engine.base import Engine, EngineHost
     from edge_sync.serve.metrics import Metrics
     from edge_sync.serve.recorder import Recorder
+    from edge_sync.serve.shadow import ShadowRunner
 
 __all__ = ["INLINE_RUN_S", "Inference", "Work"]
 
@@ -59,10 +60,13 @@ class Inference:
         recorder: Recorder | None = None,
         limits: ServeLimits | None = None,
         batching: Mapping[str, BatchPolicy] | None = None,
+        shadow: ShadowRunner | None = None,
     ) -> None:
         """Serve ``models`` from ``host`` (``batching``: the models whose requests are
-        batched, and how: ``edge_sync.serve.batching``)."""
+        batched, and how: ``edge_sync.serve.batching``; ``shadow``: where answers are
+        offered for a shadow comparison, ``edge_sync.serve.shadow``)."""
         self.host, self.models, self.metrics, self.recorder = host, models, metrics, recorder
+        self.shadow = shadow
         self.batching = dict(batching or {})
         self._batchers: dict[str, Batcher] = {}
         self._batchers_lock = threading.Lock()
@@ -160,14 +164,16 @@ class Inference:
                 results, work.run_s = queued.result()
             except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
                 raise self._judged(engine, inputs, wanted, e) from None
-            return results
-        clock = run_clock(engine)
-        ran = clock()
-        try:
-            results = engine.run(inputs, wanted)
-        except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
-            raise self._judged(engine, inputs, wanted, e) from None
-        work.run_s = clock() - ran
+        else:
+            clock = run_clock(engine)
+            ran = clock()
+            try:
+                results = engine.run(inputs, wanted)
+            except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
+                raise self._judged(engine, inputs, wanted, e) from None
+            work.run_s = clock() - ran
+        if self.shadow is not None:
+            self.shadow.offer(engine, inputs, wanted, results, work.run_s)
         return results
 
     def submit(
@@ -204,6 +210,8 @@ class Inference:
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
             raise await asyncio.to_thread(self._judged, engine, inputs, wanted, e) from None
         work.run_s = run_s
+        if self.shadow is not None:
+            self.shadow.offer(engine, inputs, wanted, results, run_s)
         return results
 
     def _judged(

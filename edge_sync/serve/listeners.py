@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from edge_sync.config import ServeConfig, Subscription
     from edge_sync.engine.base import EngineHost
     from edge_sync.serve.recorder import Recorder
+    from edge_sync.serve.shadow import ShadowRunner
 
 __all__ = [
     "FD_RESERVE", "MANAGEMENT_CONNECTIONS", "ConnectionLimits", "Listeners", "connection_cap",
@@ -129,6 +130,7 @@ class Listeners:
         *,
         request_sync: Callable[[], None] | None = None,
         recorder: Recorder | None = None,
+        shadow: ShadowRunner | None = None,
     ) -> None:
         """Build the servers (:meth:`start` starts them).
 
@@ -140,6 +142,7 @@ class Listeners:
             version: the daemon's version.
             request_sync: asks the daemon to sync now.
             recorder: where answers go for the health gate.
+            shadow: where answers are offered for a shadow comparison.
         """
         from edge_sync.config import batching_of
         from edge_sync.serve.app import create_management_app, create_rest_app
@@ -149,13 +152,15 @@ class Listeners:
         from edge_sync.serve.metrics import Metrics
 
         self.metrics = Metrics(host)
+        if shadow is not None:
+            self.metrics.watch_shadow(shadow, [m.name for m in models])
         batching = {
             name: BatchPolicy(c.max_batch_size, c.max_queue_delay)
             for name, c in batching_of(serve, models).items()
         }
         self.core = core = Inference(
             host, [m.name for m in models], self.metrics, recorder,
-            ServeLimits.from_config(serve.limits), batching,
+            ServeLimits.from_config(serve.limits), batching, shadow,
         )  # fmt: skip
         app = create_rest_app(
             core,

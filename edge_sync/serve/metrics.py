@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from edge_sync.engine.base import EngineHost
+    from edge_sync.serve.shadow import ShadowRunner
     from edge_sync.state.models import UpdateRecord
 
 __all__ = ["CONTENT_TYPE", "Metrics"]
@@ -136,6 +137,11 @@ class Metrics:
         at each scrape: ``modelreg_trust_expiry_timestamp_seconds{role}``)."""
         self.registry.register(_TrustCollector(expiries))
 
+    def watch_shadow(self, runner: ShadowRunner, models: list[str]) -> None:
+        """Export each model's shadow comparison (running, else the last one), read at
+        each scrape: ``modelreg_shadow_*{model,version,against}``."""
+        self.registry.register(_ShadowCollector(runner, models))
+
     def text(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
@@ -219,3 +225,57 @@ class _ServingCollector(Collector):
         for model, engine in sorted(self.host.models().items()):
             info.add_metric([model, engine.version, engine.sha256], 1.0)
         yield info
+
+
+class _ShadowCollector(Collector):
+    """Each model's shadow comparison (``edge_sync.serve.shadow``): what was compared and
+    dropped, and the figures (docs/guide/behaviour.md)."""
+
+    def __init__(self, runner: ShadowRunner, models: list[str]) -> None:
+        self.runner, self.models = runner, models
+
+    def collect(self) -> Iterator[Any]:
+        labels = ["model", "version", "against"]
+        counters = {
+            "compared": CounterMetricFamily(
+                "modelreg_shadow_compared", "Requests run on both versions and compared.",
+                labels=labels),
+            "dropped": CounterMetricFamily(
+                "modelreg_shadow_dropped",
+                "Sampled requests not compared (busy, or the CPU budget spent).", labels=labels),
+        }  # fmt: skip
+        gauges = {
+            "agreement": GaugeMetricFamily(
+                "modelreg_shadow_agreement",
+                "Share of compared rows whose top class is the previous version's.",
+                labels=labels),
+            "drift": GaugeMetricFamily(
+                "modelreg_shadow_drift",
+                "Relative L1 difference of the answers from the previous version's.",
+                labels=labels),
+            "p99_ratio": GaugeMetricFamily(
+                "modelreg_shadow_p99_ratio",
+                "p99 run time over the previous version's, on the same requests.",
+                labels=labels),
+            "running": GaugeMetricFamily(
+                "modelreg_shadow_running", "1 while the comparison runs.", labels=labels),
+        }  # fmt: skip
+        for model in self.models:
+            found = self.runner.latest(model)
+            if found is None:
+                continue
+            values = [model, found.version, found.against]
+            counters["compared"].add_metric(values, found.compared)
+            counters["dropped"].add_metric(values, found.dropped)
+            figures = {"agreement": found.agreement, "drift": found.drift,
+                       "p99_ratio": found.p99_ratio, "running": float(found.open)}  # fmt: skip
+            for name, value in figures.items():
+                if value is not None:
+                    gauges[name].add_metric(values, value)
+        cpu = CounterMetricFamily(
+            "modelreg_shadow_cpu_seconds", "CPU time the shadow comparisons took."
+        )
+        cpu.add_metric([], self.runner.cpu_s)
+        yield from counters.values()
+        yield from gauges.values()
+        yield cpu

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from registry.agreement import Agreement
 from registry.device_report import ProvenanceReport
 from registry.errors import one_line, printable
 from registry.redact import redact
@@ -156,6 +157,9 @@ class ModelState(_Model):
     """A health gate open on ``serving`` (it is not known good yet)."""
     attempt: Attempt | None = None
     """A version being loaded (see :class:`Attempt`)."""
+    shadow: Agreement | None = None
+    """The last shadow comparison of a version with the one it replaced (its sums; open
+    while it runs: ``edge_sync.serve.shadow``)."""
 
     def held(self) -> tuple[Installed, ...]:
         """Every installed version this state names (its blobs are kept)."""

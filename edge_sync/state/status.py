@@ -23,6 +23,7 @@ from typing import Final, Protocol, TypeVar, cast, overload
 from pydantic import BaseModel, Field
 
 from edge_sync.state.models import DaemonInfo, DeviceState, ModelState, SyncInfo
+from registry.agreement import Agreement
 from registry.device_report import (
     DaemonStatus,
     GateReport,
@@ -103,6 +104,7 @@ def _model(channel: str, model: ModelState | None) -> ModelReport:
         rejected=[_shown(RejectedReport, r) for r in model.rejected],
         # a health gate watching the version served (not known good yet)
         gate=_shown(GateReport, model.gate),
+        shadow=model.shadow,
     )
 
 
@@ -240,6 +242,8 @@ class LiveStatus(Strict):
     engines: dict[str, list[EngineStatus]] = Field(default_factory=dict)
     gates: dict[str, OpenGateStatus] = Field(default_factory=dict)
     prepack: dict[str, dict[str, float | bool | str]] = Field(default_factory=dict)
+    shadow: dict[str, Agreement] = Field(default_factory=dict)
+    """Per model, the shadow comparison running now (its sums as of this request)."""
 
 
 class ServedStatus(LiveStatus, StatusDocument):

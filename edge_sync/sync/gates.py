@@ -17,13 +17,15 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from edge_sync.clock import now_iso
 from edge_sync.decide.gate_state import baseline_span, kept, rolled_back
 from edge_sync.decide.health import BASELINE_WINDOWS, GatePolicy, Verdict, judge
+from edge_sync.decide.shadow import ShadowPolicy, check
 from edge_sync.engine.base import Engine, EngineHost
 from edge_sync.serve.recorder import Recorder
+from edge_sync.serve.shadow import ShadowRunner
 from edge_sync.state.models import (
     DeviceState,
     GateRecord,
@@ -35,11 +37,49 @@ from edge_sync.state.models import (
 )
 from edge_sync.state.store import StateDir
 from edge_sync.sync.trust import last_channels
+from registry.agreement import Agreement
 
-__all__ = ["GATE_CHECK_S", "Gates", "OpenGate", "commit_quietly", "load_state"]
+if TYPE_CHECKING:
+    from edge_sync.config import Subscription
+    from registry.schema import Shadow
+    from signing.tuf_facts import ChannelsDoc
+
+__all__ = [
+    "GATE_CHECK_S",
+    "SHADOW_SAVE_S",
+    "Gates",
+    "OpenGate",
+    "commit_quietly",
+    "load_state",
+    "shadow_policy",
+]
 
 GATE_CHECK_S: Final = 0.25
 """How often an open health gate is judged (errors fail it before its window ends)."""
+SHADOW_SAVE_S: Final = 5.0
+"""How often a running shadow comparison's sums are committed (``edge status`` and the
+device's reports read them from the state)."""
+
+
+def shadow_policy(sub: Subscription, channels: ChannelsDoc | None) -> ShadowPolicy | None:
+    """The shadow comparison a model's new versions get: its own ``shadow`` in
+    ``edge.yaml`` (``false``: none), else its channel's, as the signed channels document
+    declares it (None: none)."""
+    spec: Shadow | None
+    if sub.shadow is False:
+        return None
+    if sub.shadow is not None:
+        spec = sub.shadow
+    else:
+        entry = channels.models.get(sub.name, {}).get(sub.channel) if channels else None
+        spec = entry.shadow if entry is not None else None
+    if spec is None:
+        return None
+    return ShadowPolicy(
+        sample=spec.sample, max_cpu_share=spec.max_cpu_share, after_s=spec.after,
+        min_agreement=spec.min_agreement, max_output_drift=spec.max_output_drift,
+        min_compared=spec.min_compared,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,6 +99,8 @@ class OpenGate:
     """When the swap happened: the previous version's answers before it are the baseline."""
     retried: bool = False
     """Its first window failed on latency alone: this is its second (``health.judge``)."""
+    shadow: ShadowPolicy | None = None
+    """Its answers are compared with the previous version's (``edge_sync.serve.shadow``)."""
 
 
 def load_state(state: StateDir) -> DeviceState:
@@ -85,18 +127,24 @@ class Gates:
         recorder: Recorder | None,
         host: EngineHost,
         state: StateDir,
+        shadow: ShadowRunner | None = None,
     ) -> None:
         """Watch swaps with ``policy`` on what ``recorder`` saw; without either (or with
-        a window of 0) no gate opens and the replaced engine is released at once."""
+        a window of 0) no gate opens and the replaced engine is released at once.
+        ``shadow`` runs the comparisons of gates that ask for one."""
         self.policy = policy if policy is not None and policy.window_s > 0 and recorder else None
         self.recorder = recorder
         self.host = host
         self.state = state
+        self.shadow = shadow if self.policy is not None else None
+        self._saved: dict[str, tuple[float, int]] = {}
+        """Per model: when its running comparison's sums were last committed, and how
+        many requests they counted."""
         self.open: dict[str, OpenGate] = {}
         """Per model, the gate watching its newest install."""
         self.lock = threading.RLock()
         """Held around the open gates and every swap of a gated model."""
-        self._failed: dict[str, tuple[OpenGate, str, float]] = {}
+        self._failed: dict[str, tuple[OpenGate, str, float, Agreement | None]] = {}
         self._retries: list[tuple[str, str]] = []
 
     @property
@@ -105,10 +153,13 @@ class Gates:
         return self.policy is not None
 
     def next_check_s(self) -> float | None:
-        """Seconds until an open gate should be judged again (None: none is open)."""
-        if self.policy is None or not self.open:
+        """Seconds until an open gate should be judged again, or a comparison after its
+        gate looked at (None: neither)."""
+        if self.policy is None:
             return None
-        return GATE_CHECK_S
+        if self.open or (self.shadow is not None and self.shadow.lingering()):
+            return GATE_CHECK_S
+        return None
 
     # --- opening ------------------------------------------------------------------------
 
@@ -121,6 +172,10 @@ class Gates:
         with self.lock:  # the watcher thread swaps engines too
             carried = self.open.pop(name, None)
             old = self.host.swap(name, engine)
+        if self.shadow is not None:
+            # a comparison running on after its gate passed: the new install ends it
+            for model, previous, _ in self.shadow.expired(end=name):
+                self._release(model, previous)
         if carried is None:
             return old, None
         if old is not None and old is not carried.old:
@@ -156,6 +211,8 @@ class Gates:
         if self.policy is not None:
             with self.lock:
                 self.open[gate.model] = gate
+            if self.shadow is not None and gate.shadow is not None:
+                self.shadow.begin(gate.model, gate.new, gate.old, gate.shadow)
         else:
             self.host.retire(gate.old)
 
@@ -186,7 +243,42 @@ class Gates:
                     result="installed", version=gate.version, reason=verdict.reason,
                     finished=now_iso(),
                 )  # fmt: skip
+        self._shadow_upkeep()
         return rolled
+
+    def _shadow_upkeep(self) -> None:
+        """End the comparisons whose time after their gate ran out (their previous
+        engine released, their sums committed), and commit the running ones' sums every
+        :data:`SHADOW_SAVE_S`."""
+        if self.shadow is None:
+            return
+        for name, previous, sums in self.shadow.expired():
+            self._release(name, previous)
+            self._save_shadow(name, sums)
+        now = time.monotonic()
+        with self.lock:
+            names = list(self.open)
+        for name in names:
+            running = self.shadow.current(name)
+            when, counted = self._saved.get(name, (0.0, -1))
+            if running is not None and running.compared != counted and now - when >= SHADOW_SAVE_S:
+                self._saved[name] = (now, running.compared)
+                self._save_shadow(name, running)
+
+    def _save_shadow(self, name: str, sums: Agreement) -> None:
+        """Commit ``sums`` as ``name``'s shadow comparison."""
+        state = load_state(self.state)
+        model = state.models.get(name)
+        if model is not None:
+            commit_quietly(
+                self.state, state.with_model(name, model.model_copy(update={"shadow": sums}))
+            )
+
+    def _release(self, name: str, engine: Engine) -> None:
+        """Release a previous engine nothing compares with any longer."""
+        self.host.retire(engine)
+        if self.recorder is not None:
+            self.recorder.forget(name, engine.version)
 
     def watch(self) -> list[str]:
         """Swap back, at once, every gated version that fails its gate (thread-safe);
@@ -227,7 +319,12 @@ class Gates:
             gate.swapped, gate.baseline_until, self.policy.window_s, BASELINE_WINDOWS
         )
         before = self.recorder.window(gate.model, gate.old.version, since, until)
-        return judge(self.policy, new, before, now - gate.swapped, retried=gate.retried)
+        compared = None
+        if self.shadow is not None and gate.shadow is not None:
+            compared = check(gate.shadow, self.shadow.current(gate.model))
+        return judge(
+            self.policy, new, before, now - gate.swapped, retried=gate.retried, shadow=compared
+        )
 
     def _swap_back(self, name: str, gate: OpenGate, reason: str) -> str:
         """Serve the engine ``gate`` replaced again (the lock is held)."""
@@ -236,7 +333,8 @@ class Gates:
         self.host.swap(name, gate.old)
         self.host.retire(gate.new)
         ms = round((time.perf_counter() - start) * 1000, 3)
-        self._failed[name] = (gate, reason, ms)
+        sums = self.shadow.end(name) if self.shadow is not None else None
+        self._failed[name] = (gate, reason, ms, sums)
         return name
 
     # --- closing ------------------------------------------------------------------------
@@ -248,18 +346,21 @@ class Gates:
             gate = self.open.pop(name, None)
         if gate is None:
             return
-        self.host.retire(gate.old)
-        if self.recorder is not None:
-            self.recorder.forget(name, gate.old.version)
+        after = gate.shadow.after_s if gate.shadow is not None and passed else 0.0
+        sums = self.shadow.end(name, after_s=after) if self.shadow is not None else None
+        if sums is None or after <= 0:
+            self._release(name, gate.old)  # else the comparison releases it when it ends
+        self._saved.pop(name, None)
         if passed:
             state = load_state(self.state)
             model = state.models.get(name)
             held = kept(model, gate.installed) if model is not None else None
             if held is not None:
-                commit_quietly(self.state, state.with_model(name, held))
+                update = {"shadow": sums} if sums is not None else {}
+                commit_quietly(self.state, state.with_model(name, held.model_copy(update=update)))
 
     def _commit_rollback(
-        self, name: str, gate: OpenGate, reason: str, swap_ms: float
+        self, name: str, gate: OpenGate, reason: str, swap_ms: float, sums: Agreement | None
     ) -> UpdateRecord:
         """Commit a rollback :meth:`watch` made: what the gated version replaced is
         served again, and the version is rejected (only rejected, when a newer install
@@ -275,5 +376,7 @@ class Gates:
             reason=record.reason or reason, at=now_iso(),
         )  # fmt: skip
         after = rolled_back(model, gate.before, gate.installed, rejection, record)
+        if sums is not None:
+            after = after.model_copy(update={"shadow": sums})
         commit_quietly(self.state, state.with_model(name, after))
         return record

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Final, Literal
 from pydantic import ValidationError
 
 from edge_sync.clock import now_iso
-from edge_sync.config import EdgeConfig
+from edge_sync.config import EdgeConfig, Subscription
 from edge_sync.decide import plan as planning
 from edge_sync.decide.gate_state import confirmed, restored, rolled_back
 from edge_sync.decide.plan import (
@@ -38,6 +38,7 @@ from edge_sync.decide.plan import (
     said,
     worst,
 )
+from edge_sync.decide.shadow import ShadowPolicy
 from edge_sync.engine.base import Engine, EngineHost, LoadRequest, TensorLayout
 from edge_sync.engine.selftest import GoldenArrays, confirm_setups, other_setups, self_test
 from edge_sync.errors import EngineError, StateError, StoppedError
@@ -53,7 +54,7 @@ from edge_sync.state.models import (
 from edge_sync.state.store import StateDir
 from edge_sync.sync import tensors as held_tensors
 from edge_sync.sync.external import held_verified, model_view, obtain_data, signed_data
-from edge_sync.sync.gates import Gates, OpenGate
+from edge_sync.sync.gates import Gates, OpenGate, shadow_policy
 from edge_sync.sync.trust import DeviceTrust, SignedTarget, expect_facts
 from registry.cohort import in_cohort
 from registry.errors import RegistryError
@@ -227,7 +228,8 @@ class Installer:
         stages = Stages(sync_stages.ms, self.observer, self.should_stop)
         progress = _Progress(model, stages, trust.bytes_downloaded)
         try:
-            record = self._install(trust, name, version, progress, commit)
+            shadow = shadow_policy(self._subscription(name), channels)
+            record = self._install(trust, name, version, progress, commit, shadow)
         except (_RejectedError, EngineError, ValueError) as e:
             # ValueError: signed data that cannot be used here (a bad case name)
             reason = _one_line(e)
@@ -246,12 +248,22 @@ class Installer:
             return None, progress.model
         return record, progress.model.model_copy(update={"last_update": record})
 
-    def _install(
-        self, trust: DeviceTrust, name: str, version: str, progress: _Progress, commit: Commit
+    def _subscription(self, name: str) -> Subscription:
+        return next(s for s in self.config.models if s.name == name)
+
+    def _install(  # noqa: PLR0917 - the sync's context, and the comparison it asks
+        self,
+        trust: DeviceTrust,
+        name: str,
+        version: str,
+        progress: _Progress,
+        commit: Commit,
+        shadow: ShadowPolicy | None = None,
     ) -> UpdateRecord | None:
         """Install ``version`` (see the module doc); its record (None: nothing to do).
 
-        ``progress.model`` follows each step's state.
+        ``progress.model`` follows each step's state; ``shadow``: the comparison its
+        health gate runs (``edge_sync.serve.shadow``).
         """
         stages, model = progress.stages, progress.model
         with stages("plan"):
@@ -302,7 +314,8 @@ class Installer:
         if old is None:
             return progress.record(trust, "installed", version)
         signed = about.signed
-        gate = OpenGate(name, version, engine, old, before, installed, signed, swapped, swapped)
+        gate = OpenGate(name, version, engine, old, before, installed, signed, swapped, swapped,
+                        shadow=shadow)  # fmt: skip
         if unconfirmed:
             refused = self._confirm(trust, gate, cases, progress, commit)
             if refused is not None:

@@ -19,7 +19,7 @@ from edge_sync.engine.base import Engine
 from edge_sync.errors import EngineError
 from edge_sync.state.models import DeviceState, Installed, ModelState, reason_text
 from edge_sync.state.store import StateDir
-from edge_sync.sync.gates import Gates, OpenGate, load_state
+from edge_sync.sync.gates import Gates, OpenGate, load_state, shadow_policy
 from edge_sync.sync.install import Installer
 from edge_sync.sync.trust import trusted_targets
 from signing.target_names import artifact_path
@@ -99,6 +99,10 @@ def _reopen_gates(state: StateDir, installer: Installer, gates: Gates, doc: Devi
     if not gates.enabled:
         return
     host = installer.host
+    try:
+        channels = ChannelsDoc.model_validate(doc.channels) if doc.channels else None
+    except ValueError:
+        channels = None
     for name, model in doc.models.items():
         gate, serving = model.gate, host.current(name)
         if gate is None or serving is None or serving.sha256 != gate.sha256:
@@ -113,9 +117,10 @@ def _reopen_gates(state: StateDir, installer: Installer, gates: Gates, doc: Devi
         if old is None or model.serving is None:
             continue
         now = time.monotonic()  # no baseline: the recorder starts empty
+        sub = next(s for s in installer.config.models if s.name == name)
         gates.watch_or_retire(OpenGate(
             name, gate.version, serving, old, restored(model, gate), model.serving,
-            gate.signed, now, now))  # fmt: skip
+            gate.signed, now, now, shadow=shadow_policy(sub, channels)))  # fmt: skip
 
 
 def _rebuilt(config: EdgeConfig, state: StateDir, doc: DeviceState) -> DeviceState:

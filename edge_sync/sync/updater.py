@@ -32,6 +32,7 @@ from edge_sync.decide.health import GatePolicy
 from edge_sync.engine.base import EngineHost
 from edge_sync.errors import SourceError, StoppedError
 from edge_sync.serve.recorder import Recorder
+from edge_sync.serve.shadow import ShadowRunner
 from edge_sync.state.models import (
     DeviceState,
     ModelState,
@@ -108,13 +109,15 @@ class Updater:
         should_stop: Callable[[], bool] | None = None,
         gate: GatePolicy | None = None,
         recorder: Recorder | None = None,
+        shadow: ShadowRunner | None = None,
     ) -> None:
         """Update the models of ``config`` in ``state``, serving through ``host``.
 
         The caller holds the state dir's lock.  ``observer`` hears every stage start
         and end; ``should_stop`` is asked at every stage boundary and between the chunks
         of a download (a stopping daemon ends its sync there).  ``gate`` watches each
-        swap on what ``recorder`` saw (see :mod:`edge_sync.sync.gates`).
+        swap on what ``recorder`` saw (see :mod:`edge_sync.sync.gates`), and ``shadow``
+        runs the comparisons a gate asks for (``edge_sync.serve.shadow``).
         """
         self.observer = observer
         self.should_stop = should_stop
@@ -125,7 +128,7 @@ class Updater:
         self.watcher = watcher or watcher_for(
             config, state.root, state.checkout, limits=self.limits, cancelled=should_stop
         )
-        self.health = Gates(gate, recorder, host, state)
+        self.health = Gates(gate, recorder, host, state, shadow)
         self.installer = Installer(config, state, host, self.health, observer=observer,
                                    should_stop=should_stop)  # fmt: skip
         self.settled: dict[str, UpdateRecord] = {}

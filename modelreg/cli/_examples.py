@@ -55,6 +55,7 @@ EXAMPLES: Final[Mapping[str, tuple[str, ...]]] = {
         "modelreg promote mlp 1.0.0 --channel canary --percent 10",
         "modelreg promote mlp 1.0.0 -c production   # all devices of the channel",
         "modelreg promote mlp 1.1.0 -c canary --waves 10:1h,50:4h,100 --min-reports 3",
+        "modelreg promote mlp 1.2.0 -c production --waves 10,100 --shadow 5% --stop-agreement 95%",
     ),
     "validate": (
         "modelreg validate",

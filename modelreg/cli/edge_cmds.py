@@ -120,6 +120,10 @@ def _model_lines(name: str, model: ModelReport) -> None:
         detail(f"  provenance: {model.serving.provenance.summary()}")
     if model.gate is not None:
         detail(f"  health gate: open on {model.gate.version} since {model.gate.opened}")
+    if model.shadow is not None:
+        running = " (comparing)" if model.shadow.open else ""
+        detail(f"  shadow: {model.shadow.version} against {model.shadow.against}: "
+               f"{model.shadow.text()}{running}")  # fmt: skip
     if model.previous is not None:
         detail(f"  previous: {held(model.previous)} (kept loaded for a rollback)")
     if model.last_known_good is not None:

@@ -303,6 +303,31 @@ def version_add(
     help="With --waves: devices of a wave that must report running the version before "
     "the next wave.",
 )
+@click.option(
+    "--shadow",
+    metavar="SHARE",
+    help="The channel's devices compare this share of requests with the previous "
+    "version while its health gate is open (5% or 0.05; docs/guide/behaviour.md).",
+)
+@click.option(
+    "--stop-agreement",
+    metavar="SHARE",
+    help="With --waves: hold the rollout when a wave's devices report that fewer "
+    "answers than this keep the previous version's top class (95%; needs a shadow).",
+)
+@click.option(
+    "--stop-drift",
+    metavar="SHARE",
+    help="With --waves: hold the rollout when the answers differ from the previous "
+    "version's by more than this relative L1 difference (5%; needs a shadow).",
+)
+@click.option(
+    "--stop-p99",
+    type=click.FloatRange(1, 1000),
+    metavar="RATIO",
+    help="With --waves: hold the rollout when the version's p99 run time is more than "
+    "RATIO times the previous version's on the same requests (needs a shadow).",
+)
 @click.option("--force", is_flag=True, help="Ignore the promotion order policy.")
 @_json
 def promote(
@@ -313,6 +338,10 @@ def promote(
     waves: str | None,
     stop_failures: str | None,
     min_reports: int | None,
+    shadow: str | None,
+    stop_agreement: str | None,
+    stop_drift: str | None,
+    stop_p99: float | None,
     force: bool,
     as_json: bool,
 ) -> None:
@@ -324,9 +353,16 @@ def promote(
         stop["failure_share"] = _share(stop_failures)
     if min_reports is not None:
         stop["min_reports"] = min_reports
+    if stop_agreement is not None:
+        stop["min_agreement"] = _share(stop_agreement)
+    if stop_drift is not None:
+        stop["max_output_drift"] = _share(stop_drift)
+    if stop_p99 is not None:
+        stop["max_p99_ratio"] = stop_p99
     result = do_promote(
         Path.cwd(), name, version_, channel, percent, force=force,
         waves=_waves(waves) if waves is not None else (), stop=stop or None,
+        shadow=_share(shadow) if shadow is not None else None,
     )  # fmt: skip
     if as_json:
         emit_json(

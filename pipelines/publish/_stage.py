@@ -771,7 +771,11 @@ def publish(
                 repo, trust, entry, ctx=ctx, paths=paths, env=env, record=record, objects=objects
             )
         )
-    channels = next_channels(previous, desired)
+    shadows = {
+        name: {c: a.shadow for c, a in model.manifest.spec.channels.items() if a.shadow}
+        for name, model in repo.models.items()
+    }
+    channels = next_channels(previous, desired, shadows)
     if channels is not previous:
         trust.set_channels(channels, previous)
         added.append(CHANNELS_PATH)

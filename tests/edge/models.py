@@ -108,3 +108,44 @@ def slowed(model: onnx.ModelProto, matmuls: int, width: int = 512) -> onnx.Model
         helper.make_node("Add", [f"{y}_fast", "slow_nothing"], [y]),
     ])  # fmt: skip
     return slow
+
+
+def disagreeing(model: onnx.ModelProto, threshold: float = 0.8416) -> onnx.ModelProto:
+    """``model`` (a classifier: its first input ``[batch, features]``, its first output
+    class scores ``[batch, classes]``) answering with its classes rotated by one on the
+    rows whose first feature is over ``threshold``: another top class there, the same
+    answer elsewhere (0.8416: a fifth of standard normal inputs)."""
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    graph = changed.graph
+    x, y = graph.input[0].name, graph.output[0].name
+    classes = graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    for node in graph.node:
+        node.output[:] = [f"{y}_same" if o == y else o for o in node.output]
+    graph.initializer.extend([
+        numpy_helper.from_array(np.array([0], np.int64), "rot_start"),
+        numpy_helper.from_array(np.array([1], np.int64), "rot_end"),
+        numpy_helper.from_array(np.array([1], np.int64), "rot_axes"),
+        numpy_helper.from_array(np.array(threshold, np.float32), "rot_threshold"),
+        numpy_helper.from_array(np.roll(np.arange(classes), 1).astype(np.int64), "rot_order"),
+    ])  # fmt: skip
+    graph.node.extend([
+        helper.make_node("Slice", [x, "rot_start", "rot_end", "rot_axes"], ["rot_first"]),
+        helper.make_node("Greater", ["rot_first", "rot_threshold"], ["rot_where"]),
+        helper.make_node("Gather", [f"{y}_same", "rot_order"], ["rot_rolled"], axis=1),
+        helper.make_node("Where", ["rot_where", "rot_rolled", f"{y}_same"], [y]),
+    ])  # fmt: skip
+    return changed
+
+
+def nudged(model: onnx.ModelProto, scale: float = 1.001) -> onnx.ModelProto:
+    """``model`` with every float weight scaled by ``scale``: a faithful fine-tune (the
+    same top class but for near ties, answers within a fraction of a percent)."""
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    for i, tensor in enumerate(changed.graph.initializer):
+        array = numpy_helper.to_array(tensor)
+        if array.dtype == np.float32:
+            scaled = (array * np.float32(scale)).astype(np.float32)
+            changed.graph.initializer[i].CopyFrom(numpy_helper.from_array(scaled, tensor.name))
+    return changed

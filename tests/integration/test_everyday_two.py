@@ -132,6 +132,41 @@ def test_waves_from_the_cli_and_a_hold_everyone_sees(mlp_repo: Path, cli: Any) -
     assert "no rollout to hold" in no_waves.err or "has no channel" in no_waves.err
 
 
+def test_promote_declares_a_shadow_comparison_and_waves_that_read_it(
+    mlp_repo: Path, cli: Any
+) -> None:
+    """Issue 29: ``promote --shadow --stop-agreement --stop-drift --stop-p99`` writes the
+    channel's shadow and the behaviour stop conditions; the stop conditions without a
+    shadow are refused with what to add, and nothing is written."""
+    model_yaml = mlp_repo / "manifests/mlp/model.yaml"
+    before = model_yaml.read_text()
+    alone = cli("promote", "mlp", "1.1.0", "-c", "canary", "--waves", "10:1h,100",
+                "--stop-agreement", "95%", cwd=mlp_repo)  # fmt: skip
+    assert alone.code == 1
+    assert "declare shadow: {sample: 0.05} on the channel" in alone.err
+    assert model_yaml.read_text() == before
+    r = cli("promote", "mlp", "1.1.0", "-c", "canary", "--waves", "10:1h,100",
+            "--shadow", "5%", "--stop-agreement", "95%", "--stop-drift", "0.05",
+            "--stop-p99", "1.5", cwd=mlp_repo)  # fmt: skip
+    assert r.code == 0, r.err
+    canary = yaml.safe_load(model_yaml.read_text())["spec"]["channels"]["canary"]
+    assert canary["shadow"] == {"sample": 0.05}
+    assert canary["rollout"]["stop"] == {
+        "min_agreement": 0.95, "max_output_drift": 0.05, "max_p99_ratio": 1.5,
+    }  # fmt: skip
+    assert cli("validate", cwd=mlp_repo).code == 0
+    # a later promotion keeps the channel's shadow (and its own settings)
+    model_yaml.write_text(model_yaml.read_text().replace("{sample: 0.05}",
+                                                         "{sample: 0.05, after: 10m}"))  # fmt: skip
+    again = cli("promote", "mlp", "1.0.0", "-c", "canary", "--force", cwd=mlp_repo)
+    assert again.code == 0, again.err
+    kept = yaml.safe_load(model_yaml.read_text())["spec"]["channels"]["canary"]
+    assert kept["shadow"] == {"sample": 0.05, "after": "10m"}
+    bad = cli("promote", "mlp", "1.1.0", "-c", "canary", "--shadow", "0", cwd=mlp_repo)
+    assert bad.code != 0
+    assert "--shadow must be a share above 0" in bad.err
+
+
 def test_authoring_warnings_name_what_a_reviewer_would_ask(
     mlp_repo: Path, tmp_path: Path, cli: Any, example_models: Path
 ) -> None:

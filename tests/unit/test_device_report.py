@@ -99,8 +99,8 @@ def test_a_report_names_the_expired_roles_of_a_stale_device() -> None:
 
 
 def test_a_newer_format_says_so() -> None:
-    doc = report("cam-1", format=4, added_later={"x": 1})
-    with pytest.raises(ReportError, match=r"not a report of format 1 to 3 \(made by a newer"):
+    doc = report("cam-1", format=5, added_later={"x": 1})
+    with pytest.raises(ReportError, match=r"not a report of format 1 to 4 \(made by a newer"):
         parse_report(_bytes(doc))
 
 
@@ -163,6 +163,18 @@ def test_the_largest_status_a_device_can_have_still_fits() -> None:
                      gate={"version": long, "opened": stamp(NOW)})  # fmt: skip
         entry["last_update"].update(reason="r" * 500, version=long,
                                     stages_ms={f"stage_{i}": 1.25 for i in range(32)})  # fmt: skip
+        # a shadow comparison of 32 outputs with long names and full histograms
+        sums = {"rows": 10**9, "top1": 10**9, "topk": 10**9, "k": 5, "values": 10**12,
+                "abs_sum": 1.2345678e10, "abs_max": 1.2345678, "ref_sum": 9.87654321e11,
+                "rel_sum": 1.2345678e9, "rel_max": 123.45678, "nonfinite": 0,
+                "incomparable": 0}  # fmt: skip
+        entry["shadow"] = {
+            "version": long, "against": long, "compared": 10**9, "dropped": 10**9,
+            "new_s": 12345.678, "old_s": 12345.678,
+            "new_hist": [[i, 10**9] for i in range(256)],
+            "old_hist": [[i, 10**9] for i in range(256)],
+            "outputs": {"o" * 250 + f"{i:02d}": sums for i in range(32)}, "open": True,
+        }  # fmt: skip
         return entry
 
     doc = report("cam-1", {f"model-{i:02d}": heavy() for i in range(64)})
@@ -172,6 +184,21 @@ def test_the_largest_status_a_device_can_have_still_fits() -> None:
     assert sent.truncated is True
     assert len(sent.models) == 64  # every model still says what it serves
     assert all(m.serving is not None and m.serving.version == long for m in sent.models.values())
+
+
+def test_a_shadow_comparison_is_trimmed_before_what_a_device_serves() -> None:
+    comparison = {
+        "version": "1.1.0", "against": "1.0.0", "compared": 1000,
+        "new_hist": [[i, 5] for i in range(200)], "old_hist": [[i, 5] for i in range(200)],
+        "outputs": {f"output_{i:02d}_" + "x" * 200: {"rows": 4, "top1": 3} for i in range(32)},
+    }  # fmt: skip
+    doc = report("cam-1", {f"m{i}": model() | {"shadow": comparison} for i in range(8)})
+    sent = parse_report(encode_report(doc))
+    assert sent.truncated is True
+    shadow = sent.models["m0"].shadow
+    assert shadow is not None  # the sums a wave is judged on stay
+    assert (shadow.compared, shadow.agreement) == (1000, 0.75)
+    assert shadow.new_hist == []  # the histograms go first
 
 
 def test_a_device_never_sends_what_a_reader_refuses() -> None:

@@ -32,6 +32,7 @@ from edge_sync.state.status import (
 )
 from edge_sync.sync.report import report_document
 from edge_sync.sync.trust import Freshness, RoleState
+from registry.agreement import Agreement, OutputSums
 from registry.device_report import (
     LIMITS,
     ProvenanceReport,
@@ -86,12 +87,15 @@ REJECTED = Rejected(version="1.2.0", sha256=SHA["1.2.0"], signed="s" * 64,
                     reason="self-test: outputs differ", at=AT)  # fmt: skip
 GATE = GateRecord(version="1.1.0", sha256=SHA["1.1.0"], signed="s" * 64, opened=AT,
                   restore_serving=_held("1.0.0"), unclean_stops=1)  # fmt: skip
+COMPARED = Agreement(version="1.1.0", against="1.0.0", compared=40, new_s=0.04, old_s=0.02,
+                     new_hist=[[60, 40]], old_hist=[[53, 40]], open=True,
+                     outputs={"probs": OutputSums(rows=80, top1=76, topk=80, k=4)})  # fmt: skip
 FULL = ModelState(channel="canary", serving=_held("1.1.0"), previous=_held("1.0.0"),
                   last_known_good=_held("1.0.0"), last_update=UPDATE, rejected=[REJECTED],
-                  gate=GATE)  # fmt: skip
+                  gate=GATE, shadow=COMPARED)  # fmt: skip
 NOTHING_YET: dict[str, Any] = {
     "channel": "production", "serving": None, "previous": None, "last_known_good": None,
-    "last_update": None, "rejected": [], "gate": None,
+    "last_update": None, "rejected": [], "gate": None, "shadow": None,
 }  # fmt: skip
 FULL_SHOWN: dict[str, Any] = {
     "channel": "production",  # the subscription's, not the state's
@@ -116,6 +120,7 @@ FULL_SHOWN: dict[str, Any] = {
         }
     ],
     "gate": {"version": "1.1.0", "opened": AT},
+    "shadow": COMPARED.model_dump(mode="json"),  # the sums, as the state keeps them
 }
 NOT_RUNNING = {"running": False, "pid": None, "listen": None, "grpc_listen": None, "started": None}
 NO_TRUST_SHOWN: dict[str, Any] = {"timestamp_version": None, "timestamp_expires": None,
@@ -279,7 +284,7 @@ def test_the_report_is_the_document_and_its_own_fields(stopped: bool) -> None:
     }
     assert (sent["kind"], sent["format"], sent["labels"]) == (
         "DeviceReport",
-        3,
+        4,
         {"site": "plant-3"},
     )
     assert sent["sequence"] is None  # numbered by the reporter, as it signs
@@ -344,7 +349,7 @@ def test_status_serves_the_document_and_the_live_part_the_report_leaves_out() ->
     served = served_status(status, live).model_dump(mode="json")
     document = status.model_dump(mode="json")
     assert {k: v for k, v in served.items() if k in document} == document
-    assert set(served) - set(document) == {"engines", "gates", "prepack"}
+    assert set(served) - set(document) == {"engines", "gates", "prepack", "shadow"}
     assert served["gates"] == {"mlp": {"version": "1.1.0", "previous": "1.0.0", "open_s": 2.5}}
     assert served["prepack"] == {"mlp": {"prepack": False, "shared_ms": 1.25}}
     report = report_document(_config(), served_status(status, live), "1")

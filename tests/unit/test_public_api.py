@@ -464,6 +464,7 @@ PUBLIC: dict[str, set[str]] = {
         "RolloutStop",
         "SYMBOL_RE",
         "SemVer",
+        "Shadow",
         "ShortText",
         "Signature",
         "Source",

@@ -337,4 +337,4 @@ def test_with_the_device_key_each_report_is_numbered_and_signed(tmp_path: Path) 
     public = public_key_from_pem(key.public_pem(), "device.pub")
     reports = [parse_report(verify_report(envelope, public, "r")) for envelope in sink.sent]
     assert [r.sequence for r in reports] == [1, 2]
-    assert {(r.device, r.format) for r in reports} == {("cam-0042", 3)}
+    assert {(r.device, r.format) for r in reports} == {("cam-0042", 4)}

@@ -1,43 +1,54 @@
-"""Shadow comparison's aggregates (issue 29, point 1): what two versions' answers to the
-same inputs agree on, kept as sums only."""
+"""Shadow comparison's sums and the gate's reading of them (issue 29, points 1 and 2): what
+two versions' answers to the same inputs agree on, kept as sums only, added up over
+devices, and judged."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from edge_sync.decide.shadow import OutputAgreement, ShadowStats, compare
+from edge_sync.decide.health import GatePolicy, Window, judge
+from edge_sync.decide.shadow import ShadowPolicy, ShadowStats, check, compare
+from registry.agreement import Agreement, OutputSums, bucket, combine, percentile
 
 
 def _scores(n: int, classes: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, classes)).astype(np.float32)
 
 
+def _flipped(old: np.ndarray, every: int) -> np.ndarray:
+    """``old`` with the runner-up winning on every ``every``-th row."""
+    new = old.copy()
+    for row in range(0, len(old), every):
+        first, second = np.argsort(-old[row])[:2]
+        new[row, first], new[row, second] = old[row, second], old[row, first]
+    return new
+
+
 def test_the_same_answers_agree_fully() -> None:
     probs = _scores(8, 10, 0)
     found = compare({"probs": probs}, {"probs": probs.copy()})["probs"]
     assert (found.rows, found.top1, found.topk, found.k) == (8, 8, 8, 5)
-    assert (found.values, found.abs_max, found.rel_max) == (80, 0.0, 0.0)
+    assert (found.values, found.abs_max, found.rel_max, found.drift) == (80, 0.0, 0.0, 0.0)
 
 
 def test_a_version_that_disagrees_on_a_fifth_of_its_inputs() -> None:
     old = _scores(100, 4, 1)
-    new = old.copy()
-    flipped = np.arange(0, 100, 5)  # 20 rows: the runner-up wins
-    for row in flipped:
-        first, second = np.argsort(-old[row])[:2]
-        new[row, first], new[row, second] = old[row, second], old[row, first]
+    new = _flipped(old, 5)  # 20 rows: the runner-up wins
     stats = ShadowStats()
     for part in range(4):  # answers of 25 rows each
         rows = slice(25 * part, 25 * (part + 1))
         stats.add({"probs": new[rows]}, {"probs": old[rows]}, new_s=0.002, old_s=0.001)
-    assert stats.compared == 4
-    assert stats.agreement == pytest.approx(0.8)
-    shown = stats.to_json()["outputs"]["probs"]
+    sums = stats.report("1.1.0", "1.0.0")
+    assert sums.compared == 4
+    assert sums.agreement == pytest.approx(0.8)
+    shown = sums.figures()["outputs"]["probs"]  # type: ignore[index]
     assert shown["top1_agreement"] == pytest.approx(0.8)
     assert shown["topk_agreement"] == 1.0  # the old top class is the new runner-up
     assert shown["max_abs_diff"] > 0
-    assert stats.latency_ratio == pytest.approx(2.0)
+    assert sums.latency_ratio == pytest.approx(2.0)
+    assert sums.p99_ratio == pytest.approx(2.0, rel=0.11)  # histogram buckets: 10 %
+    assert "agreement 80% over 4 compared requests" in sums.text()
 
 
 def test_regression_outputs_keep_their_differences() -> None:
@@ -47,8 +58,9 @@ def test_regression_outputs_keep_their_differences() -> None:
     assert found.rows == 1  # [1, 3] floats read as the class scores of one row
     assert found.abs_max == pytest.approx(0.5)
     assert found.rel_max == pytest.approx(0.001 / 1e-6, rel=1e-3)  # against the floor
+    assert found.drift == pytest.approx(0.501 / 3.0, rel=1e-3)  # relative L1
     one = compare({"v": np.array([2.0])}, {"v": np.array([1.0])})["v"]
-    assert (one.rows, one.k, one.abs_max, one.rel_max) == (0, None, 1.0, 1.0)
+    assert (one.rows, one.k, one.abs_max, one.rel_max, one.drift) == (0, None, 1.0, 1.0, 1.0)
 
 
 def test_what_cannot_be_compared_is_counted_not_guessed() -> None:
@@ -60,16 +72,95 @@ def test_what_cannot_be_compared_is_counted_not_guessed() -> None:
     assert found["c"].incomparable == 1  # not numbers
     assert found["d"].incomparable == 1  # the previous version had no such output
     assert found["b"].incomparable == 0
+
+
+def test_a_value_that_becomes_nan_is_drift_not_an_unbounded_sum() -> None:
     nan = compare({"x": np.array([np.nan, 1.0])}, {"x": np.array([0.0, 1.0])})["x"]
-    assert nan.abs_max == float("inf")  # NaN on one side only: no bound on the difference
+    assert (nan.values, nan.nonfinite, nan.abs_sum) == (1, 1, 0.0)
+    assert nan.drift == 0.5  # half the values became non-finite
+    both = compare({"x": np.array([np.nan, np.inf])}, {"x": np.array([np.nan, np.inf])})["x"]
+    assert (both.values, both.nonfinite, both.drift) == (2, 0, 0.0)
+    huge = compare({"x": np.array([1e308])}, {"x": np.array([-1e308])})["x"]
+    sums = Agreement(version="1.0.1", against="1.0.0", outputs={"x": huge})
+    assert sums.drift is not None  # fits a report
+    assert np.isfinite(huge.abs_sum)
 
 
-def test_running_sums_add_up() -> None:
-    total = OutputAgreement()
-    total.add(OutputAgreement(rows=2, top1=1, topk=2, k=5, values=4, abs_sum=1.0, abs_max=0.5))
-    total.add(OutputAgreement(rows=2, top1=2, topk=2, k=5, values=4, abs_sum=1.0, abs_max=0.2))
-    assert (total.top1_agreement, total.topk_agreement) == (0.75, 1.0)
-    assert total.to_json()["mean_abs_diff"] == 0.25
-    assert ShadowStats().to_json() == {
-        "compared": 0, "agreement": None, "latency_ratio": None, "outputs": {},
-    }  # fmt: skip
+def test_devices_sums_add_up_to_the_fleets() -> None:
+    one = Agreement(
+        version="1.1.0", against="1.0.0", compared=10, new_s=0.02, old_s=0.01,
+        new_hist=[[bucket(0.002), 10]], old_hist=[[bucket(0.001), 10]],
+        outputs={"p": OutputSums(rows=10, top1=9, topk=10, k=5, values=40, abs_sum=2.0,
+                                 ref_sum=40.0)},
+    )  # fmt: skip
+    two = one.model_copy(update={
+        "compared": 30, "outputs": {"p": OutputSums(rows=30, top1=15, topk=30, k=5)},
+        "new_hist": [[bucket(0.004), 30]]})  # fmt: skip
+    fleet = combine([one, two])
+    assert fleet is not None
+    assert (fleet.compared, fleet.devices) == (40, 2)
+    assert fleet.agreement == pytest.approx(24 / 40)  # rows summed, not shares averaged
+    assert percentile(fleet.new_hist, 0.99) == pytest.approx(0.004, rel=0.11)
+    assert "on 2 devices" in fleet.text()
+    assert combine([]) is None
+    with pytest.raises(ValueError, match="different versions"):
+        combine([one, one.model_copy(update={"against": "0.9.0"})])
+
+
+def test_report_bounds_refuse_what_a_device_could_not_have_sent() -> None:
+    with pytest.raises(ValueError, match="bucket"):
+        Agreement(version="1.0.0", against="0.9.0", new_hist=[[999, 1]])
+    with pytest.raises(ValueError, match="finite number"):
+        Agreement(version="1.0.0", against="0.9.0", new_s=float("inf"))
+    with pytest.raises(ValueError, match="control or format characters"):
+        Agreement(version="1.0.0", against="0.9.0", outputs={"bad\nname": OutputSums()})
+
+
+GATING = ShadowPolicy(sample=1.0, min_agreement=0.95, min_compared=20)
+
+
+def _sums(compared: int, top1: int, rows: int) -> Agreement:
+    return Agreement(
+        version="1.1.0", against="1.0.0", compared=compared,
+        outputs={"p": OutputSums(rows=rows, top1=top1, topk=rows, k=5)},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("policy", "found", "decision", "said"),
+    [
+        (ShadowPolicy(), None, "pass", ""),  # no threshold: the figures are shown only
+        (GATING, None, "wait", "0 of 20 requests compared"),
+        (GATING, _sums(19, 0, 19), "wait", "19 of 20"),
+        (GATING, _sums(20, 16, 20), "fail", "agreement 80% over 20 compared requests"),
+        (GATING, _sums(20, 19, 20), "pass", "agreement 95% over 20"),
+        (ShadowPolicy(max_output_drift=0.01, min_compared=1),
+         Agreement(version="1.1.0", against="1.0.0", compared=1,
+                   outputs={"y": OutputSums(values=10, abs_sum=1.0, ref_sum=10.0)}),
+         "fail", "drift 10%"),
+    ],
+)  # fmt: skip
+def test_what_the_gate_reads_of_a_comparison(
+    policy: ShadowPolicy, found: Agreement | None, decision: str, said: str
+) -> None:
+    got, reason = check(policy, found)
+    assert got == decision
+    assert said in reason
+
+
+BUSY = Window(100, 0, tuple((10, 0.001) for _ in range(100)))
+
+
+def test_a_gate_fails_on_disagreement_at_once_and_waits_for_comparisons() -> None:
+    policy = GatePolicy(window_s=30, min_requests=20)
+    failed = check(GATING, _sums(20, 10, 20))
+    verdict = judge(policy, BUSY, BUSY, 1.0, shadow=failed)  # before the window ends
+    assert (verdict.decision, verdict.reason) == ("fail", failed[1])
+    waiting = check(GATING, _sums(3, 3, 3))
+    assert judge(policy, BUSY, BUSY, 31.0, shadow=waiting).decision == "wait"
+    late = judge(policy, BUSY, BUSY, 121.0, shadow=waiting)  # the extended window ended
+    assert late.decision == "pass"
+    assert "not judged on its answers: not compared" in late.reason
+    kept = judge(policy, BUSY, BUSY, 31.0, shadow=check(GATING, _sums(40, 40, 40)))
+    assert kept.decision == "pass"
+    assert "agreement 100% over 40 compared requests" in kept.reason

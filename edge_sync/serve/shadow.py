@@ -1,0 +1,328 @@
+"""Shadow comparison (docs/guide/behaviour.md): a sampled share of a new version's answered
+requests run again on the version it replaced, off the request path, their answers
+compared (``edge_sync.decide.shadow``).
+
+The request path only *offers* a request (:meth:`ShadowRunner.offer`): after its answer
+is computed, a draw decides whether it is sampled, and a sampled request is put in a
+small queue without waiting (a full queue, a spent CPU budget or too many bytes
+queued drop it, counted).  Nothing the client waits for is ever held by the shadow: no
+run slot, no lock a request takes, no part of its byte budget.
+
+One thread runs the comparisons.  Its CPU time is held within ``max_cpu_share`` of the
+device's (the cores the daemon may run on) by a budget refilled at that rate: a sample
+that finds it spent is dropped before it is queued or run, and under load, when the
+thread falls behind, its queue fills and samples are dropped first.  The thread keeps
+the ordinary priority on purpose: one at the lowest (``SCHED_IDLE``, nice 19) that holds
+Python's GIL while the CPU is busy keeps every request thread waiting for it (a priority
+inversion measured in ``benchmarks/shadow.py``: 0.74x the throughput at 16 in flight).
+The previous engine is leased for each run, so a gate that closes meanwhile never
+releases it under the comparison.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from edge_sync.decide.shadow import Pair, ShadowPolicy, ShadowStats
+from edge_sync.serve.core import run_clock
+
+if TYPE_CHECKING:
+    from edge_sync.engine.base import Engine, EngineHost
+    from registry.agreement import Agreement
+
+__all__ = ["MAX_QUEUED", "MAX_QUEUED_BYTES", "ShadowRunner"]
+
+MAX_QUEUED: Final = 64
+"""Sampled requests waiting for a comparison; more are dropped."""
+GATHER_S: Final = 0.02
+"""The comparison thread wakes for a sample, waits this long, and compares what came
+meanwhile at once (one wake-up and one pass over the sums for many samples)."""
+MAX_QUEUED_BYTES: Final = 32 << 20
+"""Bytes of inputs and outputs the waiting comparisons may hold; more are dropped."""
+BURST_S: Final = 0.25
+"""The CPU budget holds at most this many seconds of its rate (a burst after a quiet
+spell)."""
+
+
+@dataclass
+class _Comparison:
+    """One model's running comparison."""
+
+    new: Engine
+    old: Engine
+    policy: ShadowPolicy
+    stats: ShadowStats = field(default_factory=ShadowStats)
+    until: float | None = None
+    """After the gate passed: when the comparison ends (monotonic)."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class _Sample:
+    model: str
+    new: Engine
+    inputs: dict[str, Any]
+    wanted: list[str] | None
+    outputs: dict[str, Any]
+    run_s: float
+    size: int
+
+
+def _copied(arrays: dict[str, Any]) -> dict[str, Any]:
+    return {name: a.copy() if hasattr(a, "copy") else a for name, a in arrays.items()}
+
+
+def _nbytes(arrays: dict[str, Any]) -> int:
+    return sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
+
+
+def _usable_cpus() -> int:
+    """The cores this process may run on (its affinity), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class ShadowRunner:
+    """The device's shadow comparisons: opened and closed with the health gates
+    (``edge_sync.sync.gates``), offered requests by the serving layer."""
+
+    def __init__(
+        self, host: EngineHost, *, cpus: int | None = None, seed: int | None = None
+    ) -> None:
+        """Compare on ``host``'s engines; ``cpus``: the device's cores (the CPU
+        budget's base)."""
+        self.host = host
+        self.cpus = cpus or _usable_cpus()
+        self._active: dict[str, _Comparison] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[_Sample | None] = queue.Queue(MAX_QUEUED)
+        self._queued_bytes = 0
+        self._random = random.Random(seed)  # noqa: S311 - a sample, not a secret
+        self._budget = 0.0
+        self._refilled = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._last: dict[str, Agreement] = {}
+        self._offers = threading.Lock()
+        """Guards the queue's bytes and the CPU budget; a request that finds it taken
+        drops its sample rather than wait."""
+        self.cpu_s = 0.0
+        """CPU seconds the comparisons took (their thread's)."""
+
+    # --- the gates' side ----------------------------------------------------------------
+
+    def begin(self, model: str, new: Engine, old: Engine, policy: ShadowPolicy) -> None:
+        """Compare ``new``'s answers for ``model`` with ``old``'s from now on (a
+        comparison already running for the model is replaced)."""
+        with self._lock:
+            self._active[model] = _Comparison(new, old, policy)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
+                self._thread.start()
+
+    def end(self, model: str, *, after_s: float = 0.0) -> Agreement | None:
+        """Stop comparing ``model`` (``after_s`` > 0: in that many seconds, the gate
+        having passed); the comparison's sums, None when none runs."""
+        with self._lock:
+            found = self._active.get(model)
+            if found is None:
+                return None
+            if after_s > 0:
+                found.until = time.monotonic() + after_s
+            else:
+                del self._active[model]
+        report = self._report(found, running=after_s > 0)
+        if after_s <= 0:
+            self._last[model] = report
+        return report
+
+    def expired(self, *, end: str | None = None) -> list[tuple[str, Engine, Agreement]]:
+        """The comparisons whose time after their gate ran out (and ``end``'s, running
+        after its gate: a new install replaces what it compares), ended now: (model,
+        the previous engine to release, the sums)."""
+        now = time.monotonic()
+        ended: list[tuple[str, Engine, Agreement]] = []
+        with self._lock:
+            for model, found in list(self._active.items()):
+                if found.until is not None and (found.until <= now or model == end):
+                    del self._active[model]
+                    ended.append((model, found.old, self._report(found, running=False)))
+        for model, _, report in ended:
+            self._last[model] = report
+        return ended
+
+    def lingering(self) -> bool:
+        """Whether a comparison runs on after its gate (:meth:`expired` ends it)."""
+        with self._lock:
+            return any(c.until is not None for c in self._active.values())
+
+    def current(self, model: str) -> Agreement | None:
+        """The running sums of ``model``'s comparison (None: none runs)."""
+        with self._lock:
+            found = self._active.get(model)
+        return self._report(found, running=True) if found is not None else None
+
+    def latest(self, model: str) -> Agreement | None:
+        """The running comparison's sums, else the last one's (None: none ran)."""
+        return self.current(model) or self._last.get(model)
+
+    def policy(self, model: str) -> ShadowPolicy | None:
+        """The policy of ``model``'s running comparison."""
+        with self._lock:
+            found = self._active.get(model)
+        return found.policy if found is not None else None
+
+    @staticmethod
+    def _report(found: _Comparison, *, running: bool) -> Agreement:
+        with found.lock:
+            return found.stats.report(found.new.version, found.old.version, running=running)
+
+    # --- the request path -------------------------------------------------------------
+
+    def offer(
+        self,
+        engine: Engine,
+        inputs: dict[str, Any],
+        wanted: list[str] | None,
+        outputs: dict[str, Any],
+        run_s: float | None,
+    ) -> None:
+        """A request ``engine`` answered: sampled (by its model's policy) into the
+        comparison queue, or not; never waits."""
+        found = self._active.get(engine.model)  # a dict read: no lock on the request path
+        if found is None or found.new is not engine or run_s is None:
+            return
+        if self._random.random() >= found.policy.sample:
+            return
+        size = _nbytes(inputs) + _nbytes(outputs)
+        if not self._offers.acquire(blocking=False):
+            self._drop(found)  # another request offers right now: never wait for it
+            return
+        try:
+            taken = (
+                self._queued_bytes + size <= MAX_QUEUED_BYTES
+                and self._refill(found.policy) > 0
+                # the request's own arrays may be views of a buffer the server reuses
+                # (and their dict is emptied once answered): the sample holds copies
+                and self._put(
+                    _Sample(engine.model, engine, _copied(inputs), wanted, outputs, run_s, size)
+                )
+            )
+        finally:
+            self._offers.release()
+        if not taken:
+            self._drop(found)
+
+    def _put(self, sample: _Sample) -> bool:
+        try:
+            self._queue.put_nowait(sample)
+        except queue.Full:
+            return False
+        self._queued_bytes += sample.size
+        return True
+
+    @staticmethod
+    def _drop(found: _Comparison) -> None:
+        with found.lock:
+            found.stats.dropped += 1
+
+    def _refill(self, policy: ShadowPolicy) -> float:
+        """The CPU budget left now (CPU seconds), refilled at ``max_cpu_share`` of the
+        device's cores since the last look."""
+        now = time.monotonic()
+        rate = policy.max_cpu_share * self.cpus
+        self._budget = min(self._budget + (now - self._refilled) * rate, rate * BURST_S)
+        self._refilled = now
+        return self._budget
+
+    # --- the comparison thread --------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            time.sleep(GATHER_S)  # one wake-up for the samples of a moment
+            burst = [first]
+            stopping = False
+            while len(burst) < MAX_QUEUED:
+                try:
+                    sample = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if sample is None:
+                    stopping = True
+                    break
+                burst.append(sample)
+            with self._offers:
+                self._queued_bytes -= sum(s.size for s in burst)
+            with contextlib.suppress(Exception):  # a comparison never stops the thread
+                self._compare(burst)
+            if stopping:
+                return
+
+    def _compare(self, burst: list[_Sample]) -> None:
+        """Run each sample of ``burst`` on its model's previous engine, and add the
+        answers to the comparison, as long as the budget lasts (a sample past it is
+        dropped: a spent budget costs nothing more)."""
+        for model in {s.model for s in burst}:
+            found = self._active.get(model)
+            if found is None:
+                continue  # the gate closed meanwhile
+            samples = [s for s in burst if s.model == model and s.new is found.new]
+            with self._offers:
+                budget = self._refill(found.policy)
+            if budget <= 0:
+                for _ in samples:
+                    self._drop(found)
+                continue
+            cpu = time.thread_time()
+            try:
+                lease = self.host.lease(model, found.old.version)
+                old = lease.__enter__()
+            except LookupError:
+                continue  # released meanwhile
+            pairs: list[Pair] = []
+            try:
+                clock = run_clock(old)  # as the new version's run was timed
+                for sample in samples:
+                    # a positive budget runs one comparison at least (it may overdraw
+                    # by that much: the next refills pay it back)
+                    if pairs and time.thread_time() - cpu >= budget:
+                        self._drop(found)
+                        continue
+                    ran = clock()
+                    try:
+                        answer = old.run(sample.inputs, sample.wanted)
+                    except Exception:  # noqa: BLE001 - the previous version fails on it
+                        answer = {}
+                    pairs.append((sample.outputs, answer, sample.run_s, clock() - ran))
+            finally:
+                lease.__exit__(None, None, None)
+            with found.lock:
+                found.stats.add_many(pairs)
+            spent = time.thread_time() - cpu
+            with self._offers:
+                self.cpu_s += spent
+                self._budget -= spent
+
+    def close(self) -> None:
+        """Stop the comparison thread (what waits is dropped)."""
+        with self._lock:
+            self._active.clear()
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    self._queue.get_nowait()
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(None)
+            thread.join(timeout=5)
