@@ -23,8 +23,8 @@ from benchmarks._util import REPO_ROOT, BenchmarkError, fmt_seconds, machine_inf
 
 BENCHMARKS: Final = (
     "registry_scale", "hashing", "delta", "release", "edge_update", "serving", "serving_attacks",
-    "large_model",
-    "fleet_status", "fleet",
+    "shadow", "large_model",
+    "fleet_status", "fleet", "fleet_behaviour",
 )  # fmt: skip
 """Modules of this package run by default, in order; each has ``run(quick) -> dict``."""
 

@@ -11,14 +11,16 @@ signs the new percent as it signs any promotion.  Nothing is ever rolled back he
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fleet.summary import ChannelProgress, channel_progress
 from fleet.waves import Advance, Decision, Done, Progress, Stop, Wait, decide
 from registry.atomic import write_atomic
+from registry.device_report import DeviceReport
 from registry.edit import set_channel, set_hold
 from registry.errors import ManifestError, PolicyError, Problem, RepositoryError, UsageError
 from registry.gitinfo import git
@@ -30,11 +32,42 @@ from registry.repository import Repository, load_repository
 from registry.schema import Rollout
 from registry.yamlsrc import parse_yaml
 
-__all__ = ["ChannelStep", "ProgressSource", "StagedChannel", "advance", "staged_channels"]
+__all__ = [
+    "ChannelStep",
+    "ProgressSource",
+    "StagedChannel",
+    "advance",
+    "progress_from_reports",
+    "staged_channels",
+]
 
 ProgressSource = Callable[[str, str, str, float], Progress]
 """``(model, channel, version, percent)`` -> the version's progress on the devices of
 that channel's cohort at that percent (made from the device reports)."""
+
+
+def progress_from_reports(
+    reports: Iterable[DeviceReport],
+    now: datetime,
+    seen: MutableMapping[tuple[str, str], ChannelProgress] | None = None,
+) -> ProgressSource:
+    """The progress ``fleet advance`` decides on, from device reports already read (and,
+    where the repository enrolls devices, counted: ``fleet.reports.load_reports``):
+    ``fleet.summary.channel_progress`` reduced to what ``fleet.waves`` reads, the
+    summed shadow comparisons included; ``seen`` keeps each channel's full progress
+    (for the output)."""
+    kept = list(reports)
+
+    def progress_of(model: str, channel: str, version: str, percent: float) -> Progress:
+        found = channel_progress(kept, model, channel, version, percent, now=now)
+        if seen is not None:
+            seen[model, channel] = found
+        return Progress(
+            found.cohort, found.on_target, len(found.failed), found.subscribed,
+            found.lowest_draw, behaviour=found.behaviour,
+        )  # fmt: skip
+
+    return progress_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +147,7 @@ class ChannelStep:
                 "on_target": p.on_target,
                 "failed": p.failed,
                 "failure_share": p.failure_share,
+                "behaviour": None if p.behaviour is None else p.behaviour.figures(),
             },
             "commit": self.commit,
         }

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleet.reports import LoadedReports
-from fleet.summary import FleetSummary
+from fleet.summary import ChannelProgress, FleetSummary
 
 __all__ = ["age_text", "render_json", "render_text"]
 
@@ -102,6 +102,20 @@ def _report_lines(loaded: LoadedReports, repository: bool) -> list[str]:
     return lines
 
 
+def _behaviour_lines(c: ChannelProgress) -> list[str]:
+    """The channel's current wave as its cohort's shadow comparisons saw it: the figures
+    judged, then those against another previous version (shown, not judged)."""
+    lines = []
+    for i, found in enumerate(c.comparisons):
+        head = "behaviour" if i == 0 else "behaviour, not judged"
+        still = " (still comparing)" if found.open else ""
+        lines.append(
+            f"{head}: {c.model}@{c.channel} {c.version} against {found.against}: "
+            f"{found.text()}{still}"
+        )
+    return _cut(lines, "comparisons")
+
+
 def render_text(
     summary: FleetSummary,
     loaded: LoadedReports,
@@ -150,6 +164,7 @@ def render_text(
         if c.hold:
             lift = f"modelreg fleet resume {c.model} -c {c.channel}"
             lines.append(f"held: {where}: {c.hold} ({lift})")
+        lines += _behaviour_lines(c)
         lines += _cut([f"failed: {where} on {d}: {why}" for d, why in c.failed], "failures")
         waiting = [f"waiting: {where} on {d}: {why}" for d, why in c.pending if why]
         lines += _cut(waiting, "waiting devices")

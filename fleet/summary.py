@@ -2,8 +2,9 @@
 
 :func:`channel_progress` answers for one channel what a rollout decision needs (how
 many devices the rollout reaches, how many run the target, which failed and why, which
-have not reported lately); :func:`summarize` does it for every declared channel in one
-pass and counts the devices on each version.  Both take reports already read
+have not reported lately, how the version's answers compare with the previous
+version's); :func:`summarize` does it for every declared channel in one pass and counts
+the devices on each version.  Both take reports already read
 (:mod:`fleet.reports`) and the channels as the repository declares them; ``now`` is a
 parameter, so every answer is reproducible in a test.
 
@@ -14,6 +15,16 @@ percent; every member is then exactly one of *on target* (serving the version),
 *failed* (its last attempt at the version failed or was rejected, or it rejected the
 version before) or *pending*.  Members whose report is older than ``stale_after_s`` are
 listed in ``stale`` as well: what their report says may no longer hold.
+
+A member whose report carries a shadow comparison of the channel's version (its
+``shadow``, ``registry.agreement``) adds its sums to the channel's, whatever it serves
+now (a device whose health gate rolled the version back still says how it answered).
+The sums are added per previous version compared with; the rollout is judged on those
+against the version most members compared with (ties: more compared requests, then the
+newer version), which is the version the channel's devices ran before this rollout
+unless most of them lagged behind: a version compared with an older one differs from it
+by every change since, which earlier rollouts judged already.  The others are kept and
+shown, not judged.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from typing import Any, Final, NamedTuple
 
 import semver
 
+from registry.agreement import Agreement, combine
 from registry.cohort import cohort_draw, in_cohort
 from registry.device_report import DeviceReport, ModelReport
 
@@ -75,6 +87,9 @@ class ChannelProgress:
         lowest_draw: the lowest cohort draw of the subscribed devices
             (``registry.cohort.cohort_draw``): a rollout above it reaches one; None
             with no subscribed device.
+        comparisons: the cohort devices' shadow comparisons of ``version``, summed per
+            previous version compared with (``registry.agreement.combine``), the one
+            judged first (:attr:`behaviour`; the module doc says which).
     """
 
     model: str
@@ -89,6 +104,13 @@ class ChannelProgress:
     stale: tuple[str, ...] = ()
     lowest_draw: float | None = None
     hold: str | None = None
+    comparisons: tuple[Agreement, ...] = ()
+
+    @property
+    def behaviour(self) -> Agreement | None:
+        """The comparisons a rollout's behaviour conditions judge (None: no device of the
+        cohort reported one of ``version``)."""
+        return self.comparisons[0] if self.comparisons else None
 
     @property
     def failure_share(self) -> float:
@@ -109,6 +131,8 @@ class ChannelProgress:
             "failed": [{"device": d, "reason": r} for d, r in self.failed],
             "pending": [{"device": d, "reason": r} for d, r in self.pending],
             "stale": list(self.stale),
+            "behaviour": None if self.behaviour is None else self.behaviour.figures(),
+            "behaviour_not_judged": [c.figures() for c in self.comparisons[1:]],
         }
 
 
@@ -194,6 +218,17 @@ def _failure(state: ModelReport, version: str) -> str | None:
     return None
 
 
+def _comparisons(found: Iterable[Agreement]) -> tuple[Agreement, ...]:
+    """Comparisons summed per previous version, the judged one first (module doc)."""
+    by: dict[str, list[Agreement]] = defaultdict(list)
+    for agreement in found:
+        by[agreement.against].append(agreement)
+    summed = [s for parts in by.values() if (s := combine(parts)) is not None]
+    summed.sort(key=lambda a: semver.Version.parse(a.against), reverse=True)
+    summed.sort(key=lambda a: (-a.devices, -a.compared))  # stable: ties stay newest first
+    return tuple(summed)
+
+
 def _progress(
     members: Sequence[DeviceReport],
     model: str,
@@ -207,6 +242,7 @@ def _progress(
     failed: list[tuple[str, str]] = []
     pending: list[tuple[str, str | None]] = []
     stale_members: list[str] = []
+    compared: list[Agreement] = []
     for report in members:
         if not in_cohort(report.device, model, version, percent):
             continue
@@ -214,6 +250,8 @@ def _progress(
         if report.device in stale:
             stale_members.append(report.device)
         state = report.models[model]
+        if state.shadow is not None and state.shadow.version == version:
+            compared.append(state.shadow)
         if state.serving is not None and state.serving.version == version:
             on_target += 1
             continue
@@ -228,7 +266,7 @@ def _progress(
         on_target=on_target, failed=tuple(sorted(failed)), pending=tuple(sorted(pending)),
         stale=tuple(sorted(stale_members)),
         lowest_draw=min((cohort_draw(r.device, model, version) for r in members), default=None),
-        hold=target.hold,
+        hold=target.hold, comparisons=_comparisons(compared),
     )  # fmt: skip
 
 

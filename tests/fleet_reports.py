@@ -45,6 +45,36 @@ def model(
     }
 
 
+def shadow(
+    version: str = "1.1.0",
+    against: str = "1.0.0",
+    *,
+    compared: int = 500,
+    agree: int | None = None,
+    drift: float = 0.01,
+    new_ms: float = 10.0,
+    old_ms: float = 10.0,
+    still: bool = False,
+) -> dict[str, Any]:
+    """A model's ``shadow`` (report format 4): ``compared`` requests of ``version`` run on
+    ``against`` too, ``agree`` of them (default all) with the same top class, answers
+    ``drift`` apart (relative L1), every run taking ``new_ms`` and ``old_ms``."""
+    from registry.agreement import bucket
+
+    return {
+        "version": version, "against": against, "compared": compared, "dropped": 3,
+        "new_s": compared * new_ms / 1000, "old_s": compared * old_ms / 1000,
+        "new_hist": [[bucket(new_ms / 1000), compared]],
+        "old_hist": [[bucket(old_ms / 1000), compared]],
+        "outputs": {"scores": {
+            "rows": compared, "top1": compared if agree is None else agree,
+            "topk": compared, "k": 3, "values": 10 * compared,
+            "abs_sum": drift * 10 * compared, "ref_sum": 10.0 * compared,
+        }},
+        "open": still,
+    }  # fmt: skip
+
+
 def report(
     device: str,
     models: dict[str, Any] | None = None,

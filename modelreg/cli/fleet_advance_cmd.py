@@ -16,31 +16,13 @@ import click
 from modelreg.cli._output import detail, emit_json, error_lines, ok
 
 if TYPE_CHECKING:
-    from fleet.advance import ChannelStep, ProgressSource
+    from fleet.advance import ChannelStep
     from fleet.reports import LoadedReports
     from fleet.summary import ChannelProgress
 
 REPORTS_ENV = "MODELREG_FLEET_REPORTS"
 _SHOWN_FAILURES = 5
 """Failed devices listed under a stop (the JSON lists them all)."""
-
-
-def _progress_from(
-    loaded: LoadedReports, now: datetime, seen: dict[tuple[str, str], ChannelProgress]
-) -> ProgressSource:
-    """The glue: ``fleet.summary.channel_progress`` over the loaded reports, reduced to
-    the counts ``fleet.waves`` decides on (``seen`` keeps the full progress for output)."""
-    from fleet.summary import channel_progress
-    from fleet.waves import Progress
-
-    def progress_of(model: str, channel: str, version: str, percent: float) -> Progress:
-        found = channel_progress(loaded.reports, model, channel, version, percent, now=now)
-        seen[model, channel] = found
-        return Progress(
-            found.cohort, found.on_target, len(found.failed), found.subscribed, found.lowest_draw
-        )
-
-    return progress_of
 
 
 def _step_json(step: ChannelStep, seen: dict[tuple[str, str], ChannelProgress]) -> dict[str, Any]:
@@ -89,11 +71,16 @@ def advance(
     A channel whose rollout lists waves moves to the next wave's percent (one commit
     of its model.yaml, on the model's promotion branch) once its current wave has been
     released for at least its soak time, no more than stop.failure_share of the
-    wave's devices failed the version, and at least stop.min_reports of them run it.
-    When too many failed, the rollout is put on hold (rollout.hold, committed, exit
-    code 1); it never goes back by itself: lift the hold, or roll back.
+    wave's devices failed the version, and at least stop.min_reports of them run it;
+    with behaviour conditions (stop.min_agreement, max_output_drift, max_p99_ratio),
+    once the wave's devices compared stop.min_compared requests with the previous
+    version (the channel's shadow) and the answers agree enough.  When too many
+    failed, or the answers do not agree enough, the rollout is put on hold
+    (rollout.hold, committed, exit code 1); it never goes back by itself: lift the
+    hold, or roll back.
     """
     from fleet.advance import advance as do_advance
+    from fleet.advance import progress_from_reports
     from fleet.reports import load_reports
     from fleet.trust import repository_trust
     from registry.errors import RepositoryError
@@ -115,7 +102,7 @@ def advance(
     seen: dict[tuple[str, str], ChannelProgress] = {}
     steps = do_advance(
         root,
-        _progress_from(loaded, now, seen),
+        progress_from_reports(loaded.reports, now, seen),
         model=model,
         channel=channel,
         now=now,

@@ -82,7 +82,8 @@ def fleet() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def fleet_status(url: str, repo: Path | None, stale_after: str, as_json: bool) -> None:
     """Devices per model and version, each channel's rollout progress (cohort, on the
-    target, failures and why), stale devices, and reports that could not be read.
+    target, failures and why, how the wave's answers compare with the previous
+    version's), stale devices, and reports that could not be read.
 
     Exit code 0 when the reports were read (some may be unreadable: they are listed),
     1 when they cannot be read at all (the source, or every report in it).

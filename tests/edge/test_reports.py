@@ -150,6 +150,7 @@ def test_daemons_report_to_a_folder_on_change_and_fleet_status_counts_them(
     assert canary | {"failed": [], "pending": []} == {
         "model": "mlp", "channel": "canary", "version": "1.1.0", "percent": None, "hold": None,
         "subscribed": 2, "cohort": 2, "on_target": 2, "failed": [], "pending": [], "stale": [],
+        "behaviour": None, "behaviour_not_judged": [],  # the channel declares no shadow
     }  # fmt: skip
     assert status["unreadable"] == []
     assert status["repository"] == str(rig.root)

@@ -22,7 +22,7 @@ from registry.cohort import cohort_draw, in_cohort
 from registry.errors import RepositoryError
 from tests.conftest import git
 from tests.fleet_reports import NOW as REPORTED
-from tests.fleet_reports import model, report, stamp, write
+from tests.fleet_reports import model, report, shadow, stamp, write
 
 pytestmark = pytest.mark.integration
 
@@ -278,7 +278,7 @@ def test_dry_run_and_json_commit_nothing(repo: Path, tmp_path: Path, cli: Any) -
         "waves": [10, 50, 100], "action": "advance", "to_percent": 50, "commit": None,
     }  # fmt: skip
     assert step["progress"] == {"cohort": 3, "on_target": 3, "failed": 0, "failure_share": 0.0,
-                                "failed_devices": [], "stale": 3}  # fmt: skip
+                                "behaviour": None, "failed_devices": [], "stale": 3}  # fmt: skip
     assert step["started"]["commit"] == tip
     assert head(repo) == tip
     assert git(repo, "status", "--porcelain") == ""
@@ -481,3 +481,94 @@ def test_outside_a_repository_it_says_to_give_repo(tmp_path: Path, cli: Any) -> 
     assert r.code == 1
     assert "not inside a modelreg repository" in r.err
     assert "run it there, or give --repo PATH" in r.err
+
+
+BEHAVIOUR_STOP = (
+    "        stop: {failure_share: 0.2, min_reports: 2, min_agreement: 0.95, min_compared: 1000}\n"
+    "      shadow: {sample: 0.05}\n"
+)
+
+
+def compared(folder: Path, devices: list[str], each: int, agree: int) -> str:
+    """Reports of canary devices on 1.1.0 that each compared ``each`` requests with 1.0.0,
+    ``agree`` of them keeping the top class (report format 4)."""
+    docs = []
+    for device in devices:
+        entry = model("1.1.0", "canary")
+        entry["shadow"] = shadow(compared=each, agree=agree)
+        docs.append(report(device, {"mlp": entry}, format=4))
+    shutil.rmtree(folder, ignore_errors=True)
+    write(folder, *docs)
+    return str(folder)
+
+
+@pytest.fixture
+def judged(repo: Path) -> Path:
+    """The canary channel declares shadow and stops under 95 % agreement (issue 29)."""
+    model_file = repo / "manifests/mlp/model.yaml"
+    text = model_file.read_text()
+    model_file.write_text(
+        text.replace("        stop: {failure_share: 0.2, min_reports: 2}\n", BEHAVIOUR_STOP)
+    )
+    _commit(repo, "judge the canary's answers")
+    release(repo, NOW - 2 * H)
+    return repo
+
+
+def test_answers_that_disagree_hold_the_rollout_with_their_figures(
+    judged: Path, tmp_path: Path, cli: Any
+) -> None:
+    """Issue 29: the wave's devices' shadow sums, added up, trip min_agreement: the hold
+    is committed with the figures; too few compared requests wait for more."""
+    repo, devices, folder = judged, cohort(10, 3), tmp_path / "reports"
+    # 900 compared (under min_compared): soaked, but nothing judged yet
+    url = compared(folder, devices, 300, 240)
+    tip = head(repo)
+    r = cli("fleet", "advance", "--reports", url, cwd=repo)
+    assert (r.code, r.out.strip()) == (0, (
+        "mlp canary 1.1.0 at 10% (wave 1 of 3): wait: the devices of the 10% wave compared "
+        "900 requests of 1.1.0 with 1.0.0 (3 devices reported comparisons); 1,000 needed to "
+        "judge its behaviour (rollout.stop.min_compared; devices compare only when the "
+        "channel declares shadow)"
+    )), r.err  # fmt: skip
+    assert head(repo) == tip
+    # 1,200 compared, 80 % kept the top class: held, committed, exit 1
+    url = compared(folder, devices, 400, 320)
+    r = cli("fleet", "advance", "--reports", url, cwd=repo)
+    why = (
+        "the 10% wave's devices compared 1.1.0 with 1.0.0: agreement 80% over 1,200 compared "
+        "requests on 3 devices, drift 1%, p99 1.00x; agreement 80% under the stop threshold "
+        "of 95%"
+    )
+    assert r.code == 1
+    held = f"stop, rollout held: {why} [{head(repo)[:12]}]"
+    assert r.err.splitlines() == [f"modelreg: mlp canary 1.1.0 at 10% (wave 1 of 3): {held}"]
+    assert (percent_of(repo)["percent"], percent_of(repo)["hold"]) == (10, why)
+    assert git(repo, "log", "-1", "--format=%s").strip() == (
+        "modelreg: hold mlp canary 1.1.0 rollout at 10%"
+    )
+    assert f"{why}. Remove rollout.hold to go on" in git(repo, "log", "-1", "--format=%b")
+    # held: the JSON shows the figures it was held on, and nothing more is committed
+    tip = head(repo)
+    r = cli("fleet", "advance", "--reports", url, "--json", cwd=repo)
+    assert r.code == 0
+    (step,) = json.loads(r.out)["channels"]
+    assert (step["action"], step["reason"]) == ("held", f"on hold: {why}")
+    figures = step["progress"]["behaviour"]
+    assert (figures["compared"], figures["devices"], figures["against"]) == (1200, 3, "1.0.0")
+    assert figures["agreement"] == pytest.approx(0.8)
+    assert head(repo) == tip
+
+
+def test_answers_that_agree_advance_the_wave_with_their_figures(
+    judged: Path, tmp_path: Path, cli: Any
+) -> None:
+    url = compared(tmp_path / "reports", cohort(10, 3), 400, 399)
+    r = cli("fleet", "advance", "--reports", url, cwd=judged)
+    assert r.code == 0, r.err
+    assert "advance to 50%" in r.out
+    assert percent_of(judged)["percent"] == 50
+    assert (
+        "3 of 3 devices run 1.1.0, 0 failed; compared with 1.0.0: agreement 99.8% over 1,200 "
+        "compared requests on 3 devices, drift 1%, p99 1.00x."
+    ) in git(judged, "log", "-1", "--format=%b")

@@ -9,11 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fleet.render import age_text, render_text
+import pytest
+
+from fleet.render import age_text, render_json, render_text
 from fleet.reports import load_reports
 from fleet.summary import ChannelTarget, summarize
 from tests.conftest import assert_golden
-from tests.fleet_reports import NOW, model, report, stamp, write
+from tests.fleet_reports import NOW, model, report, shadow, stamp, write
 
 
 def _fleet(folder: Path) -> Path:
@@ -30,9 +32,13 @@ def _fleet(folder: Path) -> Path:
     }  # fmt: skip
     by_hand = model("1.0.0")
     by_hand["serving"]["provenance"] = {"commit": "d" * 40, "unknown": ["approvals", "ci"]}
+    # the canary's shadow comparisons of 1.1.0 (issue 29): summed over its devices
+    approved["shadow"] = shadow(compared=800, agree=795, drift=0.004, new_ms=11.5)
+    failed_too = model("1.0.0", "canary", update=failed)
+    failed_too["shadow"] = shadow(compared=434, agree=429, drift=0.004, new_ms=11.5, still=True)
     docs = [
-        report("cam-01", {"mlp": approved}, format=2),
-        report("cam-02", {"mlp": model("1.0.0", "canary", update=failed)}),
+        report("cam-01", {"mlp": approved}, format=4),
+        report("cam-02", {"mlp": failed_too}, format=4),
         report("cam-03", {"mlp": model("1.0.0", "canary")}, sync=offline),
         report("cam-04", {"mlp": model("1.0.0")}, age_s=2 * 3600 + 180),
         report("cam-05", {"mlp": by_hand, "det": model("2.0.0", "beta")}, format=2),
@@ -55,6 +61,28 @@ def test_the_human_status_reads_as_a_table(tmp_path: Path) -> None:
     summary = summarize(loaded.reports, CHANNELS, now=NOW)
     text = render_text(summary, loaded, stale_after_s=900, repository=Path("fleet-models"))
     assert_golden("fleet_status.txt", text)
+
+
+def test_each_waves_comparisons_are_shown_with_their_figures(tmp_path: Path) -> None:
+    """Issue 29: ``fleet status`` shows each channel's summed shadow comparisons: one
+    line of figures (text), ``Agreement.figures()`` (JSON)."""
+    loaded = load_reports(str(_fleet(tmp_path / "reports")))
+    summary = summarize(loaded.reports, CHANNELS, now=NOW)
+    text = render_text(
+        summary, loaded, stale_after_s=900, repository=Path("fleet-models"), width=200
+    )
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("behaviour")]
+    assert line == (
+        "behaviour: mlp@canary 1.1.0 against 1.0.0: agreement 99.2% over 1,234 compared "
+        "requests on 2 devices, drift 0.4%, p99 1.21x (still comparing)"
+    )
+    doc = render_json(summary, loaded, now=NOW, stale_after_s=900, repository=Path("x"))
+    canary, production = doc["channels"]
+    assert canary["behaviour"] == summary.channels[0].comparisons[0].figures()
+    assert (canary["behaviour"]["compared"], canary["behaviour"]["devices"]) == (1234, 2)
+    assert canary["behaviour"]["agreement"] == pytest.approx(1224 / 1234)
+    assert canary["behaviour_not_judged"] == []
+    assert production["behaviour"] is None  # none of its devices compared 1.0.0
 
 
 def test_ages_read_at_a_useful_precision() -> None:

@@ -18,7 +18,7 @@ from fleet.reports import FleetLimits, ReportsError, load_reports
 from fleet.summary import ChannelTarget, channel_progress, latest, summarize
 from registry.cohort import in_cohort
 from registry.device_report import LIMITS, DeviceReport, parse_report
-from tests.fleet_reports import NOW, model, report, stamp, write
+from tests.fleet_reports import NOW, model, report, shadow, stamp, write
 from tests.http_sim import running
 
 
@@ -205,6 +205,71 @@ def test_the_summary_counts_versions_channels_and_what_is_not_declared() -> None
         channel_progress(_parsed(*docs), "mlp", "production", "1.1.0", 25.0, now=NOW)
         == summary.channels[1]
     )
+
+
+def _compared(device: str, serving: str, found: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    entry = model(serving, **kw)
+    entry["shadow"] = found
+    return report(device, {"mlp": entry}, format=4)
+
+
+def test_a_waves_shadow_comparisons_are_summed_over_its_cohort() -> None:
+    """Issue 29: the cohort's comparisons of the channel's version are added up (a
+    device the gate rolled back included), per previous version; the rollout is judged
+    on those against the version most devices compared with, the others are shown."""
+    cohort = [d for d in IDS if in_cohort(d, "mlp", "1.1.0", 25)]
+    outside = next(d for d in IDS if not in_cohort(d, "mlp", "1.1.0", 25))
+    rolled_back = {"result": "rejected", "version": "1.1.0", "finished": stamp(NOW),
+                   "reason": "health gate: agreement 80%"}  # fmt: skip
+    docs = [
+        _compared(cohort[0], "1.1.0", shadow(compared=500, agree=490, drift=0.01)),
+        _compared(cohort[1], "1.1.0", shadow(compared=300, agree=300, drift=0.03, still=True)),
+        _compared(cohort[2], "1.0.0", shadow(compared=200, agree=160), update=rolled_back),
+        # compared with an older version (the device lagged): summed apart, not judged
+        _compared(cohort[3], "1.1.0", shadow(against="0.9.0", compared=900, agree=500)),
+        _compared(cohort[4], "1.1.0", shadow(against="0.9.0", compared=100, agree=100)),
+        # another version's comparison, and a device outside the cohort: not counted
+        _compared(cohort[5], "1.0.0", shadow("1.0.0", "0.9.0", compared=50, agree=0)),
+        _compared(outside, "1.0.0", shadow(compared=10_000, agree=0)),
+        report(cohort[6], {"mlp": model("1.1.0")}),
+    ]
+    progress = channel_progress(_parsed(*docs), "mlp", "production", "1.1.0", 25, now=NOW)
+    judged = progress.behaviour
+    assert judged is not None
+    assert [(c.against, c.devices, c.compared) for c in progress.comparisons] == [
+        ("1.0.0", 3, 1000), ("0.9.0", 2, 1000),
+    ]  # fmt: skip
+    assert judged.agreement == pytest.approx((490 + 300 + 160) / 1000)
+    assert judged.drift == pytest.approx((0.01 * 500 + 0.03 * 300 + 0.01 * 200) / 1000)
+    assert (judged.dropped, judged.open) == (9, True)
+    assert judged.p99_ratio == pytest.approx(1.0)
+    out = progress.to_json()
+    assert out["behaviour"] == judged.figures()
+    assert out["behaviour"]["agreement"] == pytest.approx(0.95)
+    assert [c["against"] for c in out["behaviour_not_judged"]] == ["0.9.0"]
+    assert (progress.cohort, progress.failed) == (7, ((cohort[2], "health gate: agreement 80%"),))
+    # the summary of the fleet gives the same; a channel none compared has none
+    summary = summarize(_parsed(*docs), {"mlp": {"production": ChannelTarget("1.1.0", 25.0)}},
+                        now=NOW)  # fmt: skip
+    assert summary.channels[0].comparisons == progress.comparisons
+    plain = channel_progress(_parsed(report("cam-1")), "mlp", "production", "1.1.0", None)
+    assert (plain.behaviour, plain.to_json()["behaviour"], plain.comparisons) == (None, None, ())
+    assert plain.to_json()["behaviour_not_judged"] == []
+
+
+def test_the_judged_comparison_has_the_most_devices_then_compared_then_newest() -> None:
+    def judged(*found: dict[str, Any]) -> str | None:
+        docs = [_compared(f"cam-{i}", "1.1.0", f) for i, f in enumerate(found)]
+        progress = channel_progress(_parsed(*docs), "mlp", "production", "1.1.0", None, now=NOW)
+        return None if progress.behaviour is None else progress.behaviour.against
+
+    assert judged(shadow(against="0.9.0"), shadow(against="1.0.0"),
+                  shadow(against="0.9.0")) == "0.9.0"  # fmt: skip
+    assert judged(shadow(against="1.0.0", compared=10),
+                  shadow(against="0.9.0", compared=11)) == "0.9.0"  # fmt: skip
+    assert judged(shadow(against="0.10.0"), shadow(against="0.9.0")) == "0.10.0"  # SemVer order
+    assert judged(shadow(against="1.0.0-rc.1"), shadow(against="1.0.0")) == "1.0.0"
+    assert judged() is None
 
 
 def test_staleness_defaults_to_the_current_time() -> None:

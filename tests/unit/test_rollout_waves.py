@@ -131,7 +131,10 @@ def test_json_schema_describes_waves_for_editors() -> None:
     assert defs["Wave"]["properties"]["percent"]["exclusiveMinimum"] == 0
     soak = defs["Wave"]["properties"]["soak"]
     assert [s["type"] for s in soak["anyOf"]] == ["string", "number"]
-    assert set(defs["RolloutStop"]["properties"]) == {"failure_share", "min_reports"}
+    assert set(defs["RolloutStop"]["properties"]) == {
+        "failure_share", "min_reports",
+        "min_agreement", "max_output_drift", "max_p99_ratio", "min_compared",  # issue 29
+    }  # fmt: skip
     for name in ("Wave", "RolloutStop"):
         assert defs[name]["additionalProperties"] is False
 
