@@ -21,6 +21,8 @@ start-up: ``stand``         gates are off now: the version served is known good
 start-up: ``reopen``        the gate record stays, with its unclean stops counted
 start-up: ``reject``        rejected; the gate's record of what it replaced is served
 start-up: attempt ``keep``  the attempt stays, counted; ``reject``: rejected, dropped
+start-up: a comparison      its sums stay, no longer open (its thread stopped with the
+still open                  daemon; a gate watched again starts a new one)
 ==========================  ==========================================================
 """
 
@@ -119,6 +121,9 @@ def rejected(  # noqa: PLR0917 - the fields of one rejection
 def after_restart(model: ModelState, *, unclean: bool, gated: bool, at: str) -> ModelState:
     """``model`` with its open attempt and gate settled for a start-up (the table in
     the module doc; ``gated``: a health gate is configured now)."""
+    if model.shadow is not None and model.shadow.open:
+        ended = model.shadow.model_copy(update={"open": False})
+        model = model.model_copy(update={"shadow": ended})
     attempt, gate = model.attempt, model.gate
     if attempt is not None:
         decision, stops = after_stop("attempt", attempt.unclean_stops, unclean=unclean)

@@ -27,6 +27,7 @@ from edge_sync.state.models import (
     Rejected,
     UpdateRecord,
 )
+from registry.agreement import Agreement
 
 # --- the verdict --------------------------------------------------------------------------
 
@@ -159,6 +160,14 @@ def test_after_restart(
         (entry,) = after.rejected
         assert (entry.sha256, entry.signed, entry.at) == (V2.sha256, "s2", AT)
         assert "stopped unexpectedly twice" in entry.reason
+
+
+def test_a_comparison_open_at_a_stop_is_closed_with_its_sums_kept() -> None:
+    running = Agreement(version="1.1.0", against="1.0.0", compared=12, open=True)
+    model = ModelState(channel="stable", serving=V2, shadow=running)
+    for unclean in (False, True):
+        after = after_restart(model, unclean=unclean, gated=True, at=AT)
+        assert after.shadow == running.model_copy(update={"open": False})
 
 
 RECORD = UpdateRecord(result="rejected", version="1.1.0", reason="health gate: slow", finished=AT)
