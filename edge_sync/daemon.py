@@ -207,7 +207,12 @@ class Daemon:
             gate_in = updater.next_gate_s()
             watchdog = self._watchdog.wait_s if self._watchdog is not None else left
             wakeup.sleep(min(left, watchdog, left if gate_in is None else gate_in))
-            closed = updater.check_gates()
+            try:
+                closed = updater.check_gates()
+            except Exception as e:  # noqa: BLE001 - a gate's bug must not stop serving
+                print(f"modelreg edge: health gates: {type(e).__name__}: {e}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                continue
             self._closed_gates(closed, server)
             if closed:
                 self._report_changes()

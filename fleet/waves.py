@@ -19,7 +19,7 @@ The rules, in the order they are applied::
     rollout.hold set                        -> Stop(held=True)   a person must lift it
     percent is the last wave                -> Done
     failed / cohort > stop.failure_share    -> Stop              fleet advance holds it
-    compared >= stop.min_compared and       -> Stop              with the figures
+    comparable >= stop.min_compared and     -> Stop              with the figures
       agreement < stop.min_agreement,
       or drift > stop.max_output_drift,
       or p99 ratio > stop.max_p99_ratio
@@ -28,7 +28,7 @@ The rules, in the order they are applied::
     on_target < stop.min_reports            -> Wait(until=None)   (an empty wave of
                                                a small fleet says how to go on)
     a behaviour condition is set and        -> Wait(until=None)   how many of how many
-      compared < stop.min_compared             (not for a wave no device falls in
+      comparable < stop.min_compared           (not for a wave no device falls in
                                                that min_reports 0 lets advance)
     a behaviour condition is set and its    -> Wait(until=None)   (a model with no
       figure cannot be read                                        class scores, say)
@@ -247,8 +247,9 @@ def _unread(stop: RolloutStop, found: Agreement) -> list[str]:
 
 def _judged(stop: RolloutStop, found: Agreement | None) -> Agreement | None:
     """The comparisons when the behaviour conditions may judge them: a condition is set
-    and the devices compared ``min_compared`` requests (else None)."""
-    if stop.behaviour and found is not None and found.compared >= stop.min_compared:
+    and the devices compared ``min_compared`` requests whose answers both versions gave
+    alike (``Agreement.comparable``; else None)."""
+    if stop.behaviour and found is not None and found.comparable >= stop.min_compared:
         return found
     return None
 
@@ -273,9 +274,10 @@ def _behaviour_wait(
         done = f"0 requests of {version} with the previous version (no device reported any)"
     else:
         n = found.devices
+        apart = f", {found.incomparable:,} answers not comparable" if found.incomparable else ""
         done = (
-            f"{found.compared:,} requests of {version} with {found.against} "
-            f"({n:,} device{'' if n == 1 else 's'} reported comparisons)"
+            f"{found.comparable:,} requests of {version} with {found.against} "
+            f"({n:,} device{'' if n == 1 else 's'} reported comparisons{apart})"
         )
     return Wait(
         f"the devices of the {percent:g}% wave compared {done}; {stop.min_compared:,} "

@@ -28,7 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Final
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
 from registry.errors import printable
 from registry.schema import SemVer, Strict
@@ -50,7 +50,8 @@ BUCKETS: Final = 256
 """Latency histogram buckets: bucket ``i`` holds runs of up to ``1 us * 1.1**(i+1)``
 (the last one everything longer, about 11 hours)."""
 MAX_OUTPUTS: Final = 32
-"""Outputs a report carries the sums of (the first, by name)."""
+"""Outputs a comparison keeps the sums of (the first it sees; a model with more has them
+counted in ``compared`` but not summed)."""
 MAX_COUNT: Final = 2**53
 MAX_SUM: Final = 1e300
 
@@ -141,6 +142,16 @@ class OutputSums(Strict):
     nonfinite: Count = 0
     incomparable: Count = 0
 
+    @model_validator(mode="after")
+    def _consistent(self) -> OutputSums:
+        if not self.top1 <= self.topk <= self.rows:
+            raise ValueError(
+                "top1 <= topk <= rows does not hold (a same top class is in the top k)"
+            )
+        if self.abs_max > self.abs_sum or self.rel_max > self.rel_sum:
+            raise ValueError("a largest difference is over the sum of the differences")
+        return self
+
     @property
     def top1_agreement(self) -> float | None:
         """The share of rows with the same top class (None: not class scores)."""
@@ -162,17 +173,21 @@ class OutputSums(Strict):
 
     def plus(self, other: OutputSums) -> OutputSums:
         """These sums and ``other``'s."""
+
+        def count(a: int, b: int) -> int:  # saturated as the sums are: they still add up
+            return min(a + b, MAX_COUNT)
+
         return OutputSums(
-            rows=self.rows + other.rows, top1=self.top1 + other.top1,
-            topk=self.topk + other.topk, k=other.k if self.k is None else self.k,
-            values=self.values + other.values,
+            rows=count(self.rows, other.rows), top1=count(self.top1, other.top1),
+            topk=count(self.topk, other.topk), k=other.k if self.k is None else self.k,
+            values=count(self.values, other.values),
             abs_sum=min(self.abs_sum + other.abs_sum, MAX_SUM),
             abs_max=max(self.abs_max, other.abs_max),
             ref_sum=min(self.ref_sum + other.ref_sum, MAX_SUM),
             rel_sum=min(self.rel_sum + other.rel_sum, MAX_SUM),
             rel_max=max(self.rel_max, other.rel_max),
-            nonfinite=self.nonfinite + other.nonfinite,
-            incomparable=self.incomparable + other.incomparable,
+            nonfinite=count(self.nonfinite, other.nonfinite),
+            incomparable=count(self.incomparable, other.incomparable),
         )  # fmt: skip
 
     def summary(self) -> dict[str, float | int | None]:
@@ -220,6 +235,18 @@ class Agreement(Strict):
         default_factory=dict
     )
     open: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Agreement:
+        if any(o.incomparable > self.compared for o in self.outputs.values()):
+            raise ValueError("an output has more answers not comparable than were compared")
+        return self
+
+    @property
+    def comparable(self) -> int:
+        """Requests whose every output (summed) was compared: not those the previous
+        version failed on or whose outputs it does not give alike."""
+        return self.compared - max((o.incomparable for o in self.outputs.values()), default=0)
 
     @property
     def agreement(self) -> float | None:

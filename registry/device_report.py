@@ -52,7 +52,7 @@ from pydantic import (
     field_serializer,
 )
 
-from registry.agreement import Agreement
+from registry.agreement import Agreement, OutputSums
 from registry.errors import RegistryError, printable
 from registry.schema import Labels, Name, SemVer, Strict
 
@@ -246,6 +246,12 @@ class GateReport(Strict):
     opened: Stamp
 
 
+def _one_device(found: Agreement) -> Agreement:
+    if found.devices != 1:
+        raise ValueError("a device reports its own comparison: devices must be 1")
+    return found
+
+
 class ModelReport(Strict):
     """One subscribed model: its channel, what it serves and held, and what failed."""
 
@@ -258,9 +264,9 @@ class ModelReport(Strict):
     """Oldest first: the device keeps 32, a report carries the newest
     :attr:`ReportLimits.max_rejected` (:func:`parse_report` checks it)."""
     gate: GateReport | None = None
-    shadow: Agreement | None = None
+    shadow: Annotated[Agreement, AfterValidator(_one_device)] | None = None
     """The last shadow comparison of a version with the one it replaced
-    (``registry.agreement``; format 4)."""
+    (``registry.agreement``; format 4): this device's own (``devices`` 1)."""
 
 
 class DaemonStatus(Strict):
@@ -399,9 +405,19 @@ def _no_latency_histograms(model: dict[str, Any]) -> None:
 
 
 def _few_shadow_outputs(model: dict[str, Any]) -> None:
+    """Keep the shadow comparison's two outputs that make its figures (the lowest
+    agreement, the largest drift; else the first by name)."""
     shadow = model.get("shadow")
-    if isinstance(shadow, dict) and isinstance(shadow.get("outputs"), dict):
-        shadow["outputs"] = dict(sorted(shadow["outputs"].items())[:2])
+    if not (isinstance(shadow, dict) and isinstance(shadow.get("outputs"), dict)):
+        return
+    outputs = shadow["outputs"]
+    sums = {name: OutputSums.model_validate(found) for name, found in sorted(outputs.items())}
+    if len(sums) <= 2:
+        return
+    least = min(sums, key=lambda n: (sums[n].top1_agreement is None, sums[n].top1_agreement or 0.0))
+    most = max(sums, key=lambda n: sums[n].drift or 0.0)
+    kept = list(dict.fromkeys([least, most, *sums]))[:2]
+    shadow["outputs"] = {name: outputs[name] for name in sorted(kept)}
 
 
 def _no_shadow(model: dict[str, Any]) -> None:

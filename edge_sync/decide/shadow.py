@@ -30,12 +30,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from registry.agreement import MAX_OUTPUTS, Agreement, OutputSums, bucket
+from registry.agreement import MAX_OUTPUTS, MAX_SUM, Agreement, OutputSums, bucket
+from registry.errors import printable
 
 __all__ = ["REL_FLOOR", "TOP_K", "ShadowPolicy", "ShadowStats", "check", "compare"]
 
-Pair = tuple[Mapping[str, Any], Mapping[str, Any], float, float]
-"""One request's answers, new and previous, and each engine's run time."""
+Pair = tuple[Mapping[str, Any], Mapping[str, Any], float | None, float]
+"""One request's answers, new and previous, and each engine's run time (the new one's
+None when unknown: a request run in a batch, whose run time is the batch's)."""
 REL_FLOOR: Final = 1e-6
 """A relative difference is taken against ``max(|previous|, REL_FLOOR)``."""
 TOP_K: Final = 5
@@ -97,12 +99,18 @@ def _differences(a: Any, b: Any) -> dict[str, Any]:
     if not np.isfinite(diff).all():  # float64 overflow of huge values: cap it
         diff = np.nan_to_num(diff, posinf=1e300)
         rel = np.nan_to_num(rel, posinf=1e300)
-    return {
-        "values": values, "nonfinite": nonfinite,
-        "abs_sum": min(float(diff.sum()), 1e300), "abs_max": float(diff.max(initial=0.0)),
-        "ref_sum": min(float(magnitude.sum()), 1e300),
-        "rel_sum": min(float(rel.sum()), 1e300), "rel_max": float(rel.max(initial=0.0)),
-    }  # fmt: skip
+    with np.errstate(over="ignore"):  # a sum past float64's range is capped
+        return {
+            "values": values, "nonfinite": nonfinite,
+            "abs_sum": _capped(diff.sum()), "abs_max": _capped(diff.max(initial=0.0)),
+            "ref_sum": _capped(magnitude.sum()),
+            "rel_sum": _capped(rel.sum()), "rel_max": _capped(rel.max(initial=0.0)),
+        }  # fmt: skip
+
+
+def _capped(value: Any) -> float:
+    """A sum or a largest difference within what a report holds (``MAX_SUM``)."""
+    return min(float(value), MAX_SUM)
 
 
 def compare(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, OutputSums]:
@@ -163,8 +171,9 @@ class ShadowStats:
         compared: pairs of answers compared.
         dropped: sampled requests not compared (busy, or the CPU budget spent).
         outputs: the sums per output.
-        new_s, old_s: total run time of each version over the compared requests.
-        new_hist, old_hist: each version's run times by histogram bucket.
+        new_s, old_s: total run time of each version over the compared requests
+            whose new run time is known (a request run alone).
+        new_hist, old_hist: each version's run times by histogram bucket (of those).
     """
 
     compared: int = 0
@@ -176,7 +185,12 @@ class ShadowStats:
     old_hist: Counter[int] = field(default_factory=Counter)
 
     def add(
-        self, new: Mapping[str, Any], old: Mapping[str, Any], *, new_s: float, old_s: float
+        self,
+        new: Mapping[str, Any],
+        old: Mapping[str, Any],
+        *,
+        new_s: float | None,
+        old_s: float,
     ) -> None:
         """Add one pair of answers (and each engine's run time for it)."""
         self._add_outputs(new, old, 1)
@@ -195,6 +209,21 @@ class ShadowStats:
         for *_, new_s, old_s in pairs:
             self._add_times(new_s, old_s)
 
+    def merge(self, other: ShadowStats) -> None:
+        """Add ``other``'s sums to these (the comparison thread sums a burst apart, and
+        merges it under the lock that readers of the sums take)."""
+        for name, sums in other.outputs.items():
+            if name in self.outputs:
+                _add(self.outputs[name], sums)
+            elif len(self.outputs) < MAX_OUTPUTS:
+                self.outputs[name] = dict(sums)
+        self.compared += other.compared
+        self.dropped += other.dropped
+        self.new_s += other.new_s
+        self.old_s += other.old_s
+        self.new_hist.update(other.new_hist)
+        self.old_hist.update(other.old_hist)
+
     def _add_outputs(self, new: Mapping[str, Any], old: Mapping[str, Any], answers: int) -> None:
         for name, sums in _measure(new, old).items():
             if name in self.outputs:
@@ -203,7 +232,9 @@ class ShadowStats:
                 self.outputs[name] = _ZERO | sums
         self.compared += answers
 
-    def _add_times(self, new_s: float, old_s: float) -> None:
+    def _add_times(self, new_s: float | None, old_s: float) -> None:
+        if new_s is None:
+            return  # the new run time is a batch's: no ratio with a run alone
         self.new_s += new_s
         self.old_s += old_s
         self.new_hist[bucket(new_s)] += 1
@@ -217,13 +248,23 @@ class ShadowStats:
             new_hist=[[i, n] for i, n in sorted(self.new_hist.items())],
             old_hist=[[i, n] for i, n in sorted(self.old_hist.items())],
             outputs={
-                name: OutputSums.model_validate(
-                    sums | {k: min(sums[k], 1e300) for k in ("abs_sum", "ref_sum", "rel_sum")}
+                _output_name(name): OutputSums.model_validate(
+                    sums | {k: min(sums[k], MAX_SUM) for k in _CAPPED}
                 )
                 for name, sums in sorted(self.outputs.items())
             },
             open=running,
         )  # fmt: skip
+
+
+_CAPPED: Final = ("abs_sum", "abs_max", "ref_sum", "rel_sum", "rel_max")
+
+
+def _output_name(name: str) -> str:
+    """An output's name as a report holds it (a graph may name an output with control
+    characters, or at length: they are dropped, and the name cut)."""
+    shown = printable(str(name), keep="")[:256]
+    return shown or "?"
 
 
 def _stacked(pairs: Sequence[Pair]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -272,15 +313,23 @@ Check = tuple[Literal["pass", "fail", "wait"], str]
 
 def check(policy: ShadowPolicy, found: Agreement | None) -> Check:
     """What the gate reads of a comparison: ``fail`` (with why) when its figures are past
-    the policy's thresholds over at least ``min_compared`` requests, ``wait`` while
-    fewer were compared, else ``pass`` (with the figures); ``pass`` with no threshold."""
+    the policy's thresholds over at least ``min_compared`` comparable requests (those the
+    previous version answered alike: ``Agreement.comparable``); ``wait`` while fewer were
+    compared, or while a threshold's figure is not measured (an output shaped like class
+    scores for ``min_agreement``): the gate then passes the version "not judged on its
+    answers"; else ``pass`` (with the figures); ``pass`` with no threshold."""
     if not policy.gating:
         return "pass", found.text() if found is not None and found.compared else ""
-    compared = found.compared if found is not None else 0
-    if found is None or compared < policy.min_compared:
+    comparable = found.comparable if found is not None else 0
+    if found is None or comparable < policy.min_compared:
+        apart = (
+            f" ({found.incomparable:,} answers not comparable)"
+            if found and found.incomparable
+            else ""
+        )
         return "wait", (
-            f"answers not compared with the previous version's: {compared} of "
-            f"{policy.min_compared} requests compared"
+            f"answers not compared with the previous version's: {comparable} of "
+            f"{policy.min_compared} requests compared{apart}"
         )
     agreement, drift = found.agreement, found.drift
     if (
@@ -300,5 +349,10 @@ def check(policy: ShadowPolicy, found: Agreement | None) -> Check:
         return "fail", (
             f"health gate: {found.text()} with the previous version; at most "
             f"{policy.max_output_drift:.1%} drift allowed"
+        )
+    if policy.min_agreement is not None and agreement is None:
+        return "wait", (
+            "agreement not measured: no output is shaped like class scores "
+            f"([batch, classes] floats); {found.text()}"
         )
     return "pass", found.text()

@@ -172,8 +172,9 @@ class Inference:
             except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
                 raise self._judged(engine, inputs, wanted, e) from None
             work.run_s = clock() - ran
-        if self.shadow is not None:
-            self.shadow.offer(engine, inputs, wanted, results, work.run_s)
+        if self.shadow is not None:  # a batch's run time is not the request's own
+            run_s = work.run_s if queued is None else None
+            self.shadow.offer(engine, inputs, wanted, results, run_s)
         return results
 
     def submit(
@@ -210,8 +211,8 @@ class Inference:
         except Exception as e:  # noqa: BLE001 - ORT raises many types for bad inputs
             raise await asyncio.to_thread(self._judged, engine, inputs, wanted, e) from None
         work.run_s = run_s
-        if self.shadow is not None:
-            self.shadow.offer(engine, inputs, wanted, results, run_s)
+        if self.shadow is not None:  # a batch's run time is not the request's own
+            self.shadow.offer(engine, inputs, wanted, results, None)
         return results
 
     def _judged(

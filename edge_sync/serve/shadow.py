@@ -22,6 +22,7 @@ releases it under the comparison.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import random
@@ -51,6 +52,26 @@ BURST_S: Final = 0.25
 spell)."""
 
 
+class _Tally:
+    """A count the request path adds to without a lock: ``next`` on an
+    ``itertools.count`` is one call into C, which the GIL does not split."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+        self._reads = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        next(self._count)
+
+    def value(self) -> int:
+        """The count (a read takes one from the counter: it is paid back)."""
+        with self._lock:
+            found = next(self._count) - self._reads
+            self._reads += 1
+            return found
+
+
 @dataclass
 class _Comparison:
     """One model's running comparison."""
@@ -59,6 +80,9 @@ class _Comparison:
     old: Engine
     policy: ShadowPolicy
     stats: ShadowStats = field(default_factory=ShadowStats)
+    """Its sums; a burst's are summed apart and merged in under ``lock``."""
+    dropped: _Tally = field(default_factory=_Tally)
+    """Sampled requests not compared (counted without ``lock``: a request never waits)."""
     until: float | None = None
     """After the gate passed: when the comparison ends (monotonic)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -71,7 +95,7 @@ class _Sample:
     inputs: dict[str, Any]
     wanted: list[str] | None
     outputs: dict[str, Any]
-    run_s: float
+    run_s: float | None
     size: int
 
 
@@ -80,7 +104,14 @@ def _copied(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nbytes(arrays: dict[str, Any]) -> int:
-    return sum(int(getattr(a, "nbytes", 0)) for a in arrays.values())
+    """The bytes ``arrays`` hold: an array of Python objects (BYTES tensors) by the
+    lengths of its strings too, not only its pointers."""
+    size = 0
+    for a in arrays.values():
+        size += int(getattr(a, "nbytes", 0))
+        if getattr(getattr(a, "dtype", None), "kind", "") == "O":
+            size += sum(len(v) if isinstance(v, (bytes, str)) else 64 for v in a.flat)
+    return size
 
 
 def _usable_cpus() -> int:
@@ -159,6 +190,11 @@ class ShadowRunner:
             self._last[model] = report
         return ended
 
+    def running(self) -> list[str]:
+        """The models compared now (in their gate or after it)."""
+        with self._lock:
+            return list(self._active)
+
     def lingering(self) -> bool:
         """Whether a comparison runs on after its gate (:meth:`expired` ends it)."""
         with self._lock:
@@ -183,6 +219,7 @@ class ShadowRunner:
     @staticmethod
     def _report(found: _Comparison, *, running: bool) -> Agreement:
         with found.lock:
+            found.stats.dropped = found.dropped.value()
             return found.stats.report(found.new.version, found.old.version, running=running)
 
     # --- the request path -------------------------------------------------------------
@@ -196,30 +233,36 @@ class ShadowRunner:
         run_s: float | None,
     ) -> None:
         """A request ``engine`` answered: sampled (by its model's policy) into the
-        comparison queue, or not; never waits."""
+        comparison queue, or not; never waits.  ``run_s``: its run time on ``engine``
+        (None: unknown, a request run in a batch: its outputs are compared, not its
+        time)."""
         found = self._active.get(engine.model)  # a dict read: no lock on the request path
-        if found is None or found.new is not engine or run_s is None:
+        if found is None or found.new is not engine:
             return
         if self._random.random() >= found.policy.sample:
             return
         size = _nbytes(inputs) + _nbytes(outputs)
         if not self._offers.acquire(blocking=False):
-            self._drop(found)  # another request offers right now: never wait for it
+            found.dropped.add()  # another request offers right now: never wait for it
             return
         try:
             taken = (
                 self._queued_bytes + size <= MAX_QUEUED_BYTES
                 and self._refill(found.policy) > 0
                 # the request's own arrays may be views of a buffer the server reuses
-                # (and their dict is emptied once answered): the sample holds copies
+                # (and their dict is emptied once answered), its outputs views of a
+                # whole batch's: the sample holds copies of its own
                 and self._put(
-                    _Sample(engine.model, engine, _copied(inputs), wanted, outputs, run_s, size)
+                    _Sample(
+                        engine.model, engine, _copied(inputs), wanted, _copied(outputs),
+                        run_s, size,
+                    )
                 )
-            )
+            )  # fmt: skip
         finally:
             self._offers.release()
         if not taken:
-            self._drop(found)
+            found.dropped.add()
 
     def _put(self, sample: _Sample) -> bool:
         try:
@@ -228,11 +271,6 @@ class ShadowRunner:
             return False
         self._queued_bytes += sample.size
         return True
-
-    @staticmethod
-    def _drop(found: _Comparison) -> None:
-        with found.lock:
-            found.stats.dropped += 1
 
     def _refill(self, policy: ShadowPolicy) -> float:
         """The CPU budget left now (CPU seconds), refilled at ``max_cpu_share`` of the
@@ -262,10 +300,11 @@ class ShadowRunner:
                     stopping = True
                     break
                 burst.append(sample)
-            with self._offers:
-                self._queued_bytes -= sum(s.size for s in burst)
             with contextlib.suppress(Exception):  # a comparison never stops the thread
                 self._compare(burst)
+            with self._offers:  # the burst's arrays are let go now
+                self._queued_bytes -= sum(s.size for s in burst)
+            del burst, first
             if stopping:
                 return
 
@@ -282,14 +321,16 @@ class ShadowRunner:
                 budget = self._refill(found.policy)
             if budget <= 0:
                 for _ in samples:
-                    self._drop(found)
+                    found.dropped.add()
                 continue
             cpu = time.thread_time()
             try:
                 lease = self.host.lease(model, found.old.version)
                 old = lease.__enter__()
-            except LookupError:
-                continue  # released meanwhile
+            except LookupError:  # released meanwhile
+                for _ in samples:
+                    found.dropped.add()
+                continue
             pairs: list[Pair] = []
             try:
                 clock = run_clock(old)  # as the new version's run was timed
@@ -297,7 +338,7 @@ class ShadowRunner:
                     # a positive budget runs one comparison at least (it may overdraw
                     # by that much: the next refills pay it back)
                     if pairs and time.thread_time() - cpu >= budget:
-                        self._drop(found)
+                        found.dropped.add()
                         continue
                     ran = clock()
                     try:
@@ -307,8 +348,10 @@ class ShadowRunner:
                     pairs.append((sample.outputs, answer, sample.run_s, clock() - ran))
             finally:
                 lease.__exit__(None, None, None)
+            burst_sums = ShadowStats()  # summed without the lock: readers never wait on it
+            burst_sums.add_many(pairs)
             with found.lock:
-                found.stats.add_many(pairs)
+                found.stats.merge(burst_sums)
             spent = time.thread_time() - cpu
             with self._offers:
                 self.cpu_s += spent

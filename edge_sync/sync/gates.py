@@ -174,8 +174,12 @@ class Gates:
             old = self.host.swap(name, engine)
         if self.shadow is not None:
             # a comparison running on after its gate passed: the new install ends it
-            for model, previous, _ in self.shadow.expired(end=name):
+            for model, previous, sums in self.shadow.expired(end=name):
                 self._release(model, previous)
+                self._save_shadow(model, sums)
+            # the carried gate's: the version it compared is no longer served
+            if carried is not None and (last := self.shadow.end(name)) is not None:
+                self._save_shadow(name, last)
         if carried is None:
             return old, None
         if old is not None and old is not carried.old:
@@ -256,9 +260,7 @@ class Gates:
             self._release(name, previous)
             self._save_shadow(name, sums)
         now = time.monotonic()
-        with self.lock:
-            names = list(self.open)
-        for name in names:
+        for name in self.shadow.running():  # in a gate, or after it
             running = self.shadow.current(name)
             when, counted = self._saved.get(name, (0.0, -1))
             if running is not None and running.compared != counted and now - when >= SHADOW_SAVE_S:

@@ -31,6 +31,7 @@ from edge_sync.engine.base import Engine, LoadRequest
 from edge_sync.engine.host import InProcessHost
 from edge_sync.serve.recorder import Recorder
 from edge_sync.serve.shadow import MAX_QUEUED, ShadowRunner
+from edge_sync.sync import gates
 from modelreg.examples import build_model
 from tests.conftest import git
 from tests.edge import models
@@ -151,6 +152,65 @@ def test_an_offer_never_waits_and_a_busy_runner_drops_first(pair: Any) -> None:
         runner.close()
 
 
+def test_an_offer_never_waits_for_the_sums_and_a_sample_counts_until_compared(
+    pair: Any,
+) -> None:
+    host, new, old = pair
+    runner = ShadowRunner(host, seed=7)
+    runner._budget = 1e9
+    try:
+        runner.begin("mlp", new, old, ShadowPolicy(sample=1.0, max_cpu_share=1.0))
+        found = runner._active["mlp"]
+        # the comparison thread merging a burst's sums (or a reader reporting them) while
+        # another request offers: this one drops its sample, it does not wait for either
+        with found.lock, runner._offers:
+            offered = threading.Thread(target=_answer, args=(runner, new, 1))
+            offered.start()
+            offered.join(2)
+            assert not offered.is_alive()
+        assert runner.current("mlp").dropped == 1  # type: ignore[union-attr]
+        # a sample's bytes stay counted against MAX_QUEUED_BYTES until it was compared
+        stalled, release = threading.Event(), threading.Event()
+        real_run = old.run
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            stalled.set()
+            release.wait(10)
+            return real_run(*args, **kwargs)
+
+        old.run = slow
+        try:
+            _answer(runner, new, 2)
+            assert stalled.wait(5)
+            assert runner._queued_bytes > 0
+        finally:
+            release.set()
+            old.run = real_run
+        assert _settled(runner, 2).compared == 1
+        deadline = time.monotonic() + 5
+        while runner._queued_bytes:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        runner.close()
+
+
+def test_a_request_run_in_a_batch_is_compared_not_timed(pair: Any) -> None:
+    host, new, old = pair
+    runner = ShadowRunner(host, seed=8)
+    runner._budget = 1e9
+    try:
+        runner.begin("mlp", new, old, ShadowPolicy(sample=1.0, max_cpu_share=1.0))
+        inputs = _inputs(3)
+        runner.offer(new, inputs, None, new.run(inputs), None)  # a batch's run time
+        found = _settled(runner, 1)
+        assert found.compared == 1
+        assert found.outputs["probs"].rows == 4
+        assert (found.new_hist, found.p99_ratio) == ([], None)
+    finally:
+        runner.close()
+
+
 def test_the_cpu_budget_holds_the_comparisons_to_their_share(pair: Any) -> None:
     host, new, old = pair
     runner = ShadowRunner(host, cpus=1, seed=3)
@@ -252,8 +312,9 @@ def test_the_gate_rolls_back_a_disagreeing_version_and_keeps_the_comparison(
 
 
 def test_a_faithful_version_is_kept_and_compared_on_after_its_gate(
-    rig: EdgeRig, tmp_path: Path
+    rig: EdgeRig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(gates, "SHADOW_SAVE_S", 0.0)
     recorder, overrides = _gated(
         rig, {"sample": 1.0, "max_cpu_share": 1.0, "min_agreement": 0.9, "min_compared": 20,
               "after": "1s"},
@@ -278,6 +339,12 @@ def test_a_faithful_version_is_kept_and_compared_on_after_its_gate(
             assert up.host.versions("mlp") == ["1.1.0", "1.0.0"]  # compared on, for 1 s
             assert up.next_gate_s() is not None
             _traffic(up, recorder, runner, 10)
+            _settled(runner, 50)
+            up.check_gates()  # the sums after the gate are committed as they run
+            running = rig.state().models["mlp"].shadow
+            assert running is not None
+            assert running.open
+            assert running.compared >= 45
             time.sleep(1.1)
             up.check_gates()
             assert up.host.versions("mlp") == ["1.1.0"]  # the comparison ended: released

@@ -190,15 +190,29 @@ def test_a_shadow_comparison_is_trimmed_before_what_a_device_serves() -> None:
     comparison = {
         "version": "1.1.0", "against": "1.0.0", "compared": 1000,
         "new_hist": [[i, 5] for i in range(200)], "old_hist": [[i, 5] for i in range(200)],
-        "outputs": {f"output_{i:02d}_" + "x" * 200: {"rows": 4, "top1": 3} for i in range(32)},
+        "outputs": {
+            f"output_{i:02d}_" + "x" * 200: {"rows": 4, "top1": 1 if i == 17 else 3, "topk": 4}
+            | ({"values": 10, "abs_sum": 5.0, "ref_sum": 10.0} if i == 23 else {})
+            for i in range(32)
+        },
     }  # fmt: skip
     doc = report("cam-1", {f"m{i}": model() | {"shadow": comparison} for i in range(8)})
     sent = parse_report(encode_report(doc))
     assert sent.truncated is True
     shadow = sent.models["m0"].shadow
     assert shadow is not None  # the sums a wave is judged on stay
-    assert (shadow.compared, shadow.agreement) == (1000, 0.75)
     assert shadow.new_hist == []  # the histograms go first
+    # of the outputs, those that make the figures stay: the lowest agreement, the
+    # largest drift
+    assert sorted(name[:9] for name in shadow.outputs) == ["output_17", "output_23"]
+    assert (shadow.compared, shadow.agreement, shadow.drift) == (1000, 0.25, 0.5)
+
+
+def test_a_device_reports_its_own_comparison_not_a_fleets() -> None:
+    comparison = {"version": "1.1.0", "against": "1.0.0", "compared": 10, "devices": 500}
+    data = json.dumps(report("cam-1", {"mlp": model() | {"shadow": comparison}})).encode()
+    with pytest.raises(ReportError, match=r"models\.mlp\.shadow.*devices must be 1"):
+        parse_report(data)
 
 
 def test_a_device_never_sends_what_a_reader_refuses() -> None:

@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 
 from edge_sync.decide.health import GatePolicy, Window, judge
-from edge_sync.decide.shadow import ShadowPolicy, ShadowStats, check, compare
-from registry.agreement import Agreement, OutputSums, bucket, combine, percentile
+from edge_sync.decide.shadow import Pair, ShadowPolicy, ShadowStats, check, compare
+from registry.agreement import (
+    MAX_COUNT,
+    MAX_SUM,
+    Agreement,
+    OutputSums,
+    bucket,
+    combine,
+    percentile,
+)
 
 
 def _scores(n: int, classes: int, seed: int) -> np.ndarray:
@@ -116,6 +124,63 @@ def test_report_bounds_refuse_what_a_device_could_not_have_sent() -> None:
         Agreement(version="1.0.0", against="0.9.0", outputs={"bad\nname": OutputSums()})
 
 
+def test_sums_that_do_not_add_up_are_refused() -> None:
+    with pytest.raises(ValueError, match="top1 <= topk <= rows"):
+        OutputSums(rows=10, top1=11, topk=11)
+    with pytest.raises(ValueError, match="top1 <= topk <= rows"):
+        OutputSums(rows=10, top1=5, topk=4)
+    with pytest.raises(ValueError, match="largest difference"):
+        OutputSums(values=2, abs_sum=1.0, abs_max=2.0)
+    with pytest.raises(ValueError, match="more answers not comparable"):
+        Agreement(version="1.0.0", against="0.9.0", compared=1,
+                  outputs={"y": OutputSums(incomparable=2)})  # fmt: skip
+
+
+def test_fleet_sums_saturate_instead_of_refusing_the_fleet() -> None:
+    most = MAX_COUNT
+    part = Agreement(
+        version="1.1.0", against="1.0.0", compared=most, devices=most,
+        outputs={"p": OutputSums(rows=most, top1=most, topk=most, k=5, values=most,
+                                 abs_sum=MAX_SUM, ref_sum=MAX_SUM, incomparable=most)},
+    )  # fmt: skip
+    fleet = combine([part, part, part])
+    assert fleet is not None
+    assert (fleet.compared, fleet.devices, fleet.outputs["p"].rows) == (most, most, most)
+    assert fleet.outputs["p"].abs_sum == MAX_SUM
+
+
+def test_huge_and_oddly_named_outputs_still_make_a_report() -> None:
+    stats = ShadowStats()
+    huge = np.array([[1.7e308, -1.7e308, 3.0]])
+    stats.add({"y": huge, "odd\x1b[2Jname": huge}, {"y": -huge, "odd\x1b[2Jname": huge},
+              new_s=0.001, old_s=0.001)  # fmt: skip
+    report = stats.report("1.1.0", "1.0.0")  # validates: no sum or largest past MAX_SUM
+    assert report.outputs["y"].abs_max == MAX_SUM
+    assert report.outputs["y"].rel_max == MAX_SUM
+    assert "odd[2Jname" in report.outputs  # the escape character dropped
+
+
+def test_sums_merged_from_bursts_are_the_sums_of_all() -> None:
+    pairs: list[Pair] = [
+        ({"p": _scores(3, 6, i)}, {"p": _flipped(_scores(3, 6, i), 2)}, 0.002, 0.001)
+        for i in range(6)
+    ]
+    pairs.insert(3, ({"p": _scores(3, 6, 9)}, {"p": _scores(3, 6, 9)}, None, 0.001))
+    whole, merged = ShadowStats(), ShadowStats()
+    whole.add_many(pairs)
+    for burst in (pairs[:2], pairs[2:5], pairs[5:]):
+        part = ShadowStats()
+        part.add_many(burst)
+        merged.merge(part)
+    got, want = merged.report("1.1.0", "1.0.0"), whole.report("1.1.0", "1.0.0")
+    assert got.model_dump(exclude={"outputs"}) == want.model_dump(exclude={"outputs"})
+    # the same sums, added in another order
+    assert got.outputs["p"].model_dump() == pytest.approx(want.outputs["p"].model_dump())
+    # the run batched with others (no run time of its own) is compared, not timed
+    assert whole.compared == 7
+    assert sum(n for _, n in whole.report("1.1.0", "1.0.0").new_hist) == 6
+
+
 GATING = ShadowPolicy(sample=1.0, min_agreement=0.95, min_compared=20)
 
 
@@ -138,6 +203,16 @@ def _sums(compared: int, top1: int, rows: int) -> Agreement:
          Agreement(version="1.1.0", against="1.0.0", compared=1,
                    outputs={"y": OutputSums(values=10, abs_sum=1.0, ref_sum=10.0)}),
          "fail", "drift 10%"),
+        # answers the previous version failed on (or gave unlike) are not evidence
+        (GATING, Agreement(version="1.1.0", against="1.0.0", compared=30,
+                           outputs={"p": OutputSums(rows=10, top1=10, topk=10, k=5,
+                                                    incomparable=20)}),
+         "wait", "10 of 20 requests compared (20 answers not comparable)"),
+        # a threshold whose figure the outputs cannot give judges nothing: the gate
+        # waits, then passes the version "not judged on its answers"
+        (GATING, Agreement(version="1.1.0", against="1.0.0", compared=30,
+                           outputs={"y": OutputSums(values=10, abs_sum=1.0, ref_sum=10.0)}),
+         "wait", "agreement not measured: no output is shaped like class scores"),
     ],
 )  # fmt: skip
 def test_what_the_gate_reads_of_a_comparison(

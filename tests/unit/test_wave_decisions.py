@@ -68,6 +68,7 @@ def compared(
     (None: no run time reported)."""
     sums = OutputSums(
         rows=n if agree is not None else 0, top1=round(n * agree) if agree is not None else 0,
+        topk=n if agree is not None else 0,
         values=4 * n if drift is not None else 0, abs_sum=(drift or 0.0) * 1000,
         ref_sum=1000.0 if drift is not None else 0.0,
     )  # fmt: skip
@@ -76,6 +77,13 @@ def compared(
         version=version, against="1.0.0", compared=n, devices=devices, new_hist=hists[0],
         old_hist=hists[1], outputs={"scores": sums},
     )  # fmt: skip
+
+
+def apart(found: Agreement, incomparable: int) -> Agreement:
+    """``found`` with ``incomparable`` of its answers not comparable (the previous version
+    failed on them, or gave its outputs unlike)."""
+    sums = found.outputs["scores"].model_copy(update={"incomparable": incomparable})
+    return found.model_copy(update={"outputs": {"scores": sums}})
 
 
 def B(found: Agreement | None, cohort: int = 40, on_target: int = 38, failed: int = 0) -> Progress:  # noqa: N802 - a table's shorthand
@@ -191,6 +199,10 @@ BEHAVIOUR_ROWS = [
     pytest.param(behaviour(), T0, T0 + H / 2, B(compared(999, agree=0.5)),
                  Wait(f"{SOAK_10} 30m more (of 1h)", T0 + H),
                  id="too few compared during the soak: the soak is said"),
+    pytest.param(behaviour(), T0, T0 + 2 * H, B(apart(compared(1500, agree=0.5), 600)),
+                 Wait(f"{WAVE_COMPARED}900 requests of 1.1.0 with 1.0.0 (12 devices reported "
+                      f"comparisons, 600 answers not comparable); {NEEDED}"),
+                 id="answers the previous version gave unlike are not evidence: waits"),
     pytest.param(behaviour(), T0, T0 + 2 * H, B(compared(10, devices=1)),
                  Wait(f"{WAVE_COMPARED}10 requests of 1.1.0 with 1.0.0 (1 device reported "
                       f"comparisons); {NEEDED}"),
