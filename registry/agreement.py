@@ -244,9 +244,15 @@ class Agreement(Strict):
 
     @property
     def comparable(self) -> int:
-        """Requests whose every output (summed) was compared: not those the previous
-        version failed on or whose outputs it does not give alike."""
-        return self.compared - max((o.incomparable for o in self.outputs.values()), default=0)
+        """The evidence behind the figures: requests compared on each output that gives
+        a figure (rows as class scores, or values), the least over those outputs.  An
+        answer the previous version failed on, or gave unlike, is not evidence; an
+        output the previous version does not give at all (a new output) gives no figure
+        and does not lessen it."""
+        return min(
+            (self.compared - o.incomparable for o in self.outputs.values() if o.rows or o.values),
+            default=0,
+        )
 
     @property
     def agreement(self) -> float | None:

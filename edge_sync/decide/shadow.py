@@ -129,10 +129,11 @@ def _measure(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, dict[s
 
     found: dict[str, dict[str, Any]] = {}
     for name, value in new.items():
-        a = np.asarray(value)
-        b = np.asarray(old[name]) if name in old else None
+        a = _array(value)
+        b = _array(old[name]) if name in old else None
         if (
-            b is None
+            a is None
+            or b is None
             or a.shape != b.shape
             or a.dtype.kind not in "fiub"
             or b.dtype.kind not in "fiub"
@@ -151,6 +152,16 @@ def _measure(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, dict[s
             }  # fmt: skip
         found[name] = sums
     return found
+
+
+def _array(value: Any) -> Any:
+    """``value`` as an array; None when it is none (a ragged sequence output, say)."""
+    import numpy as np
+
+    try:
+        return np.asarray(value)
+    except (ValueError, TypeError):
+        return None
 
 
 _ZERO: Final = OutputSums().model_dump()
@@ -247,12 +258,12 @@ class ShadowStats:
             new_s=min(self.new_s, 1e300), old_s=min(self.old_s, 1e300),
             new_hist=[[i, n] for i, n in sorted(self.new_hist.items())],
             old_hist=[[i, n] for i, n in sorted(self.old_hist.items())],
-            outputs={
-                _output_name(name): OutputSums.model_validate(
+            outputs=_named({
+                name: OutputSums.model_validate(
                     sums | {k: min(sums[k], MAX_SUM) for k in _CAPPED}
                 )
                 for name, sums in sorted(self.outputs.items())
-            },
+            }),
             open=running,
         )  # fmt: skip
 
@@ -260,11 +271,19 @@ class ShadowStats:
 _CAPPED: Final = ("abs_sum", "abs_max", "ref_sum", "rel_sum", "rel_max")
 
 
-def _output_name(name: str) -> str:
-    """An output's name as a report holds it (a graph may name an output with control
-    characters, or at length: they are dropped, and the name cut)."""
-    shown = printable(str(name), keep="")[:256]
-    return shown or "?"
+def _named(outputs: dict[str, OutputSums]) -> dict[str, OutputSums]:
+    """``outputs`` by the names a report holds: a graph may name an output with control
+    characters, or at length (they are dropped, the name cut); two names that come out
+    the same are told apart by a suffix (``~2``), never merged into one."""
+    named: dict[str, OutputSums] = {}
+    for name, sums in outputs.items():
+        base = printable(str(name), keep="")[:256] or "?"
+        shown, n = base, 1
+        while shown in named or (shown != name and shown in outputs):
+            n += 1
+            shown = f"{base[:250]}~{n}"
+        named[shown] = sums
+    return named
 
 
 def _stacked(pairs: Sequence[Pair]) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -279,12 +298,15 @@ def _stacked(pairs: Sequence[Pair]) -> tuple[dict[str, Any], dict[str, Any]] | N
     new: dict[str, Any] = {}
     old: dict[str, Any] = {}
     for name in names:
-        a = [np.asarray(p[0].get(name)) for p in pairs]
-        b = [np.asarray(p[1].get(name)) for p in pairs]
+        if any(set(p[0]) != names or name not in p[1] for p in pairs):
+            return None
+        a = [_array(p[0][name]) for p in pairs]
+        b = [_array(p[1][name]) for p in pairs]
+        if any(x is None for x in a + b):
+            return None
         shapes = {x.shape[1:] for x in a + b if x.ndim}
         if (
-            any(set(p[0]) != names or name not in p[1] for p in pairs)
-            or any(x.ndim == 0 or x.dtype.kind not in "fiub" for x in a + b)
+            any(x.ndim == 0 or x.dtype.kind not in "fiub" for x in a + b)
             or len(shapes) != 1
             or any(x.shape != y.shape for x, y in zip(a, b, strict=True))
         ):
@@ -355,4 +377,6 @@ def check(policy: ShadowPolicy, found: Agreement | None) -> Check:
             "agreement not measured: no output is shaped like class scores "
             f"([batch, classes] floats); {found.text()}"
         )
+    if policy.max_output_drift is not None and drift is None:
+        return "wait", f"drift not measured: no output value was compared; {found.text()}"
     return "pass", found.text()

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from edge_sync.engine.base import Engine, EngineHost
     from registry.agreement import Agreement
 
-__all__ = ["MAX_QUEUED", "MAX_QUEUED_BYTES", "ShadowRunner"]
+__all__ = ["MAX_OBJECTS", "MAX_QUEUED", "MAX_QUEUED_BYTES", "ShadowRunner"]
 
 MAX_QUEUED: Final = 64
 """Sampled requests waiting for a comparison; more are dropped."""
@@ -47,6 +47,8 @@ GATHER_S: Final = 0.02
 meanwhile at once (one wake-up and one pass over the sums for many samples)."""
 MAX_QUEUED_BYTES: Final = 32 << 20
 """Bytes of inputs and outputs the waiting comparisons may hold; more are dropped."""
+MAX_OBJECTS: Final = 4096
+"""Elements of a BYTES tensor a sample may hold (sizing more would cost the request)."""
 BURST_S: Final = 0.25
 """The CPU budget holds at most this many seconds of its rate (a burst after a quiet
 spell)."""
@@ -105,11 +107,14 @@ def _copied(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def _nbytes(arrays: dict[str, Any]) -> int:
     """The bytes ``arrays`` hold: an array of Python objects (BYTES tensors) by the
-    lengths of its strings too, not only its pointers."""
+    lengths of its strings too, not only its pointers; over ``MAX_QUEUED_BYTES``
+    (never queued) as soon as that is plain, without looking at each string."""
     size = 0
     for a in arrays.values():
         size += int(getattr(a, "nbytes", 0))
         if getattr(getattr(a, "dtype", None), "kind", "") == "O":
+            if a.size > MAX_OBJECTS:
+                return MAX_QUEUED_BYTES + 1
             size += sum(len(v) if isinstance(v, (bytes, str)) else 64 for v in a.flat)
     return size
 
@@ -135,8 +140,12 @@ class ShadowRunner:
         self.cpus = cpus or _usable_cpus()
         self._active: dict[str, _Comparison] = {}
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Sample | None] = queue.Queue(MAX_QUEUED)
+        self._queue: queue.SimpleQueue[_Sample | None] = queue.SimpleQueue()
+        self._waiting = 0
+        """Samples queued, not yet taken by the comparison thread (at most MAX_QUEUED:
+        an offer reserves its place)."""
         self._queued_bytes = 0
+        """Bytes of the samples queued or being compared (at most MAX_QUEUED_BYTES)."""
         self._random = random.Random(seed)  # noqa: S311 - a sample, not a secret
         self._budget = 0.0
         self._refilled = time.monotonic()
@@ -242,35 +251,30 @@ class ShadowRunner:
         if self._random.random() >= found.policy.sample:
             return
         size = _nbytes(inputs) + _nbytes(outputs)
-        if not self._offers.acquire(blocking=False):
+        if size > MAX_QUEUED_BYTES or not self._offers.acquire(blocking=False):
             found.dropped.add()  # another request offers right now: never wait for it
             return
-        try:
+        try:  # a place in the queue and its bytes are reserved; the copies made after
             taken = (
-                self._queued_bytes + size <= MAX_QUEUED_BYTES
+                self._waiting < MAX_QUEUED
+                and self._queued_bytes + size <= MAX_QUEUED_BYTES
                 and self._refill(found.policy) > 0
-                # the request's own arrays may be views of a buffer the server reuses
-                # (and their dict is emptied once answered), its outputs views of a
-                # whole batch's: the sample holds copies of its own
-                and self._put(
-                    _Sample(
-                        engine.model, engine, _copied(inputs), wanted, _copied(outputs),
-                        run_s, size,
-                    )
-                )
-            )  # fmt: skip
+            )
+            if taken:
+                self._waiting += 1
+                self._queued_bytes += size
         finally:
             self._offers.release()
         if not taken:
             found.dropped.add()
-
-    def _put(self, sample: _Sample) -> bool:
-        try:
-            self._queue.put_nowait(sample)
-        except queue.Full:
-            return False
-        self._queued_bytes += sample.size
-        return True
+            return
+        # the request's own arrays may be views of a buffer the server reuses (and their
+        # dict is emptied once answered), its outputs views of a whole batch's: the
+        # sample holds copies of its own
+        sample = _Sample(
+            engine.model, engine, _copied(inputs), wanted, _copied(outputs), run_s, size
+        )
+        self._queue.put(sample)  # unbounded: the reservation bounds it
 
     def _refill(self, policy: ShadowPolicy) -> float:
         """The CPU budget left now (CPU seconds), refilled at ``max_cpu_share`` of the
@@ -300,6 +304,8 @@ class ShadowRunner:
                     stopping = True
                     break
                 burst.append(sample)
+            with self._offers:  # their places are free; their bytes once compared
+                self._waiting -= len(burst)
             with contextlib.suppress(Exception):  # a comparison never stops the thread
                 self._compare(burst)
             with self._offers:  # the burst's arrays are let go now
@@ -325,37 +331,49 @@ class ShadowRunner:
                 continue
             cpu = time.thread_time()
             try:
-                lease = self.host.lease(model, found.old.version)
-                old = lease.__enter__()
-            except LookupError:  # released meanwhile
+                self._compare_model(found, samples, budget, cpu)
+            except Exception:  # noqa: BLE001 - a comparison's bug loses its samples only
                 for _ in samples:
                     found.dropped.add()
-                continue
-            pairs: list[Pair] = []
-            try:
-                clock = run_clock(old)  # as the new version's run was timed
-                for sample in samples:
-                    # a positive budget runs one comparison at least (it may overdraw
-                    # by that much: the next refills pay it back)
-                    if pairs and time.thread_time() - cpu >= budget:
-                        found.dropped.add()
-                        continue
-                    ran = clock()
-                    try:
-                        answer = old.run(sample.inputs, sample.wanted)
-                    except Exception:  # noqa: BLE001 - the previous version fails on it
-                        answer = {}
-                    pairs.append((sample.outputs, answer, sample.run_s, clock() - ran))
-            finally:
-                lease.__exit__(None, None, None)
-            burst_sums = ShadowStats()  # summed without the lock: readers never wait on it
-            burst_sums.add_many(pairs)
-            with found.lock:
-                found.stats.merge(burst_sums)
-            spent = time.thread_time() - cpu
-            with self._offers:
-                self.cpu_s += spent
-                self._budget -= spent
+            finally:  # what it took is paid for, whatever happened
+                spent = time.thread_time() - cpu
+                with self._offers:
+                    self.cpu_s += spent
+                    self._budget -= spent
+
+    def _compare_model(
+        self, found: _Comparison, samples: list[_Sample], budget: float, cpu: float
+    ) -> None:
+        """:meth:`_compare` for one model's samples (``cpu``: the thread's CPU time when
+        it began)."""
+        try:
+            lease = self.host.lease(found.new.model, found.old.version)
+            old = lease.__enter__()
+        except LookupError:  # released meanwhile
+            for _ in samples:
+                found.dropped.add()
+            return
+        pairs: list[Pair] = []
+        try:
+            clock = run_clock(old)  # as the new version's run was timed
+            for sample in samples:
+                # a positive budget runs one comparison at least (it may overdraw by
+                # that much: the next refills pay it back)
+                if pairs and time.thread_time() - cpu >= budget:
+                    found.dropped.add()
+                    continue
+                ran = clock()
+                try:
+                    answer = old.run(sample.inputs, sample.wanted)
+                except Exception:  # noqa: BLE001 - the previous version fails on it
+                    answer = {}
+                pairs.append((sample.outputs, answer, sample.run_s, clock() - ran))
+        finally:
+            lease.__exit__(None, None, None)
+        burst_sums = ShadowStats()  # summed without the lock: readers never wait on it
+        burst_sums.add_many(pairs)
+        with found.lock:
+            found.stats.merge(burst_sums)
 
     def close(self) -> None:
         """Stop the comparison thread (what waits is dropped)."""
@@ -366,6 +384,8 @@ class ShadowRunner:
             with contextlib.suppress(queue.Empty):
                 while True:
                     self._queue.get_nowait()
-            with contextlib.suppress(queue.Full):
-                self._queue.put_nowait(None)
+            self._queue.put(None)
             thread.join(timeout=5)
+        with self._offers:  # a sample an offer made meanwhile is dropped with the rest
+            self._queue = queue.SimpleQueue()
+            self._waiting = self._queued_bytes = 0

@@ -145,6 +145,9 @@ class Gates:
         self.lock = threading.RLock()
         """Held around the open gates and every swap of a gated model."""
         self._failed: dict[str, tuple[OpenGate, str, float, Agreement | None]] = {}
+        self._ended: dict[str, Agreement] = {}
+        """Comparisons an install ended, their sums committed by the next
+        :meth:`check` (after the sync's own commit, which would overwrite them)."""
         self._retries: list[tuple[str, str]] = []
 
     @property
@@ -176,10 +179,10 @@ class Gates:
             # a comparison running on after its gate passed: the new install ends it
             for model, previous, sums in self.shadow.expired(end=name):
                 self._release(model, previous)
-                self._save_shadow(model, sums)
+                self._ended[model] = sums
             # the carried gate's: the version it compared is no longer served
             if carried is not None and (last := self.shadow.end(name)) is not None:
-                self._save_shadow(name, last)
+                self._ended[name] = last
         if carried is None:
             return old, None
         if old is not None and old is not carried.old:
@@ -236,9 +239,14 @@ class Gates:
             return {}
         self.watch()  # failures are swapped back first, as the watcher thread does
         with self.lock:
-            failed, self._failed = self._failed, {}
+            failed = dict(self._failed)
             open_gates = list(self.open.items())
-        rolled = {name: self._commit_rollback(name, *f) for name, f in failed.items()}
+        rolled: dict[str, UpdateRecord] = {}
+        for name, found in failed.items():
+            rolled[name] = self._commit_rollback(name, *found)
+            with self.lock:  # dropped once committed: an error before keeps it for the next
+                if self._failed.get(name) is found:
+                    del self._failed[name]
         for name, gate in open_gates:
             verdict = self._judge(gate)
             if verdict.decision == "pass":
@@ -259,6 +267,10 @@ class Gates:
         for name, previous, sums in self.shadow.expired():
             self._release(name, previous)
             self._save_shadow(name, sums)
+        ended, self._ended = self._ended, {}
+        for name, sums in ended.items():
+            if self.shadow.current(name) is None:  # else a new comparison is saved below
+                self._save_shadow(name, sums)
         now = time.monotonic()
         for name in self.shadow.running():  # in a gate, or after it
             running = self.shadow.current(name)

@@ -30,7 +30,7 @@ from edge_sync.decide.shadow import ShadowPolicy
 from edge_sync.engine.base import Engine, LoadRequest
 from edge_sync.engine.host import InProcessHost
 from edge_sync.serve.recorder import Recorder
-from edge_sync.serve.shadow import MAX_QUEUED, ShadowRunner
+from edge_sync.serve.shadow import MAX_OBJECTS, MAX_QUEUED, MAX_QUEUED_BYTES, ShadowRunner
 from edge_sync.sync import gates
 from modelreg.examples import build_model
 from tests.conftest import git
@@ -195,6 +195,23 @@ def test_an_offer_never_waits_for_the_sums_and_a_sample_counts_until_compared(
         runner.close()
 
 
+def test_a_sample_too_big_to_queue_is_dropped_before_it_is_copied(pair: Any) -> None:
+    host, new, old = pair
+    runner = ShadowRunner(host, seed=9)
+    runner._budget = 1e9
+    try:
+        runner.begin("mlp", new, old, ShadowPolicy(sample=1.0, max_cpu_share=1.0))
+        big = np.zeros(MAX_QUEUED_BYTES // 4 + 1, np.float32)
+        many = np.array([b"x"] * (MAX_OBJECTS + 1), dtype=object)  # not sized one by one
+        for inputs in ({"input": big}, {"input": many}):
+            runner.offer(new, inputs, None, {"probs": np.zeros((1, 4), np.float32)}, 0.001)
+        found = runner.current("mlp")
+        assert found is not None
+        assert (found.dropped, runner._waiting, runner._queued_bytes) == (2, 0, 0)
+    finally:
+        runner.close()
+
+
 def test_a_request_run_in_a_batch_is_compared_not_timed(pair: Any) -> None:
     host, new, old = pair
     runner = ShadowRunner(host, seed=8)
@@ -294,6 +311,18 @@ def test_the_gate_rolls_back_a_disagreeing_version_and_keeps_the_comparison(
             assert up.gates["mlp"].shadow is not None
             _traffic(up, recorder, runner, 60)
             _settled(runner, 60)
+            # a rollback whose commit fails is kept, and committed by the next check
+            commit_rollback, calls = up.health._commit_rollback, []
+
+            def flaky(*args: Any) -> Any:
+                calls.append(args)
+                if len(calls) == 1:
+                    raise RuntimeError("the first commit fails")
+                return commit_rollback(*args)
+
+            up.health._commit_rollback = flaky
+            with pytest.raises(RuntimeError, match="first commit"):
+                up.check_gates()
             rolled = up.check_gates()
             assert rolled["mlp"].result == "rejected"
             reason = rolled["mlp"].reason or ""

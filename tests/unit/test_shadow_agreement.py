@@ -160,6 +160,24 @@ def test_huge_and_oddly_named_outputs_still_make_a_report() -> None:
     assert "odd[2Jname" in report.outputs  # the escape character dropped
 
 
+def test_names_that_come_out_alike_are_told_apart_not_merged() -> None:
+    stats = ShadowStats()
+    same = _scores(8, 4, 1)
+    stats.add({"logits": same, "logits\x01": same}, {"logits": _flipped(same, 1), "logits\x01": same},
+              new_s=0.001, old_s=0.001)  # fmt: skip
+    report = stats.report("1.1.0", "1.0.0")
+    assert sorted(report.outputs) == ["logits", "logits~2"]
+    assert report.agreement == 0.0  # the disagreeing output is not hidden by its twin
+
+
+def test_an_output_numpy_cannot_hold_is_not_comparable_not_a_crash() -> None:
+    ragged = [[1.0, 2.0], [3.0]]
+    stats = ShadowStats()
+    stats.add_many([({"seq": ragged}, {"seq": ragged}, 0.001, 0.001)] * 3)
+    report = stats.report("1.1.0", "1.0.0")
+    assert (report.compared, report.outputs["seq"].incomparable, report.comparable) == (3, 3, 0)
+
+
 def test_sums_merged_from_bursts_are_the_sums_of_all() -> None:
     pairs: list[Pair] = [
         ({"p": _scores(3, 6, i)}, {"p": _flipped(_scores(3, 6, i), 2)}, 0.002, 0.001)
@@ -213,6 +231,16 @@ def _sums(compared: int, top1: int, rows: int) -> Agreement:
         (GATING, Agreement(version="1.1.0", against="1.0.0", compared=30,
                            outputs={"y": OutputSums(values=10, abs_sum=1.0, ref_sum=10.0)}),
          "wait", "agreement not measured: no output is shaped like class scores"),
+        (ShadowPolicy(max_output_drift=0.01, min_compared=1),
+         Agreement(version="1.1.0", against="1.0.0", compared=5,
+                   outputs={"y": OutputSums(rows=5, top1=5, topk=5, k=2)}),
+         "wait", "drift not measured: no output value was compared"),
+        # a new output the previous version does not give takes nothing from the
+        # evidence of the others: the disagreement is judged
+        (GATING, Agreement(version="1.1.0", against="1.0.0", compared=100,
+                           outputs={"p": OutputSums(rows=100, top1=7, topk=100, k=5),
+                                    "extra": OutputSums(incomparable=100)}),
+         "fail", "agreement 7% over 100 compared requests"),
     ],
 )  # fmt: skip
 def test_what_the_gate_reads_of_a_comparison(
