@@ -255,8 +255,9 @@ def _compare(device: _Device, until: float, params: Params, rng: np.random.Gener
     s["abs_sum"] += diff
     s["ref_sum"] += float(n)  # each row of probabilities sums to 1
     s["rel_sum"] += diff * CLASSES  # values of about 1/CLASSES each
-    s["abs_max"] = max(s["abs_max"], min(1.0, 6 * device.drift))
-    s["rel_max"] = max(s["rel_max"], min(1e3, 6 * device.drift * CLASSES))
+    # one value's difference is never more than the batch's summed differences
+    s["abs_max"] = max(s["abs_max"], min(1.0, 6 * device.drift, diff))
+    s["rel_max"] = max(s["rel_max"], min(1e3, 6 * device.drift * CLASSES, diff * CLASSES))
     old = rng.lognormal(math.log(device.old_ms / 1000), 0.25, n)
     new = old * b.latency * rng.lognormal(0.0, 0.05, n)
     s["old_s"] += float(old.sum())
