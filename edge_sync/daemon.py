@@ -163,6 +163,8 @@ class Daemon:
         while not self._stopping:
             self._sync_now = False
             report = _guarded(updater)
+            if report is None:
+                break  # cut by the stop: not a failure, nothing to count
             self._alive()
             self._closed_gates(updater.settled, server)
             if server is not None:
@@ -451,13 +453,14 @@ class _Server(Listeners):
                          shadow=shadow)  # fmt: skip
 
 
-def _guarded(updater: Updater) -> SyncOutcome:
+def _guarded(updater: Updater) -> SyncOutcome | None:
     """One sync; an unexpected error is a failed sync (with backoff), not a stopped
-    device: what it serves stays served.  The error is written to stderr for the log."""
+    device: what it serves stays served.  The error is written to stderr for the log.
+    None when the daemon's stop cut it (what it committed stays; no failure counted)."""
     try:
         return updater.sync()
-    except StoppedError as e:
-        return SyncOutcome("failed", str(e))
+    except StoppedError:
+        return None
     except Exception as e:  # noqa: BLE001 - the daemon outlives its bugs
         reason = reason_text(f"internal error: {type(e).__name__}: {e}")
         print(f"modelreg edge: {reason}", file=sys.stderr, flush=True)

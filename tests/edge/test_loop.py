@@ -70,8 +70,51 @@ def test_an_unexpected_error_in_a_sync_is_a_failed_sync(capsys: pytest.CaptureFi
             raise KeyError("models")
 
     report = _guarded(Broken())  # type: ignore[arg-type]
+    assert report is not None
     assert (report.result, report.reason) == ("failed", "internal error: KeyError: 'models'")
     assert "modelreg edge: internal error: KeyError" in capsys.readouterr().err
+
+
+def test_a_sync_cut_by_the_stop_is_no_failed_sync(tmp_path: Path) -> None:
+    """A poll or download a stopping daemon cuts ends the loop: it is neither counted
+    nor reported as a failed sync (a fleet that restarts must not look like it failed)."""
+    from edge_sync.config import EdgeConfig
+    from edge_sync.daemon import Daemon, _guarded
+    from edge_sync.errors import StoppedError
+    from edge_sync.sync.updater import SyncOutcome
+
+    config = EdgeConfig.model_validate({
+        "apiVersion": "modelreg/v1", "kind": "EdgeConfig", "device": {"id": "d-1"},
+        "repository": {"url": str(tmp_path), "poll_interval": 60, "jitter": 0},
+        "trust": {"root": "1.root.json"}, "artifacts": {"url": str(tmp_path)},
+        "models": [{"name": "mlp", "channel": "c"}], "state_dir": str(tmp_path / "state"),
+    })  # fmt: skip
+    seen: list[SyncOutcome] = []
+    daemon = Daemon(config, serving=False, on_sync=seen.append)
+
+    class Cut:
+        def __init__(self) -> None:
+            self.gates: dict[str, object] = {}
+            self.settled: list[object] = []
+            self.syncs = 0
+
+        def sync(self) -> SyncOutcome:
+            self.syncs += 1
+            daemon._stopping = True  # the stop arrives during the download
+            raise StoppedError("stopped during the sync (timestamp.json: stopped after 0 bytes)")
+
+        def next_gate_s(self) -> None:
+            return None
+
+        def check_gates(self) -> list[object]:
+            return []
+
+    cut = Cut()
+    assert _guarded(cut) is None  # type: ignore[arg-type]
+    daemon._stopping = False
+    daemon._loop(cut, None, None)  # type: ignore[arg-type]
+    assert cut.syncs == 2
+    assert seen == []  # the cut sync was not reported as a result
 
 
 def test_the_first_poll_waits_only_when_every_model_is_served(tmp_path: Path) -> None:
