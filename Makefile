@@ -32,7 +32,7 @@ $(TOOLS): tests/tools/package.json tests/tools/package-lock.json
 	touch $(TOOLS)
 
 test: $(STAMP) $(TOOLS)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=25 $(PYTEST_ARGS)
 
 # The hash locks the workflows install modelreg's dependencies from (.github/ and the
 # templates `modelreg init` copies); run on Linux x86_64 with CPython 3.11, as CI.
