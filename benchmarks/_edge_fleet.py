@@ -1,7 +1,8 @@
 """A fleet repository and an in-process device for ``benchmarks.edge_update``.
 
-:func:`release` releases versions of one model through the real ``modelreg`` CLI (each
-promoted to ``canary`` and released by ``modelreg ci release`` in a commit of its own);
+:func:`release` releases versions of one model through the real ``modelreg`` CLI (all
+declared and built by one ``modelreg ci release``, then each promoted to ``canary`` and
+released in a commit of its own);
 :func:`pinned` serves the repository as it was at one version's commit, so a device can
 hold any version; :func:`update` runs the real :class:`~edge_sync.sync.updater.Updater`
 in this process and times one sync from "new metadata seen" to "committed", with the
@@ -74,7 +75,9 @@ class Fleet:
 
 def release(work: Path, model: str, versions: Sequence[Release]) -> Fleet:
     """``modelreg init`` a fleet repository in ``work/fleet`` and release ``versions``
-    of ``model`` in order, each in a commit of its own (its channel: ``canary``)."""
+    of ``model``: one commit declares them all (``canary`` on the first), one release
+    builds and signs them, then ``canary`` moves to each of the others in order, a
+    released commit each (one MLflow mirror and build per version, not per commit)."""
     env = isolated_env(work / "home", {"MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}"})
     fleet = Fleet(work, model, work / "fleet")
     cli = [sys.executable, "-m", "modelreg"]
@@ -88,6 +91,7 @@ def release(work: Path, model: str, versions: Sequence[Release]) -> Fleet:
         parent = ["--parent", r.parent] if r.parent else ["--no-parent"]
         modelreg("version", "add", model, r.version, "--artifact", str(r.artifact),
                  "--golden-inputs", str(r.inputs), *parent)  # fmt: skip
+    for r in versions:
         modelreg("promote", model, r.version, "-c", "canary")
         run_checked(["git", "add", "-A"], cwd=fleet.repo, env=env)
         run_checked(["git", "commit", "-qm", f"{model} {r.version}"], cwd=fleet.repo, env=env)
