@@ -118,8 +118,10 @@ class _Swapper:
 
 def _gated(host: Any, swapper: _Swapper, metrics: Any, shadow: tuple[float, float] | None) -> Any:
     """V2 served, V1 kept loaded as a health gate keeps it; with ``shadow`` (sample,
-    max_cpu_share) a shadow comparison of the two running, whose offers are timed
-    (``modelreg_bench_offer_*`` at ``/metrics``): the runner, or None."""
+    max_cpu_share) a shadow comparison of the two running.  Every request's offer is
+    timed (``modelreg_bench_offer_*`` at ``/metrics``), without ``shadow`` an offer to
+    nothing: the baseline pays the same instrument (two CPU clock reads per request,
+    a system call each) as the configurations it is compared with."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 
@@ -129,11 +131,11 @@ def _gated(host: Any, swapper: _Swapper, metrics: Any, shadow: tuple[float, floa
     request, _ = swapper.requests[V2]
     new = host.build(request)
     old = host.swap(MODEL, new)
-    if shadow is None:
-        return None
-    runner = ShadowRunner(host)
-    runner.begin(MODEL, new, old, ShadowPolicy(sample=shadow[0], max_cpu_share=shadow[1]))
-    metrics.watch_shadow(runner, [MODEL])
+    runner: Any = _NoComparison()
+    if shadow is not None:
+        runner = ShadowRunner(host)
+        runner.begin(MODEL, new, old, ShadowPolicy(sample=shadow[0], max_cpu_share=shadow[1]))
+        metrics.watch_shadow(runner, [MODEL])
     # plain numbers, no lock: the instrument must not cost what it measures (a
     # prometheus Counter takes a lock on every request); read at each scrape
     offers, offer_cpu, slow, peak = [0], [0.0], [0], [0.0]
@@ -162,8 +164,15 @@ def _gated(host: Any, swapper: _Swapper, metrics: Any, shadow: tuple[float, floa
         if used > 0.001:
             slow[0] += 1
 
-    runner.offer = timed  # type: ignore[method-assign,assignment]
+    runner.offer = timed
     return runner
+
+
+class _NoComparison:
+    """What the baseline offers its answers to: nothing (``Inference`` only offers)."""
+
+    def offer(self, *args: Any) -> None:
+        pass
 
 
 def _serve(  # noqa: PLR0917 - the runner's arguments

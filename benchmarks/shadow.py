@@ -6,12 +6,17 @@ configurations, each in its own process pinned to the same CPU (the load generat
 another), under the same load (``modelreg.loadgen``: the golden request, every answer
 checked):
 
-* **gate, no shadow**: the baseline;
+* **gate, no shadow**: the baseline (its answers offered to nothing, timed as the
+  others' offers are: it pays the same instrument);
 * **shadow 5 %**: a 5 % sample compared, within 10 % of the CPU (the defaults);
 * **shadow at its cap**: every request sampled, within 2 % of the CPU: the budget runs
   out at once, so the comparisons run at their cap and the rest is dropped.
 
-The rounds rotate the order.  Per configuration and concurrency (16 and 1 in flight):
+The rounds rotate the order.  This machine's speed drifts by more than the effect
+measured (one configuration's throughput ranged over 0.8x to 1.35x of another's from
+one round to the next, with nothing changed): each ratio is the median over the rounds
+of the ratio within a round (runs seconds apart), many short rounds rather than a few
+long ones.  Per configuration and concurrency (16 and 1 in flight):
 throughput, p50/p99, the server's CPU per request, and from its ``/metrics`` the requests
 compared and dropped, the comparisons' CPU time, and what each *offer* (the only thing
 a request does for the shadow: a draw, a copy into a queue) cost the request's thread.
@@ -112,6 +117,15 @@ def _median(runs: Sequence[Mapping[str, Any]], key: str) -> float:
     return round(statistics.median(float(r[key]) for r in runs), 3)
 
 
+def _paired(
+    runs: Sequence[Mapping[str, Any]], base: Sequence[Mapping[str, Any]], key: str
+) -> float:
+    """The median over the rounds of ``key``'s ratio to the baseline's in the same round."""
+    return round(
+        statistics.median(float(r[key]) / float(b[key]) for r, b in zip(runs, base, strict=True)), 4
+    )
+
+
 def _figures(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One configuration's runs at one concurrency: medians, and the shadow's totals."""
     shadow = [r["shadow"] for r in runs]
@@ -158,7 +172,7 @@ def run(quick: bool) -> dict[str, Any]:
     Raises:
         BenchmarkError: a server or the generator failed.
     """
-    seconds, rounds = (1.5, 1) if quick else (4.0, 5)
+    seconds, rounds = (1.5, 1) if quick else (1.5, 13)
     work = BENCH_DIR / NAME
     work.mkdir(parents=True, exist_ok=True)
     small = make_models(work, "small")
@@ -195,17 +209,20 @@ def run(quick: bool) -> dict[str, Any]:
         else:
             os.environ[EXPECTED_ENV] = saved
     figures = {c: {label: _figures(found) for label, found in by.items()} for c, by in runs.items()}
-    base, five, cap = (figures["16"][label] for label in CONFIGS)
+    _, five, cap = (figures["16"][label] for label in CONFIGS)
+    by_round = runs["16"]
+    none, sampled, capped = (by_round[label] for label in CONFIGS)
     ratios = {
-        "throughput, shadow 5% / none, 16 in flight": five["throughput_rps"]
-        / base["throughput_rps"],
-        "p99, shadow 5% / none, 16 in flight": five["p99_ms"] / base["p99_ms"],
+        "throughput, shadow 5% / none, 16 in flight": _paired(sampled, none, "throughput_rps"),
+        "p99, shadow 5% / none, 16 in flight": _paired(sampled, none, "p99_ms"),
         "throughput, shadow at its cap / none, 16 in flight": (
-            cap["throughput_rps"] / base["throughput_rps"]
+            _paired(capped, none, "throughput_rps")
         ),
-        "p99, shadow at its cap / none, 16 in flight": cap["p99_ms"] / base["p99_ms"],
+        "p99, shadow at its cap / none, 16 in flight": _paired(capped, none, "p99_ms"),
+        "server CPU per request, shadow 5% / none, 16 in flight": (
+            _paired(sampled, none, "server_cpu_us_per_request")
+        ),
     }
-    ratios = {k: round(v, 4) for k, v in ratios.items()}
     delayed = sum(figures[c]["shadow at its cap"]["offers_over_1ms_cpu"] for c in figures)
     share = max(figures[c]["shadow at its cap"]["shadow_cpu_share"] for c in figures)
     cap_share = 0.02  # CONFIGS["shadow at its cap"]

@@ -40,11 +40,15 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_OBJECTS", "MAX_QUEUED", "MAX_QUEUED_BYTES", "ShadowRunner"]
 
-MAX_QUEUED: Final = 64
+MAX_QUEUED: Final = 256
 """Sampled requests waiting for a comparison; more are dropped."""
-GATHER_S: Final = 0.02
+GATHER_S: Final = 0.2
 """The comparison thread wakes for a sample, waits this long, and compares what came
-meanwhile at once (one wake-up and one pass over the sums for many samples)."""
+meanwhile at once: one wake-up and one pass over the sums for many samples.  What a
+burst costs besides its samples (the thread's wake-up, its turns at the GIL, the caches
+the previous engine takes from the request threads) is paid once per burst: at 20 ms,
+bursts of three samples at a 5 % sample of 3,400 requests/s cost twice the CPU per
+comparison of bursts of eight (``benchmarks/shadow.py``)."""
 MAX_QUEUED_BYTES: Final = 32 << 20
 """Bytes of inputs and outputs the waiting comparisons may hold; more are dropped."""
 MAX_OBJECTS: Final = 4096
