@@ -46,9 +46,9 @@ GATHER_S: Final = 0.2
 """The comparison thread wakes for a sample, waits this long, and compares what came
 meanwhile at once: one wake-up and one pass over the sums for many samples.  What a
 burst costs besides its samples (the thread's wake-up, its turns at the GIL, the caches
-the previous engine takes from the request threads) is paid once per burst: at 20 ms,
-bursts of three samples at a 5 % sample of 3,400 requests/s cost twice the CPU per
-comparison of bursts of eight (``benchmarks/shadow.py``)."""
+the previous engine takes from the request threads) is paid once per burst: at a 5 %
+sample of 3,400 requests/s, 20 ms made bursts of three and 123 us of CPU per comparison,
+200 ms bursts of about 35 and 46 us (``benchmarks/shadow.py``)."""
 MAX_QUEUED_BYTES: Final = 32 << 20
 """Bytes of inputs and outputs the waiting comparisons may hold; more are dropped."""
 MAX_OBJECTS: Final = 4096
