@@ -163,10 +163,10 @@ class Daemon:
         while not self._stopping:
             self._sync_now = False
             report = _guarded(updater)
+            self._closed_gates(updater.settled, server)  # judged before it was cut too
             if report is None:
                 break  # cut by the stop: not a failure, nothing to count
             self._alive()
-            self._closed_gates(updater.settled, server)
             if server is not None:
                 server.metrics.sync(report.result == "failed", report.failure)
                 for model, record in report.updates.items():

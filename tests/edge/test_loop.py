@@ -95,7 +95,7 @@ def test_a_sync_cut_by_the_stop_is_no_failed_sync(tmp_path: Path) -> None:
     class Cut:
         def __init__(self) -> None:
             self.gates: dict[str, object] = {}
-            self.settled: list[object] = []
+            self.settled: dict[str, object] = {}
             self.syncs = 0
 
         def sync(self) -> SyncOutcome:
