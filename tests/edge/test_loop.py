@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from edge_sync.decide.schedule import backoff_delay, next_delay
 from tests.edge.conftest import SOURCES, EdgeRig
+
+if TYPE_CHECKING:
+    from edge_sync.config import EdgeConfig
 
 
 def test_polls_spread_within_the_jitter() -> None:
@@ -78,19 +82,12 @@ def test_an_unexpected_error_in_a_sync_is_a_failed_sync(capsys: pytest.CaptureFi
 def test_a_sync_cut_by_the_stop_is_no_failed_sync(tmp_path: Path) -> None:
     """A poll or download a stopping daemon cuts ends the loop: it is neither counted
     nor reported as a failed sync (a fleet that restarts must not look like it failed)."""
-    from edge_sync.config import EdgeConfig
     from edge_sync.daemon import Daemon, _guarded
     from edge_sync.errors import StoppedError
     from edge_sync.sync.updater import SyncOutcome
 
-    config = EdgeConfig.model_validate({
-        "apiVersion": "modelreg/v1", "kind": "EdgeConfig", "device": {"id": "d-1"},
-        "repository": {"url": str(tmp_path), "poll_interval": 60, "jitter": 0},
-        "trust": {"root": "1.root.json"}, "artifacts": {"url": str(tmp_path)},
-        "models": [{"name": "mlp", "channel": "c"}], "state_dir": str(tmp_path / "state"),
-    })  # fmt: skip
     seen: list[SyncOutcome] = []
-    daemon = Daemon(config, serving=False, on_sync=seen.append)
+    daemon = Daemon(_config(tmp_path, 0.0, "mlp"), serving=False, on_sync=seen.append)
 
     class Cut:
         def __init__(self) -> None:
@@ -121,17 +118,10 @@ def test_the_first_poll_waits_only_when_every_model_is_served(tmp_path: Path) ->
     """After a restart that serves every subscribed model, the first poll comes at a
     random point of one poll interval; a model with nothing to serve (a new device, a
     new subscription) or ``jitter: 0`` polls at once."""
-    from edge_sync.config import EdgeConfig
     from edge_sync.daemon import Daemon
 
     def config(jitter: float) -> EdgeConfig:
-        return EdgeConfig.model_validate({
-            "apiVersion": "modelreg/v1", "kind": "EdgeConfig", "device": {"id": "d-1"},
-            "repository": {"url": str(tmp_path), "poll_interval": 60, "jitter": jitter},
-            "trust": {"root": "1.root.json"}, "artifacts": {"url": str(tmp_path)},
-            "models": [{"name": "mlp", "channel": "c"}, {"name": "det", "channel": "c"}],
-            "state_dir": str(tmp_path / "state"),
-        })  # fmt: skip
+        return _config(tmp_path, jitter, "mlp", "det")
 
     class Served:
         def __init__(self, *models: str) -> None:
@@ -149,3 +139,16 @@ def test_the_first_poll_waits_only_when_every_model_is_served(tmp_path: Path) ->
     assert one._first_delay(rng) == 0.0
     fixed = Daemon(config(0.0), host=Served("mlp", "det"), serving=False)  # type: ignore[arg-type]
     assert fixed._first_delay(rng) == 0.0
+
+
+def _config(tmp_path: Path, jitter: float, *models: str) -> EdgeConfig:
+    """A device following ``models`` on channel ``c`` every 60 s (nothing behind it)."""
+    from edge_sync.config import EdgeConfig
+
+    return EdgeConfig.model_validate({
+        "apiVersion": "modelreg/v1", "kind": "EdgeConfig", "device": {"id": "d-1"},
+        "repository": {"url": str(tmp_path), "poll_interval": 60, "jitter": jitter},
+        "trust": {"root": "1.root.json"}, "artifacts": {"url": str(tmp_path)},
+        "models": [{"name": m, "channel": "c"} for m in models],
+        "state_dir": str(tmp_path / "state"),
+    })  # fmt: skip
